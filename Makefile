@@ -1,0 +1,50 @@
+# ElasticMoE: `make demo` and `make test` work on a fresh machine (they set up .venv first).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+STAMP  := $(VENV)/.installed
+# The CPU build of torch (a bare `torch` would pull a multi-GB CUDA build).
+TORCH  := torch==2.13.0
+
+.PHONY: demo test lint proto etcd bench clean help
+
+help:
+	@echo "make demo   - set up .venv and run the end-to-end demo on the bundled trace"
+	@echo "make test   - set up .venv (and etcd) and run the whole test suite"
+	@echo "make lint   - ruff and mypy --strict controlplane"
+	@echo "make proto  - regenerate elasticmoe/v1 from proto/"
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q $(TORCH)
+	$(PIP) install -q -e ".[dev,shim,etcd]"
+	touch $(STAMP)
+
+# etcd-server from Debian, for the etcd backend's tests (skipped, with a reason, where it cannot be had).
+etcd:
+	@command -v etcd >/dev/null 2>&1 || { \
+	  echo "installing etcd-server"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server) >/dev/null 2>&1 \
+	  || echo "warning: could not install etcd-server; etcd tests will skip"; \
+	  systemctl disable --now etcd >/dev/null 2>&1 || true; \
+	  pkill -x etcd >/dev/null 2>&1 || true; }
+
+demo: $(STAMP)
+	$(VENV)/bin/emoe demo
+
+test: $(STAMP) etcd
+	$(PY) -m pytest -q -p no:cacheprovider
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy --strict controlplane
+
+proto: $(STAMP)
+	$(PY) tools/gen_proto.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,210 @@
+"""Agent configuration: frozen msgspec structs loaded from TOML, with named profiles.
+
+A file names a `profile` (`lan`, `local` or `test`) whose defaults fill every section it leaves out;
+fields it sets override them. Validation happens when the config is built: the error names the field,
+the value and what was expected.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the field, the value and what was expected."""
+
+
+def _need(cond: bool, field: str, value: object, expected: str) -> None:
+    if not cond:
+        raise ConfigError(f"{field} = {value!r}: expected {expected}")
+
+
+class ClusterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Shape of the decode pool and of the model."""
+
+    nodes: int = 2
+    ranks_per_node: int = 8
+    slots_per_rank: int = 5
+    layers: int = 26
+    experts: int = 64
+    top_k: int = 6
+    expert_bytes: int = 3 * 2048 * 1408 * 2  # DeepSeek-V2-Lite expert: 3 bf16 matrices 2048x1408
+
+    def validate(self) -> None:
+        for f in ("nodes", "ranks_per_node", "slots_per_rank", "layers", "experts", "top_k", "expert_bytes"):
+            v = getattr(self, f)
+            _need(v >= 1, f"cluster.{f}", v, "an integer >= 1")
+        slots = self.nodes * self.ranks_per_node * self.slots_per_rank
+        _need(self.experts <= slots, "cluster.experts", self.experts, f"<= nodes x ranks_per_node x slots_per_rank = {slots}")
+        _need(self.top_k <= self.experts, "cluster.top_k", self.top_k, f"<= experts = {self.experts}")
+
+
+class GossipConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    # memberlist LAN: GossipInterval 200 ms; our load vectors change once per window, so 200 ms suffices.
+    interval_ms: int = 200
+    # memberlist LAN: ProbeInterval 1 s; 500 ms halves detection time at 64 nodes for 2 probes/s/node.
+    probe_interval_ms: int = 500
+    # memberlist LAN: ProbeTimeout 500 ms; loopback/LAN RTTs are < 1 ms, so 200 ms leaves 100x headroom.
+    probe_timeout_ms: int = 200
+    # memberlist: IndirectChecks 3, so one lossy path cannot cause a suspicion on its own.
+    indirect_checks: int = 3
+    # Lifeguard: suspicion timeout = mult x log10(N+1) x probe interval, shrinking to the minimum with
+    # independent confirmations; memberlist LAN uses SuspicionMult 4, SuspicionMaxTimeoutMult 6.
+    suspicion_mult: float = 2.0
+    suspicion_max_mult: float = 6.0
+    # memberlist: RetransmitMult 4; a change is piggybacked mult x log10(N+1) times.
+    retransmit_mult: int = 4
+    # push-pull with one random peer per interval: anti-entropy that bounds staleness.
+    fanout: int = 3
+    # a window vector at DeepSeek-V3 shape is 58 x 256 x 4 = 59 KiB; allow 16 per message.
+    max_message_bytes: int = 1 << 20
+
+    def validate(self) -> None:
+        for f in ("interval_ms", "probe_interval_ms", "probe_timeout_ms", "indirect_checks", "retransmit_mult", "fanout"):
+            v = getattr(self, f)
+            _need(v >= 1, f"gossip.{f}", v, "an integer >= 1")
+        _need(self.probe_timeout_ms < self.probe_interval_ms, "gossip.probe_timeout_ms", self.probe_timeout_ms,
+              f"< gossip.probe_interval_ms = {self.probe_interval_ms}")
+        _need(self.suspicion_mult > 0, "gossip.suspicion_mult", self.suspicion_mult, "> 0")
+        _need(self.suspicion_max_mult >= 1, "gossip.suspicion_max_mult", self.suspicion_max_mult, ">= 1")
+        _need(self.max_message_bytes >= 65536, "gossip.max_message_bytes", self.max_message_bytes, ">= 65536")
+
+
+class DecisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    window: int = 100            # W steps per load window
+    theta: float = 1.15          # act when step imbalance exceeds this ...
+    budget_windows: int = 2      # ... for B consecutive windows
+    tau: float = 0.02            # minimum verified relative gain to propose
+    rollback_windows: int = 3    # N windows after which a change that did not help is rolled back
+    max_ops: int = 8             # operations per plan
+    replay_windows: int = 3      # windows kept in the replay buffer
+    profile_path: str = ""       # offline stability profile (.npz); empty: none
+
+    def validate(self) -> None:
+        for f in ("window", "budget_windows", "rollback_windows", "max_ops", "replay_windows"):
+            v = getattr(self, f)
+            _need(v >= 1, f"decision.{f}", v, "an integer >= 1")
+        _need(self.theta >= 1.0, "decision.theta", self.theta, "a ratio >= 1.0")
+        _need(0.0 <= self.tau < 1.0, "decision.tau", self.tau, "a fraction in [0, 1)")
+
+
+class ConsensusConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    backend: Literal["quorum", "etcd"] = "quorum"
+    voters: list[str] = msgspec.field(default_factory=list)  # node ids; empty: the seed list's nodes
+    accept_timeout_ms: int = 300     # takeover after this: several LAN RTTs plus an fsync
+    verify_tolerance: float = 0.05   # a voter's replay may differ from the proposer's by this much
+    etcd_endpoints: list[str] = msgspec.field(default_factory=list)
+
+    def validate(self) -> None:
+        _need(self.accept_timeout_ms >= 1, "consensus.accept_timeout_ms", self.accept_timeout_ms, "an integer >= 1")
+        _need(0.0 <= self.verify_tolerance <= 1.0, "consensus.verify_tolerance", self.verify_tolerance, "in [0, 1]")
+        if self.backend == "etcd":
+            _need(bool(self.etcd_endpoints), "consensus.etcd_endpoints", self.etcd_endpoints,
+                  "at least one host:port when backend = 'etcd'")
+
+
+class TelemetryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    enabled: bool = False  # the standard OTEL_* variables configure exporters when enabled
+
+
+class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    node_id: str
+    listen: str = "127.0.0.1:7400"
+    seeds: list[str] = msgspec.field(default_factory=list)  # "node_id@host:port"
+    data_dir: str = "./emoe-data"
+    shim_socket: str = ""  # unix socket for the local shim; empty: <data_dir>/shim.sock
+    profile: Literal["lan", "local", "test"] = "lan"
+    ranks: list[int] = msgspec.field(default_factory=list)  # global ranks on this node; empty: by node index
+    cluster: ClusterConfig = msgspec.field(default_factory=ClusterConfig)
+    gossip: GossipConfig = msgspec.field(default_factory=GossipConfig)
+    decision: DecisionConfig = msgspec.field(default_factory=DecisionConfig)
+    consensus: ConsensusConfig = msgspec.field(default_factory=ConsensusConfig)
+    telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
+
+    def validate(self) -> None:
+        _need(bool(self.node_id) and "@" not in self.node_id, "node_id", self.node_id, "a non-empty name without '@'")
+        _check_hostport("listen", self.listen)
+        for i, s in enumerate(self.seeds):
+            node, sep, addr = s.partition("@")
+            _need(bool(sep) and bool(node), f"seeds[{i}]", s, "'node_id@host:port'")
+            _check_hostport(f"seeds[{i}]", addr)
+        self.cluster.validate()
+        self.gossip.validate()
+        self.decision.validate()
+        self.consensus.validate()
+        G = self.cluster.nodes * self.cluster.ranks_per_node
+        for i, r in enumerate(self.ranks):
+            _need(0 <= r < G, f"ranks[{i}]", r, f"a rank in 0..{G - 1}")
+
+    @property
+    def seed_map(self) -> dict[str, str]:
+        return dict(s.split("@", 1) for s in self.seeds)
+
+
+def _check_hostport(field: str, value: str) -> None:
+    host, sep, port = value.rpartition(":")
+    ok = bool(sep) and bool(host) and port.isdigit() and 0 < int(port) < 65536
+    _need(ok, field, value, "'host:port' with a port in 1..65535")
+
+
+# Profiles: timing defaults for a datacenter LAN, for agents on one host, and for fast tests.
+PROFILES: dict[str, dict[str, dict[str, Any]]] = {
+    "lan": {},
+    "local": {
+        # one host: RTT ~0.1 ms, so probe faster and time out sooner than on a LAN
+        "gossip": {"interval_ms": 100, "probe_interval_ms": 250, "probe_timeout_ms": 100},
+        "consensus": {"accept_timeout_ms": 150},
+    },
+    "test": {
+        # tests on a loaded 2-core box: short intervals, generous timeouts against CPU stalls
+        "gossip": {"interval_ms": 50, "probe_interval_ms": 200, "probe_timeout_ms": 150},
+        "consensus": {"accept_timeout_ms": 500},
+        "decision": {"window": 20, "budget_windows": 1},
+    },
+}
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def from_dict(raw: dict[str, Any]) -> AgentConfig:
+    """Build and validate a config from a TOML-shaped dict, applying its profile's defaults first."""
+    profile = raw.get("profile", "lan")
+    if profile not in PROFILES:
+        raise ConfigError(f"profile = {profile!r}: expected one of {sorted(PROFILES)}")
+    merged = _merge(PROFILES[profile], raw)
+    try:
+        cfg = msgspec.convert(merged, AgentConfig)
+    except msgspec.ValidationError as e:
+        # msgspec says e.g. "Expected `int`, got `str` - at `$.gossip.interval_ms`"
+        msg = str(e)
+        where = msg.rsplit(" - at `$.", 1)
+        if len(where) == 2:
+            field = where[1].rstrip("`")
+            raise ConfigError(f"{field}: {where[0]}") from None
+        raise ConfigError(msg) from None
+    cfg.validate()
+    return cfg
+
+
+def load(path: str | Path) -> AgentConfig:
+    """Load a TOML file; errors name the file as well as the field."""
+    p = Path(path)
+    try:
+        raw = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: no such file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: not valid TOML: {e}") from None
+    try:
+        return from_dict(raw)
+    except ConfigError as e:
+        raise ConfigError(f"{p}: {e}") from None

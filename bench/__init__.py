@@ -1,0 +1,1 @@
+"""Benchmarks and trace tooling; each benchmark is `python -m bench.NAME --json`."""

@@ -1,0 +1,179 @@
+"""Native trace format and importers.
+
+A trace is an `.npz` with `counts` uint32 [T, L, E] (tokens routed to each logical expert per step) and
+metadata strings `model`, `top_k`, `source`, `step_model` (`recorded`, `pseudo-decode batch B`,
+`sampled`, `synthetic`), plus `drift_steps` when segments were concatenated.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+SHARED_TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
+ESFT_DIR = SHARED_TRACES / "esft-deepseek-v2-lite-task-routing" / "results" / "expert_scores"
+OLMOE_DIR = SHARED_TRACES / "olmoe-mixtral-domain-expert-counts" / "counts"
+BUNDLED = Path(__file__).resolve().parent.parent / "data"
+
+
+@dataclass
+class Trace:
+    counts: npt.NDArray[np.uint32]  # [T, L, E]
+    model: str
+    top_k: int
+    source: str
+    step_model: str
+    drift_steps: list[int] = field(default_factory=list)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        t, l, e = self.counts.shape
+        return int(t), int(l), int(e)
+
+    def save(self, path: str | Path) -> None:
+        np.savez_compressed(
+            path,
+            counts=self.counts.astype(np.uint32),
+            model=np.array(self.model),
+            top_k=np.array(self.top_k),
+            source=np.array(self.source),
+            step_model=np.array(self.step_model),
+            drift_steps=np.array(self.drift_steps, dtype=np.int64),
+        )
+
+
+def load_trace(path: str | Path) -> Trace:
+    """Load a native `.npz`; raises ValueError naming the file and the missing or malformed field."""
+    p = Path(path)
+    with np.load(p, allow_pickle=False) as z:
+        if "counts" not in z:
+            raise ValueError(f"{p}: no 'counts' array (expected uint32 [T, L, E])")
+        counts = z["counts"]
+        if counts.ndim != 3:
+            raise ValueError(f"{p}: counts has shape {counts.shape}, expected [T, L, E]")
+        meta = {k: str(z[k]) if k in z else "" for k in ("model", "source", "step_model")}
+        top_k = int(z["top_k"]) if "top_k" in z else 0
+        drift = [int(x) for x in z["drift_steps"]] if "drift_steps" in z else []
+    return Trace(counts.astype(np.uint32), meta["model"], top_k, meta["source"], meta["step_model"], drift)
+
+
+def concat(traces: list[Trace], segment_steps: int | None = None) -> Trace:
+    """Play traces as consecutive segments (abrupt switches); `drift_steps` marks each switch."""
+    parts = [t.counts if segment_steps is None else _fit(t.counts, segment_steps) for t in traces]
+    drift = list(np.cumsum([p.shape[0] for p in parts])[:-1].tolist())
+    first = traces[0]
+    src = " -> ".join(t.source for t in traces)
+    return Trace(np.concatenate(parts, axis=0), first.model, first.top_k, src, first.step_model, drift)
+
+
+def _fit(counts: npt.NDArray[np.uint32], steps: int) -> npt.NDArray[np.uint32]:
+    """First `steps` steps, cycling the trace when it is shorter."""
+    reps = -(-steps // counts.shape[0])
+    return np.concatenate([counts] * reps, axis=0)[:steps]
+
+
+# ---- ESFT per-token top-k text (pseudo-decode step model) -----------------------------------------
+
+def read_esft_task(task_dir: Path) -> list[npt.NDArray[np.int16]]:
+    """Per-sample top-k ids of every MoE layer: list of int16 [n_tokens, L, k]."""
+    files = sorted(task_dir.glob("expert_weights_*.txt"), key=lambda p: int(p.stem.rsplit("_", 1)[1]))
+    if not files:
+        raise ValueError(f"{task_dir}: no expert_weights_*.txt files")
+    per_layer: list[list[npt.NDArray[np.int16]]] = []
+    for f in files:
+        rows = []
+        for line in f.read_text().splitlines():
+            if not line.strip():
+                continue
+            ids = line.split("\t\t", 1)[0]
+            rows.append(np.array(ids.split("\t"), dtype=np.int16))
+        per_layer.append(rows)
+    n_samples = len(per_layer[0])
+    if any(len(r) != n_samples for r in per_layer):
+        raise ValueError(f"{task_dir}: layers disagree on the number of samples")
+    k = 6
+    return [np.stack([per_layer[l][s].reshape(-1, k) for l in range(len(files))], axis=1) for s in range(n_samples)]
+
+
+def pseudo_decode(
+    samples: list[npt.NDArray[np.int16]], experts: int, batch: int, steps: int, seed: int
+) -> npt.NDArray[np.uint32]:
+    """Continuous batching: `batch` lanes each decode one sample token by token; a lane that finishes takes
+    the next sample of a seeded shuffled order, cycling. Step t counts token t of every lane.
+
+    samples: list of int [n_tokens, L, k] -> counts uint32 [steps, L, E].
+    """
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(samples))
+    lengths = np.array([s.shape[0] for s in samples])
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    L, k = samples[0].shape[1], samples[0].shape[2]
+    tokens = np.concatenate(samples, axis=0)  # [N, L, k]
+    N = tokens.shape[0]
+    # per-token count rows [N, L*E] (each token adds 1 at k experts of each layer)
+    flat = (np.arange(L)[None, :, None] * experts + tokens.astype(np.int64)).reshape(N, L * k)
+    C = np.zeros((N, L * experts), dtype=np.float32)
+    np.put_along_axis(C, flat, 1.0, axis=1)
+    # token ids taken at each step by the lanes: A[t, n] = how many lanes hold token n at step t
+    A = np.zeros((steps, N), dtype=np.float32)
+    nxt = 0
+    lane_sample = np.empty(batch, dtype=np.int64)
+    lane_pos = np.zeros(batch, dtype=np.int64)
+    for b in range(batch):
+        lane_sample[b] = order[nxt % len(order)]
+        nxt += 1
+    for t in range(steps):
+        tok = offsets[lane_sample] + lane_pos
+        np.add.at(A[t], tok, 1.0)
+        lane_pos += 1
+        done = np.flatnonzero(lane_pos >= lengths[lane_sample])
+        for b in done.tolist():
+            lane_sample[b] = order[nxt % len(order)]
+            lane_pos[b] = 0
+            nxt += 1
+    counts = np.rint(A @ C).astype(np.uint32)
+    return counts.reshape(steps, L, experts)
+
+
+def import_esft(task: str, batch: int = 2048, steps: int = 2000, seed: int = 0, root: Path = ESFT_DIR) -> Trace:
+    samples = read_esft_task(root / task)
+    counts = pseudo_decode(samples, experts=64, batch=batch, steps=steps, seed=seed)
+    return Trace(counts, "ESFT-vanilla-lite (DeepSeek-V2-Lite)", 6, f"esft:{task}", f"pseudo-decode batch {batch}")
+
+
+# ---- counts-only data (sampled step model) --------------------------------------------------------
+
+def sample_steps(
+    totals: npt.NDArray[np.integer], top_k: int, batch: int, steps: int, seed: int
+) -> npt.NDArray[np.uint32]:
+    """Multinomial draws of batch x top_k choices per layer per step from aggregate `totals [L, E]`."""
+    rng = np.random.default_rng(seed)
+    p = totals.astype(np.float64)
+    p = p / p.sum(axis=1, keepdims=True)
+    out = np.stack([rng.multinomial(batch * top_k, p[l], size=steps) for l in range(p.shape[0])], axis=1)
+    return out.astype(np.uint32)
+
+
+def import_olmoe(model: str, domain: str, batch: int = 2048, steps: int = 2000, seed: int = 0,
+                 kind: str = "expert_counts", root: Path = OLMOE_DIR) -> Trace:
+    d = json.loads((root / model / kind / f"{domain}.json").read_text())
+    totals = np.array(d["counts"], dtype=np.int64)
+    counts = sample_steps(totals, int(d["top_k"]), batch, steps, seed)
+    return Trace(counts, d["model"], int(d["top_k"]), f"olmoe:{model}/{domain} layers {d['layers']}", "sampled")
+
+
+def import_sglang_logical_count(path: Path, top_k: int, batch: int, steps: int, seed: int) -> Trace:
+    """An SGLang expert-distribution dump: `logical_count` [.., L, E] (any leading dims are summed)."""
+    if path.suffix == ".json":
+        arr = np.array(json.loads(path.read_text())["logical_count"], dtype=np.int64)
+    else:
+        with np.load(path, allow_pickle=False) as z:
+            arr = np.asarray(z["logical_count"], dtype=np.int64)
+    while arr.ndim > 2:
+        arr = arr.sum(axis=0)
+    counts = sample_steps(arr, top_k, batch, steps, seed)
+    return Trace(counts, "unknown", top_k, f"sglang:{path.name}", "sampled")

@@ -1,0 +1,1 @@
+"""Fault schedules, fault-injecting runners and invariant checkers."""

@@ -1,0 +1,35 @@
+"""Typed, expected failures of the decision core, each with a stable code."""
+
+from __future__ import annotations
+
+
+class ControlPlaneError(Exception):
+    """Base of expected outcomes that callers handle; `code` is stable across releases."""
+
+    code = "CONTROLPLANE_ERROR"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(f"{self.code}: {message}")
+        self.message = message
+
+
+class InvalidTable(ControlPlaneError):
+    code = "INVALID_TABLE"
+
+
+class InvalidTopology(ControlPlaneError):
+    code = "INVALID_TOPOLOGY"
+
+
+class InvalidShape(ControlPlaneError):
+    code = "INVALID_SHAPE"
+
+
+class InvalidOperation(ControlPlaneError):
+    """An operation that cannot apply to a table; `reason` is a stable reason code."""
+
+    code = "INVALID_OPERATION"
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason

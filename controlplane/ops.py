@@ -1,0 +1,191 @@
+"""Operations on a routing table: plain data you can print, compare, persist and explain.
+
+`apply_ops(table, ops)` gives the successor table (version + 1) or raises InvalidOperation with a
+stable reason code. Validity of the result (every expert still served) is checked by the caller with
+`RoutingTable.validate()`, because a Drain is only valid together with the Repairs that follow it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Union
+
+import numpy as np
+
+from controlplane.errors import InvalidOperation
+from controlplane.table import I64, RoutingTable
+
+
+class OpKind(StrEnum):
+    REPLICATE = "replicate"
+    CONSOLIDATE = "consolidate"
+    MIGRATE = "migrate"
+    DRAIN = "drain"
+    RESTORE = "restore"
+    REPAIR = "repair"
+
+
+@dataclass(frozen=True, order=True)
+class Replicate:
+    """Add a replica of `expert` in layer `layer` to a free slot of rank `dst`."""
+
+    layer: int
+    expert: int
+    dst: int
+    kind: OpKind = OpKind.REPLICATE
+
+
+@dataclass(frozen=True, order=True)
+class Consolidate:
+    """Leave each of `experts` (layer `layer`) with one replica, on rank `dst`, freeing its other slots."""
+
+    layer: int
+    experts: tuple[int, ...]
+    dst: int
+    kind: OpKind = OpKind.CONSOLIDATE
+
+
+@dataclass(frozen=True, order=True)
+class Migrate:
+    """Move the replica of `expert` on rank `src` to a free slot of rank `dst`."""
+
+    layer: int
+    expert: int
+    src: int
+    dst: int
+    kind: OpKind = OpKind.MIGRATE
+
+
+@dataclass(frozen=True, order=True)
+class Drain:
+    """Take `rank` out of the active set and empty its slots (pair with Repairs for lone replicas)."""
+
+    rank: int
+    kind: OpKind = OpKind.DRAIN
+
+
+@dataclass(frozen=True, order=True)
+class Restore:
+    """Return `rank` to the active set with empty slots."""
+
+    rank: int
+    kind: OpKind = OpKind.RESTORE
+
+
+@dataclass(frozen=True, order=True)
+class Repair:
+    """Re-home `expert` of `layer` on rank `dst`, copied from rank `source` (-1: reload from host)."""
+
+    layer: int
+    expert: int
+    dst: int
+    source: int
+    kind: OpKind = OpKind.REPAIR
+
+
+Operation = Union[Replicate, Consolidate, Migrate, Drain, Restore, Repair]
+
+
+def describe(op: Operation) -> str:
+    """One human line, e.g. 'replicate L3 E17 -> r5'."""
+    if isinstance(op, Replicate):
+        return f"replicate L{op.layer} E{op.expert} -> r{op.dst}"
+    if isinstance(op, Consolidate):
+        return f"consolidate L{op.layer} E{list(op.experts)} -> r{op.dst}"
+    if isinstance(op, Migrate):
+        return f"migrate L{op.layer} E{op.expert} r{op.src} -> r{op.dst}"
+    if isinstance(op, Drain):
+        return f"drain r{op.rank}"
+    if isinstance(op, Restore):
+        return f"restore r{op.rank}"
+    src = "host" if op.source < 0 else f"r{op.source}"
+    return f"repair L{op.layer} E{op.expert} {src} -> r{op.dst}"
+
+
+class _Work:
+    """Mutable scratch copy of a table's placement while a list of operations is applied."""
+
+    def __init__(self, table: RoutingTable) -> None:
+        self.t = table
+        self.S = table.topology.slots_per_rank
+        self.G = table.topology.ranks
+        self.phy = np.array(table.phy2log, dtype=np.int64).reshape(table.layers, self.G, self.S)
+        self.active = set(table.active_ranks)
+
+    def check_layer(self, layer: int) -> None:
+        if not 0 <= layer < self.t.layers:
+            raise InvalidOperation("UNKNOWN_LAYER", f"layer {layer} not in 0..{self.t.layers - 1}")
+
+    def check_expert(self, expert: int) -> None:
+        if not 0 <= expert < self.t.experts:
+            raise InvalidOperation("UNKNOWN_EXPERT", f"expert {expert} not in 0..{self.t.experts - 1}")
+
+    def check_rank(self, rank: int, *, active: bool = True) -> None:
+        if not 0 <= rank < self.G:
+            raise InvalidOperation("UNKNOWN_RANK", f"rank {rank} not in 0..{self.G - 1}")
+        if active and rank not in self.active:
+            raise InvalidOperation("RANK_INACTIVE", f"rank {rank} is not active")
+
+    def place(self, layer: int, expert: int, dst: int) -> None:
+        row = self.phy[layer, dst]
+        if (row == expert).any():
+            raise InvalidOperation("ALREADY_ON_RANK", f"layer {layer} expert {expert} already on rank {dst}")
+        free = np.flatnonzero(row < 0)
+        if free.size == 0:
+            raise InvalidOperation("NO_FREE_SLOT", f"layer {layer} rank {dst} has no free slot")
+        row[free[0]] = expert
+
+    def remove(self, layer: int, expert: int, src: int) -> None:
+        row = self.phy[layer, src]
+        hit = np.flatnonzero(row == expert)
+        if hit.size == 0:
+            raise InvalidOperation("NOT_ON_RANK", f"layer {layer} expert {expert} is not on rank {src}")
+        row[hit[0]] = -1
+
+
+def apply_ops(table: RoutingTable, ops: list[Operation] | tuple[Operation, ...]) -> RoutingTable:
+    """Apply `ops` in order to `table`; returns the successor (version + 1, parent = table.version)."""
+    w = _Work(table)
+    for op in ops:
+        _apply_one(w, op)
+    phy: I64 = w.phy.reshape(table.layers, w.G * w.S)
+    return table.successor(phy, tuple(sorted(w.active)))
+
+
+def _apply_one(w: _Work, op: Operation) -> None:
+    if isinstance(op, (Replicate, Repair)):
+        w.check_layer(op.layer)
+        w.check_expert(op.expert)
+        w.check_rank(op.dst)
+        if isinstance(op, Repair) and op.source >= 0:
+            w.check_rank(op.source, active=False)
+        w.place(op.layer, op.expert, op.dst)
+    elif isinstance(op, Migrate):
+        w.check_layer(op.layer)
+        w.check_expert(op.expert)
+        w.check_rank(op.src, active=False)
+        w.check_rank(op.dst)
+        w.remove(op.layer, op.expert, op.src)
+        w.place(op.layer, op.expert, op.dst)
+    elif isinstance(op, Consolidate):
+        w.check_layer(op.layer)
+        w.check_rank(op.dst)
+        for e in op.experts:
+            w.check_expert(e)
+            row = w.phy[op.layer]
+            row[row == e] = -1
+        for e in op.experts:
+            w.place(op.layer, e, op.dst)
+    elif isinstance(op, Drain):
+        w.check_rank(op.rank)
+        w.active.discard(op.rank)
+        w.phy[:, op.rank, :] = -1
+    elif isinstance(op, Restore):
+        w.check_rank(op.rank, active=False)
+        if op.rank in w.active:
+            raise InvalidOperation("RANK_ACTIVE", f"rank {op.rank} is already active")
+        w.active.add(op.rank)
+        w.phy[:, op.rank, :] = -1
+    else:  # pragma: no cover - exhaustive over Operation
+        raise InvalidOperation("UNKNOWN_KIND", f"unknown operation {op!r}")

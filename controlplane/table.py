@@ -1,0 +1,224 @@
+"""Versioned routing tables: `phy2log [L, P]` and what derives from it.
+
+Conventions follow DeepSeek EPLB / vLLM / SGLang: `phy2log[l, p]` is the logical expert held by physical
+slot `p` of layer `l` (-1 = empty); `log2phy [L, E, R]` lists each expert's slots in ascending order, -1
+padded; `logcnt [L, E]` counts them. Slot p lives on rank p // S.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+import numpy.typing as npt
+
+from controlplane.errors import InvalidShape, InvalidTable
+from controlplane.topology import Topology
+
+I64 = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, eq=False)
+class RoutingTable:
+    """One committed (or proposed) placement of every layer's experts onto slots.
+
+    phy2log: int64 [L, P]; experts: E; active_ranks: sorted rank ids that may receive tokens.
+    Slots of inactive ranks must be empty. Frozen: operations produce new tables.
+    """
+
+    topology: Topology
+    experts: int
+    phy2log: I64
+    version: int = 0
+    parent: int = 0
+    active_ranks: tuple[int, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        arr = np.ascontiguousarray(self.phy2log, dtype=np.int64)
+        if arr.ndim != 2 or arr.shape[1] != self.topology.slots:
+            raise InvalidShape(f"phy2log shape {arr.shape}: expected [layers, {self.topology.slots}]")
+        arr.setflags(write=False)
+        object.__setattr__(self, "phy2log", arr)
+        if not self.active_ranks:
+            object.__setattr__(self, "active_ranks", tuple(range(self.topology.ranks)))
+        else:
+            object.__setattr__(self, "active_ranks", tuple(sorted(set(int(r) for r in self.active_ranks))))
+
+    # ---- shape -------------------------------------------------------------------------------
+    @property
+    def layers(self) -> int:
+        return int(self.phy2log.shape[0])
+
+    @property
+    def slots(self) -> int:
+        return int(self.phy2log.shape[1])
+
+    @cached_property
+    def active_mask(self) -> npt.NDArray[np.bool_]:
+        """[G] True for ranks that may receive tokens."""
+        mask = np.zeros(self.topology.ranks, dtype=bool)
+        mask[list(self.active_ranks)] = True
+        return mask
+
+    # ---- derived views -----------------------------------------------------------------------
+    @cached_property
+    def logcnt(self) -> I64:
+        """[L, E] number of replicas of each logical expert."""
+        out = np.zeros((self.layers, self.experts), dtype=np.int64)
+        rows, cols = np.nonzero(self.phy2log >= 0)
+        np.add.at(out, (rows, self.phy2log[rows, cols]), 1)
+        out.setflags(write=False)
+        return out
+
+    @cached_property
+    def log2phy(self) -> I64:
+        """[L, E, R] slots of each expert in ascending order, -1 padded; R = max replica count (>= 1)."""
+        r = max(1, int(self.logcnt.max(initial=0)))
+        out = np.full((self.layers, self.experts, r), -1, dtype=np.int64)
+        rows, cols = np.nonzero(self.phy2log >= 0)  # row-major: slots ascending within a layer
+        exp = self.phy2log[rows, cols]
+        j = self.replica_index[rows, cols]
+        out[rows, exp, j] = cols
+        out.setflags(write=False)
+        return out
+
+    @cached_property
+    def replica_index(self) -> I64:
+        """[L, P] index of each slot among its expert's replicas (ascending slot order); -1 for empty."""
+        L, P = self.phy2log.shape
+        key = np.where(self.phy2log >= 0, self.phy2log, self.experts)  # empties last
+        order = np.argsort(key, axis=1, kind="stable")
+        sorted_key = np.take_along_axis(key, order, axis=1)
+        pos = np.broadcast_to(np.arange(P), (L, P))
+        # start index of each run of equal keys
+        is_start = np.ones((L, P), dtype=bool)
+        is_start[:, 1:] = sorted_key[:, 1:] != sorted_key[:, :-1]
+        start = np.maximum.accumulate(np.where(is_start, pos, 0), axis=1)
+        idx_sorted = pos - start
+        out = np.empty((L, P), dtype=np.int64)
+        np.put_along_axis(out, order, idx_sorted, axis=1)
+        out[self.phy2log < 0] = -1
+        out.setflags(write=False)
+        return out
+
+    @cached_property
+    def digest(self) -> bytes:
+        """sha256 over version, parent, shape, active ranks and phy2log (little-endian)."""
+        h = hashlib.sha256()
+        header = np.array(
+            [self.version, self.parent, self.layers, self.slots, self.experts, self.topology.slots_per_rank],
+            dtype="<i8",
+        )
+        h.update(header.tobytes())
+        h.update(np.asarray(self.active_ranks, dtype="<i8").tobytes())
+        h.update(b"|")
+        h.update(self.phy2log.astype("<i8", copy=False).tobytes())
+        return h.digest()
+
+    def content_equal(self, other: RoutingTable) -> bool:
+        return (
+            self.experts == other.experts
+            and self.active_ranks == other.active_ranks
+            and self.phy2log.shape == other.phy2log.shape
+            and bool(np.array_equal(self.phy2log, other.phy2log))
+        )
+
+    # ---- constructors ------------------------------------------------------------------------
+    def successor(self, phy2log: I64, active_ranks: tuple[int, ...] | None = None) -> RoutingTable:
+        """A table for version + 1 whose parent is this one."""
+        return RoutingTable(
+            topology=self.topology,
+            experts=self.experts,
+            phy2log=phy2log,
+            version=self.version + 1,
+            parent=self.version,
+            active_ranks=self.active_ranks if active_ranks is None else active_ranks,
+        )
+
+    def with_version(self, version: int, parent: int) -> RoutingTable:
+        return RoutingTable(self.topology, self.experts, self.phy2log, version, parent, self.active_ranks)
+
+    # ---- validation --------------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise InvalidTable naming the first layer/expert/rank that breaks the design's "valid table"."""
+        validate_phy2log(self.phy2log, self.experts, self.topology, self.active_mask)
+
+    def is_valid(self) -> bool:
+        try:
+            self.validate()
+        except InvalidTable:
+            return False
+        return True
+
+
+def validate_phy2log(
+    phy2log: I64, experts: int, topo: Topology, active_mask: npt.NDArray[np.bool_] | None = None
+) -> None:
+    """Check a [L, P] placement: ids in range, inactive ranks empty, at most one replica of an expert per
+    rank, every expert has a replica on an active rank. Vectorised; raises InvalidTable with the location."""
+    L, P = phy2log.shape
+    G, S = topo.ranks, topo.slots_per_rank
+    if P != G * S:
+        raise InvalidTable(f"phy2log has {P} slots per layer: expected ranks x slots_per_rank = {G * S}")
+    bad = (phy2log < -1) | (phy2log >= experts)
+    if bad.any():
+        layer, slot = (int(x) for x in np.argwhere(bad)[0])
+        raise InvalidTable(
+            f"layer {layer} slot {slot} holds expert {int(phy2log[layer, slot])}: expected -1..{experts - 1}"
+        )
+    mask = np.ones(G, dtype=bool) if active_mask is None else active_mask
+    per_rank = phy2log.reshape(L, G, S)
+    on_inactive = (per_rank >= 0) & ~mask[None, :, None]
+    if on_inactive.any():
+        layer, rank, _ = (int(x) for x in np.argwhere(on_inactive)[0])
+        raise InvalidTable(f"layer {layer} rank {rank} is not active but holds experts {per_rank[layer, rank].tolist()}")
+    srt = np.sort(per_rank, axis=2)
+    dup = (srt[:, :, 1:] == srt[:, :, :-1]) & (srt[:, :, 1:] >= 0)
+    if dup.any():
+        layer, rank, k = (int(x) for x in np.argwhere(dup)[0])
+        raise InvalidTable(f"layer {layer} rank {rank} holds two replicas of expert {int(srt[layer, rank, k])}")
+    cnt = np.zeros((L, experts), dtype=np.int64)
+    rows, cols = np.nonzero(phy2log >= 0)
+    np.add.at(cnt, (rows, phy2log[rows, cols]), 1)
+    missing = cnt == 0
+    if missing.any():
+        layer, expert = (int(x) for x in np.argwhere(missing)[0])
+        raise InvalidTable(f"layer {layer} expert {expert} has no replica on an active rank")
+
+
+def initial_table(topo: Topology, layers: int, experts: int) -> RoutingTable:
+    """Static EP placement, version 1: expert e on rank e * G // E (contiguous blocks), spare slots empty.
+
+    Needs E <= G x S. Spare slots (G x S - E of them per layer) are what replicas use.
+    """
+    G, S = topo.ranks, topo.slots_per_rank
+    if experts > G * S:
+        raise InvalidTable(f"{experts} experts do not fit in {G} ranks x {S} slots = {G * S} slots")
+    phy = np.full((layers, G, S), -1, dtype=np.int64)
+    rank_of = (np.arange(experts) * G) // experts
+    if np.bincount(rank_of, minlength=G).max() > S:
+        rank_of = np.arange(experts) % G  # round-robin fallback when blocks would overflow a rank
+    pos = np.zeros(G, dtype=np.int64)
+    for e, g in enumerate(rank_of.tolist()):  # runs once per table build, E iterations
+        phy[:, g, pos[g]] = e
+        pos[g] += 1
+    return RoutingTable(topo, experts, phy.reshape(layers, G * S), version=1, parent=0)
+
+
+def table_from_bytes(
+    topo: Topology,
+    experts: int,
+    layers: int,
+    raw: bytes,
+    version: int,
+    parent: int,
+    active_ranks: tuple[int, ...],
+) -> RoutingTable:
+    """Decode packed little-endian int64 phy2log; raises InvalidShape on a size mismatch."""
+    expected = layers * topo.slots * 8
+    if len(raw) != expected:
+        raise InvalidShape(f"phy2log has {len(raw)} bytes: expected {layers} x {topo.slots} x 8 = {expected}")
+    arr = np.frombuffer(raw, dtype="<i8").astype(np.int64).reshape(layers, topo.slots)
+    return RoutingTable(topo, experts, arr, version, parent, active_ranks)

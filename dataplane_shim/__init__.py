@@ -1,0 +1,1 @@
+"""In-engine data-plane shim: versioned device tables, version counters, router, adapters."""

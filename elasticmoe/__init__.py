@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC code for the ElasticMoE wire contracts."""

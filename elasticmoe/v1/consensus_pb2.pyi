@@ -1,0 +1,231 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class OpKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OP_KIND_UNSPECIFIED: _ClassVar[OpKind]
+    REPLICATE: _ClassVar[OpKind]
+    CONSOLIDATE: _ClassVar[OpKind]
+    MIGRATE: _ClassVar[OpKind]
+    DRAIN: _ClassVar[OpKind]
+    RESTORE: _ClassVar[OpKind]
+    REPAIR: _ClassVar[OpKind]
+    ROLLBACK: _ClassVar[OpKind]
+OP_KIND_UNSPECIFIED: OpKind
+REPLICATE: OpKind
+CONSOLIDATE: OpKind
+MIGRATE: OpKind
+DRAIN: OpKind
+RESTORE: OpKind
+REPAIR: OpKind
+ROLLBACK: OpKind
+
+class Ballot(_message.Message):
+    __slots__ = ("round", "node_id")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    node_id: str
+    def __init__(self, round: _Optional[int] = ..., node_id: _Optional[str] = ...) -> None: ...
+
+class RoutingTable(_message.Message):
+    __slots__ = ("version", "parent", "layers", "slots", "experts", "slots_per_rank", "phy2log", "active_ranks", "content_hash")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PARENT_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_PER_RANK_FIELD_NUMBER: _ClassVar[int]
+    PHY2LOG_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_RANKS_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    parent: int
+    layers: int
+    slots: int
+    experts: int
+    slots_per_rank: int
+    phy2log: bytes
+    active_ranks: _containers.RepeatedScalarFieldContainer[int]
+    content_hash: bytes
+    def __init__(self, version: _Optional[int] = ..., parent: _Optional[int] = ..., layers: _Optional[int] = ..., slots: _Optional[int] = ..., experts: _Optional[int] = ..., slots_per_rank: _Optional[int] = ..., phy2log: _Optional[bytes] = ..., active_ranks: _Optional[_Iterable[int]] = ..., content_hash: _Optional[bytes] = ...) -> None: ...
+
+class Operation(_message.Message):
+    __slots__ = ("kind", "layer", "experts", "src", "dst", "rank", "source")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    LAYER_FIELD_NUMBER: _ClassVar[int]
+    EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    SRC_FIELD_NUMBER: _ClassVar[int]
+    DST_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    kind: OpKind
+    layer: int
+    experts: _containers.RepeatedScalarFieldContainer[int]
+    src: int
+    dst: int
+    rank: int
+    source: int
+    def __init__(self, kind: _Optional[_Union[OpKind, str]] = ..., layer: _Optional[int] = ..., experts: _Optional[_Iterable[int]] = ..., src: _Optional[int] = ..., dst: _Optional[int] = ..., rank: _Optional[int] = ..., source: _Optional[int] = ...) -> None: ...
+
+class Plan(_message.Message):
+    __slots__ = ("ops", "estimated_gain", "verified_gain", "cost", "trigger", "replay_from_step", "replay_to_step")
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    ESTIMATED_GAIN_FIELD_NUMBER: _ClassVar[int]
+    VERIFIED_GAIN_FIELD_NUMBER: _ClassVar[int]
+    COST_FIELD_NUMBER: _ClassVar[int]
+    TRIGGER_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_FROM_STEP_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_TO_STEP_FIELD_NUMBER: _ClassVar[int]
+    ops: _containers.RepeatedCompositeFieldContainer[Operation]
+    estimated_gain: float
+    verified_gain: float
+    cost: float
+    trigger: str
+    replay_from_step: int
+    replay_to_step: int
+    def __init__(self, ops: _Optional[_Iterable[_Union[Operation, _Mapping]]] = ..., estimated_gain: _Optional[float] = ..., verified_gain: _Optional[float] = ..., cost: _Optional[float] = ..., trigger: _Optional[str] = ..., replay_from_step: _Optional[int] = ..., replay_to_step: _Optional[int] = ...) -> None: ...
+
+class Proposal(_message.Message):
+    __slots__ = ("version", "ballot", "table", "plan", "proposer")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    BALLOT_FIELD_NUMBER: _ClassVar[int]
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    PROPOSER_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    ballot: Ballot
+    table: RoutingTable
+    plan: Plan
+    proposer: str
+    def __init__(self, version: _Optional[int] = ..., ballot: _Optional[_Union[Ballot, _Mapping]] = ..., table: _Optional[_Union[RoutingTable, _Mapping]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., proposer: _Optional[str] = ...) -> None: ...
+
+class PrepareRequest(_message.Message):
+    __slots__ = ("version", "ballot", "from_node")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    BALLOT_FIELD_NUMBER: _ClassVar[int]
+    FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    ballot: Ballot
+    from_node: str
+    def __init__(self, version: _Optional[int] = ..., ballot: _Optional[_Union[Ballot, _Mapping]] = ..., from_node: _Optional[str] = ...) -> None: ...
+
+class Promise(_message.Message):
+    __slots__ = ("ok", "from_node", "promised", "accepted_ballot", "accepted", "reason", "committed_head")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    PROMISED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_BALLOT_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_HEAD_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    from_node: str
+    promised: Ballot
+    accepted_ballot: Ballot
+    accepted: Proposal
+    reason: str
+    committed_head: int
+    def __init__(self, ok: _Optional[bool] = ..., from_node: _Optional[str] = ..., promised: _Optional[_Union[Ballot, _Mapping]] = ..., accepted_ballot: _Optional[_Union[Ballot, _Mapping]] = ..., accepted: _Optional[_Union[Proposal, _Mapping]] = ..., reason: _Optional[str] = ..., committed_head: _Optional[int] = ...) -> None: ...
+
+class AcceptRequest(_message.Message):
+    __slots__ = ("proposal", "from_node")
+    PROPOSAL_FIELD_NUMBER: _ClassVar[int]
+    FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    proposal: Proposal
+    from_node: str
+    def __init__(self, proposal: _Optional[_Union[Proposal, _Mapping]] = ..., from_node: _Optional[str] = ...) -> None: ...
+
+class Accepted(_message.Message):
+    __slots__ = ("ok", "from_node", "ballot", "reason", "committed_head", "verified_gain")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    BALLOT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_HEAD_FIELD_NUMBER: _ClassVar[int]
+    VERIFIED_GAIN_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    from_node: str
+    ballot: Ballot
+    reason: str
+    committed_head: int
+    verified_gain: float
+    def __init__(self, ok: _Optional[bool] = ..., from_node: _Optional[str] = ..., ballot: _Optional[_Union[Ballot, _Mapping]] = ..., reason: _Optional[str] = ..., committed_head: _Optional[int] = ..., verified_gain: _Optional[float] = ...) -> None: ...
+
+class Vote(_message.Message):
+    __slots__ = ("voter", "accept", "reason", "verified_gain")
+    VOTER_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    VERIFIED_GAIN_FIELD_NUMBER: _ClassVar[int]
+    voter: str
+    accept: bool
+    reason: str
+    verified_gain: float
+    def __init__(self, voter: _Optional[str] = ..., accept: _Optional[bool] = ..., reason: _Optional[str] = ..., verified_gain: _Optional[float] = ...) -> None: ...
+
+class QuorumCertificate(_message.Message):
+    __slots__ = ("version", "ballot", "table_hash", "voters", "quorum")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    BALLOT_FIELD_NUMBER: _ClassVar[int]
+    TABLE_HASH_FIELD_NUMBER: _ClassVar[int]
+    VOTERS_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    ballot: Ballot
+    table_hash: bytes
+    voters: _containers.RepeatedScalarFieldContainer[str]
+    quorum: int
+    def __init__(self, version: _Optional[int] = ..., ballot: _Optional[_Union[Ballot, _Mapping]] = ..., table_hash: _Optional[bytes] = ..., voters: _Optional[_Iterable[str]] = ..., quorum: _Optional[int] = ...) -> None: ...
+
+class Commit(_message.Message):
+    __slots__ = ("table", "qc", "plan", "votes", "proposer", "committed_at_ms")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    QC_FIELD_NUMBER: _ClassVar[int]
+    PLAN_FIELD_NUMBER: _ClassVar[int]
+    VOTES_FIELD_NUMBER: _ClassVar[int]
+    PROPOSER_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    table: RoutingTable
+    qc: QuorumCertificate
+    plan: Plan
+    votes: _containers.RepeatedCompositeFieldContainer[Vote]
+    proposer: str
+    committed_at_ms: int
+    def __init__(self, table: _Optional[_Union[RoutingTable, _Mapping]] = ..., qc: _Optional[_Union[QuorumCertificate, _Mapping]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., votes: _Optional[_Iterable[_Union[Vote, _Mapping]]] = ..., proposer: _Optional[str] = ..., committed_at_ms: _Optional[int] = ...) -> None: ...
+
+class CommitAck(_message.Message):
+    __slots__ = ("ok", "from_node", "committed_head", "reason")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_HEAD_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    from_node: str
+    committed_head: int
+    reason: str
+    def __init__(self, ok: _Optional[bool] = ..., from_node: _Optional[str] = ..., committed_head: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class CatchUpRequest(_message.Message):
+    __slots__ = ("from_version", "from_node", "limit")
+    FROM_VERSION_FIELD_NUMBER: _ClassVar[int]
+    FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    from_version: int
+    from_node: str
+    limit: int
+    def __init__(self, from_version: _Optional[int] = ..., from_node: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class CatchUpReply(_message.Message):
+    __slots__ = ("commits", "committed_head")
+    COMMITS_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_HEAD_FIELD_NUMBER: _ClassVar[int]
+    commits: _containers.RepeatedCompositeFieldContainer[Commit]
+    committed_head: int
+    def __init__(self, commits: _Optional[_Iterable[_Union[Commit, _Mapping]]] = ..., committed_head: _Optional[int] = ...) -> None: ...
