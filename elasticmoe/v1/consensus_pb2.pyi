@@ -229,3 +229,17 @@ class CatchUpReply(_message.Message):
     commits: _containers.RepeatedCompositeFieldContainer[Commit]
     committed_head: int
     def __init__(self, commits: _Optional[_Iterable[_Union[Commit, _Mapping]]] = ..., committed_head: _Optional[int] = ...) -> None: ...
+
+class AcceptorState(_message.Message):
+    __slots__ = ("version", "promised", "accepted_ballot", "accepted", "proposer_round")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROMISED_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_BALLOT_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    PROPOSER_ROUND_FIELD_NUMBER: _ClassVar[int]
+    version: int
+    promised: Ballot
+    accepted_ballot: Ballot
+    accepted: Proposal
+    proposer_round: int
+    def __init__(self, version: _Optional[int] = ..., promised: _Optional[_Union[Ballot, _Mapping]] = ..., accepted_ballot: _Optional[_Union[Ballot, _Mapping]] = ..., accepted: _Optional[_Union[Proposal, _Mapping]] = ..., proposer_round: _Optional[int] = ...) -> None: ...
