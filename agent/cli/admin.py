@@ -1,9 +1,246 @@
-"""Placeholder while the command is being built."""
+"""Operator commands against a running agent: status, placement, history, explain, top, propose,
+drain, restore, pause, resume. Read commands print rich tables, or JSON with --json. Errors are one line
+naming the agent and the reason, with a non-zero exit."""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from google.protobuf.json_format import MessageToDict
+
+from agent.cli import render
+from elasticmoe.v1 import admin_pb2 as apb
+from elasticmoe.v1 import admin_pb2_grpc
+from elasticmoe.v1 import consensus_pb2 as cpb
+
+DEFAULT_AGENT = "127.0.0.1:7400"
+TIMEOUT_S = 5.0
+
+
+class CliError(Exception):
+    pass
+
+
+def _agent_default() -> str:
+    return os.environ.get("EMOE_AGENT", DEFAULT_AGENT)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    pass
+    def add(name: str, help: str, func: Callable[[argparse.Namespace, admin_pb2_grpc.AdminStub], int],
+            read: bool = True) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help)
+        p.add_argument("--agent", default=None, help=f"HOST:PORT of an agent (default $EMOE_AGENT or {DEFAULT_AGENT})")
+        p.add_argument("--config", default=None, help="take the agent address from this config's `listen`")
+        if read:
+            p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        p.set_defaults(func=lambda a, f=func: _run(a, f))
+        return p
+
+    add("status", "members, committed versions and health", cmd_status)
+    p = add("placement", "the routing table as a ranks x slots grid", cmd_placement)
+    p.add_argument("--layer", type=int, default=0, help="layer to show (-1: all)")
+    p.add_argument("--version", type=int, default=0, help="table version (default: latest committed)")
+    p = add("history", "committed versions with their operations, gains, votes", cmd_history)
+    p.add_argument("--limit", type=int, default=20)
+    p = add("explain", "why a version was (or was not) committed", cmd_explain)
+    p.add_argument("version", type=int, nargs="?", default=0, help="version (default: the latest decision)")
+    p = add("top", "live view: per-rank load, imbalance, recent commits", cmd_top)
+    p.add_argument("--interval", type=float, default=1.0, help="refresh period in seconds")
+    p.add_argument("--iterations", type=int, default=0, help="stop after this many refreshes (0: until Ctrl-C)")
+    p = add("propose", "propose operations (through estimate-verify-commit unless --force)", cmd_propose, read=False)
+    p.add_argument("op", nargs="+", help="replicate L E DST | migrate L E SRC DST | consolidate L E1,E2 DST "
+                   "(several operations separated by ';')")
+    p.add_argument("--force", action="store_true", help="skip the gain check (validity is still checked)")
+    p.add_argument("--json", action="store_true")
+    for name, help in (("drain", "move a rank's experts away, then take it out of service"),
+                       ("restore", "return a drained rank to service")):
+        p = add(name, help, cmd_drain if name == "drain" else cmd_restore, read=False)
+        p.add_argument("rank", type=int)
+        p.add_argument("--json", action="store_true")
+    for name in ("pause", "resume"):
+        p = add(name, f"{name} automatic rebalancing on this agent", cmd_pause if name == "pause" else cmd_resume,
+                read=False)
+        p.add_argument("--json", action="store_true")
+
+
+def _address(args: argparse.Namespace) -> str:
+    if args.agent:
+        return str(args.agent)
+    if args.config:
+        from agent.config import ConfigError, load
+
+        try:
+            return load(args.config).listen.replace("0.0.0.0", "127.0.0.1")
+        except ConfigError as e:
+            raise CliError(f"invalid config: {e}") from None
+    return _agent_default()
+
+
+def _channel(address: str) -> grpc.Channel:
+    cert_dir = os.environ.get("EMOE_CERT_DIR", "")
+    if cert_dir:
+        from agent.security import channel_credentials  # mutual TLS when configured
+
+        identity = os.environ.get("EMOE_IDENTITY", "admin")
+        return grpc.secure_channel(address, channel_credentials(cert_dir, identity))
+    return grpc.insecure_channel(address)
+
+
+def _run(args: argparse.Namespace, func: Callable[[argparse.Namespace, admin_pb2_grpc.AdminStub], int]) -> int:
+    try:
+        address = _address(args)
+    except CliError as e:
+        print(f"emoe {args.command}: {e}", file=sys.stderr)
+        return 2
+    try:
+        with _channel(address) as ch:
+            return func(args, admin_pb2_grpc.AdminStub(ch))
+    except grpc.RpcError as e:
+        code = e.code() if hasattr(e, "code") else None
+        detail = e.details() if hasattr(e, "details") else str(e)
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            reason = f"unreachable ({code.name.lower()})"
+        else:
+            reason = f"{code.name if code else 'error'}: {detail}"
+        print(f"emoe {args.command}: agent {address}: {reason}", file=sys.stderr)
+        return 1
+    except CliError as e:
+        print(f"emoe {args.command}: agent {address}: {e}", file=sys.stderr)
+        return 1
+
+
+def _dump(msg: Any) -> None:
+    print(json.dumps(MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True),
+                     indent=2, sort_keys=True))
+
+
+def cmd_status(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
+    r = stub.Status(apb.StatusRequest(), timeout=TIMEOUT_S)
+    if args.json:
+        _dump(r)
+    else:
+        render.status(r)
+    return 0
+
+
+def cmd_placement(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
+    r = stub.Placement(apb.PlacementRequest(layer=args.layer, version=args.version), timeout=TIMEOUT_S)
+    if args.json:
+        print(json.dumps(render.placement_json(r, args.layer), indent=2))
+    else:
+        render.placement(r, args.layer)
+    return 0
+
+
+def cmd_history(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
+    r = stub.History(apb.HistoryRequest(limit=args.limit), timeout=TIMEOUT_S)
+    if args.json:
+        _dump(r)
+    else:
+        render.history(r)
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
+    r = stub.Explain(apb.ExplainRequest(version=args.version), timeout=TIMEOUT_S)
+    if args.json:
+        _dump(r)
+    else:
+        render.explain(r)
+    return 0
+
+
+def cmd_top(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
+    n = 0
+    while True:
+        status = stub.Status(apb.StatusRequest(), timeout=TIMEOUT_S)
+        view = stub.LoadView(apb.LoadViewRequest(), timeout=TIMEOUT_S)
+        hist = stub.History(apb.HistoryRequest(limit=5), timeout=TIMEOUT_S)
+        n += 1
+        if args.json:
+            print(json.dumps(render.top_json(status, view, hist)), flush=True)
+        else:
+            render.top(status, view, hist, clear=args.iterations != 1)
+        if args.iterations and n >= args.iterations:
+            return 0
+        time.sleep(max(0.05, args.interval))
+
+
+def parse_ops(words: list[str]) -> list[cpb.Operation]:
+    """'replicate 3 17 5 ; migrate 0 4 1 2' -> operations; raises CliError naming the bad word."""
+    text = " ".join(words).replace(";", " ; ")
+    out: list[cpb.Operation] = []
+    for chunk in (c.split() for c in text.split(";")):
+        if not chunk:
+            continue
+        kind, rest = chunk[0].lower(), chunk[1:]
+        want = {"replicate": 3, "migrate": 4, "consolidate": 3}
+        if kind not in want:
+            raise CliError(f"operation {kind!r}: expected replicate, migrate or consolidate")
+        if len(rest) != want[kind]:
+            raise CliError(f"{kind} takes {want[kind]} arguments, got {len(rest)}: {' '.join(rest)!r}")
+        try:
+            if kind == "consolidate":
+                experts = [int(e) for e in rest[1].split(",")]
+                out.append(cpb.Operation(kind=cpb.CONSOLIDATE, layer=int(rest[0]), experts=experts,
+                                         dst=int(rest[2]), src=-1, rank=-1, source=-1))
+            else:
+                nums = [int(x) for x in rest]
+                if kind == "replicate":
+                    out.append(cpb.Operation(kind=cpb.REPLICATE, layer=nums[0], experts=[nums[1]], dst=nums[2],
+                                             src=-1, rank=-1, source=-1))
+                else:
+                    out.append(cpb.Operation(kind=cpb.MIGRATE, layer=nums[0], experts=[nums[1]], src=nums[2],
+                                             dst=nums[3], rank=-1, source=-1))
+        except ValueError:
+            raise CliError(f"{kind} {' '.join(rest)}: arguments must be integers") from None
+    if not out:
+        raise CliError("no operation given")
+    return out
+
+
+def _ack(args: argparse.Namespace, ok: bool, reason: str, version: int, msg: Any) -> int:
+    if args.json:
+        _dump(msg)
+    elif ok:
+        print(f"ok: version {version}" + (f" ({reason})" if reason else ""))
+    if not ok:
+        raise CliError(f"refused: {reason}")
+    return 0
+
+
+def cmd_propose(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
+    try:
+        ops = parse_ops(args.op)
+    except CliError as e:
+        print(f"emoe propose: {e}", file=sys.stderr)
+        return 2
+    r = stub.Propose(apb.ProposeRequest(ops=ops, force=args.force), timeout=30.0)
+    return _ack(args, r.committed, r.reason, r.version, r)
+
+
+def cmd_drain(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
+    r = stub.Drain(apb.RankRequest(rank=args.rank), timeout=30.0)
+    return _ack(args, r.ok, r.reason, r.version, r)
+
+
+def cmd_restore(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
+    r = stub.Restore(apb.RankRequest(rank=args.rank), timeout=30.0)
+    return _ack(args, r.ok, r.reason, r.version, r)
+
+
+def cmd_pause(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
+    r = stub.Pause(apb.Empty(), timeout=TIMEOUT_S)
+    return _ack(args, r.ok, r.reason, r.version, r)
+
+
+def cmd_resume(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
+    r = stub.Resume(apb.Empty(), timeout=TIMEOUT_S)
+    return _ack(args, r.ok, r.reason, r.version, r)

@@ -1,0 +1,68 @@
+"""Operations and plans <-> their protobuf form (consensus_pb2.Operation / Plan)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from controlplane.ops import Consolidate, Drain, Migrate, Operation, Repair, Replicate, Restore, describe
+from elasticmoe.v1 import consensus_pb2 as pb
+
+
+class WireError(ValueError):
+    """A malformed operation from the network; the message names the field."""
+
+
+def op_to_pb(op: Operation) -> pb.Operation:
+    if isinstance(op, Replicate):
+        return pb.Operation(kind=pb.REPLICATE, layer=op.layer, experts=[op.expert], dst=op.dst, src=-1, rank=-1, source=-1)
+    if isinstance(op, Consolidate):
+        return pb.Operation(kind=pb.CONSOLIDATE, layer=op.layer, experts=list(op.experts), dst=op.dst, src=-1, rank=-1, source=-1)
+    if isinstance(op, Migrate):
+        return pb.Operation(kind=pb.MIGRATE, layer=op.layer, experts=[op.expert], src=op.src, dst=op.dst, rank=-1, source=-1)
+    if isinstance(op, Drain):
+        return pb.Operation(kind=pb.DRAIN, rank=op.rank, layer=-1, src=-1, dst=-1, source=-1)
+    if isinstance(op, Restore):
+        return pb.Operation(kind=pb.RESTORE, rank=op.rank, layer=-1, src=-1, dst=-1, source=-1)
+    return pb.Operation(kind=pb.REPAIR, layer=op.layer, experts=[op.expert], dst=op.dst, source=op.source, src=-1, rank=-1)
+
+
+def _one_expert(m: pb.Operation) -> int:
+    if len(m.experts) != 1:
+        raise WireError(f"operation.experts has {len(m.experts)} entries: expected exactly 1 for {pb.OpKind.Name(m.kind)}")
+    return int(m.experts[0])
+
+
+def op_from_pb(m: pb.Operation) -> Operation:
+    k = m.kind
+    if k == pb.REPLICATE:
+        return Replicate(m.layer, _one_expert(m), m.dst)
+    if k == pb.CONSOLIDATE:
+        if not m.experts:
+            raise WireError("operation.experts is empty: expected the experts to consolidate")
+        return Consolidate(m.layer, tuple(int(e) for e in m.experts), m.dst)
+    if k == pb.MIGRATE:
+        return Migrate(m.layer, _one_expert(m), m.src, m.dst)
+    if k == pb.DRAIN:
+        return Drain(m.rank)
+    if k == pb.RESTORE:
+        return Restore(m.rank)
+    if k == pb.REPAIR:
+        return Repair(m.layer, _one_expert(m), m.dst, m.source)
+    raise WireError(f"operation.kind = {k}: expected one of REPLICATE, CONSOLIDATE, MIGRATE, DRAIN, RESTORE, REPAIR")
+
+
+def ops_from_pb(ms: Iterable[pb.Operation]) -> tuple[Operation, ...]:
+    return tuple(op_from_pb(m) for m in ms)
+
+
+def describe_pb(m: pb.Operation) -> str:
+    try:
+        return describe(op_from_pb(m))
+    except WireError as e:
+        return f"<invalid operation: {e}>"
+
+
+def make_plan(ops: Iterable[Operation], estimated_gain: float, verified_gain: float, cost: float, trigger: str,
+              replay_from_step: int = 0, replay_to_step: int = 0) -> pb.Plan:
+    return pb.Plan(ops=[op_to_pb(o) for o in ops], estimated_gain=estimated_gain, verified_gain=verified_gain,
+                   cost=cost, trigger=trigger, replay_from_step=replay_from_step, replay_to_step=replay_to_step)
