@@ -111,6 +111,20 @@ class TelemetryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     enabled: bool = False  # the standard OTEL_* variables configure exporters when enabled
 
 
+class TlsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Mutual TLS for agent-to-agent and admin traffic (see agent/security.py, `emoe certs`)."""
+
+    # directory with ca.pem, <node_id>.pem and <node_id>-key.pem; empty: plaintext (loopback/dev only)
+    cert_dir: str = ""
+    # client identities (certificate CN) allowed to make mutating admin calls (propose, drain, pause, ...)
+    admins: list[str] = msgspec.field(default_factory=lambda: ["admin"])
+
+    def validate(self) -> None:
+        for i, a in enumerate(self.admins):
+            ok = bool(a) and a == a.strip() and not any(c in a for c in ",@/ ")
+            _need(ok, f"tls.admins[{i}]", a, "a certificate common name without spaces, ',', '@' or '/'")
+
+
 class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     node_id: str
     listen: str = "127.0.0.1:7400"
@@ -124,6 +138,7 @@ class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     decision: DecisionConfig = msgspec.field(default_factory=DecisionConfig)
     consensus: ConsensusConfig = msgspec.field(default_factory=ConsensusConfig)
     telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
+    tls: TlsConfig = msgspec.field(default_factory=TlsConfig)
 
     def validate(self) -> None:
         _need(bool(self.node_id) and "@" not in self.node_id, "node_id", self.node_id, "a non-empty name without '@'")
@@ -136,6 +151,7 @@ class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         self.gossip.validate()
         self.decision.validate()
         self.consensus.validate()
+        self.tls.validate()
         G = self.cluster.nodes * self.cluster.ranks_per_node
         for i, r in enumerate(self.ranks):
             _need(0 <= r < G, f"ranks[{i}]", r, f"a rank in 0..{G - 1}")
