@@ -98,9 +98,19 @@ class ConsensusConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     accept_timeout_ms: int = 300     # takeover after this: several LAN RTTs plus an fsync
     verify_tolerance: float = 0.05   # a voter's replay may differ from the proposer's by this much
     etcd_endpoints: list[str] = msgspec.field(default_factory=list)
+    # ballots one proposal tries (each after accept_timeout with jittered backoff) before it reports failure
+    max_attempts: int = 4
+    # commits per CatchUp reply: a DeepSeek-V3-shaped table (58 x 320 int64) is ~150 KiB, so 16 stay
+    # under gRPC's default 4 MiB message limit
+    catchup_batch: int = 16
+    # anti-entropy: ask one random voter for newer commits this often (0 = only when a peer shows a higher head)
+    sync_interval_ms: int = 1000
 
     def validate(self) -> None:
         _need(self.accept_timeout_ms >= 1, "consensus.accept_timeout_ms", self.accept_timeout_ms, "an integer >= 1")
+        _need(self.max_attempts >= 1, "consensus.max_attempts", self.max_attempts, "an integer >= 1")
+        _need(self.catchup_batch >= 1, "consensus.catchup_batch", self.catchup_batch, "an integer >= 1")
+        _need(self.sync_interval_ms >= 0, "consensus.sync_interval_ms", self.sync_interval_ms, "an integer >= 0")
         _need(0.0 <= self.verify_tolerance <= 1.0, "consensus.verify_tolerance", self.verify_tolerance, "in [0, 1]")
         if self.backend == "etcd":
             _need(bool(self.etcd_endpoints), "consensus.etcd_endpoints", self.etcd_endpoints,
