@@ -13,6 +13,7 @@ COMMAND_MODULES = (
     "agent.cli.admin",
     "agent.cli.demo",
     "agent.cli.tools",
+    "agent.cli.certs",
 )
 
 
