@@ -165,7 +165,7 @@ def policy_from_config(cfg: Any) -> AuthzPolicy | None:
 Check = Callable[[grpc.aio.ServicerContext], Awaitable[str]]
 
 
-class AuthzInterceptor(grpc.aio.ServerInterceptor):
+class AuthzInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Applies an AuthzPolicy by method path: `member_methods` need a member, `admin_methods` an admin;
     any other method is served to every caller the TLS handshake accepted."""
 
