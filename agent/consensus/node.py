@@ -1,0 +1,460 @@
+"""ConsensusNode: drives the sans-IO Paxos core (paxos.py) over a Transport, a Clock and a Store.
+
+Order of effects, as in etcd-raft's Ready: persist (fsync) -> send -> install. An acceptor's promise or
+accept is durable before its reply leaves; a proposer's ballot is durable before its first message; a
+commit is durable before it is broadcast and before it is installed (on_commit callbacks, shims).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from google.protobuf.message import Message
+
+from agent.clock import Clock, Timer
+from agent.config import ConsensusConfig
+from agent.consensus.paxos import Acceptor, Attempt, ballot_of, check_certificate, quorum_size, round0_owner
+from agent.consensus.wire import TableWireError, table_from_pb, table_to_pb
+from agent.store import Store
+from agent.transport import Transport
+from controlplane.errors import InvalidTable
+from controlplane.table import RoutingTable
+from elasticmoe.v1 import consensus_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+Verifier = Callable[[RoutingTable, RoutingTable, pb.Plan], tuple[bool, float, str]]
+CommitCallback = Callable[[pb.Commit, RoutingTable], None]
+
+
+def validity_verifier(head: RoutingTable, proposed: RoutingTable, plan: pb.Plan) -> tuple[bool, float, str]:
+    """Default verification: the proposed table is a valid table (the lead plugs in replay verification)."""
+    try:
+        proposed.validate()
+    except InvalidTable as e:
+        return False, 0.0, f"invalid table: {e.message}"
+    return True, plan.verified_gain, ""
+
+
+@dataclass
+class Outcome:
+    """How one `propose` ended. `committed`: our table is the one chosen for `version`."""
+
+    committed: bool
+    version: int
+    reason: str = ""
+    votes: list[pb.Vote] = field(default_factory=list)
+    latency: float = 0.0  # seconds on the node's clock, proposal to commit known here
+    commit: pb.Commit | None = None
+
+
+@dataclass
+class _Pending:
+    value: pb.Proposal
+    on_done: Callable[[Outcome], None]
+    t0: float
+    attempts: int = 0
+    votes: list[pb.Vote] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+
+
+class ConsensusNode:
+    def __init__(self, node_id: str, voters: list[str], store: Store, clock: Clock, transport: Transport,
+                 cfg: ConsensusConfig, head: RoutingTable, verifier: Verifier = validity_verifier,
+                 live_voters: Callable[[], list[str]] | None = None,
+                 members: Callable[[], list[str]] | None = None, rng: random.Random | None = None) -> None:
+        if not voters:
+            raise ValueError("voters is empty: expected at least one configured voter")
+        self.node_id = node_id
+        self.voters = sorted(set(voters))
+        self.quorum = quorum_size(len(self.voters))
+        self.store, self.clock, self.transport, self.cfg = store, clock, transport, cfg
+        self.verifier = verifier
+        self.live_voters = live_voters or (lambda: self.voters)
+        self.members = members or (lambda: [])  # non-voting learners that should receive commits
+        self.rng = rng or random.Random(zlib.crc32(node_id.encode()))
+        self.timeout = cfg.accept_timeout_ms / 1000.0
+        self._genesis = head
+        self._head = head
+        self._commits: dict[int, pb.Commit] = {}
+        self._future: dict[int, pb.Commit] = {}
+        self._callbacks: list[CommitCallback] = []
+        self._pending: dict[int, _Pending] = {}
+        self._attempts: dict[int, Attempt] = {}
+        self._timers: dict[tuple[str, int], Timer] = {}
+        self._catching_up = ""
+        self._recoveries: dict[int, int] = {}
+        self.acceptor = Acceptor(node_id, self.voters)
+        self.running = False
+        self.rejections: list[tuple[int, str, str]] = []  # (version, voter, reason) for explain
+        self.conflicts: list[str] = []  # a certified commit that disagrees with ours: a broken invariant
+
+    # ---- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> None:
+        rec = self.store.open()
+        for c in rec.commits:
+            v = c.table.version
+            if v <= self._head.version:
+                self._commits.setdefault(v, c)
+                continue
+            try:
+                t = table_from_pb(c.table, self._head.topology)
+            except TableWireError as e:
+                log.error("store: commit for version %d unreadable: %s", v, e)
+                break
+            if t.parent != self._head.version:
+                log.error("store: commit %d has parent %d, head is %d", v, t.parent, self._head.version)
+                break
+            self._commits[v] = c
+            self._head = t
+        self.acceptor = Acceptor(self.node_id, self.voters, rec.acceptor)
+        self.acceptor.prune(self._head.version)
+        self.running = True
+        self.transport.serve(self._handle)
+        for v, st in self.acceptor.states.items():
+            if st.HasField("accepted"):
+                self._arm("takeover", v, self._takeover_delay(), lambda v=v: self._recover(v))
+        self._arm_sync()
+
+    def stop(self) -> None:
+        self.running = False
+        for t in self._timers.values():
+            t.cancel()
+        self._timers.clear()
+        for v, p in list(self._pending.items()):
+            self._finish(v, Outcome(False, v, "node stopped", p.votes, self.clock.now() - p.t0))
+        self.store.close()
+
+    # ---- public API -------------------------------------------------------------------------------
+    @property
+    def head(self) -> RoutingTable:
+        return self._head
+
+    def committed(self, version: int) -> pb.Commit | None:
+        return self._commits.get(version)
+
+    def commits_since(self, version: int) -> list[pb.Commit]:
+        return [self._commits[v] for v in sorted(self._commits) if v > version]
+
+    def on_commit(self, cb: CommitCallback) -> None:
+        self._callbacks.append(cb)
+
+    def propose(self, table: RoutingTable, plan: pb.Plan, on_done: Callable[[Outcome], None]) -> None:
+        """Propose `table` as version head + 1. `on_done` runs once, with the outcome."""
+        v = table.version
+        now = self.clock.now()
+        why = ""
+        if not self.running:
+            why = "node not running"
+        elif v != self._head.version + 1 or table.parent != self._head.version:
+            why = f"table version {v} parent {table.parent}: expected version {self._head.version + 1} parent {self._head.version}"
+        elif v in self._pending:
+            why = f"a proposal for version {v} is already in flight here"
+        if why:
+            on_done(Outcome(False, v, why))
+            return
+        value = pb.Proposal(version=v, table=table_to_pb(table), plan=plan, proposer=self.node_id)
+        self._pending[v] = _Pending(value, on_done, now)
+        owner = round0_owner(v, self.voters)
+        if owner == self.node_id and self.acceptor.state(v).proposer_round == 0:
+            self._start_attempt(v, fast=True)
+        elif owner not in self.live_voters():
+            self._start_attempt(v, fast=False)  # the round-0 owner is down: prepare at once
+        else:
+            self._arm("takeover", v, self.timeout, lambda: self._recover(v))  # give the owner its turn
+
+    def catch_up(self, peer: str) -> None:
+        """Fetch and install the commits `peer` has beyond our head (one request in flight at a time)."""
+        if not self.running or self._catching_up or peer == self.node_id:
+            return
+        self._catching_up = peer
+        req = pb.CatchUpRequest(from_version=self._head.version, from_node=self.node_id, limit=self.cfg.catchup_batch)
+        self.transport.call(peer, "Consensus/CatchUp", req, self.timeout, lambda r: self._on_catchup(peer, r))
+
+    # ---- timers -----------------------------------------------------------------------------------
+    def _arm(self, kind: str, v: int, delay: float, fn: Callable[[], None]) -> None:
+        key = (kind, v)
+        old = self._timers.pop(key, None)
+        if old is not None:
+            old.cancel()
+
+        def fire() -> None:
+            self._timers.pop(key, None)
+            if self.running:
+                fn()
+
+        self._timers[key] = self.clock.call_later(delay, fire)
+
+    def _disarm(self, kind: str, v: int) -> None:
+        t = self._timers.pop((kind, v), None)
+        if t is not None:
+            t.cancel()
+
+    def _takeover_delay(self) -> float:
+        return self.timeout * (1.0 + self.rng.random())  # jitter breaks duels between recovering voters
+
+    def _arm_sync(self) -> None:
+        if self.cfg.sync_interval_ms <= 0:
+            return
+        delay = self.cfg.sync_interval_ms / 1000.0 * (0.5 + self.rng.random())
+
+        def tick() -> None:
+            peers = [p for p in self.voters if p != self.node_id]
+            if peers:
+                self.catch_up(self.rng.choice(peers))
+            self._arm_sync()
+
+        self._arm("sync", 0, delay, tick)
+
+    # ---- proposer -----------------------------------------------------------------------------------
+    def _recover(self, v: int) -> None:
+        """Timeout for version v: retry our own proposal, or finish one another proposer left accepted."""
+        if v != self._head.version + 1 or v in self._attempts:
+            return
+        if v not in self._pending:
+            n = self._recoveries.get(v, 0)
+            if n >= self.cfg.max_attempts or self.acceptor.accepted(v)[1] is None:
+                return
+            self._recoveries[v] = n + 1
+        self._start_attempt(v, fast=False)
+
+    def _start_attempt(self, v: int, fast: bool, min_round: int = 1) -> None:
+        pend = self._pending.get(v)
+        if pend is not None:
+            pend.attempts += 1
+        st = self.acceptor.state(v)
+        if fast:
+            rnd = 0
+        else:
+            promised = ballot_of(st.promised) if st.HasField("promised") else (0, "")
+            rnd = max(1, min_round, int(st.proposer_round), promised[0] + 1)
+        att = Attempt(self.node_id, v, (rnd, self.node_id), self.voters, pend.value if pend else None)
+        self._attempts[v] = att
+        me_voter = self.node_id in self.voters
+        new = pb.AcceptorState()
+        if rnd == 0:
+            reply, new_st = self.acceptor.on_accept(att.accept_request(), self._head.version, self._check)
+            if new_st is None:
+                self._attempt_failed(v, att, f"own check: {reply.reason}", retry=False)
+                return
+            new.CopyFrom(new_st)
+        else:
+            new.CopyFrom(st)
+            promise = None
+            if me_voter:
+                promise, new_st = self.acceptor.on_prepare(att.prepare_request(), self._head.version)
+                if new_st is not None:
+                    new.CopyFrom(new_st)
+        new.proposer_round = max(int(new.proposer_round), rnd + 1)
+        self.store.save_acceptor(new)  # persist the ballot (and our own promise/accept) before sending
+        self.acceptor.apply(new)
+        self._arm("attempt", v, self.timeout, lambda: self._attempt_timeout(v, att))
+        if rnd == 0:
+            self._step(v, att, att.on_accepted(self.node_id, reply))
+            self._broadcast_accept(v, att)
+        else:
+            if promise is not None:
+                self._step(v, att, att.on_promise(self.node_id, promise))
+            if self._attempts.get(v) is att and att.phase == 1:
+                req = att.prepare_request()
+                for dst in self.voters:
+                    if dst != self.node_id:
+                        self.transport.call(dst, "Consensus/Prepare", req, self.timeout,
+                                            lambda r, dst=dst: self._on_promise(v, att, dst, r))
+
+    def _broadcast_accept(self, v: int, att: Attempt) -> None:
+        req = att.accept_request()
+        for dst in self.voters:
+            if dst != self.node_id:
+                self.transport.call(dst, "Consensus/Accept", req, self.timeout,
+                                    lambda r, dst=dst: self._on_accepted(v, att, dst, r))
+
+    def _on_promise(self, v: int, att: Attempt, src: str, r: Message | None) -> None:
+        if self.running and isinstance(r, pb.Promise) and self._attempts.get(v) is att:
+            self._step(v, att, att.on_promise(src, r))
+
+    def _on_accepted(self, v: int, att: Attempt, src: str, r: Message | None) -> None:
+        if self.running and isinstance(r, pb.Accepted) and self._attempts.get(v) is att:
+            if not r.ok:
+                self.rejections.append((v, src, r.reason))
+            self._step(v, att, att.on_accepted(src, r))
+
+    def _step(self, v: int, att: Attempt, ev: str) -> None:
+        if ev == "accept":
+            if self.node_id in self.voters:  # accept our own value first, durably
+                reply, st = self.acceptor.on_accept(att.accept_request(), self._head.version, self._check)
+                if st is not None:
+                    st.proposer_round = max(int(st.proposer_round), int(self.acceptor.state(v).proposer_round))
+                    self.store.save_acceptor(st)
+                    self.acceptor.apply(st)
+                self._broadcast_accept(v, att)
+                self._step(v, att, att.on_accepted(self.node_id, reply))
+            else:
+                self._broadcast_accept(v, att)
+        elif ev == "chosen":
+            self._attempts.pop(v, None)
+            self._disarm("attempt", v)
+            self._learned(att.commit(int(self.clock.now() * 1000)), None, broadcast=True, attempt=att)
+        elif ev == "failed":
+            self._attempt_failed(v, att, att.reason, retry=True)
+        if att.max_head_seen[0] > self._head.version:
+            self.catch_up(att.max_head_seen[1])
+
+    def _attempt_timeout(self, v: int, att: Attempt) -> None:
+        if self._attempts.get(v) is att and not att.done:
+            self._attempt_failed(v, att, f"no quorum within {self.cfg.accept_timeout_ms} ms "
+                                 f"({len(att.promises) if att.phase == 1 else len(att.accepts)}/{att.quorum})", retry=True)
+
+    def _attempt_failed(self, v: int, att: Attempt, reason: str, retry: bool) -> None:
+        att.done = True
+        if self._attempts.get(v) is att:
+            del self._attempts[v]
+        self._disarm("attempt", v)
+        pend = self._pending.get(v)
+        if pend is None:
+            return
+        pend.votes = att.votes()
+        pend.reasons.append(f"ballot {att.ballot}: {reason}")
+        contested = any("promised" in r or "parent" in r or "committed" in r for r in att.rejects.values())
+        verify_rejected = bool(att.rejects) and not contested
+        if not retry or verify_rejected or pend.attempts >= self.cfg.max_attempts:
+            self._finish(v, Outcome(False, v, "; ".join(pend.reasons), pend.votes, self.clock.now() - pend.t0))
+            return
+        min_round = att.max_round_seen + 1
+        self._arm("attempt", v, self.timeout * (0.5 + self.rng.random()),
+                  lambda: self._start_attempt(v, fast=False, min_round=min_round)
+                  if v == self._head.version + 1 and v not in self._attempts else None)
+
+    def _finish(self, v: int, out: Outcome) -> None:
+        pend = self._pending.pop(v, None)
+        self._disarm("takeover", v)
+        if pend is not None:
+            pend.on_done(out)
+
+    # ---- acceptor side ------------------------------------------------------------------------------
+    def _handle(self, src: str, method: str, req: Message) -> Message | None:
+        if not self.running:
+            return None
+        if method == "Consensus/Prepare" and isinstance(req, pb.PrepareRequest):
+            promise, st = self.acceptor.on_prepare(req, self._head.version)
+            if st is not None:
+                self.store.save_acceptor(st)  # persist before the reply leaves
+                self.acceptor.apply(st)
+            elif req.version > self._head.version + 1:
+                self.catch_up(src)
+            return promise
+        if method == "Consensus/Accept" and isinstance(req, pb.AcceptRequest):
+            reply, st = self.acceptor.on_accept(req, self._head.version, self._check)
+            v = int(req.proposal.version)
+            if st is not None:
+                self.store.save_acceptor(st)
+                self.acceptor.apply(st)
+                self._recoveries.pop(v, None)
+                if v not in self._attempts:  # finish it ourselves if its proposer goes quiet
+                    self._arm("takeover", v, self._takeover_delay(), lambda: self._recover(v))
+            elif v > self._head.version + 1:
+                self.catch_up(src)
+            return reply
+        if method == "Consensus/Learn" and isinstance(req, pb.Commit):
+            why = self._learned(req, src, broadcast=False)
+            return pb.CommitAck(ok=not why, from_node=self.node_id, committed_head=self._head.version, reason=why)
+        if method == "Consensus/CatchUp" and isinstance(req, pb.CatchUpRequest):
+            limit = min(int(req.limit) or self.cfg.catchup_batch, self.cfg.catchup_batch)
+            out = []
+            for v in range(int(req.from_version) + 1, self._head.version + 1):
+                c = self._commits.get(v)
+                if c is None or len(out) >= limit:
+                    break
+                out.append(c)
+            return pb.CatchUpReply(commits=out, committed_head=self._head.version)
+        return None
+
+    def _check(self, p: pb.Proposal) -> tuple[bool, float, str]:
+        """A voter's own verification of a proposal whose version and parent already match its head."""
+        try:
+            table = table_from_pb(p.table, self._head.topology)
+        except TableWireError as e:
+            return False, 0.0, f"INVALID_ARGUMENT: {e}"
+        if table.version != p.version or table.parent != self._head.version:
+            return False, 0.0, f"table version {table.version} parent {table.parent}: expected {p.version} on {self._head.version}"
+        try:
+            ok, gain, why = self.verifier(self._head, table, p.plan)
+        except Exception as e:  # a verifier bug must not take the acceptor down; it votes no and says why
+            log.exception("verifier raised on version %d", p.version)
+            return False, 0.0, f"verifier raised {type(e).__name__}: {e}"
+        if ok and p.plan.verified_gain - gain > self.cfg.verify_tolerance:
+            return False, gain, (f"replay gain {gain:.4f} is below the proposer's {p.plan.verified_gain:.4f} "
+                                 f"by more than verify_tolerance {self.cfg.verify_tolerance}")
+        return ok, gain, why
+
+    # ---- learner ------------------------------------------------------------------------------------
+    def _learned(self, c: pb.Commit, src: str | None, broadcast: bool, attempt: Attempt | None = None) -> str:
+        """Validate a certified commit and install it if it extends our head. Returns why not, or ""."""
+        v = int(c.table.version)
+        if v <= self._head.version:
+            mine = self._commits.get(v)
+            if mine is not None and mine.qc.table_hash != c.qc.table_hash:
+                msg = f"version {v}: certified table {c.qc.table_hash.hex()[:12]} differs from ours {mine.qc.table_hash.hex()[:12]}"
+                log.error("I1 broken: %s", msg)
+                self.conflicts.append(msg)
+                return msg
+            return ""
+        why = check_certificate(c, self.voters)
+        if why:
+            return f"INVALID_ARGUMENT: {why}"
+        if v > self._head.version + 1:
+            if len(self._future) < 4 * self.cfg.catchup_batch:
+                self._future[v] = c
+            if src is not None:
+                self.catch_up(src)
+            return ""
+        try:
+            table = table_from_pb(c.table, self._head.topology)
+        except TableWireError as e:
+            return f"INVALID_ARGUMENT: {e}"
+        if table.parent != self._head.version:
+            return f"INVALID_ARGUMENT: version {v} has parent {table.parent}: expected {self._head.version}"
+        self._install(c, table, broadcast, attempt)
+        while self._head.version + 1 in self._future:
+            nxt = self._future.pop(self._head.version + 1)
+            self._learned(nxt, None, broadcast=False)
+        return ""
+
+    def _install(self, c: pb.Commit, table: RoutingTable, broadcast: bool, attempt: Attempt | None) -> None:
+        v = table.version
+        self.store.append_commit(c)  # 1. persist
+        self._commits[v] = c
+        if broadcast:  # 2. send
+            dsts = sorted((set(self.voters) | set(self.members())) - {self.node_id})
+            for dst in dsts:
+                self.transport.call(dst, "Consensus/Learn", c, self.timeout, lambda r: None)
+        self._head = table  # 3. install
+        self.acceptor.prune(v)
+        self._future = {k: x for k, x in self._future.items() if k > v}
+        self._attempts.pop(v, None)
+        self._disarm("attempt", v)
+        self._disarm("takeover", v)
+        self._recoveries.pop(v, None)
+        pend = self._pending.get(v)
+        if pend is not None:
+            mine = c.qc.table_hash == pend.value.table.content_hash
+            votes = attempt.votes() if attempt is not None else list(c.votes)
+            reason = "" if mine else f"version {v} committed another table (proposer {c.proposer})"
+            self._finish(v, Outcome(mine, v, reason, votes, self.clock.now() - pend.t0, c))
+        for cb in self._callbacks:
+            cb(c, table)
+
+    def _on_catchup(self, peer: str, r: Message | None) -> None:
+        self._catching_up = ""
+        if not self.running or not isinstance(r, pb.CatchUpReply):
+            return
+        before = self._head.version
+        for c in r.commits:
+            if c.table.version == self._head.version + 1 and self._learned(c, None, broadcast=False):
+                break
+        if r.committed_head > self._head.version > before:
+            self.catch_up(peer)

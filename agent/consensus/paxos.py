@@ -1,0 +1,291 @@
+"""Sans-IO single-decree Paxos, one instance per routing-table version.
+
+No clock, no network, no disk: each handler takes a message and returns the reply plus the acceptor state
+the caller must persist (fsync) *before* it sends that reply (etcd-raft's Ready order).
+
+Ballots are `(round, node_id)` compared lexicographically. Round 0 of version v belongs to exactly one node,
+`round0_owner(v, voters)`, which may skip phase 1: no ballot is lower, so no value can have been chosen
+before it. The owner is a function of the *configured* voters only, never of a liveness view: if two nodes
+could both use round 0 (say (0,a) < (0,b)) with different values, a value chosen at (0,a) could be
+overridden, because a later prepare would see (0,b) as the highest accepted ballot and re-propose its value.
+A node whose liveness view says the owner is down skips straight to a prepare at round >= 1 instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from elasticmoe.v1 import consensus_pb2 as pb
+
+Ballot = tuple[int, str]
+NO_BALLOT: Ballot = (0, "")  # below every real ballot: "" sorts before any node id
+
+# (proposal) -> (accept?, the voter's own verified gain, reason when not)
+ProposalCheck = Callable[[pb.Proposal], tuple[bool, float, str]]
+
+
+def ballot_of(m: pb.Ballot) -> Ballot:
+    return (int(m.round), m.node_id)
+
+
+def ballot_pb(b: Ballot) -> pb.Ballot:
+    return pb.Ballot(round=b[0], node_id=b[1])
+
+
+def quorum_size(n_voters: int) -> int:
+    """A majority of the configured voters."""
+    return n_voters // 2 + 1
+
+
+def round0_owner(version: int, voters: Iterable[str]) -> str:
+    """The one node allowed to use round 0 (phase 2 only) for `version`: a rotation over the voters."""
+    vs = sorted(set(voters))
+    return vs[version % len(vs)]
+
+
+def _state_ballot(m: pb.AcceptorState, name: str) -> Ballot:
+    return ballot_of(getattr(m, name)) if m.HasField(name) else NO_BALLOT
+
+
+class Acceptor:
+    """Promise/accept for every undecided version. `states` is what the store recovered."""
+
+    def __init__(self, node_id: str, voters: Iterable[str], states: dict[int, pb.AcceptorState] | None = None) -> None:
+        self.node_id = node_id
+        self.voters = sorted(set(voters))
+        self.states: dict[int, pb.AcceptorState] = dict(states or {})
+
+    def state(self, version: int) -> pb.AcceptorState:
+        st = self.states.get(version)
+        return st if st is not None else pb.AcceptorState(version=version)
+
+    def promised(self, version: int) -> Ballot:
+        return _state_ballot(self.state(version), "promised")
+
+    def accepted(self, version: int) -> tuple[Ballot, pb.Proposal | None]:
+        st = self.state(version)
+        if not st.HasField("accepted"):
+            return NO_BALLOT, None
+        return _state_ballot(st, "accepted_ballot"), st.accepted
+
+    def apply(self, st: pb.AcceptorState) -> None:
+        """Adopt a state once it is durable."""
+        self.states[st.version] = st
+
+    def prune(self, head: int) -> None:
+        """Forget decided versions (the committed log answers for them)."""
+        for v in [v for v in self.states if v <= head]:
+            del self.states[v]
+
+    # ---- phase 1 ---------------------------------------------------------------------------------
+    def on_prepare(self, req: pb.PrepareRequest, head: int) -> tuple[pb.Promise, pb.AcceptorState | None]:
+        v, b = int(req.version), ballot_of(req.ballot)
+        no = pb.Promise(ok=False, from_node=self.node_id, committed_head=head)
+        if v <= head:
+            no.reason = f"version {v} already committed here (head {head})"
+            return no, None
+        if b[0] == 0:
+            no.reason = "round 0 is phase-2-only: a prepare needs round >= 1"
+            return no, None
+        st = self.state(v)
+        promised = _state_ballot(st, "promised")
+        if b <= promised:
+            no.reason = f"promised {promised} >= {b}"
+            no.promised.CopyFrom(ballot_pb(promised))
+            return no, None
+        new = pb.AcceptorState()
+        new.CopyFrom(st)
+        new.promised.CopyFrom(req.ballot)
+        yes = pb.Promise(ok=True, from_node=self.node_id, committed_head=head)
+        yes.promised.CopyFrom(req.ballot)
+        if st.HasField("accepted"):
+            yes.accepted_ballot.CopyFrom(st.accepted_ballot)
+            yes.accepted.CopyFrom(st.accepted)
+        return yes, new
+
+    # ---- phase 2 ---------------------------------------------------------------------------------
+    def on_accept(self, req: pb.AcceptRequest, head: int, check: ProposalCheck) -> tuple[pb.Accepted, pb.AcceptorState | None]:
+        p = req.proposal
+        v, b = int(p.version), ballot_of(p.ballot)
+        no = pb.Accepted(ok=False, from_node=self.node_id, committed_head=head)
+        no.ballot.CopyFrom(p.ballot)
+        if v <= head:
+            no.reason = f"version {v} already committed here (head {head})"
+            return no, None
+        if b[0] == 0 and b[1] != round0_owner(v, self.voters):
+            no.reason = f"round 0 of version {v} belongs to {round0_owner(v, self.voters)}, not {b[1]}"
+            return no, None
+        st = self.state(v)
+        promised = _state_ballot(st, "promised")
+        if b < promised:
+            no.reason = f"promised {promised} > {b}"
+            return no, None
+        if v != head + 1 or p.table.parent != head:
+            no.reason = f"parent mismatch: proposal for version {v} on parent {p.table.parent}, committed head here {head}"
+            return no, None
+        same = st.HasField("accepted") and st.accepted.table.content_hash == p.table.content_hash
+        if same:
+            gain = st.accepted.plan.verified_gain
+        else:
+            ok, gain, why = check(p)
+            if not ok:
+                no.reason = why
+                no.verified_gain = gain
+                return no, None
+        new = pb.AcceptorState()
+        new.CopyFrom(st)
+        new.promised.CopyFrom(p.ballot)
+        new.accepted_ballot.CopyFrom(p.ballot)
+        new.accepted.CopyFrom(p)
+        yes = pb.Accepted(ok=True, from_node=self.node_id, committed_head=head, verified_gain=gain)
+        yes.ballot.CopyFrom(p.ballot)
+        return yes, new
+
+
+@dataclass
+class Attempt:
+    """One ballot of one proposer for one version: phase 1 (unless round 0), phase 2, certificate.
+
+    Feed it replies with `on_promise` / `on_accepted`; each returns "accept" (phase 1 done: send
+    `accept_request()` to every voter), "chosen" (a quorum accepted: build `commit()`), "failed"
+    (a quorum can no longer be reached: see `reason` and `max_round_seen`) or "" (nothing yet).
+    """
+
+    node_id: str
+    version: int
+    ballot: Ballot
+    voters: list[str]
+    value: pb.Proposal | None  # our own value; replaced by the highest accepted one phase 1 finds
+    phase: int = 1
+    promises: dict[str, pb.Promise] = field(default_factory=dict)
+    accepts: dict[str, pb.Accepted] = field(default_factory=dict)
+    rejects: dict[str, str] = field(default_factory=dict)
+    max_round_seen: int = 0
+    max_head_seen: tuple[int, str] = (0, "")
+    recovered_from: str = ""  # set when phase 1 adopted a value another proposer had got accepted
+    reason: str = ""
+    done: bool = False
+
+    def __post_init__(self) -> None:
+        self.voters = sorted(set(self.voters))
+        self.quorum = quorum_size(len(self.voters))
+        if self.ballot[0] == 0:
+            if self.value is None:
+                raise ValueError(f"round 0 of version {self.version} needs a value")
+            self.phase = 2
+
+    def prepare_request(self) -> pb.PrepareRequest:
+        return pb.PrepareRequest(version=self.version, ballot=ballot_pb(self.ballot), from_node=self.node_id)
+
+    def accept_request(self) -> pb.AcceptRequest:
+        if self.value is None:
+            raise ValueError(f"no value to propose for version {self.version}")
+        p = pb.Proposal()
+        p.CopyFrom(self.value)
+        p.version = self.version
+        p.ballot.CopyFrom(ballot_pb(self.ballot))
+        return pb.AcceptRequest(proposal=p, from_node=self.node_id)
+
+    def _note(self, src: str, head: int, ok: bool, reason: str, promised: Ballot) -> None:
+        if head > self.max_head_seen[0]:
+            self.max_head_seen = (head, src)
+        if not ok:
+            self.rejects[src] = reason
+            self.max_round_seen = max(self.max_round_seen, promised[0])
+
+    def _fail_if_hopeless(self) -> str:
+        if len(self.rejects) > len(self.voters) - self.quorum:
+            self.done = True
+            self.reason = "; ".join(f"{k}: {v}" for k, v in sorted(self.rejects.items()))
+            return "failed"
+        return ""
+
+    def on_promise(self, src: str, m: pb.Promise) -> str:
+        if self.done or self.phase != 1 or src not in self.voters or src in self.promises or src in self.rejects:
+            return ""
+        if ballot_of(m.promised) != self.ballot and m.ok:
+            return ""  # a reply to another ballot of ours
+        self._note(src, int(m.committed_head), m.ok, m.reason, ballot_of(m.promised))
+        if not m.ok:
+            return self._fail_if_hopeless()
+        self.promises[src] = m
+        if len(self.promises) < self.quorum:
+            return ""
+        best: tuple[Ballot, pb.Promise] | None = None
+        for k in sorted(self.promises):
+            pm = self.promises[k]
+            if pm.HasField("accepted") and pm.accepted.version == self.version:
+                b = ballot_of(pm.accepted_ballot)
+                if best is None or b > best[0]:
+                    best = (b, pm)
+        if best is not None:
+            adopted = best[1].accepted
+            if self.value is None or adopted.table.content_hash != self.value.table.content_hash:
+                self.recovered_from = f"{best[0]} via {best[1].from_node}"
+            self.value = adopted
+        if self.value is None:
+            self.done = True
+            self.reason = f"nothing accepted for version {self.version} in a quorum of promises, and no value of ours"
+            return "failed"
+        self.phase = 2
+        return "accept"
+
+    def on_accepted(self, src: str, m: pb.Accepted) -> str:
+        if self.done or self.phase != 2 or src not in self.voters or src in self.accepts or src in self.rejects:
+            return ""
+        if ballot_of(m.ballot) != self.ballot:
+            return ""
+        self._note(src, int(m.committed_head), m.ok, m.reason, NO_BALLOT)
+        if not m.ok:
+            if "promised" in m.reason:
+                self.max_round_seen = max(self.max_round_seen, self.ballot[0] + 1)
+            return self._fail_if_hopeless()
+        self.accepts[src] = m
+        if len(self.accepts) >= self.quorum:
+            self.done = True
+            return "chosen"
+        return ""
+
+    def votes(self) -> list[pb.Vote]:
+        out = [pb.Vote(voter=k, accept=True, verified_gain=a.verified_gain) for k, a in sorted(self.accepts.items())]
+        out += [pb.Vote(voter=k, accept=False, reason=r) for k, r in sorted(self.rejects.items())]
+        return out
+
+    def commit(self, committed_at_ms: int) -> pb.Commit:
+        if self.value is None or len(self.accepts) < self.quorum:
+            raise ValueError(f"version {self.version}: no quorum of accepts ({len(self.accepts)}/{self.quorum})")
+        qc = pb.QuorumCertificate(
+            version=self.version,
+            ballot=ballot_pb(self.ballot),
+            table_hash=self.value.table.content_hash,
+            voters=sorted(self.accepts),
+            quorum=self.quorum,
+        )
+        return pb.Commit(table=self.value.table, qc=qc, plan=self.value.plan, votes=self.votes(),
+                         proposer=self.value.proposer, committed_at_ms=committed_at_ms)
+
+
+def check_certificate(c: pb.Commit, voters: Iterable[str]) -> str:
+    """Why `c` is not a valid certificate for the configured `voters`, or "" if it is. The table's content
+    hash itself is checked when the table is decoded (wire.table_from_pb)."""
+    vs = set(voters)
+    qc = c.qc
+    if not c.HasField("qc"):
+        return "commit has no quorum certificate"
+    if qc.version != c.table.version:
+        return f"qc.version = {qc.version}: expected the table's version {c.table.version}"
+    if qc.table_hash != c.table.content_hash or not qc.table_hash:
+        return "qc.table_hash does not match the table's content hash"
+    need = quorum_size(len(vs))
+    if qc.quorum != need:
+        return f"qc.quorum = {qc.quorum}: expected a majority of {len(vs)} voters = {need}"
+    signers = list(qc.voters)
+    if len(set(signers)) != len(signers):
+        return f"qc.voters has duplicates: {signers}"
+    strangers = sorted(set(signers) - vs)
+    if strangers:
+        return f"qc.voters names non-voters {strangers}"
+    if len(signers) < need:
+        return f"qc.voters has {len(signers)} voters: expected at least {need}"
+    return ""
