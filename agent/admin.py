@@ -1,0 +1,159 @@
+"""The Admin gRPC service behind the `emoe` CLI.
+
+Reads come from the node's state; mutating calls go through the node (estimate-verify-commit, quorum).
+Bad input gets INVALID_ARGUMENT with the reason and changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NoReturn, Protocol
+
+import grpc
+import numpy as np
+
+from agent.wire import WireError, ops_from_pb
+from controlplane.ops import Operation
+from controlplane.table import RoutingTable
+from elasticmoe.v1 import admin_pb2 as apb
+from elasticmoe.v1 import admin_pb2_grpc
+from elasticmoe.v1 import consensus_pb2 as cpb
+from elasticmoe.v1 import gossip_pb2 as gpb
+
+
+class AdminBackend(Protocol):
+    """What the admin service needs from the node."""
+
+    node_id: str
+    paused: bool
+
+    def head(self) -> RoutingTable: ...
+    def table_at(self, version: int) -> RoutingTable | None: ...
+    def member_states(self) -> list[gpb.MemberState]: ...
+    def peer_versions(self) -> dict[str, int]: ...
+    def health(self) -> str: ...
+    def window_seq(self) -> int: ...
+    def imbalance_history(self) -> list[float]: ...
+    def cluster_load(self) -> np.ndarray | None: ...
+    def commits(self, limit: int) -> list[cpb.Commit]: ...
+    def explain(self, version: int) -> apb.ExplainReply | None: ...
+    def ranks_per_node(self) -> int: ...
+    async def propose_manual(self, ops: tuple[Operation, ...], force: bool) -> apb.ProposeReply: ...
+    async def drain(self, rank: int) -> apb.AdminAck: ...
+    async def restore(self, rank: int) -> apb.AdminAck: ...
+
+
+async def _fail(context: grpc.aio.ServicerContext, code: grpc.StatusCode, reason: str) -> NoReturn:
+    await context.abort(code, reason)
+    raise RuntimeError("unreachable: context.abort raises")
+
+
+def table_to_pb(t: RoutingTable) -> cpb.RoutingTable:
+    return cpb.RoutingTable(
+        version=t.version, parent=t.parent, layers=t.layers, slots=t.slots, experts=t.experts,
+        slots_per_rank=t.topology.slots_per_rank, phy2log=t.phy2log.astype("<i8").tobytes(),
+        active_ranks=list(t.active_ranks), content_hash=t.digest,
+    )
+
+
+class AdminService(admin_pb2_grpc.AdminServicer):
+    def __init__(self, node: AdminBackend, authorize: Any = None) -> None:
+        self.node = node
+        # authorize(context) aborts with PERMISSION_DENIED for a caller not allowed to mutate (mTLS identity)
+        self._authorize = authorize
+
+    async def _mutating(self, context: grpc.aio.ServicerContext) -> None:
+        if self._authorize is not None:
+            await self._authorize(context)
+        if self.node.health() != "SERVING":
+            await _fail(context, grpc.StatusCode.UNAVAILABLE, f"agent {self.node.node_id} is {self.node.health()}")
+
+    async def Status(self, request: apb.StatusRequest, context: grpc.aio.ServicerContext) -> apb.StatusReply:
+        hist = self.node.imbalance_history()
+        return apb.StatusReply(
+            node_id=self.node.node_id, committed_version=self.node.head().version,
+            members=self.node.member_states(), paused=self.node.paused, health=self.node.health(),
+            step_imbalance=hist[-1] if hist else 0.0, window_seq=self.node.window_seq(),
+            peer_versions=self.node.peer_versions(),
+        )
+
+    async def Placement(self, request: apb.PlacementRequest, context: grpc.aio.ServicerContext) -> apb.PlacementReply:
+        head = self.node.head()
+        table = head if request.version in (0, head.version) else self.node.table_at(request.version)
+        if table is None:
+            await _fail(context, grpc.StatusCode.NOT_FOUND,
+                                f"version {request.version} unknown: committed versions are 1..{head.version}")
+        if not -1 <= request.layer < table.layers:
+            await _fail(context, grpc.StatusCode.INVALID_ARGUMENT,
+                                f"layer {request.layer}: expected -1 (all) or 0..{table.layers - 1}")
+        load = self.node.cluster_load()
+        raw = b"" if load is None else np.asarray(load, dtype="<u4").tobytes()
+        return apb.PlacementReply(table=table_to_pb(table), ranks_per_node=self.node.ranks_per_node(),
+                                  expert_load=raw)
+
+    async def History(self, request: apb.HistoryRequest, context: grpc.aio.ServicerContext) -> apb.HistoryReply:
+        limit = request.limit or 20
+        entries = [
+            apb.HistoryEntry(version=c.table.version, parent=c.table.parent, plan=c.plan, votes=c.votes,
+                             proposer=c.proposer, committed_at_ms=c.committed_at_ms)
+            for c in self.node.commits(limit)
+        ]
+        return apb.HistoryReply(entries=entries)
+
+    async def Explain(self, request: apb.ExplainRequest, context: grpc.aio.ServicerContext) -> apb.ExplainReply:
+        r = self.node.explain(request.version)
+        if r is None:
+            head = self.node.head().version
+            await _fail(context, grpc.StatusCode.NOT_FOUND,
+                                f"no decision recorded for version {request.version} (head is {head})")
+        return r
+
+    async def LoadView(self, request: apb.LoadViewRequest, context: grpc.aio.ServicerContext) -> apb.LoadViewReply:
+        from controlplane.load import rank_load
+
+        head = self.node.head()
+        load = self.node.cluster_load()
+        hist = self.node.imbalance_history()
+        if load is None:
+            return apb.LoadViewReply(layers=head.layers, experts=head.experts, imbalance_history=hist[-60:])
+        ranks = rank_load(head, load.astype(np.int64)).sum(axis=0)
+        return apb.LoadViewReply(
+            layers=head.layers, experts=head.experts, counts=np.asarray(load, dtype="<u4").tobytes(),
+            rank_load=ranks.astype("<u8").tobytes(), step_imbalance=hist[-1] if hist else 0.0,
+            imbalance_history=hist[-60:],
+        )
+
+    async def Propose(self, request: apb.ProposeRequest, context: grpc.aio.ServicerContext) -> apb.ProposeReply:
+        await self._mutating(context)
+        try:
+            ops = ops_from_pb(request.ops)
+        except WireError as e:
+            await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        if not ops:
+            await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, "ops is empty: expected at least one operation")
+        return await self.node.propose_manual(ops, request.force)
+
+    async def Drain(self, request: apb.RankRequest, context: grpc.aio.ServicerContext) -> apb.AdminAck:
+        await self._mutating(context)
+        await self._check_rank(request.rank, context)
+        return await self.node.drain(request.rank)
+
+    async def Restore(self, request: apb.RankRequest, context: grpc.aio.ServicerContext) -> apb.AdminAck:
+        await self._mutating(context)
+        await self._check_rank(request.rank, context)
+        return await self.node.restore(request.rank)
+
+    async def Pause(self, request: apb.Empty, context: grpc.aio.ServicerContext) -> apb.AdminAck:
+        await self._mutating(context)
+        self.node.paused = True
+        return apb.AdminAck(ok=True, reason="automatic rebalancing paused on this agent",
+                            version=self.node.head().version)
+
+    async def Resume(self, request: apb.Empty, context: grpc.aio.ServicerContext) -> apb.AdminAck:
+        await self._mutating(context)
+        self.node.paused = False
+        return apb.AdminAck(ok=True, reason="automatic rebalancing resumed", version=self.node.head().version)
+
+    async def _check_rank(self, rank: int, context: grpc.aio.ServicerContext) -> None:
+        G = self.node.head().topology.ranks
+        if not 0 <= rank < G:
+            await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, f"rank {rank}: expected 0..{G - 1}")

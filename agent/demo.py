@@ -1,0 +1,191 @@
+"""`emoe demo`: a local cluster of agent processes, one reference engine per node replaying the bundled
+real trace with a drift (ESFT intent -> law), live progress, and a report against static EP and EPLB."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agent.cluster import LocalCluster
+from bench.traces import BUNDLED, Trace, concat, load_trace
+from controlplane.load import table_step_imbalance
+from controlplane.table import RoutingTable, initial_table
+from controlplane.topology import Topology
+
+
+@dataclass
+class DemoSpec:
+    agents: int = 3
+    ranks_per_node: int = 4
+    slots_per_rank: int = 6
+    window: int = 50
+    segment_steps: int = 600
+    step_ms: float = 10.0
+    eplb_period: int = 300
+    out: Path = field(default_factory=lambda: Path("out/demo"))
+    traces: tuple[Path, ...] = (BUNDLED / "esft-intent-b256.npz", BUNDLED / "esft-law-b256.npz")
+
+
+@dataclass
+class EngineLog:
+    versions: np.ndarray  # [T] table version in force at each step
+    tables: dict[int, RoutingTable]
+    installed_at: dict[int, int]  # version -> first step it ran
+
+
+def split_counts(counts: np.ndarray, n: int, i: int) -> np.ndarray:
+    """Node i's share of a step's global counts: an integer split that sums back exactly."""
+    return (counts // n + (i < counts % n)).astype(np.uint32)
+
+
+async def run_engine(i: int, n: int, sock: str, trace: Trace, spec: DemoSpec, topo: Topology,
+                     progress: list[int]) -> EngineLog:
+    """One node's reference engine: serves the trace step by step through the shim, installing each
+    certified table at a step boundary and reporting its load every window."""
+    from dataplane_shim.link import ShimLink
+
+    T, L, E = trace.shape
+    head = initial_table(topo, L, E)
+    tables = {head.version: head}
+    installed = {head.version: 0}
+    pending: list[RoutingTable] = []
+    link = ShimLink(sock, shim_id=f"engine{i}")
+
+    async def watch() -> None:
+        from agent.consensus.wire import table_from_pb
+
+        async for commit in link.watch_tables(head.version):
+            pending.append(table_from_pb(commit.table, topo))
+
+    watcher = asyncio.create_task(watch())
+    versions = np.zeros(T, dtype=np.int64)
+    acc = np.zeros((L, E), dtype=np.uint32)
+    try:
+        for t in range(T):
+            if pending:
+                newest = max(pending, key=lambda tb: tb.version)
+                pending.clear()
+                if newest.version > head.version:
+                    head = newest
+                    tables[head.version] = head
+                    installed[head.version] = t
+            versions[t] = head.version
+            acc += split_counts(trace.counts[t], n, i)
+            if (t + 1) % spec.window == 0:
+                await link.report_load(rank=i, first_step=t + 1 - spec.window, steps=spec.window,
+                                       version=head.version, counts=acc)
+                acc[:] = 0
+            if i == 0:
+                progress[0] = t + 1
+            await asyncio.sleep(spec.step_ms / 1e3)
+    finally:
+        watcher.cancel()
+        await link.close()
+    return EngineLog(versions, tables, installed)
+
+
+def imbalance_timeline(trace: Trace, log: EngineLog) -> np.ndarray:
+    """[T] step imbalance of each step under the table the engine ran it with."""
+    out = np.empty(trace.shape[0])
+    for v, table in log.tables.items():
+        idx = np.flatnonzero(log.versions == v)
+        if idx.size:
+            out[idx] = table_step_imbalance(table, trace.counts[idx].astype(np.int64))
+    return out
+
+
+def moved_bytes(tables: list[RoutingTable], expert_bytes: int) -> int:
+    """Bytes copied to go through `tables` in order: each slot that gains a new expert costs one expert."""
+    total = 0
+    for a, b in zip(tables, tables[1:], strict=False):
+        total += int(((b.phy2log != a.phy2log) & (b.phy2log >= 0)).sum()) * expert_bytes
+    return total
+
+
+async def _drive(cluster: LocalCluster, trace: Trace, spec: DemoSpec, topo: Topology) -> list[EngineLog]:
+    progress = [0]
+    tasks = [asyncio.create_task(run_engine(i, cluster.n, cluster.shim_socket(i), trace, spec, topo, progress))
+             for i in range(cluster.n)]
+    T = trace.shape[0]
+    t0 = time.monotonic()
+    while not all(t.done() for t in tasks):
+        done = progress[0]
+        bar = "#" * int(40 * done / T)
+        sys.stderr.write(f"\r  replaying [{bar:<40}] step {done}/{T}  {time.monotonic() - t0:5.1f} s")
+        sys.stderr.flush()
+        await asyncio.sleep(0.25)
+    sys.stderr.write("\n")
+    return [t.result() for t in tasks]
+
+
+def run_demo(spec: DemoSpec, as_json: bool = False) -> dict[str, Any]:
+    from agent.demo_report import baselines, report, write_plot
+
+    parts = [load_trace(p) for p in spec.traces]
+    trace = concat(parts, spec.segment_steps)
+    T, L, E = trace.shape
+    topo = Topology(spec.agents, spec.ranks_per_node, spec.slots_per_rank)
+    cluster_cfg = {"nodes": spec.agents, "ranks_per_node": spec.ranks_per_node,
+                   "slots_per_rank": spec.slots_per_rank, "layers": L, "experts": E, "top_k": trace.top_k}
+    sections = {"decision": {"window": spec.window, "budget_windows": 2, "theta": 1.10, "tau": 0.02}}
+    say = (lambda *a: None) if as_json else print
+    say(f"ElasticMoE demo: {spec.agents} agents x {spec.ranks_per_node} ranks x {spec.slots_per_rank} slots, "
+        f"trace {trace.source} ({T} steps, {L} layers x {E} experts, {trace.step_model}), drift at {trace.drift_steps}")
+    with tempfile.TemporaryDirectory(prefix="emoe-demo-") as tmp:
+        cluster = LocalCluster(spec.agents, Path(tmp), cluster_cfg, profile="local", sections=sections)
+        try:
+            say("  starting agents ...")
+            cluster.start()
+            cluster.wait_healthy(timeout=60)
+            say(f"  agents serving on {', '.join(cluster.addresses)}")
+            logs = asyncio.run(_drive(cluster, trace, spec, topo))
+            placement = _placement_text(cluster.addresses[0])
+        finally:
+            cluster.stop()
+    log = logs[0]
+    elastic = imbalance_timeline(trace, log)
+    ordered = [log.tables[v] for v in sorted(log.tables)]
+    expert_bytes = 3 * 2048 * 1408 * 2
+    base = baselines(trace, topo, spec.eplb_period, expert_bytes)
+    result = report(trace, spec.window, elastic, len(ordered) - 1, moved_bytes(ordered, expert_bytes), base)
+    result["agreement"] = all(np.array_equal(lg.versions[-spec.window:], log.versions[-spec.window:]) for lg in logs)
+    spec.out.mkdir(parents=True, exist_ok=True)
+    plot = write_plot(spec.out / "demo.png", trace, elastic, base, log)
+    result["plot"] = str(plot)
+    (spec.out / "report.json").write_text(json.dumps(result, indent=2))
+    if as_json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(placement)
+        _print_report(result)
+    return result
+
+
+def _placement_text(address: str) -> str:
+    import subprocess
+
+    r = subprocess.run([sys.executable, "-m", "agent.cli", "placement", "--agent", address, "--layer", "0"],
+                       capture_output=True, text=True, timeout=30)
+    return r.stdout if r.returncode == 0 else f"(placement unavailable: {r.stderr.strip()})"
+
+
+def _print_report(r: dict[str, Any]) -> None:
+    print("\nReport")
+    for seg in r["segments"]:
+        print(f"  segment {seg['segment']} ({seg['source']}): step imbalance at start {seg['elastic_start']:.3f}"
+              f" -> end {seg['elastic_end']:.3f}  (static {seg['static']:.3f}, eplb {seg['eplb']:.3f})")
+    print(f"  versions committed: {r['versions_committed']}")
+    print(f"  step imbalance before/after: {r['imbalance_before']:.3f} -> {r['imbalance_after']:.3f}")
+    print(f"  mean step imbalance: elastic {r['mean']['elastic']:.3f}, static {r['mean']['static']:.3f}, "
+          f"eplb {r['mean']['eplb']:.3f}")
+    print(f"  bytes moved: elastic {r['bytes_moved']['elastic'] / 1e9:.2f} GB, eplb {r['bytes_moved']['eplb'] / 1e9:.2f} GB")
+    print(f"  all engines on the same version at the end: {r['agreement']}")
+    print(f"  plot: {r['plot']}")

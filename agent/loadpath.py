@@ -1,0 +1,90 @@
+"""The load path: shim reports -> this node's windows -> gossip -> cluster windows for the controller."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+U32 = npt.NDArray[np.uint32]
+
+
+class LoadReportError(ValueError):
+    """A load report that cannot be used; the message names the field."""
+
+
+@dataclass
+class _Partial:
+    counts: npt.NDArray[np.uint64]
+    steps: dict[str, int]  # shim id -> steps reported into this window
+
+
+class LocalWindows:
+    """Sums the reports of this node's shims into windows of `window` steps.
+
+    A window closes once every shim seen so far has reported all of its steps (or a later window).
+    """
+
+    def __init__(self, layers: int, experts: int, window: int) -> None:
+        self.L, self.E, self.W = layers, experts, window
+        self._open: dict[int, _Partial] = {}
+        self._shims: set[str] = set()
+        self._closed_upto = -1
+
+    def add(self, shim_id: str, first_step: int, steps: int, counts: U32) -> list[tuple[int, int, U32]]:
+        """Add a report covering steps [first_step, first_step + steps) that lies within one window.
+
+        Returns the windows that closed: (window_seq, first_step, counts uint32 [L, E])."""
+        if steps < 1:
+            raise LoadReportError(f"steps = {steps}: expected >= 1")
+        if counts.shape != (self.L, self.E):
+            raise LoadReportError(f"counts shape {counts.shape}: expected [{self.L}, {self.E}]")
+        seq = first_step // self.W
+        if (first_step + steps - 1) // self.W != seq:
+            raise LoadReportError(f"steps [{first_step}, {first_step + steps}) cross a window boundary (W = {self.W})")
+        self._shims.add(shim_id)
+        if seq <= self._closed_upto:
+            return []  # late report for a window already published: dropped, counted by the caller
+        part = self._open.setdefault(seq, _Partial(np.zeros((self.L, self.E), np.uint64), {}))
+        part.counts += counts.astype(np.uint64)
+        part.steps[shim_id] = part.steps.get(shim_id, 0) + steps
+        closed = []
+        for k in sorted(self._open):
+            p = self._open[k]
+            later = any(j > k for j in self._open)
+            if all(p.steps.get(s, 0) >= self.W for s in self._shims) or (later and k < seq - 1):
+                closed.append((k, k * self.W, np.minimum(p.counts, np.iinfo(np.uint32).max).astype(np.uint32)))
+                del self._open[k]
+                self._closed_upto = max(self._closed_upto, k)
+            else:
+                break
+        return closed
+
+
+class ClusterWindows:
+    """Per-node windows from gossip, summed into cluster windows once every live node has reported."""
+
+    def __init__(self, keep: int = 8) -> None:
+        self.keep = keep
+        self._by_node: dict[str, dict[int, U32]] = {}
+        self.last_closed = -1
+
+    def add(self, node: str, window_seq: int, counts: U32) -> None:
+        w = self._by_node.setdefault(node, {})
+        w[window_seq] = counts
+        for k in sorted(w)[:-self.keep]:
+            del w[k]
+
+    def ready(self, live_nodes: list[str]) -> list[tuple[int, npt.NDArray[np.uint64]]]:
+        """Cluster windows (seq, sum over live nodes uint64 [L, E]) newly complete, in order."""
+        if not live_nodes:
+            return []
+        seqs = [set(self._by_node.get(n, {})) for n in live_nodes]
+        common = sorted(k for k in set.intersection(*seqs) if k > self.last_closed)
+        out = []
+        for k in common:
+            total = sum(self._by_node[n][k].astype(np.uint64) for n in live_nodes)
+            out.append((k, np.asarray(total, dtype=np.uint64)))
+            self.last_closed = k
+        return out

@@ -1,0 +1,372 @@
+"""NodeState: one node's live state and the glue between its parts.
+
+Load path: shim reports -> LocalWindows -> gossip -> ClusterWindows -> Controller.
+Decision path: Controller.Ready -> (designated proposer only) ConsensusNode.propose -> commit.
+Commit path: ConsensusNode.on_commit -> Controller (TableCommitted) -> shims (WatchTables stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import numpy as np
+
+from agent.config import AgentConfig
+from agent.loadpath import ClusterWindows, LoadReportError, LocalWindows
+from agent.wire import make_plan, op_to_pb
+from controlplane.controller import (
+    Controller,
+    DecisionParams,
+    ManualProposal,
+    ProposalFailed,
+    TableCommitted,
+    WindowClosed,
+    verify_decision,
+)
+from controlplane.errors import ControlPlaneError
+from controlplane.load import table_step_imbalance
+from controlplane.ops import Operation, apply_ops, describe
+from controlplane.table import RoutingTable, initial_table
+from controlplane.topology import Topology
+from elasticmoe.v1 import admin_pb2 as apb
+from elasticmoe.v1 import consensus_pb2 as cpb
+from elasticmoe.v1 import dataplane_pb2 as dpb
+from elasticmoe.v1 import gossip_pb2 as gpb
+
+log = logging.getLogger("emoe.agent")
+
+
+class NodeState:
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        self.node_id = cfg.node_id
+        self.paused = False
+        c = cfg.cluster
+        self.topology = Topology(c.nodes, c.ranks_per_node, c.slots_per_rank)
+        self.data_dir = Path(cfg.data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        d = cfg.decision
+        self.params = DecisionParams(window=d.window, theta=d.theta, budget_windows=d.budget_windows, tau=d.tau,
+                                     rollback_windows=d.rollback_windows, max_ops=d.max_ops,
+                                     replay_windows=d.replay_windows, expert_bytes=c.expert_bytes)
+        self.local = LocalWindows(c.layers, c.experts, d.window)
+        self.cluster = ClusterWindows()
+        self.replay: list[np.ndarray] = []  # last closed cluster windows, uint64 [L, E] each
+        self._imbalance: list[float] = []
+        self._window_seq = -1
+        self._explain: dict[int, apb.ExplainReply] = {}
+        self._latest_explain: apb.ExplainReply | None = None
+        self._table_waiters: list[asyncio.Future[None]] = []
+        self._rejected_reports = 0
+        self._started = False
+        self._health = "STARTING"
+        self._voters = list(cfg.consensus.voters) or sorted(cfg.seed_map) or [cfg.node_id]
+        self.gossip: Any = None
+        self.consensus: Any = None
+        self.controller: Any = None
+        self.transport: Any = None
+        self.telemetry: Any = None
+
+    # ---- construction -------------------------------------------------------------------------
+    def _my_ranks(self) -> list[int]:
+        if self.cfg.ranks:
+            return list(self.cfg.ranks)
+        ids = sorted(set(self._voters) | {self.node_id})
+        idx = ids.index(self.node_id) % self.topology.nodes
+        rpn = self.topology.ranks_per_node
+        return list(range(idx * rpn, (idx + 1) * rpn))
+
+    def attach(self, server: grpc.aio.Server) -> None:
+        from agent.transport.grpc import GrpcTransport
+
+        addresses = {n: a for n, a in self.cfg.seed_map.items() if n != self.node_id}
+        self.transport = GrpcTransport(self.node_id, addresses, credentials=self.channel_credentials())
+        self.transport.attach(server)
+
+    def server_credentials(self) -> grpc.ServerCredentials | None:
+        if not self.cfg.tls.cert_dir:
+            return None
+        from agent.security import server_credentials
+
+        return server_credentials(self.cfg.tls.cert_dir, self.node_id)
+
+    def channel_credentials(self) -> grpc.ChannelCredentials | None:
+        if not self.cfg.tls.cert_dir:
+            return None
+        from agent.security import channel_credentials
+
+        return channel_credentials(self.cfg.tls.cert_dir, self.node_id)
+
+    def admin_authorizer(self) -> Any:
+        if not self.cfg.tls.cert_dir:
+            return None
+        from agent.security import AuthzPolicy
+
+        policy = AuthzPolicy(members=set(self._voters), admins=set(self.cfg.tls.admins))
+        return policy.check_admin
+
+    async def start(self) -> None:
+        from agent.clock import RealClock
+        from agent.consensus.node import ConsensusNode
+        from agent.gossip_node import GossipNode
+        from agent.store import Store
+        from agent.telemetry import Telemetry
+
+        self.telemetry = Telemetry.from_env(self.cfg.telemetry.enabled)
+        clock = RealClock()
+        c = self.cfg.cluster
+        store = Store(self.data_dir / "consensus")
+        genesis = initial_table(self.topology, c.layers, c.experts)
+        self.consensus = ConsensusNode(self.node_id, self._voters, store, clock, self.transport, self.cfg.consensus,
+                                       genesis, verifier=self._verify, live_voters=self._live_voters)
+        self.consensus.on_commit(self._on_commit)
+        self.controller = Controller(self.params, self.consensus.head)
+        self.gossip = GossipNode(self.node_id, self.cfg.listen, self._my_ranks(), self.cfg.gossip, clock,
+                                 self.transport, {n: a for n, a in self.cfg.seed_map.items() if n != self.node_id},
+                                 rng_seed=hash(self.node_id) & 0xFFFF)
+        self.gossip.on_window(self._on_window)
+        self.consensus.start()
+        self.gossip.start()
+        self._started = True
+        self._health = "SERVING"
+
+    async def stop(self) -> None:
+        self._health = "NOT_SERVING"
+        if self.gossip is not None:
+            self.gossip.leave()
+            await asyncio.sleep(0.05)
+            self.gossip.stop()
+        if self.consensus is not None:
+            self.consensus.stop()
+        if self.transport is not None:
+            await self.transport.close()
+
+    async def serve_shim(self, path: str) -> grpc.aio.Server:
+        from agent.shim_link import serve_unix
+
+        return await serve_unix(path, self, self.on_load_report)
+
+    # ---- shim link: TableSource + load sink ---------------------------------------------------
+    def head_version(self) -> int:
+        return int(self.consensus.head.version)
+
+    def commits_since(self, version: int) -> list[cpb.Commit]:
+        return list(self.consensus.commits_since(version))
+
+    async def wait_for_newer(self, version: int) -> None:
+        while self.head_version() <= version:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._table_waiters.append(fut)
+            await fut
+
+    def on_load_report(self, r: dpb.LoadReport) -> None:
+        c = self.cfg.cluster
+        if (r.layers, r.experts) != (c.layers, c.experts) or len(r.counts) != c.layers * c.experts * 4:
+            self._rejected_reports += 1
+            raise LoadReportError(f"load report shape [{r.layers}, {r.experts}] with {len(r.counts)} bytes: "
+                                  f"expected [{c.layers}, {c.experts}] with {c.layers * c.experts * 4} bytes")
+        counts = np.frombuffer(r.counts, dtype="<u4").reshape(c.layers, c.experts)
+        for seq, first, window in self.local.add(r.shim_id or f"rank{r.rank}", r.first_step, r.steps, counts):
+            self.gossip.publish_window(seq, first, self.params.window, window)
+            self._on_window(self.node_id, seq, window)
+
+    # ---- load view -> controller -> consensus --------------------------------------------------
+    def _live_voters(self) -> list[str]:
+        live = set(self.gossip.live_nodes()) if self.gossip is not None else set()
+        live.add(self.node_id)
+        return sorted(v for v in self._voters if v in live)
+
+    def _on_window(self, node: str, window_seq: int, counts: np.ndarray, *_: Any) -> None:
+        self.cluster.add(node, window_seq, np.asarray(counts, dtype=np.uint32))
+        live = sorted(set(self.gossip.live_nodes()) | {self.node_id})
+        for seq, total in self.cluster.ready(live):
+            self._close_window(seq, total)
+
+    def _close_window(self, seq: int, total: np.ndarray) -> None:
+        self._window_seq = seq
+        self.replay = (self.replay + [total])[-self.params.replay_windows:]
+        head = self.consensus.head
+        imb = float(table_step_imbalance(head, total.astype(np.int64)))
+        self._imbalance = (self._imbalance + [imb])[-600:]
+        self.telemetry.record_imbalance(imb)
+        if self.paused:
+            return
+        steps = np.minimum(total, np.iinfo(np.uint32).max).astype(np.uint32)[None]
+        ready = self.controller.step(WindowClosed(seq, seq * self.params.window, steps))
+        self._perform(ready)
+
+    def _perform(self, ready: Any) -> None:
+        for decision in ready.proposals:
+            self._propose(decision)
+        ex = self.controller.last_explain()
+        if ex is not None and not ready.proposals:
+            self._latest_explain = apb.ExplainReply(version=0, trigger=str(getattr(ex, "trigger", "")),
+                                                    outcome=str(getattr(ex, "outcome", "no change")))
+        self.controller.advance()
+
+    def _designated(self, version: int) -> bool:
+        live = self._live_voters()
+        return bool(live) and live[version % len(live)] == self.node_id
+
+    def _propose(self, decision: Any, force: bool = False, done: asyncio.Future[Any] | None = None) -> None:
+        table: RoutingTable = decision.table
+        plan = make_plan(decision.ops, decision.estimated_gain, decision.verified_gain, decision.cost, decision.trigger)
+        if force:
+            plan.trigger = f"manual --force: {plan.trigger}"
+        refused = [apb.Candidate(op=op_to_pb(r.op) if r.op is not None else None, reason=r.reason, gain=r.gain,
+                                 cost=r.cost) for r in decision.refused]
+        record = apb.ExplainReply(version=table.version, trigger=decision.trigger, plan=plan, refused=refused,
+                                  outcome="proposed")
+        self._explain[table.version] = record
+        self._latest_explain = record
+        if done is None and not self._designated(table.version):
+            record.outcome = "not proposed: another node is the designated proposer for this version"
+            self.controller.step(ProposalFailed(table.version, "not the designated proposer"))
+            return
+        started = time.monotonic()
+
+        def on_done(outcome: Any) -> None:
+            record.outcome = "committed" if outcome.committed else f"failed: {outcome.reason}"
+            record.votes.extend(getattr(outcome, "votes", []) or [])
+            latency_ms = (time.monotonic() - started) * 1e3
+            self.telemetry.decision_span(table.version, [describe(o) for o in decision.ops], decision.estimated_gain,
+                                         decision.verified_gain, decision.cost, decision.trigger, record.outcome)
+            if not outcome.committed:
+                self.controller.step(ProposalFailed(table.version, str(outcome.reason)))
+            else:
+                self.telemetry.record_commit_latency(latency_ms)
+            if done is not None and not done.done():
+                done.set_result(outcome)
+
+        self.consensus.propose(table, plan, on_done)
+
+    def _verify(self, head: RoutingTable, proposed: RoutingTable, plan: cpb.Plan) -> tuple[bool, float, str]:
+        """A voter's own check: valid table, and (unless forced by an operator) its own replay agrees."""
+        try:
+            proposed.validate()
+        except ControlPlaneError as e:
+            return False, 0.0, str(e)
+        if plan.trigger.startswith(("manual --force", "drain", "restore", "repair")) or not self.replay:
+            return True, 0.0, "validity only"
+        replay = np.stack(self.replay).astype(np.uint32)
+        tol = self.cfg.consensus.verify_tolerance
+        ok, gain, reason = verify_decision(head, proposed, replay, max(0.0, min(self.params.tau, plan.verified_gain) - tol))
+        return ok, gain, reason
+
+    def _on_commit(self, commit: cpb.Commit, table: RoutingTable) -> None:
+        self.controller.step(TableCommitted(table))
+        self.controller.advance()
+        rec = self._explain.get(table.version)
+        if rec is not None:
+            rec.outcome = "committed"
+            if not rec.votes:
+                rec.votes.extend(commit.votes)
+        self.telemetry.record_version(table.version)
+        self.telemetry.commit_span(table.version, table.parent, len(commit.qc.voters), 0.0)
+        waiters, self._table_waiters = self._table_waiters, []
+        for f in waiters:
+            if not f.done():
+                f.set_result(None)
+
+    # ---- admin backend ------------------------------------------------------------------------
+    def head(self) -> RoutingTable:
+        return self.consensus.head  # type: ignore[no-any-return]
+
+    def table_at(self, version: int) -> RoutingTable | None:
+        from agent.consensus.wire import table_from_pb
+
+        c = self.consensus.committed(version)
+        return None if c is None else table_from_pb(c.table, self.topology)
+
+    def member_states(self) -> list[gpb.MemberState]:
+        status = {"alive": gpb.ALIVE, "suspect": gpb.SUSPECT, "dead": gpb.DEAD, "left": gpb.LEFT}
+        out = []
+        for m in self.gossip.members():
+            st = getattr(m.status, "value", m.status)
+            out.append(gpb.MemberState(node_id=m.node_id, address=m.address, incarnation=m.incarnation,
+                                       status=status.get(str(st).lower(), gpb.MEMBER_STATUS_UNSPECIFIED),
+                                       ranks=list(m.ranks)))
+        return out
+
+    def peer_versions(self) -> dict[str, int]:
+        pv = getattr(self.consensus, "peer_heads", None)
+        return dict(pv()) if callable(pv) else {self.node_id: self.head().version}
+
+    def health(self) -> str:
+        return self._health
+
+    def window_seq(self) -> int:
+        return max(0, self._window_seq)
+
+    def imbalance_history(self) -> list[float]:
+        return list(self._imbalance)
+
+    def cluster_load(self) -> np.ndarray | None:
+        return None if not self.replay else self.replay[-1]
+
+    def commits(self, limit: int) -> list[cpb.Commit]:
+        head = self.head().version
+        return [c for c in reversed(self.consensus.commits_since(max(0, head - limit)))]
+
+    def explain(self, version: int) -> apb.ExplainReply | None:
+        if version == 0:
+            return self._latest_explain
+        rec = self._explain.get(version)
+        if rec is None:
+            c = self.consensus.committed(version)
+            if c is not None:
+                rec = apb.ExplainReply(version=version, trigger=c.plan.trigger, plan=c.plan, votes=c.votes,
+                                       outcome="committed (proposed by " + (c.proposer or "?") + ")")
+        return rec
+
+    def ranks_per_node(self) -> int:
+        return self.topology.ranks_per_node
+
+    async def _submit(self, ops: tuple[Operation, ...], trigger: str, force: bool) -> Any:
+        ready = self.controller.step(ManualProposal(ops, force))
+        if not ready.proposals:
+            ex = self.controller.last_explain()
+            return None, str(getattr(ex, "outcome", None) or getattr(ex, "reason", "refused by the decision core"))
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        decision = ready.proposals[0]
+        self._propose(decision, force=force, done=fut)
+        self.controller.advance()
+        return await asyncio.wait_for(fut, timeout=20.0), ""
+
+    async def propose_manual(self, ops: tuple[Operation, ...], force: bool) -> apb.ProposeReply:
+        try:
+            apply_ops(self.head(), ops).validate()
+        except ControlPlaneError as e:
+            return apb.ProposeReply(committed=False, reason=str(e))
+        outcome, why = await self._submit(ops, "manual", force)
+        if outcome is None:
+            return apb.ProposeReply(committed=False, reason=why)
+        return apb.ProposeReply(committed=bool(outcome.committed), version=int(outcome.version),
+                                reason=str(outcome.reason or ""))
+
+    async def _elastic(self, ops_fn: Any, what: str) -> apb.AdminAck:
+        from controlplane.elastic import DrainRefused
+
+        try:
+            ops = ops_fn()
+        except DrainRefused as e:
+            return apb.AdminAck(ok=False, reason=str(e), version=self.head().version)
+        outcome, why = await self._submit(ops, what, True)
+        if outcome is None:
+            return apb.AdminAck(ok=False, reason=why, version=self.head().version)
+        return apb.AdminAck(ok=bool(outcome.committed), reason=str(outcome.reason or what), version=int(outcome.version))
+
+    async def drain(self, rank: int) -> apb.AdminAck:
+        from controlplane.elastic import plan_drain
+
+        return await self._elastic(lambda: plan_drain(self.head(), rank, self.cluster_load()), f"drain r{rank}")
+
+    async def restore(self, rank: int) -> apb.AdminAck:
+        from controlplane.elastic import plan_restore
+
+        return await self._elastic(lambda: plan_restore(self.head(), rank), f"restore r{rank}")

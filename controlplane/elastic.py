@@ -1,0 +1,124 @@
+"""Elastic ranks: plans for draining a rank, repairing after rank loss, and restoring a rank.
+
+Each returns the operations to commit atomically as one new table version, or raises DrainRefused with
+the numbers an operator needs (experts, replicas required, free slots).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from controlplane.errors import ControlPlaneError
+from controlplane.load import rank_load
+from controlplane.ops import Drain, Migrate, Operation, Repair, Restore
+from controlplane.table import RoutingTable
+
+
+class DrainRefused(ControlPlaneError):
+    code = "DRAIN_REFUSED"
+
+
+def _rank_loads(table: RoutingTable, load: npt.NDArray[np.integer] | None) -> npt.NDArray[np.int64]:
+    """[L, G] load per rank under `table` (zeros without a load view)."""
+    if load is None:
+        return np.zeros((table.layers, table.topology.ranks), dtype=np.int64)
+    return rank_load(table, np.asarray(load, dtype=np.int64))
+
+
+def _rehome(
+    table: RoutingTable,
+    lone: list[tuple[int, int, int]],
+    leaving: set[int],
+    load: npt.NDArray[np.integer] | None,
+    copy_from_host: bool,
+) -> list[Operation]:
+    """Place each (layer, expert, old_rank) on a surviving active rank with a free slot: same node as the
+    old rank first, then the least-loaded rank, ties by rank id. Raises DrainRefused when a layer lacks room."""
+    topo = table.topology
+    S = topo.slots_per_rank
+    G = topo.ranks
+    phy = table.phy2log.reshape(table.layers, G, S)
+    free = (phy < 0).sum(axis=2).astype(np.int64)  # [L, G]
+    survivors = [g for g in table.active_ranks if g not in leaving]
+    rl = _rank_loads(table, load)
+    by_layer: dict[int, list[tuple[int, int]]] = {}
+    for layer, expert, old in lone:
+        by_layer.setdefault(layer, []).append((expert, old))
+    ops: list[Operation] = []
+    expert_load = None if load is None else np.asarray(load, dtype=np.int64)
+    for layer in sorted(by_layer):
+        need = by_layer[layer]
+        room = int(free[layer, survivors].sum())
+        if len(need) > room:
+            raise DrainRefused(
+                f"layer {layer}: {len(need)} experts have their only replica on rank(s) {sorted(leaving)} "
+                f"(replicas required: {len(need)}), but the {len(survivors)} remaining active ranks have only "
+                f"{room} free slots; {table.experts} experts need at least {-(-table.experts // S)} ranks of "
+                f"{S} slots"
+            )
+        # hottest experts first so they land on the coolest ranks
+        order = sorted(need, key=lambda eo: (-(int(expert_load[layer, eo[0]]) if expert_load is not None else 0), eo[0]))
+        for expert, old in order:
+            cands = [g for g in survivors if free[layer, g] > 0 and not (phy[layer, g] == expert).any()]
+            if not cands:
+                raise DrainRefused(f"layer {layer}: no surviving rank has a free slot for expert {expert}")
+            old_node = topo.node_of(old)
+            dst = min(cands, key=lambda g: (topo.node_of(g) != old_node, int(rl[layer, g]), g))
+            free[layer, dst] -= 1
+            if expert_load is not None:
+                rl[layer, dst] += int(expert_load[layer, expert])
+            ops.append(Repair(layer, expert, dst, -1) if copy_from_host else Migrate(layer, expert, old, dst))
+    return ops
+
+
+def _lone_replicas(table: RoutingTable, ranks: set[int]) -> list[tuple[int, int, int]]:
+    """(layer, expert, rank) for experts whose every replica sits on `ranks`."""
+    S = table.topology.slots_per_rank
+    phy = table.phy2log
+    out: list[tuple[int, int, int]] = []
+    slot_rank = np.arange(table.slots) // S
+    on = np.isin(slot_rank, sorted(ranks))
+    outside = np.zeros((table.layers, table.experts), dtype=np.int64)
+    rows, cols = np.nonzero((phy >= 0) & ~on[None, :])
+    np.add.at(outside, (rows, phy[rows, cols]), 1)
+    rows, cols = np.nonzero((phy >= 0) & on[None, :])
+    for layer, slot in zip(rows.tolist(), cols.tolist(), strict=True):
+        e = int(phy[layer, slot])
+        if outside[layer, e] == 0:
+            out.append((layer, e, int(slot_rank[slot])))
+            outside[layer, e] = -1  # once per expert, even if it has several slots on the leaving ranks
+    return out
+
+
+def plan_drain(table: RoutingTable, rank: int, load: npt.NDArray[np.integer] | None = None) -> tuple[Operation, ...]:
+    """Move the lone replicas off `rank` (copied from it, nearest first), then take it out of service."""
+    if rank not in table.active_ranks:
+        raise DrainRefused(f"rank {rank} is not active (active: {len(table.active_ranks)} ranks)")
+    if len(table.active_ranks) == 1:
+        raise DrainRefused(f"rank {rank} is the last active rank")
+    ops = _rehome(table, _lone_replicas(table, {rank}), {rank}, load, copy_from_host=False)
+    return (*ops, Drain(rank))
+
+
+def plan_repair(
+    table: RoutingTable, dead: set[int], load: npt.NDArray[np.integer] | None = None
+) -> tuple[Operation, ...]:
+    """After rank loss: dead ranks leave the active set; each expert left without a replica is reloaded
+    from the host tier onto a surviving rank (its weights are gone with the dead rank)."""
+    dead = {g for g in dead if g in table.active_ranks}
+    if not dead:
+        return ()
+    if len(dead) >= len(table.active_ranks):
+        raise DrainRefused(f"all {len(table.active_ranks)} active ranks are dead: nothing to repair onto")
+    ops = _rehome(table, _lone_replicas(table, dead), dead, load, copy_from_host=True)
+    return (*(Drain(g) for g in sorted(dead)), *ops)
+
+
+def plan_restore(table: RoutingTable, rank: int) -> tuple[Operation, ...]:
+    """Return `rank` to service with empty slots; the planner then fills them with hot replicas."""
+    if not 0 <= rank < table.topology.ranks:
+        raise DrainRefused(f"rank {rank}: expected 0..{table.topology.ranks - 1}")
+    if rank in table.active_ranks:
+        raise DrainRefused(f"rank {rank} is already active")
+    return (Restore(rank),)
