@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agent.loadpath import ClusterWindows, LoadReportError, LocalWindows
+
+
+def test_local_window_closes_when_every_shim_reported() -> None:
+    lw = LocalWindows(2, 3, window=10)
+    one = np.ones((2, 3), np.uint32)
+    assert lw.add("a", 0, 5, one) == []
+    assert lw.add("b", 0, 10, one) == []  # shim a has 5 of 10 steps
+    closed = lw.add("a", 5, 5, one)
+    assert [(k, f) for k, f, _ in closed] == [(0, 0)]
+    assert (closed[0][2] == 3).all()
+
+
+def test_local_window_rejects_bad_reports() -> None:
+    lw = LocalWindows(2, 3, window=10)
+    with pytest.raises(LoadReportError, match="shape"):
+        lw.add("a", 0, 10, np.ones((3, 2), np.uint32))
+    with pytest.raises(LoadReportError, match="cross a window boundary"):
+        lw.add("a", 5, 10, np.ones((2, 3), np.uint32))
+    with pytest.raises(LoadReportError, match="steps = 0"):
+        lw.add("a", 0, 0, np.ones((2, 3), np.uint32))
+
+
+def test_cluster_window_needs_every_live_node() -> None:
+    cw = ClusterWindows()
+    cw.add("n1", 0, np.full((2, 2), 1, np.uint32))
+    assert cw.ready(["n1", "n2"]) == []
+    cw.add("n2", 0, np.full((2, 2), 2, np.uint32))
+    ready = cw.ready(["n1", "n2"])
+    assert [k for k, _ in ready] == [0] and (ready[0][1] == 3).all()
+    assert cw.ready(["n1", "n2"]) == []  # each window once
+    cw.add("n1", 1, np.full((2, 2), 1, np.uint32))
+    assert [k for k, _ in cw.ready(["n1"])] == [1]  # n2 declared dead: the survivors' sum
