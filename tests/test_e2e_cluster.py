@@ -1,0 +1,147 @@
+"""End to end on loopback: 3 agent processes exchange load, one proposes, the others vote, a version is
+committed, each node's shim link streams it, and the CLI shows it (human and --json forms)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+
+from agent.cluster import ROOT, LocalCluster, free_ports
+from elasticmoe.v1 import dataplane_pb2 as dpb
+from elasticmoe.v1 import dataplane_pb2_grpc
+
+pytestmark = pytest.mark.slow
+
+L, E, W = 4, 16, 10
+SHAPE = {"nodes": 3, "ranks_per_node": 2, "slots_per_rank": 4, "layers": L, "experts": E, "top_k": 2}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    base = tmp_path_factory.mktemp("cluster")
+    c = LocalCluster(3, base, SHAPE, profile="test",
+                     sections={"decision": {"window": W, "budget_windows": 1, "theta": 1.05, "tau": 0.01}})
+    c.start()
+    try:
+        c.wait_healthy(timeout=60)
+        yield c
+    finally:
+        c.stop()
+
+
+def skewed_counts(rng: np.random.Generator) -> np.ndarray:
+    p = np.full(E, 1.0)
+    p[0] = 12.0  # expert 0 is hot in every layer
+    p /= p.sum()
+    return np.stack([rng.multinomial(W * 64, p) for _ in range(L)]).astype("<u4")
+
+
+async def _drive(cluster: LocalCluster, windows: int) -> dict[int, list[dpb.TableUpdate]]:
+    rng = np.random.default_rng(1)
+    seen: dict[int, list[dpb.TableUpdate]] = {i: [] for i in range(cluster.n)}
+    chans = [grpc.aio.insecure_channel(f"unix://{cluster.shim_socket(i)}") for i in range(cluster.n)]
+    stubs = [dataplane_pb2_grpc.DataplaneLinkStub(ch) for ch in chans]
+
+    async def watch(i: int) -> None:
+        async for upd in stubs[i].WatchTables(dpb.WatchTablesRequest(from_version=1, shim_id=f"s{i}")):
+            seen[i].append(upd)
+
+    watchers = [asyncio.create_task(watch(i)) for i in range(cluster.n)]
+    try:
+        for k in range(windows):
+            for i in range(cluster.n):
+                counts = skewed_counts(rng)
+                rep = dpb.LoadReport(shim_id=f"s{i}", rank=i, first_step=k * W, steps=W, layers=L, experts=E,
+                                     counts=counts.tobytes())
+                await stubs[i].ReportLoad(iter([rep]), timeout=5)
+            await asyncio.sleep(0.3)
+            if all(seen[i] for i in seen):
+                break
+        deadline = time.monotonic() + 15
+        while not all(seen[i] for i in seen) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+    finally:
+        for w in watchers:
+            w.cancel()
+        for ch in chans:
+            await ch.close()
+    return seen
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_commit_reaches_every_shim_and_cli(cluster: LocalCluster) -> None:
+    seen = asyncio.run(_drive(cluster, windows=30))
+    firsts = {i: seen[i][0].commit for i in seen if seen[i]}
+    assert len(firsts) == cluster.n, f"not every shim got a new version: {[len(v) for v in seen.values()]}"
+    assert len({c.table.content_hash for c in firsts.values()}) == 1
+    c = firsts[0]
+    assert c.table.version == 2 and c.table.parent == 1
+    assert len(c.qc.voters) >= 2 and c.qc.quorum == 2
+    phy = np.frombuffer(c.table.phy2log, "<i8").reshape(L, -1)
+    assert (phy == 0).sum(axis=1).max() >= 2, "the hot expert 0 was not replicated"
+
+    r = _cli("placement", "--agent", cluster.addresses[1], "--json", "--layer", "-1")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["version"] >= 2 and any("0" in lay["replicas"] for lay in doc["layers"].values())
+    r = _cli("placement", "--agent", cluster.addresses[2])
+    assert r.returncode == 0 and "routing table version" in r.stdout
+
+
+@pytest.mark.parametrize("cmd", [["status"], ["history"], ["explain", "2"], ["top", "--iterations", "1"],
+                                 ["placement", "--layer", "1"]])
+@pytest.mark.parametrize("as_json", [False, True])
+def test_read_commands(cluster: LocalCluster, cmd: list[str], as_json: bool) -> None:
+    r = _cli(*cmd, "--agent", cluster.addresses[0], *(["--json"] if as_json else []))
+    assert r.returncode == 0, r.stderr
+    if as_json:
+        json.loads(r.stdout.strip().splitlines()[-1] if cmd[0] == "top" else r.stdout)
+    else:
+        assert r.stdout.strip()
+
+
+def test_unreachable_agent_and_unknown_version(cluster: LocalCluster) -> None:
+    port = free_ports(1)[0]
+    r = _cli("status", "--agent", f"127.0.0.1:{port}")
+    assert r.returncode != 0
+    assert r.stderr.strip().count("\n") == 0 and f"127.0.0.1:{port}" in r.stderr and "unreachable" in r.stderr
+    r = _cli("placement", "--agent", cluster.addresses[0], "--version", "999")
+    assert r.returncode != 0 and "version 999" in r.stderr and r.stderr.strip().count("\n") == 0
+
+
+def test_health_and_reflection(cluster: LocalCluster) -> None:
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    with grpc.insecure_channel(cluster.addresses[0]) as ch:
+        services = set(ProtoReflectionDescriptorDatabase(ch).get_services())
+    assert {"elasticmoe.v1.Admin", "elasticmoe.v1.Gossip", "elasticmoe.v1.Consensus",
+            "grpc.health.v1.Health"} <= services
+    assert cluster.healthy(0)
+
+
+def test_pause_resume_and_bad_propose(cluster: LocalCluster) -> None:
+    a = cluster.addresses[0]
+    assert _cli("pause", "--agent", a).returncode == 0
+    assert json.loads(_cli("status", "--agent", a, "--json").stdout)["paused"] is True
+    assert _cli("resume", "--agent", a).returncode == 0
+    r = _cli("propose", "--agent", a, "replicate", "0", "99", "1")
+    assert r.returncode != 0 and "expert 99" in r.stderr
+
+
+def test_drain_refused_and_restore(cluster: LocalCluster, tmp_path: Path) -> None:
+    a = cluster.addresses[0]
+    r = _cli("restore", "--agent", a, "3")
+    assert r.returncode != 0 and "already active" in r.stderr
