@@ -37,14 +37,13 @@ class AgentProcess:
         self.state = NodeState(cfg)
         self.server: grpc.aio.Server | None = None
         self.shim_server: grpc.aio.Server | None = None
-        self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
+        self.health = health.aio.HealthServicer()
         self.port = 0
 
     async def start(self) -> None:
-        server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
+        server = grpc.aio.server(interceptors=self.state.interceptors(), options=[("grpc.max_receive_message_length", 64 << 20),
                                           ("grpc.max_send_message_length", 64 << 20)])
-        authorize = self.state.admin_authorizer()
-        admin_pb2_grpc.add_AdminServicer_to_server(AdminService(self.state, authorize), server)
+        admin_pb2_grpc.add_AdminServicer_to_server(AdminService(self.state), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(SERVICE_NAMES, server)
         self.state.attach(server)

@@ -102,13 +102,14 @@ class NodeState:
 
         return channel_credentials(self.cfg.tls.cert_dir, self.node_id)
 
-    def admin_authorizer(self) -> Any:
+    def interceptors(self) -> list[Any]:
+        """mTLS authorisation: consensus and gossip only from members, mutating admin calls only from admins."""
         if not self.cfg.tls.cert_dir:
-            return None
-        from agent.security import AuthzPolicy
+            return []
+        from agent.security import AuthzInterceptor, policy_from_config
 
-        policy = AuthzPolicy(members=set(self._voters), admins=set(self.cfg.tls.admins))
-        return policy.check_admin
+        policy = policy_from_config(self.cfg)
+        return [] if policy is None else [AuthzInterceptor(policy)]
 
     async def start(self) -> None:
         from agent.clock import RealClock
@@ -117,7 +118,7 @@ class NodeState:
         from agent.store import Store
         from agent.telemetry import Telemetry
 
-        self.telemetry = Telemetry.from_env(self.cfg.telemetry.enabled)
+        self.telemetry = Telemetry.from_env(self.cfg.telemetry.enabled, node_id=self.node_id)
         clock = RealClock()
         c = self.cfg.cluster
         store = Store(self.data_dir / "consensus")
@@ -209,10 +210,6 @@ class NodeState:
                                                     outcome=str(getattr(ex, "outcome", "no change")))
         self.controller.advance()
 
-    def _designated(self, version: int) -> bool:
-        live = self._live_voters()
-        return bool(live) and live[version % len(live)] == self.node_id
-
     def _propose(self, decision: Any, force: bool = False, done: asyncio.Future[Any] | None = None) -> None:
         table: RoutingTable = decision.table
         plan = make_plan(decision.ops, decision.estimated_gain, decision.verified_gain, decision.cost, decision.trigger)
@@ -224,10 +221,6 @@ class NodeState:
                                   outcome="proposed")
         self._explain[table.version] = record
         self._latest_explain = record
-        if done is None and not self._designated(table.version):
-            record.outcome = "not proposed: another node is the designated proposer for this version"
-            self.controller.step(ProposalFailed(table.version, "not the designated proposer"))
-            return
         started = time.monotonic()
 
         def on_done(outcome: Any) -> None:
