@@ -1,0 +1,63 @@
+"""Certified tables: decode a consensus `Commit` into a RoutingTable only if its quorum certificate proves it.
+
+A commit is certified when `qc.version == table.version`, `len(set(qc.voters)) >= qc.quorum >= 1`,
+`table.content_hash == qc.table_hash`, and the hash recomputed from the decoded table
+(`controlplane.table.RoutingTable.digest`) equals both. numpy only: the agent may import this module.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from controlplane.errors import ControlPlaneError
+from controlplane.table import RoutingTable, table_from_bytes
+from controlplane.topology import Topology
+from dataplane_shim.errors import Uncertified
+from elasticmoe.v1 import consensus_pb2 as pb
+
+
+def table_to_pb(table: RoutingTable) -> pb.RoutingTable:
+    """Encode a table: phy2log as little-endian int64 bytes, content_hash = digest."""
+    return pb.RoutingTable(
+        version=table.version,
+        parent=table.parent,
+        layers=table.layers,
+        slots=table.slots,
+        experts=table.experts,
+        slots_per_rank=table.topology.slots_per_rank,
+        phy2log=table.phy2log.astype("<i8", copy=False).tobytes(),
+        active_ranks=list(table.active_ranks),
+        content_hash=table.digest,
+    )
+
+
+def certified_commit(table: RoutingTable, voters: Sequence[str], quorum: int) -> pb.Commit:
+    """A Commit for `table` with a certificate naming `voters` (tests, the reference engine, the agent's fakes)."""
+    qc = pb.QuorumCertificate(version=table.version, table_hash=table.digest, voters=list(voters), quorum=quorum)
+    return pb.Commit(table=table_to_pb(table), qc=qc)
+
+
+def table_from_commit(commit: pb.Commit, topo: Topology) -> RoutingTable:
+    """Decode and verify `commit` for a pool of shape `topo`; raises Uncertified naming the failed check."""
+    t, qc = commit.table, commit.qc
+    if not commit.HasField("table") or not commit.HasField("qc"):
+        raise Uncertified("commit lacks its table or its quorum certificate")
+    if qc.version != t.version:
+        raise Uncertified(f"qc.version={qc.version} but table.version={t.version}")
+    voters = set(qc.voters)
+    if qc.quorum < 1 or len(voters) < qc.quorum:
+        raise Uncertified(f"version {t.version}: {len(voters)} distinct voters for quorum {qc.quorum}")
+    if t.slots_per_rank != topo.slots_per_rank or t.slots != topo.slots:
+        raise Uncertified(
+            f"version {t.version}: table has {t.slots} slots, {t.slots_per_rank} per rank; the pool has "
+            f"{topo.slots}, {topo.slots_per_rank} per rank"
+        )
+    if bytes(qc.table_hash) != bytes(t.content_hash):
+        raise Uncertified(f"version {t.version}: qc.table_hash does not match table.content_hash")
+    try:
+        table = table_from_bytes(topo, t.experts, t.layers, t.phy2log, t.version, t.parent, tuple(t.active_ranks))
+    except ControlPlaneError as exc:
+        raise Uncertified(f"version {t.version}: undecodable table: {exc.message}") from exc
+    if table.digest != bytes(qc.table_hash):
+        raise Uncertified(f"version {t.version}: recomputed digest differs from the certified hash")
+    return table

@@ -1,0 +1,221 @@
+"""Reference expert-parallel engine: replays a counts trace through a routing table, one simulated EP
+engine per rank, with a step-time model for the MoE part of a decode step, and charges weight movement.
+
+Step-time model, per MoE layer and rank g (all figures per GPU; H200 SXM):
+- expert GEMMs (grouped, gate/up/down): compute time = 2 x 3 x hidden x inter x tokens_g / (peak x eff),
+  memory time = (active slots x expert weight bytes + tokens_g x activation bytes) / (HBM x eff);
+  a grouped GEMM runs at the slower of the two (roofline).
+- all-to-all dispatch + combine: every token-expert pair that lands on g carries `hidden` activations in
+  and out. Tokens are spread evenly over ranks before dispatch (data-parallel attention), so a fraction
+  1/G of g's pairs is local, (ranks_per_node - 1)/G comes over NVLink and the rest over InfiniBand; the
+  receive time is the slower of the two links.
+- layer time on g = GEMM + all-to-all; a layer waits for its slowest rank; a step is the sum over layers.
+Attention and dense layers are not modelled (they are the same for every policy).
+
+H200 figures (sources):
+- 989 TFLOP/s dense BF16 (NVIDIA H200 datasheet, "BF16 Tensor Core 1,979 TFLOPS with sparsity"), 1979 for
+  FP8 dense (3,958 with sparsity);
+- 4.8 TB/s HBM3e (H200 datasheet, 141 GB at 4.8 TB/s);
+- NVLink 4: 900 GB/s per GPU aggregate bidirectional (H200 datasheet) -> 450 GB/s per direction;
+- 400 Gb/s InfiniBand per GPU (ConnectX-7 NDR, one NIC per GPU in DGX/HGX H200) -> 50 GB/s;
+- achieved fractions: ~60% of peak for grouped decode GEMMs and ~80% of HBM bandwidth (DeepGEMM reports
+  1,300-1,500 FP8 TFLOP/s of 1,979 on H800 for large shapes and less for decode shapes; STREAM-like copies
+  reach 80-90% of HBM peak); DeepEP reports ~150 GB/s NVLink and ~45 GB/s RDMA for low-latency kernels.
+Weight copies use the topology's tier bandwidths (controlplane.topology, effective point-to-point).
+
+Routing: tokens of an expert are split over its replicas by `controlplane.load.slot_load` (the even split
+that the shim's least-loaded router converges to within a step; integer, deterministic). The counts
+traces carry no per-token ids, so the router's token-level path is not needed here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from controlplane.load import slot_load
+from controlplane.table import RoutingTable
+from controlplane.topology import Tier, Topology
+
+F64 = npt.NDArray[np.float64]
+I64 = npt.NDArray[np.int64]
+Router = Callable[[RoutingTable, npt.NDArray[np.integer]], I64]
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The MoE dimensions the step model needs. weight_bytes: bytes per expert parameter."""
+
+    name: str
+    hidden: int
+    inter: int
+    top_k: int
+    weight_bytes: float = 2.0  # bf16
+    act_bytes: float = 2.0  # bf16 activations on the wire and in HBM
+    fp8: bool = False
+
+    @property
+    def expert_bytes(self) -> float:
+        """Bytes of one expert's gate, up and down projections."""
+        return 3.0 * self.hidden * self.inter * self.weight_bytes
+
+
+# DeepSeek-V2-Lite (ESFT-vanilla-lite): hidden 2048, moe_intermediate_size 1408, 64 routed experts, top-6,
+# 26 MoE layers (config.json of deepseek-ai/DeepSeek-V2-Lite); served in bf16.
+DEEPSEEK_V2_LITE = ModelShape("deepseek-v2-lite", hidden=2048, inter=1408, top_k=6)
+# DeepSeek-V3: hidden 7168, moe_intermediate_size 2048, 256 routed experts, top-8, 58 MoE layers; FP8 weights.
+DEEPSEEK_V3 = ModelShape("deepseek-v3", hidden=7168, inter=2048, top_k=8, weight_bytes=1.0, fp8=True)
+
+
+def shape_for(layers: int, experts: int, top_k: int) -> ModelShape:
+    """The preset matching a trace's [L, E] (V3 for 256 experts, else V2-Lite dimensions with its top-k)."""
+    if experts == 256:
+        return DEEPSEEK_V3
+    if (layers, experts) == (26, 64):
+        return DEEPSEEK_V2_LITE
+    k = top_k if top_k > 0 else DEEPSEEK_V2_LITE.top_k
+    return ModelShape(f"generic-{layers}x{experts}", DEEPSEEK_V2_LITE.hidden, DEEPSEEK_V2_LITE.inter, k)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Per-GPU figures (H200 SXM by default; sources in the module docstring)."""
+
+    bf16_flops: float = 989e12
+    fp8_flops: float = 1979e12
+    hbm: float = 4.8e12
+    nvlink: float = 450e9  # per direction (900 GB/s aggregate bidirectional)
+    ib: float = 50e9  # 400 Gb/s
+    compute_eff: float = 0.6
+    hbm_eff: float = 0.8
+    nvlink_eff: float = 0.33  # DeepEP low-latency kernels: ~150 GB/s of 450
+    ib_eff: float = 0.9  # DeepEP: ~45 GB/s of 50
+
+
+H200 = Hardware()
+
+
+def even_split(table: RoutingTable, counts: npt.NDArray[np.integer]) -> I64:
+    """Default router: counts [T, L, E] -> tokens per slot [T, L, P] (controlplane.load's even split)."""
+    return slot_load(table, counts)
+
+
+class RankEngine:
+    """The simulated EP engine of one rank: its slots' tokens -> per-layer time."""
+
+    def __init__(self, rank: int, topo: Topology, shape: ModelShape, hw: Hardware) -> None:
+        self.rank = rank
+        G, R = topo.ranks, topo.ranks_per_node
+        self.frac_nvlink = (R - 1) / G
+        self.frac_ib = (G - R) / G
+        self.shape = shape
+        self.hw = hw
+
+    def layer_ms(self, slot_tokens: I64, link_scale: tuple[float, float] = (1.0, 1.0)) -> F64:
+        """slot_tokens: [T, L, S] tokens on this rank's slots -> [T, L] milliseconds.
+
+        link_scale: the fraction of (NVLink, IB) receive bandwidth left to the all-to-all (copies in
+        flight take the rest)."""
+        m, hw = self.shape, self.hw
+        tok = slot_tokens.sum(axis=-1).astype(np.float64)
+        active = (slot_tokens > 0).sum(axis=-1).astype(np.float64)
+        peak = hw.fp8_flops if m.fp8 else hw.bf16_flops
+        t_compute = 6.0 * m.hidden * m.inter * tok / (peak * hw.compute_eff)
+        hbm_bytes = active * m.expert_bytes + tok * (2 * m.hidden + 3 * m.inter) * m.act_bytes
+        t_mem = hbm_bytes / (hw.hbm * hw.hbm_eff)
+        wire = 2.0 * tok * m.hidden * m.act_bytes  # dispatch in + combine out
+        t_nv = wire * self.frac_nvlink / (hw.nvlink * hw.nvlink_eff * link_scale[0])
+        t_ib = wire * self.frac_ib / (hw.ib * hw.ib_eff * link_scale[1])
+        out: F64 = (np.maximum(t_compute, t_mem) + np.maximum(t_nv, t_ib)) * 1e3
+        return out
+
+
+@dataclass
+class StepResult:
+    """step_ms [T] (MoE part of each step), imbalance [T] (step imbalance of rank tokens)."""
+
+    step_ms: F64
+    imbalance: F64
+
+
+@dataclass
+class Moves:
+    """Weight copies that turn one table into another. bytes_to [G, 4]: bytes each rank receives per tier
+    (Tier order: same rank, same node, other node, host)."""
+
+    copies: int
+    bytes_total: float
+    bytes_to: F64
+
+
+class EPCluster:
+    """G rank engines behind one router; replays counts through a table and prices table changes."""
+
+    def __init__(self, topo: Topology, shape: ModelShape, hw: Hardware = H200, router: Router = even_split) -> None:
+        self.topo = topo
+        self.shape = shape
+        self.hw = hw
+        self.router = router
+        self.ranks = [RankEngine(g, topo, shape, hw) for g in range(topo.ranks)]
+
+    def run(
+        self, table: RoutingTable, counts: npt.NDArray[np.integer], link_scale: F64 | None = None
+    ) -> StepResult:
+        """counts [T, L, E] under `table` -> StepResult. link_scale: [G, 2] bandwidth left per rank and link."""
+        S = self.topo.slots_per_rank
+        slots = self.router(table, counts)  # [T, L, P]
+        T, L, _ = slots.shape
+        per_rank = slots.reshape(T, L, self.topo.ranks, S)
+        times = np.empty((T, L, self.topo.ranks), dtype=np.float64)
+        for g, eng in enumerate(self.ranks):  # one engine per rank, each vectorised over steps and layers
+            scale = (1.0, 1.0) if link_scale is None else (float(link_scale[g, 0]), float(link_scale[g, 1]))
+            times[:, :, g] = eng.layer_ms(per_rank[:, :, g, :], scale)
+        act = table.active_mask
+        step_ms = times[:, :, act].max(axis=2).sum(axis=1)
+        tok = per_rank.sum(axis=3)[:, :, act]
+        mx = tok.max(axis=2).sum(axis=1).astype(np.float64)
+        mean = tok.mean(axis=2).sum(axis=1)
+        imb = np.divide(mx, mean, out=np.ones_like(mx), where=mean > 0)
+        return StepResult(step_ms, imb)
+
+    def moves(self, old: RoutingTable, new: RoutingTable) -> Moves:
+        """Copies into every slot whose expert changes, each from the nearest holder in `old`
+        (same rank, then same node, then another node, lowest rank id), else from host."""
+        topo = self.topo
+        G, S = topo.ranks, topo.slots_per_rank
+        L, E = new.layers, new.experts
+        changed = (new.phy2log != old.phy2log) & (new.phy2log >= 0)
+        li, pi = np.nonzero(changed)
+        bytes_to = np.zeros((G, 4), dtype=np.float64)
+        if li.size == 0:
+            return Moves(0, 0.0, bytes_to)
+        e = new.phy2log[li, pi]
+        dst = pi // S
+        has = np.zeros((L, E, G), dtype=bool)
+        lo, po = np.nonzero(old.phy2log >= 0)
+        has[lo, old.phy2log[lo, po], po // S] = True
+        holders = has[li, e]  # [C, G]
+        node = np.arange(G) // topo.ranks_per_node
+        same_rank = holders[np.arange(li.size), dst]
+        same_node = (holders & (node[None, :] == node[dst][:, None])).any(axis=1)
+        anywhere = holders.any(axis=1)
+        tier = np.where(same_rank, Tier.SAME_RANK, np.where(same_node, Tier.SAME_NODE,
+                        np.where(anywhere, Tier.OTHER_NODE, Tier.HOST)))
+        np.add.at(bytes_to, (dst, tier), self.shape.expert_bytes)
+        return Moves(int(li.size), float(li.size * self.shape.expert_bytes), bytes_to)
+
+    def copy_ms(self, moves: Moves, share: float = 1.0) -> float:
+        """Time for `moves` when each rank's links give them `share` of their bandwidth: per rank the
+        slowest tier (tiers run in parallel), then the slowest rank."""
+        bw = np.asarray(self.topo.tier_bandwidth, dtype=np.float64) * share
+        return float((moves.bytes_to / bw[None, :]).max(initial=0.0) * 1e3)
+
+    def link_scale_during(self, moves: Moves, share: float) -> F64:
+        """[G, 2] (NVLink, IB) bandwidth left to serving on each rank while `moves` copy at `share`."""
+        out = np.ones((self.topo.ranks, 2), dtype=np.float64)
+        out[moves.bytes_to[:, Tier.SAME_NODE] > 0, 0] = 1.0 - share
+        out[moves.bytes_to[:, Tier.OTHER_NODE] > 0, 1] = 1.0 - share
+        return out
