@@ -100,7 +100,7 @@ def read_esft_task(task_dir: Path) -> list[npt.NDArray[np.int16]]:
 
 
 def pseudo_decode(
-    samples: list[npt.NDArray[np.int16]], experts: int, batch: int, steps: int, seed: int
+    samples: list[npt.NDArray[np.int16]], experts: int, batch: int, steps: int, seed: int, stagger: bool = False
 ) -> npt.NDArray[np.uint32]:
     """Continuous batching: `batch` lanes each decode one sample token by token; a lane that finishes takes
     the next sample of a seeded shuffled order, cycling. Step t counts token t of every lane.
@@ -123,6 +123,8 @@ def pseudo_decode(
     nxt = 0
     lane_sample = np.empty(batch, dtype=np.int64)
     lane_pos = np.zeros(batch, dtype=np.int64)
+    if stagger:  # steady-state continuous batching: each lane starts at a seeded position of its first sample
+        lane_pos = rng.integers(0, lengths[order[np.arange(batch) % len(order)]])
     for b in range(batch):
         lane_sample[b] = order[nxt % len(order)]
         nxt += 1
@@ -139,10 +141,14 @@ def pseudo_decode(
     return counts.reshape(steps, L, experts)
 
 
-def import_esft(task: str, batch: int = 2048, steps: int = 2000, seed: int = 0, root: Path = ESFT_DIR) -> Trace:
+def import_esft(task: str, batch: int = 2048, steps: int = 2000, seed: int = 0, root: Path = ESFT_DIR,
+                stagger: bool = False) -> Trace:
+    """stagger: lanes start at seeded random positions of their first sample (steady state) instead of all at
+    token 0 (a cold start, where lanes run in lockstep through the samples' shared prompt template)."""
     samples = read_esft_task(root / task)
-    counts = pseudo_decode(samples, experts=64, batch=batch, steps=steps, seed=seed)
-    return Trace(counts, "ESFT-vanilla-lite (DeepSeek-V2-Lite)", 6, f"esft:{task}", f"pseudo-decode batch {batch}")
+    counts = pseudo_decode(samples, experts=64, batch=batch, steps=steps, seed=seed, stagger=stagger)
+    label = f"pseudo-decode batch {batch}" + (", staggered start" if stagger else "")
+    return Trace(counts, "ESFT-vanilla-lite (DeepSeek-V2-Lite)", 6, f"esft:{task}", label)
 
 
 # ---- counts-only data (sampled step model) --------------------------------------------------------

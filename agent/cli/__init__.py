@@ -14,6 +14,7 @@ COMMAND_MODULES = (
     "agent.cli.demo",
     "agent.cli.tools",
     "agent.cli.certs",
+    "agent.cli.bench",
 )
 
 

@@ -1,0 +1,134 @@
+"""`emoe bench`: the drift-injection benchmark, every policy side by side (see bench/run.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+DEFAULT_POLICIES = "static,eplb,craft,craft-periodic,elastic,hindsight"
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("bench", help="replay traces through every policy; write results.json and plots")
+    p.add_argument("--trace", action="append", default=[], metavar="SPEC",
+                   help="a native .npz, or esft:intent / esft:law (pseudo-decode from ../shared/traces), or "
+                        "olmoe:MODEL/DOMAIN (sampled); repeat to play them as consecutive segments")
+    p.add_argument("--synthetic", metavar="LxE", help="a synthetic skewed, drifting trace of L layers x E experts")
+    p.add_argument("--segments", type=int, default=2, help="--synthetic: number of segments (default 2)")
+    p.add_argument("--ramp-steps", type=int, default=0, help="--synthetic: steps over which segments mix")
+    p.add_argument("--top-k", type=int, default=8, help="--synthetic: top-k (default 8)")
+    p.add_argument("--batch", type=int, default=2048, help="tokens per step for imported traces (default 2048)")
+    p.add_argument("--cold-start", action="store_true",
+                   help="esft: start every lane at token 0 (lockstep through the shared prompt template) "
+                        "instead of at staggered positions (steady-state continuous batching)")
+    p.add_argument("--segment-steps", type=int, default=2000, help="steps per segment (default 2000)")
+    p.add_argument("--nodes", type=int, default=2)
+    p.add_argument("--ranks-per-node", type=int, default=8)
+    p.add_argument("--slots-per-rank", type=int, default=5)
+    p.add_argument("--window", type=int, default=100, help="W steps per window (default 100)")
+    p.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma list (default {DEFAULT_POLICIES}); eplb:3000")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--expert-groups", type=int, default=None, help="EPLB groups (default 8 for 256 experts, else 1)")
+    p.add_argument("--craft-budget", type=float, default=1.0, help="CRAFT replica budget, fraction of free slots")
+    p.add_argument("--commit-latency", type=int, default=3, help="elastic: steps from proposal to commit")
+    p.add_argument("--copy-share", type=float, default=0.5, help="elastic: link share taken by replica copies")
+    p.add_argument("--elastic-param", action="append", default=[], metavar="K=V",
+                   help="a DecisionParams field for the elastic policy, e.g. theta=1.1 (repeatable)")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(func=bench_main)
+
+
+def _value(v: str) -> Any:
+    try:
+        return json.loads(v)
+    except json.JSONDecodeError:
+        return v
+
+
+def load_traces(args: argparse.Namespace) -> Any:
+    """Build the bench trace from --trace specs or --synthetic; raises ValueError naming the bad spec."""
+    from bench import traces
+    from bench.synthetic import synthetic_trace
+
+    if args.synthetic:
+        if args.trace:
+            raise ValueError("--synthetic and --trace: give one or the other")
+        try:
+            L, E = (int(x) for x in args.synthetic.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"--synthetic {args.synthetic!r}: expected LxE, e.g. 58x256") from None
+        return synthetic_trace(L, E, args.segment_steps, args.segments, top_k=args.top_k, batch=args.batch,
+                               ramp_steps=args.ramp_steps, seed=args.seed)
+    if not args.trace:
+        raise ValueError("no trace: give --trace (repeatable) or --synthetic LxE")
+    parts = []
+    for spec in args.trace:
+        kind, _, rest = spec.partition(":")
+        if kind == "esft" and rest:
+            parts.append(traces.import_esft(rest, args.batch, args.segment_steps, args.seed, stagger=not args.cold_start))
+        elif kind == "olmoe" and "/" in rest:
+            model, domain = rest.split("/", 1)
+            parts.append(traces.import_olmoe(model, domain, args.batch, args.segment_steps, args.seed))
+        elif spec.endswith(".npz"):
+            parts.append(traces.load_trace(spec))
+        else:
+            raise ValueError(f"--trace {spec!r}: expected a .npz path, esft:TASK or olmoe:MODEL/DOMAIN")
+    shapes = {p.counts.shape[1:] for p in parts}
+    if len(shapes) != 1:
+        raise ValueError(f"--trace: segments disagree on [layers, experts]: {sorted(shapes)}")
+    return traces.concat(parts, args.segment_steps) if len(parts) > 1 or args.segment_steps else parts[0]
+
+
+def bench_main(args: argparse.Namespace) -> int:
+    from bench.run import BenchConfig, run_bench
+
+    for name in ("segment_steps", "nodes", "ranks_per_node", "slots_per_rank", "window", "commit_latency"):
+        if getattr(args, name) < (0 if name == "commit_latency" else 1):
+            print(f"emoe bench: --{name.replace('_', '-')} {getattr(args, name)}: expected >= 1", file=sys.stderr)
+            return 2
+    if not 0.0 < args.copy_share < 1.0 or not 0.0 <= args.craft_budget <= 1.0:
+        print("emoe bench: --copy-share in (0, 1) and --craft-budget in [0, 1] expected", file=sys.stderr)
+        return 2
+    params = {}
+    for kv in args.elastic_param:
+        k, sep, v = kv.partition("=")
+        if not sep:
+            print(f"emoe bench: --elastic-param {kv!r}: expected K=V", file=sys.stderr)
+            return 2
+        params[k] = _value(v)
+    try:
+        trace = load_traces(args)
+        cfg = BenchConfig(args.nodes, args.ranks_per_node, args.slots_per_rank, args.window,
+                          tuple(p for p in args.policies.split(",") if p), args.seed, args.expert_groups,
+                          args.craft_budget, args.commit_latency, args.copy_share, params)
+        from bench.policies import make_policy
+
+        for spec in cfg.policies:
+            make_policy(spec, cfg.window, 1, cfg.craft_budget, cfg.commit_latency)
+        res = run_bench(trace, cfg, args.out, progress=not args.no_progress, plots=not args.no_plots)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"emoe bench: {e}", file=sys.stderr)
+        return 1
+    print(format_table(res))
+    print(f"wrote {args.out / 'results.json'} ({res['wall_s']:.1f} s)")
+    return 0
+
+
+def format_table(res: dict[str, Any]) -> str:
+    """The results as a Markdown table."""
+    head = ("| policy | mean imb | p50 ms | p99 ms | recovery | GB moved | replica slots | stall ms | commits "
+            "| regressions |\n|---|---|---|---|---|---|---|---|---|---|")
+    rows = [head]
+    for name, r in res["policies"].items():
+        if "unavailable" in r:
+            rows.append(f"| {name} | unavailable: {r['unavailable']} |||||||||")
+            continue
+        rows.append(f"| {name} | {r['mean_step_imbalance']:.4f} | {r['p50_step_ms']:.3f} | {r['p99_step_ms']:.3f} "
+                    f"| {r['recovery_steps']} | {r['bytes_moved'] / 1e9:.2f} | {r['replica_slots']} "
+                    f"| {r['stall_ms_total']:.1f} | {r['commits']} | {r['regressions']} |")
+    return "\n".join(rows)

@@ -1,0 +1,209 @@
+"""The policies `emoe bench` runs side by side, each behind one small interface.
+
+A policy sees the trace only up to the window that just closed (hindsight excepted: it is the oracle)
+and answers with table changes. How a change reaches serving is the policy's `mode`:
+- `blocking`: installed at its ready step, serving stalls while its copies run (vLLM / SGLang sync EPLB);
+- `overlapped`: copies run beside serving, sharing link bandwidth, and the table installs when they end;
+- `free`: installed at its ready step at no cost (the hindsight reference).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from controlplane.baselines.craft import craft_table
+from controlplane.baselines.eplb import eplb_table
+from controlplane.baselines.hindsight import hindsight_tables
+from controlplane.table import RoutingTable
+
+Counts = npt.NDArray[np.uint32]
+
+
+@dataclass
+class Change:
+    """A new table that may start reaching serving at `ready_step`."""
+
+    table: RoutingTable
+    ready_step: int
+    mode: str  # "blocking" | "overlapped" | "free"
+    kind: str = "rebalance"
+
+
+class Policy(Protocol):
+    name: str
+
+    def start(self, base: RoutingTable, counts: Counts, drift_steps: list[int]) -> list[Change]:
+        """Called once before step 0; `counts` is for the oracle only."""
+
+    def on_window(self, first: int, end: int, seen: Counts) -> list[Change]:
+        """Window [first, end) just closed; `seen` is counts[:end]."""
+
+
+def _crossed(end: int, window: int, period: int) -> bool:
+    """True for the window ending at `end` that crosses a multiple of `period`."""
+    return end >= period and end // period > (end - window) // period
+
+
+@dataclass
+class Static:
+    name: str = "static"
+
+    def start(self, base: RoutingTable, counts: Counts, drift_steps: list[int]) -> list[Change]:
+        return []
+
+    def on_window(self, first: int, end: int, seen: Counts) -> list[Change]:
+        return []
+
+
+@dataclass
+class Eplb:
+    """Full EPLB rebalance every `period` steps from the last `period` steps, blocking."""
+
+    window: int
+    period: int = 1000
+    groups: int = 1
+    name: str = "eplb"
+    head: RoutingTable | None = None
+
+    def start(self, base: RoutingTable, counts: Counts, drift_steps: list[int]) -> list[Change]:
+        self.head = base
+        return []
+
+    def on_window(self, first: int, end: int, seen: Counts) -> list[Change]:
+        if self.head is None or not _crossed(end, self.window, self.period):
+            return []
+        totals = seen[max(0, end - self.period):end].sum(axis=0, dtype=np.int64)
+        self.head = eplb_table(self.head, totals, self.groups)
+        return [Change(self.head, end, "blocking")]
+
+
+@dataclass
+class Craft:
+    """CRAFT planned from the first `period` steps (once) or re-planned every `period` (periodic), blocking."""
+
+    window: int
+    period: int = 1000
+    periodic: bool = False
+    budget_fraction: float = 1.0
+    name: str = "craft"
+    base: RoutingTable | None = None
+    planned: bool = False
+
+    def start(self, base: RoutingTable, counts: Counts, drift_steps: list[int]) -> list[Change]:
+        self.base = base
+        return []
+
+    def on_window(self, first: int, end: int, seen: Counts) -> list[Change]:
+        if self.base is None or (self.planned and not self.periodic) or not _crossed(end, self.window, self.period):
+            return []
+        self.planned = True
+        free = int((self.base.phy2log < 0).sum())
+        table = craft_table(self.base, seen[max(0, end - self.period):end], int(free * self.budget_fraction))
+        return [Change(table, end, "blocking")]
+
+
+@dataclass
+class Hindsight:
+    """EPLB on each segment's exact totals, installed free at the segment's first step."""
+
+    groups: int = 1
+    name: str = "hindsight"
+
+    def start(self, base: RoutingTable, counts: Counts, drift_steps: list[int]) -> list[Change]:
+        return [Change(t, s, "free", "segment") for s, t in hindsight_tables(base, counts, drift_steps, self.groups)]
+
+    def on_window(self, first: int, end: int, seen: Counts) -> list[Change]:
+        return []
+
+
+def controller_available() -> str | None:
+    """None when controlplane.controller can be used, else why not."""
+    try:
+        mod = importlib.import_module("controlplane.controller")
+    except ImportError as e:
+        return f"controlplane.controller not importable: {e}"
+    missing = [n for n in ("Controller", "DecisionParams", "WindowClosed", "TableCommitted") if not hasattr(mod, n)]
+    return f"controlplane.controller lacks {missing}" if missing else None
+
+
+@dataclass
+class Elastic:
+    """This project's decision core (controlplane.controller) with agents simulated in-process.
+
+    At each window close the controller gets the window's per-step counts; every proposal it makes that
+    is not refused commits after `commit_latency` steps (one accept round trip and a step boundary), the
+    controller is told at once (it sees no window in between), and the copies then overlap serving.
+    """
+
+    window: int
+    commit_latency: int = 3
+    params: dict[str, Any] = field(default_factory=dict)
+    name: str = "elastic"
+    ctrl: Any = None
+    seq: int = 0
+    decisions: list[dict[str, Any]] = field(default_factory=list)
+
+    def start(self, base: RoutingTable, counts: Counts, drift_steps: list[int]) -> list[Change]:
+        mod = importlib.import_module("controlplane.controller")
+        params = mod.DecisionParams(**{"window": self.window, **self.params})
+        self.ctrl = mod.Controller(params, base)
+        self._mod = mod
+        return []
+
+    def on_window(self, first: int, end: int, seen: Counts) -> list[Change]:
+        mod = self._mod
+        ready = self.ctrl.step(mod.WindowClosed(self.seq, first, np.ascontiguousarray(seen[first:end])))
+        self.ctrl.advance()
+        self.seq += 1
+        out: list[Change] = []
+        for d in getattr(ready, "proposals", None) or []:
+            rec = {"window": self.seq - 1, "step": end, "kind": str(getattr(d, "kind", "")),
+                   "trigger": str(getattr(d, "trigger", "")), "refused": bool(getattr(d, "refused", False)),
+                   "ops": len(getattr(d, "ops", ()) or ()),
+                   "estimated_gain": _num(getattr(d, "estimated_gain", None)),
+                   "verified_gain": _num(getattr(d, "verified_gain", None))}
+            self.decisions.append(rec)
+            if rec["refused"] or d.table is None:
+                continue
+            self.ctrl.step(mod.TableCommitted(d.table))
+            self.ctrl.advance()
+            out.append(Change(d.table, end + self.commit_latency, "overlapped", rec["kind"] or "plan"))
+        return out
+
+
+def _num(x: object) -> float | None:
+    try:
+        return None if x is None else float(x)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+
+
+POLICY_NAMES = ("static", "eplb", "craft", "craft-periodic", "elastic", "hindsight")
+
+
+def make_policy(spec: str, window: int, groups: int, craft_budget: float, commit_latency: int,
+                elastic_params: dict[str, Any] | None = None) -> Policy:
+    """`static`, `eplb[:PERIOD]`, `craft[:PERIOD]`, `craft-periodic[:PERIOD]`, `elastic`, `hindsight`."""
+    name, _, arg = spec.strip().partition(":")
+    if name not in POLICY_NAMES:
+        raise ValueError(f"policy {spec!r}: expected one of {', '.join(POLICY_NAMES)} (eplb:PERIOD allowed)")
+    period = 1000
+    if arg:
+        if name not in ("eplb", "craft", "craft-periodic") or not arg.isdigit() or int(arg) < 1:
+            raise ValueError(f"policy {spec!r}: only eplb/craft/craft-periodic take ':PERIOD' (a positive int)")
+        period = int(arg)
+    label = spec.strip()
+    if name == "static":
+        return Static()
+    if name == "eplb":
+        return Eplb(window, period, groups, name=label)
+    if name in ("craft", "craft-periodic"):
+        return Craft(window, period, name == "craft-periodic", craft_budget, name=label)
+    if name == "hindsight":
+        return Hindsight(groups)
+    return Elastic(window, commit_latency, dict(elastic_params or {}))

@@ -1,0 +1,279 @@
+"""`emoe bench`: every policy on the same trace, cluster, router and step-time model; results.json + plots.
+
+Metrics (per policy): mean step imbalance; p50/p99 step time (MoE part, stalls included); recovery steps
+after each drift point (steps until the W-step moving average of step imbalance is within 10% of
+hindsight's mean for that segment and stays there for W steps; the segment's length if never);
+bytes moved (every slot whose content changed, hindsight included though it is charged nothing); replica
+slots (the most filled slots beyond one per expert, summed over layers, at any time); stall (blocking
+moves); commits (tables installed); regressions (installed changes whose realised step imbalance, over
+the W steps after install or until the next one, was worse than the replaced table's on those steps).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from bench.policies import Change, Elastic, Policy, controller_available, make_policy
+from bench.traces import Trace
+from controlplane.baselines.static import static_table
+from controlplane.load import table_step_imbalance
+from controlplane.table import RoutingTable
+from controlplane.topology import Topology
+from dataplane_shim.engine import H200, EPCluster, shape_for
+
+F64 = npt.NDArray[np.float64]
+
+
+@dataclass
+class Install:
+    step: int
+    old: RoutingTable
+    new: RoutingTable
+    bytes: float
+    kind: str
+
+
+@dataclass
+class PolicyRun:
+    imbalance: F64
+    step_ms: F64
+    stall_ms: F64
+    bytes_at: F64  # bytes whose copy started at each step
+    installs: list[Install] = field(default_factory=list)
+    replica_slots: int = 0
+
+
+def _replicas(t: RoutingTable) -> int:
+    return int((t.phy2log >= 0).sum()) - t.layers * t.experts
+
+
+def simulate(policy: Policy, cluster: EPCluster, base: RoutingTable, trace: Trace, window: int,
+             copy_share: float, tick: Callable[[], None] | None = None) -> PolicyRun:
+    """Replay `trace` window by window under `policy`; changes apply by their mode (see bench.policies)."""
+    counts = trace.counts
+    T = counts.shape[0]
+    run = PolicyRun(np.zeros(T), np.zeros(T), np.zeros(T), np.zeros(T), replica_slots=_replicas(base))
+    table = base
+    queue: list[Change] = sorted(policy.start(base, counts, trace.drift_steps), key=lambda c: c.ready_step)
+    copying: tuple[Change, float, float] | None = None  # change, ms needed, ms done
+
+    def install(ch: Change, step: int, charge: bool) -> None:
+        nonlocal table
+        mv = cluster.moves(table, ch.table)
+        if charge:
+            run.bytes_at[min(step, T - 1)] += mv.bytes_total
+        if ch.mode == "blocking":
+            run.stall_ms[min(step, T - 1)] += cluster.copy_ms(mv)
+        run.installs.append(Install(step, table, ch.table, mv.bytes_total, ch.kind))
+        table = ch.table
+        run.replica_slots = max(run.replica_slots, _replicas(table))
+
+    for first in range(0, T, window):
+        end = min(T, first + window)
+        t = first
+        while t < end:
+            if copying is None:
+                while queue and queue[0].ready_step <= t:
+                    ch = queue.pop(0)
+                    if ch.mode == "overlapped":
+                        mv = cluster.moves(table, ch.table)
+                        run.bytes_at[t] += mv.bytes_total
+                        copying = (ch, cluster.copy_ms(mv, copy_share), 0.0)
+                        break
+                    install(ch, t, charge=True)
+            stop = min([end] + [c.ready_step for c in queue if c.ready_step > t])
+            if copying is None:
+                res = cluster.run(table, counts[t:stop])
+                run.imbalance[t:stop], run.step_ms[t:stop] = res.imbalance, res.step_ms
+                t = stop
+                continue
+            ch, need, done = copying
+            scale = cluster.link_scale_during(cluster.moves(table, ch.table), copy_share)
+            res = cluster.run(table, counts[t:stop], scale)
+            cum = done + np.cumsum(res.step_ms)
+            hit = np.flatnonzero(cum >= need)
+            n = int(hit[0]) + 1 if hit.size else stop - t
+            run.imbalance[t:t + n], run.step_ms[t:t + n] = res.imbalance[:n], res.step_ms[:n]
+            if hit.size:
+                copying = None
+                if t + n < T:
+                    install(ch, t + n, charge=False)
+                    ch.ready_step = t + n
+            else:
+                copying = (ch, need, float(cum[-1]))
+            t += n
+        queue.extend(policy.on_window(first, end, counts[:end]))
+        queue.sort(key=lambda c: c.ready_step)
+        if tick is not None:
+            tick()
+    run.step_ms += run.stall_ms
+    return run
+
+
+def moving_average(x: F64, w: int) -> F64:
+    """Trailing mean over the last `w` values (fewer at the start). [T] -> [T]."""
+    c = np.concatenate([[0.0], np.cumsum(x)])
+    idx = np.arange(1, x.size + 1)
+    lo = np.maximum(0, idx - w)
+    out: F64 = (c[idx] - c[lo]) / (idx - lo)
+    return out
+
+
+def recovery_steps(imb: F64, ref: F64, drift_steps: list[int], window: int) -> list[int]:
+    """Per drift point d (segment [d, next)): steps until the trailing W-step average of `imb` (within
+    the segment) is <= 1.1 x the mean of `ref` over the segment and stays so for W steps."""
+    T = imb.size
+    edges = [*drift_steps, T]
+    out = []
+    for d, nxt in zip(edges[:-1], edges[1:], strict=True):
+        seg = imb[d:nxt]
+        ok = moving_average(seg, window) <= 1.1 * float(ref[d:nxt].mean())
+        bad = np.concatenate([np.flatnonzero(~ok), [seg.size]])
+        # first t with ok[t : t + W] all true (truncated at the segment end)
+        nxt_bad = bad[np.searchsorted(bad, np.arange(seg.size))]
+        good = np.flatnonzero(ok & ((nxt_bad - np.arange(seg.size) >= window) | (nxt_bad == seg.size)))
+        out.append(int(good[0]) if good.size else int(seg.size))
+    return out
+
+
+def regressions(run: PolicyRun, counts: npt.NDArray[np.uint32], window: int) -> int:
+    """Installed changes whose realised imbalance over the next W steps (or until the next install) was
+    worse than the replaced table's on the same steps."""
+    n = 0
+    T = counts.shape[0]
+    steps = [i.step for i in run.installs] + [T]
+    for k, ins in enumerate(run.installs):
+        b = min(ins.step + window, steps[k + 1], T)
+        if b <= ins.step:
+            continue
+        c = counts[ins.step:b]
+        if float(table_step_imbalance(ins.new, c).mean()) > float(table_step_imbalance(ins.old, c).mean()) + 1e-12:
+            n += 1
+    return n
+
+
+def summarize(run: PolicyRun, counts: npt.NDArray[np.uint32], ref: F64, drift: list[int], window: int,
+              counted_commits: int | None = None) -> dict[str, Any]:
+    return {
+        "mean_step_imbalance": float(run.imbalance.mean()),
+        "p50_step_ms": float(np.percentile(run.step_ms, 50)),
+        "p99_step_ms": float(np.percentile(run.step_ms, 99)),
+        "recovery_steps": recovery_steps(run.imbalance, ref, drift, window),
+        "bytes_moved": float(run.bytes_at.sum()),
+        "replica_slots": int(run.replica_slots),
+        "stall_ms_total": float(run.stall_ms.sum()),
+        "commits": len(run.installs) if counted_commits is None else counted_commits,
+        "regressions": regressions(run, counts, window),
+    }
+
+
+@dataclass
+class BenchConfig:
+    nodes: int
+    ranks_per_node: int
+    slots_per_rank: int
+    window: int = 100
+    policies: tuple[str, ...] = ("static", "eplb", "craft", "craft-periodic", "elastic", "hindsight")
+    seed: int = 0
+    expert_groups: int | None = None  # EPLB groups; None: 8 for 256 experts (DeepSeek-V3), else 1
+    craft_budget: float = 1.0
+    commit_latency: int = 3
+    copy_share: float = 0.5
+    elastic_params: dict[str, Any] = field(default_factory=dict)
+
+
+def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress: bool = True,
+              plots: bool = True) -> dict[str, Any]:
+    """Run every policy of `cfg` on `trace`; write results.json (and plots) under `out` when given."""
+    T, L, E = trace.shape
+    topo = Topology(cfg.nodes, cfg.ranks_per_node, cfg.slots_per_rank)
+    base = static_table(topo, L, E)
+    shape = shape_for(L, E, trace.top_k)
+    cluster = EPCluster(topo, shape, H200)
+    groups = cfg.expert_groups if cfg.expert_groups is not None else (8 if E == 256 else 1)
+    names = list(dict.fromkeys(cfg.policies))
+    if "hindsight" in names:  # the reference runs first: recovery needs it
+        names.remove("hindsight")
+        names.insert(0, "hindsight")
+    unavailable: dict[str, str] = {}
+    why = controller_available()
+    if "elastic" in names and why is not None:
+        unavailable["elastic"] = why
+        names.remove("elastic")
+    runs: dict[str, PolicyRun] = {}
+    policy_objs: dict[str, Policy] = {}
+    windows = -(-T // cfg.window)
+    t0 = time.perf_counter()
+    with _progress(progress, windows * (len(names) + (0 if "hindsight" in names else 1))) as tick:
+        ref_policy = make_policy("hindsight", cfg.window, groups, cfg.craft_budget, cfg.commit_latency)
+        if "hindsight" not in names:
+            ref_run = simulate(ref_policy, cluster, base, trace, cfg.window, cfg.copy_share, tick)
+        for name in names:
+            pol = make_policy(name, cfg.window, groups, cfg.craft_budget, cfg.commit_latency, cfg.elastic_params)
+            policy_objs[name] = pol
+            runs[name] = simulate(pol, cluster, base, trace, cfg.window, cfg.copy_share, tick)
+        if "hindsight" in names:
+            ref_run = runs["hindsight"]
+    elapsed = time.perf_counter() - t0
+    results: dict[str, Any] = {
+        "trace": {"source": trace.source, "model": trace.model, "shape": [T, L, E], "top_k": trace.top_k},
+        "step_model": trace.step_model,
+        "drift_steps": list(trace.drift_steps),
+        "policies": {},
+        "cluster": {"nodes": cfg.nodes, "ranks_per_node": cfg.ranks_per_node, "slots_per_rank": cfg.slots_per_rank,
+                    "window": cfg.window, "seed": cfg.seed, "expert_groups": groups},
+        "engine": {"model": shape.name, "expert_bytes": shape.expert_bytes, "hardware": "H200 (see dataplane_shim.engine)",
+                   "router": "controlplane.load even split", "commit_latency_steps": cfg.commit_latency,
+                   "copy_share": cfg.copy_share, "craft_budget_fraction": cfg.craft_budget},
+        "wall_s": elapsed,
+    }
+    for name in cfg.policies:
+        if name in unavailable:
+            results["policies"][name] = {"unavailable": unavailable[name]}
+            continue
+        if name not in runs:
+            continue
+        pol = policy_objs[name]
+        entry = summarize(runs[name], trace.counts, ref_run.imbalance, trace.drift_steps, cfg.window)
+        if isinstance(pol, Elastic):
+            entry["decisions"] = pol.decisions
+        results["policies"][name] = entry
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        if plots:
+            from bench.plots import draw
+
+            draw(out, {n: (r.imbalance, r.step_ms, r.bytes_at) for n, r in runs.items()}, trace.drift_steps, cfg.window)
+    return results
+
+
+class _progress:
+    """A rich progress bar on stderr (a no-op when disabled); yields a tick callable."""
+
+    def __init__(self, enabled: bool, total: int) -> None:
+        self.enabled, self.total = enabled, total
+
+    def __enter__(self) -> Callable[[], None]:
+        if not self.enabled:
+            return lambda: None
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+        self.bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=Console(stderr=True), transient=False)
+        self.bar.__enter__()
+        task = self.bar.add_task("emoe bench (windows x policies)", total=self.total)
+        return lambda: self.bar.advance(task)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.enabled:
+            self.bar.__exit__(None, None, None)
