@@ -1,0 +1,84 @@
+"""Agent side of the local link: the `elasticmoe.v1.DataplaneLink` servicer on a unix socket.
+
+`WatchTables(from_version)` streams every certified commit newer than `from_version` from a
+`TableSource`, then each new one as it commits; `ReportLoad` hands each well-formed `LoadReport` to the
+sink. A malformed report (shape, byte length, or one the sink refuses with ValueError) ends the stream
+with INVALID_ARGUMENT and the reason; reports before it were delivered, the bad one changed nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Protocol
+
+import grpc
+
+from dataplane_shim.link import check_load_report
+from elasticmoe.v1 import consensus_pb2 as cpb
+from elasticmoe.v1 import dataplane_pb2 as dpb
+from elasticmoe.v1 import dataplane_pb2_grpc as dgrpc
+
+
+class TableSource(Protocol):
+    """Committed tables, in version order. (The servicer needs only these two; a `head()` is not used.)"""
+
+    def commits_since(self, version: int) -> list[cpb.Commit]:
+        """Certified commits with table.version > version, ascending."""
+        ...
+
+    async def wait_for_newer(self, version: int) -> None:
+        """Return once a version > `version` is committed."""
+        ...
+
+
+LoadSink = Callable[[dpb.LoadReport], None]
+
+
+class DataplaneLinkServicer(dgrpc.DataplaneLinkServicer):
+    def __init__(self, source: TableSource, sink: LoadSink, *, layers: int | None = None,
+                 experts: int | None = None) -> None:
+        self.source, self.sink = source, sink
+        self.layers, self.experts = layers, experts
+        self.accepted = 0
+        self.rejected = 0
+
+    async def WatchTables(  # noqa: N802 (gRPC method name)
+        self, request: dpb.WatchTablesRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[dpb.TableUpdate]:
+        v = request.from_version
+        while True:
+            for c in self.source.commits_since(v):
+                if c.table.version > v:
+                    yield dpb.TableUpdate(commit=c)
+                    v = c.table.version
+            await self.source.wait_for_newer(v)
+
+    async def ReportLoad(  # noqa: N802
+        self, request_iterator: AsyncIterator[dpb.LoadReport], context: grpc.aio.ServicerContext
+    ) -> dpb.ReportLoadAck:
+        accepted = 0
+        async for r in request_iterator:
+            reason = check_load_report(r, self.layers, self.experts)
+            if not reason:
+                try:
+                    self.sink(r)
+                except ValueError as exc:
+                    reason = str(exc)
+            if reason:
+                self.rejected += 1
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                    f"load report {accepted} from {r.shim_id or r.rank}: {reason}")
+            accepted += 1
+            self.accepted += 1
+        return dpb.ReportLoadAck(accepted=accepted)
+
+
+async def serve_unix(path: str, source: TableSource, sink: LoadSink, *, layers: int | None = None,
+                     experts: int | None = None) -> grpc.aio.Server:
+    """Start a grpc.aio server for the link on `unix:{path}`; the caller stops it."""
+    server = grpc.aio.server()
+    dgrpc.add_DataplaneLinkServicer_to_server(
+        DataplaneLinkServicer(source, sink, layers=layers, experts=experts), server)
+    server.add_insecure_port(f"unix:{path}")
+    await server.start()
+    return server

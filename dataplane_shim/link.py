@@ -1,0 +1,142 @@
+"""The shim's client of its node agent's local link (gRPC over a unix socket): tables in, loads out.
+
+`ShimLink` is the asyncio client; `LinkThread` runs one on a background thread for engines whose step
+loop is synchronous: `drain()` returns the commits that arrived since the last call (pass them to
+`Shim.begin_step`), `report()` queues a load report. No torch here: the agent imports `check_load_report`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections.abc import AsyncIterator, Iterable, Sequence
+
+import grpc
+import numpy as np
+import numpy.typing as npt
+
+from dataplane_shim.errors import BadInput
+from elasticmoe.v1 import consensus_pb2 as cpb
+from elasticmoe.v1 import dataplane_pb2 as dpb
+from elasticmoe.v1 import dataplane_pb2_grpc as dgrpc
+
+
+def check_load_report(r: dpb.LoadReport, layers: int | None = None, experts: int | None = None) -> str:
+    """'' if `r` is well formed (and of shape [layers, experts] when given), else the reason."""
+    if r.layers < 1 or r.experts < 1:
+        return f"shape [{r.layers}, {r.experts}]: expected layers >= 1 and experts >= 1"
+    if layers is not None and experts is not None and (r.layers, r.experts) != (layers, experts):
+        return f"shape [{r.layers}, {r.experts}]: expected [{layers}, {experts}]"
+    if len(r.counts) != r.layers * r.experts * 4:
+        return (f"counts has {len(r.counts)} bytes: expected layers x experts x 4 = "
+                f"{r.layers * r.experts * 4} (little-endian uint32)")
+    if r.steps < 1:
+        return f"steps = {r.steps}: expected >= 1"
+    return ""
+
+
+def make_load_report(
+    shim_id: str, rank: int, first_step: int, steps: int, version: int, counts: npt.ArrayLike,
+    stale_dispatches: int = 0, dropped_tokens: int = 0,
+) -> dpb.LoadReport:
+    """A LoadReport for uint32 counts [L, E] summed over `steps` steps starting at `first_step`."""
+    c = np.asarray(counts)
+    if c.ndim != 2 or c.dtype.kind not in "iu" or (c < 0).any() or (c > np.iinfo(np.uint32).max).any():
+        raise BadInput(f"counts shape {c.shape} dtype {c.dtype}: expected uint32 [layers, experts]")
+    r = dpb.LoadReport(
+        shim_id=shim_id, rank=rank, first_step=first_step, steps=steps, version=version,
+        layers=c.shape[0], experts=c.shape[1], counts=c.astype("<u4").tobytes(),
+        stale_dispatches=stale_dispatches, dropped_tokens=dropped_tokens,
+    )
+    reason = check_load_report(r)
+    if reason:
+        raise BadInput(reason)
+    return r
+
+
+class ShimLink:
+    """asyncio client of `elasticmoe.v1.DataplaneLink` at `unix:{socket_path}`."""
+
+    def __init__(self, socket_path: str, *, shim_id: str = "", ranks: Sequence[int] = ()) -> None:
+        self.shim_id, self.ranks = shim_id, list(ranks)
+        self._channel = grpc.aio.insecure_channel(f"unix:{socket_path}")
+        self._stub = dgrpc.DataplaneLinkStub(self._channel)
+
+    async def watch_tables(self, from_version: int) -> AsyncIterator[cpb.Commit]:
+        """Every certified commit with version > from_version, then each new one, in order."""
+        call = self._stub.WatchTables(
+            dpb.WatchTablesRequest(from_version=from_version, shim_id=self.shim_id, ranks=self.ranks))
+        try:
+            async for update in call:
+                yield update.commit
+        finally:
+            call.cancel()
+
+    async def report_load(self, reports: dpb.LoadReport | Iterable[dpb.LoadReport]) -> dpb.ReportLoadAck:
+        """Send one or more reports on one client stream; raises grpc.aio.AioRpcError (INVALID_ARGUMENT)."""
+        items = [reports] if isinstance(reports, dpb.LoadReport) else list(reports)
+        ack: dpb.ReportLoadAck = await self._stub.ReportLoad(iter(items))
+        return ack
+
+    async def close(self) -> None:
+        await self._channel.close()
+
+    async def __aenter__(self) -> ShimLink:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class LinkThread:
+    """A ShimLink on its own thread and event loop, for a synchronous engine loop."""
+
+    def __init__(self, socket_path: str, from_version: int, *, shim_id: str = "", ranks: Sequence[int] = ()) -> None:
+        self._commits: queue.SimpleQueue[cpb.Commit] = queue.SimpleQueue()
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self.errors: list[BaseException] = []
+        self._args = (socket_path, from_version, shim_id, list(ranks))
+        self._thread = threading.Thread(target=self._run, name=f"shim-link-{shim_id}", daemon=True)
+        self._thread.start()
+        self._ready.wait(5.0)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        path, v, shim_id, ranks = self._args
+        self.link = ShimLink(path, shim_id=shim_id, ranks=ranks)
+        self._watch = self._loop.create_task(self._pump(v))
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _pump(self, v: int) -> None:
+        try:
+            async for c in self.link.watch_tables(v):
+                self._commits.put(c)
+        except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
+            if not isinstance(exc, asyncio.CancelledError):
+                self.errors.append(exc)
+
+    def drain(self) -> list[cpb.Commit]:
+        out: list[cpb.Commit] = []
+        while True:
+            try:
+                out.append(self._commits.get_nowait())
+            except queue.Empty:
+                return out
+
+    def report(self, report: dpb.LoadReport, timeout: float = 5.0) -> dpb.ReportLoadAck:
+        fut = asyncio.run_coroutine_threadsafe(self.link.report_load(report), self._loop)
+        return fut.result(timeout)
+
+    def close(self) -> None:
+        async def stop() -> None:
+            self._watch.cancel()
+            await asyncio.gather(self._watch, return_exceptions=True)
+            await self.link.close()
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5.0)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5.0)
+        self._loop.close()

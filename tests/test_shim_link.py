@@ -1,0 +1,113 @@
+"""Local link: the agent's DataplaneLink servicer and the shim's client over a real unix socket."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import AsyncIterator
+
+import grpc
+import numpy as np
+import pytest
+import pytest_asyncio
+
+from agent.shim_link import serve_unix
+from controlplane.table import initial_table
+from controlplane.topology import Topology
+from dataplane_shim.certify import certified_commit, table_from_commit
+from dataplane_shim.link import LinkThread, ShimLink, make_load_report
+from elasticmoe.v1 import consensus_pb2 as cpb
+from elasticmoe.v1 import dataplane_pb2 as dpb
+
+TOPO = Topology(1, 2, 3)
+
+
+class Source:
+    def __init__(self) -> None:
+        self.commits: list[cpb.Commit] = []
+        self.event = asyncio.Event()
+
+    def commit(self, version: int) -> None:
+        t = initial_table(TOPO, 2, 4).with_version(version, version - 1)
+        self.commits.append(certified_commit(t, ["a", "b"], 2))
+        self.event.set()
+
+    def head(self) -> int:
+        return self.commits[-1].table.version if self.commits else 0
+
+    def commits_since(self, version: int) -> list[cpb.Commit]:
+        return [c for c in self.commits if c.table.version > version]
+
+    async def wait_for_newer(self, version: int) -> None:
+        while self.head() <= version:
+            self.event.clear()
+            await self.event.wait()
+
+
+@pytest_asyncio.fixture
+async def served() -> AsyncIterator[tuple[str, Source, list[dpb.LoadReport]]]:
+    d = tempfile.mkdtemp(prefix="emoe-")
+    path = os.path.join(d, "shim.sock")
+    src, got = Source(), []
+    server = await serve_unix(path, src, got.append, layers=2, experts=4)
+    yield path, src, got
+    await server.stop(None)
+    if os.path.exists(path):
+        os.unlink(path)
+    os.rmdir(d)
+
+
+@pytest.mark.asyncio
+async def test_watch_tables_catches_up_then_streams_new_commits(served: tuple[str, Source, list]) -> None:
+    path, src, _ = served
+    for v in (1, 2, 3):
+        src.commit(v)
+    async with ShimLink(path, shim_id="r0") as link:
+        stream = link.watch_tables(1)
+        seen = [(await anext(stream)).table.version for _ in range(2)]
+        src.commit(4)
+        seen.append((await asyncio.wait_for(anext(stream), 5)).table.version)
+        await stream.aclose()
+    assert seen == [2, 3, 4]
+    assert table_from_commit(src.commits[-1], TOPO).version == 4  # what arrives is certified
+
+
+@pytest.mark.asyncio
+async def test_report_load_delivers_good_reports_and_refuses_bad_ones(served: tuple[str, Source, list]) -> None:
+    path, _, got = served
+    counts = np.arange(8, dtype=np.uint32).reshape(2, 4)
+    good = make_load_report("r0", 0, 0, 1, 1, counts)
+    async with ShimLink(path) as link:
+        ack = await link.report_load([good, good])
+        assert ack.accepted == 2 and len(got) == 2
+        assert np.frombuffer(got[0].counts, "<u4").reshape(2, 4).tolist() == counts.tolist()
+        short = dpb.LoadReport(shim_id="r0", steps=1, layers=2, experts=4, counts=b"\0" * 31)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await link.report_load(short)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "31 bytes" in (err.value.details() or "")
+        wrong = make_load_report("r0", 0, 0, 1, 1, np.zeros((3, 4), np.uint32))
+        with pytest.raises(grpc.aio.AioRpcError, match=r"expected \[2, 4\]"):
+            await link.report_load(wrong)
+    assert len(got) == 2  # bad reports changed nothing
+
+
+@pytest.mark.asyncio
+async def test_link_thread_serves_a_synchronous_engine(served: tuple[str, Source, list]) -> None:
+    path, src, got = served
+    src.commit(1)
+    lt = await asyncio.to_thread(LinkThread, path, 0, shim_id="r1")
+    try:
+        seen: list[int] = []
+        for _ in range(200):  # bounded poll: the thread streams in the background
+            seen += [c.table.version for c in lt.drain()]
+            if seen:
+                break
+            await asyncio.sleep(0.01)
+        assert seen == [1]
+        ack = await asyncio.to_thread(lt.report, make_load_report("r1", 1, 0, 1, 1, np.ones((2, 4), np.uint32)))
+        assert ack.accepted == 1 and got[-1].rank == 1
+    finally:
+        await asyncio.to_thread(lt.close)
+    assert not lt.errors
