@@ -128,11 +128,16 @@ class TlsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     cert_dir: str = ""
     # client identities (certificate CN) allowed to make mutating admin calls (propose, drain, pause, ...)
     admins: list[str] = msgspec.field(default_factory=lambda: ["admin"])
+    # a plaintext listener serving only grpc.health.v1, for probes that cannot present a client
+    # certificate (Kubernetes gRPC probes); empty: none
+    health_listen: str = ""
 
     def validate(self) -> None:
         for i, a in enumerate(self.admins):
             ok = bool(a) and a == a.strip() and not any(c in a for c in ",@/ ")
             _need(ok, f"tls.admins[{i}]", a, "a certificate common name without spaces, ',', '@' or '/'")
+        if self.health_listen:
+            _check_hostport("tls.health_listen", self.health_listen)
 
 
 class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -162,6 +167,8 @@ class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         self.decision.validate()
         self.consensus.validate()
         self.tls.validate()
+        _need(self.tls.health_listen != self.listen, "tls.health_listen", self.tls.health_listen,
+              "an address other than listen")
         G = self.cluster.nodes * self.cluster.ranks_per_node
         for i, r in enumerate(self.ranks):
             _need(0 <= r < G, f"ranks[{i}]", r, f"a rank in 0..{G - 1}")

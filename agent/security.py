@@ -100,6 +100,22 @@ def secure_channel(target: str, cert_dir: str | Path, identity: str,
                                    options=channel_options(server_name))
 
 
+async def serve_plaintext_health(listen: str, servicer: Any) -> tuple[grpc.aio.Server, int]:
+    """Start a plaintext server on `listen` ("host:port") with only `servicer` (a grpc_health.v1
+    HealthServicer, normally the one the TLS server also serves, so both report the same status).
+    For `[tls] health_listen`: Kubernetes gRPC probes cannot present a client certificate. Returns the
+    started server and its port."""
+    from grpc_health.v1 import health_pb2_grpc
+
+    server = grpc.aio.server()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port(listen)
+    if port == 0:
+        raise OSError(f"tls.health_listen = {listen!r}: cannot listen there")
+    await server.start()
+    return server, port
+
+
 def peer_identity(context: grpc.ServicerContext | grpc.aio.ServicerContext) -> str | None:
     """The verified certificate CN of the caller, or None on a plaintext or unauthenticated connection."""
     auth = context.auth_context()

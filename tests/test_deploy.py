@@ -238,8 +238,6 @@ def test_k8s_manifests_are_consistent() -> None:
     vols = {v["name"]: v for v in spec["volumes"]}
     assert any(v.get("configMap", {}).get("name") == cm["metadata"]["name"] for v in vols.values())
     agent = spec["containers"][0]
-    assert agent["readinessProbe"]["grpc"]["port"] == 7400
-    assert {p["containerPort"] for p in agent["ports"]} == {7400}
     for ctr in _k8s_containers():  # every --config an emoe command reads is on a mounted volume
         mounts = [m["mountPath"] for m in ctr.get("volumeMounts", [])]
         for argv in emoe_commands_in_argv([*ctr.get("command", []), *ctr.get("args", [])]):
@@ -255,6 +253,14 @@ def test_k8s_manifests_are_consistent() -> None:
     cfg = from_dict(tomllib.loads(re.sub(r"^node_id = .*$", 'node_id = "gpu-node-3"', text, flags=re.M)))
     assert cfg.node_id == "gpu-node-3" and "gpu-node-3" in cfg.seed_map
     assert cfg.tls.cert_dir in [m["mountPath"] for m in agent["volumeMounts"]]
+    # gRPC probes cannot do mTLS: with TLS on they must hit the plaintext health listener
+    probe_addr = cfg.tls.health_listen if cfg.tls.cert_dir else cfg.listen
+    assert probe_addr, "TLS is on but [tls] health_listen is not set: kubelet's gRPC probe would fail"
+    probe_port = int(probe_addr.rsplit(":", 1)[1])
+    assert agent["readinessProbe"]["grpc"]["port"] == agent["livenessProbe"]["grpc"]["port"] == probe_port
+    ports = {p["containerPort"] for p in agent["ports"]}
+    assert int(cfg.listen.rsplit(":", 1)[1]) in ports and probe_port in ports
+    assert {p["port"] for p in svc["spec"]["ports"]} == {int(cfg.listen.rsplit(":", 1)[1])}
     assert cfg.data_dir == vols["data"]["hostPath"]["path"]
 
 

@@ -25,6 +25,7 @@ from agent.security import (
     channel_options,
     peer_identity,
     policy_from_config,
+    serve_plaintext_health,
     server_credentials,
     write_dev_certs,
 )
@@ -207,3 +208,28 @@ async def test_plaintext_caller_has_no_identity_and_cannot_mutate() -> None:
             assert e.value.details() == "no verified client certificate"
     finally:
         await srv.stop(None)
+
+
+@pytest.mark.asyncio
+async def test_plaintext_health_listener_serves_only_health() -> None:
+    servicer = health.aio.HealthServicer()
+    await servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+    srv, port = await serve_plaintext_health("127.0.0.1:0", servicer)
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+            await servicer.set("", health_pb2.HealthCheckResponse.SERVING)  # shared with the TLS server
+            reply = await stub.Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert reply.status == health_pb2.HealthCheckResponse.SERVING
+            with pytest.raises(grpc.aio.AioRpcError) as e:
+                await ch.unary_unary(DRAIN)(b"", timeout=5)
+            assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    finally:
+        await srv.stop(None)
+    base = {"node_id": "node1", "listen": "0.0.0.0:7400"}
+    assert from_dict({**base, "tls": {"health_listen": "0.0.0.0:7401"}}).tls.health_listen == "0.0.0.0:7401"
+    for bad in ("0.0.0.0:7400", "7401"):
+        with pytest.raises(ConfigError, match="tls.health_listen"):
+            from_dict({**base, "tls": {"health_listen": bad}})
