@@ -9,11 +9,19 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from google.protobuf.message import Message
 
 from agent.clock import FakeClock
+from agent.config import ConsensusConfig
+from agent.consensus.node import ConsensusNode, Outcome
+from agent.store import MemoryDisk, Store
 from agent.transport import ReplyCallback, RequestHandler
+from controlplane.table import RoutingTable, initial_table
+from controlplane.topology import Topology
+from elasticmoe.v1 import consensus_pb2 as pb
 
 
 def _copy(m: Message) -> Message:
@@ -101,3 +109,154 @@ class _LocalTransport:
     def serve(self, handler: RequestHandler) -> None:
         self.net.handlers[self.node_id] = handler
         self.net.down.discard(self.node_id)
+
+
+@dataclass
+class Event:
+    """One entry of a recorded history (chaos/checkers.py reads these).
+
+    kind: "install" (a node installed a commit), "accept" (a voter durably accepted `digest` at `ballot`;
+    `quorum` voters accepting one ballot choose it), "invoke"/"respond" (a proposal and its outcome;
+    `result` is "ok", "fail" (another table was chosen) or "unknown"), "crash" (versions: what the node
+    had installed), "recover" (versions: what the restarted node recovered from its store).
+    """
+
+    kind: str
+    node: str
+    t: float
+    seq: int
+    version: int = 0
+    parent: int = 0
+    digest: bytes = b""
+    valid: bool = True
+    result: str = ""
+    op: int = -1
+    versions: tuple[int, ...] = ()
+    incarnation: int = 0
+    ballot: tuple[int, str] = (0, "")
+    quorum: int = 0
+
+
+def successor_table(head: RoutingTable, rng: random.Random) -> RoutingTable:
+    """A valid table for head.version + 1: one replica added in a free slot, or one spare replica removed."""
+    phy = head.phy2log.copy()
+    L, P = phy.shape
+    S = head.topology.slots_per_rank
+    for _ in range(4 * L * P):
+        layer, slot = rng.randrange(L), rng.randrange(P)
+        rank = slot // S
+        row = phy[layer, rank * S:(rank + 1) * S]
+        if phy[layer, slot] < 0:
+            e = rng.randrange(head.experts)
+            if e not in row:
+                phy[layer, slot] = e
+                return head.successor(phy)
+        elif int((phy[layer] == phy[layer, slot]).sum()) > 1:
+            phy[layer, slot] = -1
+            return head.successor(phy)
+    raise RuntimeError(f"no successor found for table version {head.version}")
+
+
+class SimCluster:
+    """`nodes` consensus nodes (the first `voters` of a seeded shuffle vote, all learn) on a LocalNetwork,
+    each with a MemoryDisk that survives crashes, recording a history for the checkers."""
+
+    def __init__(self, nodes: int, voters: int, seed: int, cfg: ConsensusConfig | None = None,
+                 genesis: RoutingTable | None = None) -> None:
+        if not 1 <= voters <= nodes:
+            raise ValueError(f"voters = {voters}: expected 1..nodes = {nodes}")
+        self.rng = random.Random(seed)
+        self.clock = FakeClock()
+        self.net = LocalNetwork(self.clock, seed)
+        self.cfg = cfg or ConsensusConfig(accept_timeout_ms=50, sync_interval_ms=500)
+        self.genesis = genesis or initial_table(Topology(2, 2, 4), 2, 8)
+        self.ids = [f"n{i:02d}" for i in range(nodes)]
+        self.voters = sorted(self.rng.sample(self.ids, voters))
+        self.disks = {n: MemoryDisk() for n in self.ids}
+        self.nodes: dict[str, ConsensusNode] = {}
+        self.incarnation = dict.fromkeys(self.ids, 0)
+        self.history: list[Event] = []
+        self.outcomes: list[tuple[str, Outcome]] = []
+        self._seq = 0
+        self._ops = 0
+        for n in self.ids:
+            self._boot(n)
+
+    def _ev(self, kind: str, node: str, **kw: Any) -> Event:
+        self._seq += 1
+        e = Event(kind, node, self.clock.now(), self._seq, incarnation=self.incarnation[node], **kw)
+        self.history.append(e)
+        return e
+
+    def live_voters(self) -> list[str]:
+        return [v for v in self.voters if v not in self.net.down]
+
+    def _boot(self, n: str) -> None:
+        store = _RecordingStore(self, n, self.disks[n])
+        node = ConsensusNode(n, self.voters, store, self.clock, self.net.transport(n), self.cfg,
+                             self.genesis, live_voters=self.live_voters, members=lambda: self.ids,
+                             rng=random.Random(self.rng.random()))
+
+        def installed(c: pb.Commit, t: RoutingTable, n: str = n) -> None:
+            self._ev("install", n, version=t.version, parent=t.parent, digest=t.digest, valid=t.is_valid())
+
+        node.on_commit(installed)
+        node.start()
+        self.nodes[n] = node
+
+    def up(self) -> list[str]:
+        return [n for n in self.ids if n not in self.net.down]
+
+    def crash(self, n: str, tear: bool = False) -> None:
+        node = self.nodes[n]
+        if n in self.net.down:
+            return
+        self._ev("crash", n, versions=tuple(sorted(node._commits)))
+        self.net.crash(n)
+        node.stop()
+        if tear:  # a record torn mid-write: a header promising more bytes than follow
+            self.disks[n].tear(bytes([200, 0, 0, 0, 1, 2, 3, 4, 1, 9]))
+
+    def restart(self, n: str) -> None:
+        if n not in self.net.down:
+            return
+        self.net.restart(n)
+        self.incarnation[n] += 1
+        self._boot(n)
+        self._ev("recover", n, versions=tuple(sorted(self.nodes[n]._commits)), version=self.nodes[n].head.version)
+
+    def propose(self, n: str, table: RoutingTable | None = None) -> int:
+        node = self.nodes[n]
+        t = table or successor_table(node.head, self.rng)
+        self._ops += 1
+        op = self._ops
+        self._ev("invoke", n, version=t.version, parent=t.parent, digest=t.digest, op=op)
+
+        def done(o: Outcome) -> None:
+            res = "ok" if o.committed else ("fail" if "committed another table" in o.reason else "unknown")
+            self.outcomes.append((n, o))
+            self._ev("respond", n, version=t.version, digest=t.digest, result=res, op=op)
+
+        node.propose(t, pb.Plan(), done)
+        return op
+
+    def run(self, seconds: float) -> None:
+        self.clock.advance(seconds)
+
+    def heads(self) -> dict[str, int]:
+        return {n: self.nodes[n].head.version for n in self.up()}
+
+
+class _RecordingStore(Store):
+    """A Store that also records each durable accept, so the checker can see what a quorum chose."""
+
+    def __init__(self, cluster: SimCluster, node: str, disk: MemoryDisk) -> None:
+        super().__init__(disk=disk)
+        self.cluster, self.node = cluster, node
+
+    def save_acceptor(self, state: pb.AcceptorState) -> None:
+        super().save_acceptor(state)
+        if state.HasField("accepted"):
+            b = (int(state.accepted_ballot.round), state.accepted_ballot.node_id)
+            self.cluster._ev("accept", self.node, version=int(state.version), digest=state.accepted.table.content_hash,
+                             ballot=b, quorum=len(self.cluster.voters) // 2 + 1)
