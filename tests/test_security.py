@@ -17,6 +17,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from agent.cli import main
 from agent.config import ConfigError, from_dict
 from agent.security import (
+    ADMIN_METHODS,
     SERVER_NAME,
     AuthzInterceptor,
     AuthzPolicy,
@@ -25,6 +26,7 @@ from agent.security import (
     channel_options,
     peer_identity,
     policy_from_config,
+    secure_channel,
     serve_plaintext_health,
     server_credentials,
     write_dev_certs,
@@ -33,6 +35,7 @@ from agent.security import (
 DRAIN = "/elasticmoe.v1.Admin/Drain"
 WHOAMI = "/test.Echo/WhoAmI"
 PROBE = "/elasticmoe.v1.Gossip/Probe"
+COUNT = "/test.Echo/Count"
 
 
 @pytest.fixture(scope="module")
@@ -97,15 +100,21 @@ async def _drain(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
 _drain.calls = 0  # type: ignore[attr-defined]
 
 
+async def _count(request: bytes, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+    for i in range(int(request)):
+        yield str(i).encode()
+
+
 @pytest_asyncio.fixture
 async def server(certs: tuple[Path, Path]) -> AsyncIterator[str]:
     good, _ = certs
     policy = AuthzPolicy(members={"node1", "node2"}, admins={"admin"})
-    srv = grpc.aio.server(interceptors=[AuthzInterceptor(policy)])
+    srv = grpc.aio.server(interceptors=[AuthzInterceptor(policy, admin_methods=ADMIN_METHODS | {COUNT})])
     health_pb2_grpc.add_HealthServicer_to_server(health.aio.HealthServicer(), srv)
     srv.add_generic_rpc_handlers([
         grpc.method_handlers_generic_handler("test.Echo", {
-            "WhoAmI": grpc.unary_unary_rpc_method_handler(_whoami)}),
+            "WhoAmI": grpc.unary_unary_rpc_method_handler(_whoami),
+            "Count": grpc.unary_stream_rpc_method_handler(_count)}),
         grpc.method_handlers_generic_handler("elasticmoe.v1.Admin", {
             "Drain": grpc.unary_unary_rpc_method_handler(_drain)}),
         grpc.method_handlers_generic_handler("elasticmoe.v1.Gossip", {
@@ -233,3 +242,14 @@ async def test_plaintext_health_listener_serves_only_health() -> None:
     for bad in ("0.0.0.0:7400", "7401"):
         with pytest.raises(ConfigError, match="tls.health_listen"):
             from_dict({**base, "tls": {"health_listen": bad}})
+
+
+@pytest.mark.asyncio
+async def test_guarded_streaming_method(server: str, certs: tuple[Path, Path]) -> None:
+    good, _ = certs
+    async with secure_channel(server, good, "admin") as ch:
+        assert [r async for r in ch.unary_stream(COUNT)(b"3", timeout=5)] == [b"0", b"1", b"2"]
+    async with secure_channel(server, good, "viewer") as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            _ = [r async for r in ch.unary_stream(COUNT)(b"3", timeout=5)]
+        assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
