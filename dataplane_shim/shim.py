@@ -118,6 +118,7 @@ class Shim:
         ids = topk_ids.reshape(-1)
         vers = np.full(slots.shape, self.version, dtype=np.int64)
         open_ = np.ones(slots.shape, dtype=bool)
+        waited = np.zeros(slots.shape, dtype=bool)
         stale = 0
         S = self.topo.slots_per_rank
         for attempt in range(attempts):
@@ -136,7 +137,8 @@ class Shim:
             behind = dv < vers[idx]
             if behind.any():
                 dests = np.unique(slots[idx[behind]] // S)
-                self.stats.waited += int(behind.sum())
+                self.stats.waited += int((~waited[idx[behind]]).sum())
+                waited[idx[behind]] = True
                 wait_until_caught_up(self.counters, dests, self.version, polls=self.wait_polls,
                                      sleep_s=self.poll_sleep_s)
             ahead_idx, ahead_v = idx[~behind], dv[~behind]
