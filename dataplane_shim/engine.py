@@ -23,9 +23,12 @@ H200 figures (sources):
   reach 80-90% of HBM peak); DeepEP reports ~150 GB/s NVLink and ~45 GB/s RDMA for low-latency kernels.
 Weight copies use the topology's tier bandwidths (controlplane.topology, effective point-to-point).
 
-Routing: tokens of an expert are split over its replicas by `controlplane.load.slot_load` (the even split
-that the shim's least-loaded router converges to within a step; integer, deterministic). The counts
-traces carry no per-token ids, so the router's token-level path is not needed here.
+Routing (default `ShimRouter`): the shim's router policy (dataplane_shim.router: each sender sends the
+i-th token of expert e in a step to the (i mod logcnt)-th replica of e in its preference order, nearest
+first) applied in closed form to counts: a trace gives tokens per expert per step, not per sender, so each
+expert's tokens are spread evenly over the G senders (data-parallel attention over a shuffled batch), the
+first c mod G senders taking one more. `even_split` (controlplane.load's split, remainders to the
+lowest-numbered replicas) is the alternative the decision core's replay uses.
 """
 
 from __future__ import annotations
@@ -103,6 +106,63 @@ def even_split(table: RoutingTable, counts: npt.NDArray[np.integer]) -> I64:
     return slot_load(table, counts)
 
 
+class ShimRouter:
+    """The shim router's policy on counts, in closed form.
+
+    Sender s holds n_s = c // G + (s < c mod G) tokens of an expert with r replicas; its i-th token goes to
+    the (i mod r)-th replica of its preference order, so the replica at position j of s's order gets
+    n_s // r + (j < n_s mod r). Summed over senders with a per-table prefix count
+    cum [G + 1, L, P, R] = #{s' < s : j_s'(p) < v} (cached by table digest), nothing loops over senders
+    per step.
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[bytes, npt.NDArray[np.uint16]] = {}
+
+    def prefix_counts(self, table: RoutingTable) -> npt.NDArray[np.uint16]:
+        """[G + 1, L, P, R]: senders before s for which slot p is among its expert's first v replicas."""
+        key = table.digest
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
+        from dataplane_shim.router import preference_order
+
+        L, P = table.phy2log.shape
+        G = table.topology.ranks
+        R = max(1, int(table.logcnt.max(initial=1)))
+        cum = np.zeros((G + 1, L, P, R), dtype=np.uint16)
+        v = np.arange(R)
+        for s in range(G):  # G senders, once per table, each vectorised over layers and slots
+            pref = preference_order(table, s)  # [L, E, W]
+            j = np.full((L, P), R, dtype=np.int64)
+            li, ei, wi = np.nonzero(pref >= 0)
+            j[li, pref[li, ei, wi]] = wi
+            cum[s + 1] = cum[s] + (j[..., None] < v)
+        if len(self._cache) > 8:
+            self._cache.clear()
+        self._cache[key] = cum
+        return cum
+
+    def __call__(self, table: RoutingTable, counts: npt.NDArray[np.integer]) -> I64:
+        """counts [T, L, E] -> tokens per slot [T, L, P]."""
+        cum = self.prefix_counts(table)
+        G = table.topology.ranks
+        phy = table.phy2log
+        valid = phy >= 0
+        e = np.where(valid, phy, 0)
+        layer = np.broadcast_to(np.arange(table.layers)[:, None], phy.shape)
+        slot = np.broadcast_to(np.arange(phy.shape[1])[None, :], phy.shape)
+        c = np.asarray(counts, dtype=np.int64)[:, layer, e]  # [T, L, P] tokens of each slot's expert
+        r = np.where(valid, table.logcnt[layer, e], 1)  # [L, P]
+        q, m = c // G, c % G
+        rem_a, rem_b = (q + 1) % r, q % r
+        out = m * ((q + 1) // r) + (G - m) * (q // r)
+        out += cum[m, layer, slot, rem_a]
+        out += cum[G, layer, slot, rem_b]
+        out -= cum[m, layer, slot, rem_b]
+        return np.where(valid, out, 0)
+
+
 class RankEngine:
     """The simulated EP engine of one rank: its slots' tokens -> per-layer time."""
 
@@ -154,11 +214,11 @@ class Moves:
 class EPCluster:
     """G rank engines behind one router; replays counts through a table and prices table changes."""
 
-    def __init__(self, topo: Topology, shape: ModelShape, hw: Hardware = H200, router: Router = even_split) -> None:
+    def __init__(self, topo: Topology, shape: ModelShape, hw: Hardware = H200, router: Router | None = None) -> None:
         self.topo = topo
         self.shape = shape
         self.hw = hw
-        self.router = router
+        self.router: Router = ShimRouter() if router is None else router
         self.ranks = [RankEngine(g, topo, shape, hw) for g in range(topo.ranks)]
 
     def run(

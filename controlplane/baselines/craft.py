@@ -90,6 +90,7 @@ def place_replicas(base: RoutingTable, totals: F64, extra: I64) -> I64:
     L, E, G, S = base.layers, base.experts, topo.ranks, topo.slots_per_rank
     phy = np.array(base.phy2log, dtype=np.int64).reshape(L, G, S)
     free0 = (phy < 0).sum(axis=2)  # [L, G]
+    extra = np.minimum(extra, E * (G - 1))  # an expert has at most one replica per rank
     max_extra = int(extra.max(initial=0))
     if max_extra == 0:
         return phy.reshape(L, G * S)

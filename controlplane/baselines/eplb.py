@@ -201,7 +201,11 @@ def eplb_phy2log(weight: npt.NDArray[np.floating | np.integer], num_physical: in
                  num_nodes: int, num_gpus: int) -> I64:
     """rebalance_experts: hierarchical when groups divide over nodes, else global. [L, E] -> [L, P]."""
     w = np.asarray(weight, dtype=np.float64)
-    if num_groups % num_nodes == 0 and w.shape[1] % num_groups == 0:
+    per_gpu = num_physical // num_gpus
+    if w.shape[1] < per_gpu:
+        raise InvalidTable(f"{w.shape[1]} experts cannot fill {per_gpu} slots per rank without a rank holding "
+                           "two replicas of one expert")
+    if num_groups % num_nodes == 0 and w.shape[1] % num_groups == 0 and w.shape[1] // num_nodes >= per_gpu:
         phy = rebalance_hierarchical(w, num_physical, num_groups, num_nodes, num_gpus)
         scope = num_gpus // num_nodes
     else:

@@ -1,0 +1,175 @@
+"""Baselines: EPLB, CRAFT, hindsight and static produce valid tables; kernels against brute force."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from controlplane.baselines.craft import craft_table, mckp, replica_options
+from controlplane.baselines.eplb import (
+    balanced_packing,
+    eplb_phy2log,
+    eplb_table,
+    preserve_slots,
+    replicate_experts,
+)
+from controlplane.baselines.hindsight import hindsight_tables, segment_bounds
+from controlplane.baselines.static import static_table
+from controlplane.errors import InvalidTable
+from controlplane.load import replay_imbalance, table_step_imbalance
+from controlplane.table import initial_table
+from controlplane.topology import Topology
+
+cluster = st.tuples(st.integers(1, 2), st.integers(1, 4), st.integers(1, 3))  # nodes, ranks/node, slots/rank
+
+
+@st.composite
+def placements(draw: st.DrawFn) -> tuple[Topology, int, int, np.ndarray]:
+    nodes, rpn, slots = draw(cluster)
+    topo = Topology(nodes, rpn, slots)
+    experts = draw(st.integers(1, topo.slots))
+    layers = draw(st.integers(1, 3))
+    seed = draw(st.integers(0, 2**16))
+    w = np.random.default_rng(seed).pareto(1.2, (layers, experts)) * 100
+    return topo, layers, experts, np.rint(w).astype(np.int64)
+
+
+@settings(max_examples=60, deadline=None)
+@given(placements(), st.sampled_from([1, 2, 4]))
+def test_eplb_tables_are_valid_and_fill_every_slot(case: tuple[Topology, int, int, np.ndarray], groups: int) -> None:
+    topo, layers, experts, w = case
+    assume(experts >= topo.slots_per_rank)  # else no full table is valid (a rank would hold a duplicate)
+    base = initial_table(topo, layers, experts)
+    t = eplb_table(base, w, groups)
+    t.validate()
+    assert (t.phy2log >= 0).all()
+    assert t.version == base.version + 1 and t.parent == base.version
+
+
+def test_eplb_hierarchical_keeps_groups_on_nodes_and_beats_static() -> None:
+    rng = np.random.default_rng(3)
+    topo = Topology(4, 4, 5)
+    w = np.rint(rng.pareto(1.0, (3, 64)) * 1000).astype(np.int64)
+    base = initial_table(topo, 3, 64)
+    t = eplb_table(base, w, num_groups=8)
+    node_of_slot = topo.slot_ranks() // topo.ranks_per_node
+    for layer in range(3):
+        for e in range(64):  # every replica of an expert sits on the node its group was packed to
+            assert len(set(node_of_slot[t.phy2log[layer] == e].tolist())) == 1
+    assert float(table_step_imbalance(t, w[None])[0]) < float(table_step_imbalance(base, w[None])[0])
+
+
+def test_eplb_refuses_a_shape_that_cannot_be_filled_validly() -> None:
+    base = initial_table(Topology(1, 1, 2), 1, 1)
+    with pytest.raises(InvalidTable, match="cannot fill 2 slots per rank"):
+        eplb_table(base, np.array([[5]]))
+
+
+def test_balanced_packing_fills_packs_exactly() -> None:
+    w = np.random.default_rng(0).random((5, 12))
+    pack, rank = balanced_packing(w, 4)
+    for row in range(5):
+        assert np.bincount(pack[row], minlength=4).tolist() == [3, 3, 3, 3]
+        pairs = {(int(p), int(r)) for p, r in zip(pack[row], rank[row], strict=True)}
+        assert len(pairs) == 12  # (pack, rank) unique
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=4), st.integers(0, 4))
+def test_replicate_experts_minimises_the_largest_load_per_replica(weights: list[int], extra: int) -> None:
+    w = np.array([weights], dtype=np.float64)
+    n = len(weights)
+    _, cnt = replicate_experts(w, n + extra)
+    got = float((w[0] / cnt[0]).max())
+    best = min(
+        float((w[0] / np.array(c)).max())
+        for c in itertools.product(range(1, extra + 2), repeat=n)
+        if sum(c) == n + extra
+    )
+    assert got == pytest.approx(best)
+
+
+def test_preserve_slots_keeps_staying_experts_in_place() -> None:
+    rng = np.random.default_rng(1)
+    old = eplb_phy2log(rng.random((2, 16)) * 100, 24, 1, 1, 4)
+    new = eplb_phy2log(rng.random((2, 16)) * 100, 24, 1, 1, 4)
+    out = preserve_slots(new, old, 4)
+    for layer in range(2):
+        for g in range(4):
+            sl = slice(g * 6, g * 6 + 6)
+            assert sorted(out[layer, sl].tolist()) == sorted(new[layer, sl].tolist())
+            stay = set(old[layer, sl].tolist()) & set(new[layer, sl].tolist())
+            for p in range(g * 6, g * 6 + 6):
+                if old[layer, p] in stay:
+                    assert out[layer, p] == old[layer, p]
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 4), st.integers(0, 12), st.integers(0, 2**16), st.booleans())
+def test_knapsack_equals_exhaustive_search(layers: int, options: int, budget: int, seed: int, per_row: bool) -> None:
+    rng = np.random.default_rng(seed)
+    values = rng.integers(-5, 30, (layers, options)).astype(np.float64)
+    costs = rng.integers(0, 6, (layers, options) if per_row else options)
+    c = np.broadcast_to(costs, (layers, options))
+    feasible = [ch for ch in itertools.product(range(options), repeat=layers)
+                if sum(int(c[i, k]) for i, k in enumerate(ch)) <= budget]
+    if not feasible:
+        with pytest.raises(Exception, match="no choice fits"):
+            mckp(values, costs, budget)
+        return
+    best = max(sum(values[i, k] for i, k in enumerate(ch)) for ch in feasible)
+    choice = mckp(values, costs, budget)
+    assert sum(int(c[i, k]) for i, k in enumerate(choice)) <= budget
+    assert sum(values[i, k] for i, k in enumerate(choice)) == best
+
+
+def test_replica_options_are_powers_of_two_up_to_the_free_slots() -> None:
+    assert replica_options(16).tolist() == [0, 1, 2, 4, 8, 16]
+    assert replica_options(6).tolist() == [0, 1, 2, 4, 6]
+    assert replica_options(0).tolist() == [0]
+
+
+@settings(max_examples=30, deadline=None)
+@given(placements(), st.floats(0.0, 1.0))
+def test_craft_keeps_static_experts_in_place_within_budget(case: tuple[Topology, int, int, np.ndarray],
+                                                           frac: float) -> None:
+    topo, layers, experts, w = case
+    base = static_table(topo, layers, experts)
+    rng = np.random.default_rng(int(w.sum()) % 1000)
+    steps = rng.poisson(np.maximum(w, 1)[None] / 10.0, (20, layers, experts)).astype(np.uint32)
+    free = int((base.phy2log < 0).sum())
+    t = craft_table(base, steps, int(free * frac))
+    t.validate()
+    kept = base.phy2log >= 0
+    assert np.array_equal(t.phy2log[kept], base.phy2log[kept])
+    assert int((t.phy2log >= 0).sum() - kept.sum()) <= int(free * frac)
+
+
+def test_craft_improves_a_skewed_layer_on_its_replay() -> None:
+    topo = Topology(1, 4, 3)
+    base = static_table(topo, 2, 8)
+    load = np.array([[400, 10, 10, 10, 10, 10, 10, 10], [20] * 8])
+    steps = np.repeat(load[None], 50, axis=0).astype(np.uint32)
+    t = craft_table(base, steps, budget=2)
+    assert int((t.phy2log[0] >= 0).sum()) == 10  # the skewed layer gets the whole budget
+    assert replay_imbalance(t, steps) < replay_imbalance(base, steps)
+
+
+def test_hindsight_installs_one_eplb_table_per_segment() -> None:
+    topo = Topology(1, 4, 3)
+    base = static_table(topo, 2, 8)
+    rng = np.random.default_rng(0)
+    a = rng.poisson(np.array([50, 1, 1, 1, 1, 1, 1, 1])[None, None] * np.ones((30, 2, 1)))
+    b = rng.poisson(np.array([1, 1, 1, 1, 1, 1, 1, 50])[None, None] * np.ones((20, 2, 1)))
+    counts = np.concatenate([a, b]).astype(np.uint32)
+    assert segment_bounds(50, [30]) == [(0, 30), (30, 50)]
+    out = hindsight_tables(base, counts, [30])
+    assert [s for s, _ in out] == [0, 30]
+    for (s, t), (lo, hi) in zip(out, segment_bounds(50, [30]), strict=True):
+        t.validate()
+        assert replay_imbalance(t, counts[lo:hi]) < replay_imbalance(base, counts[lo:hi])
+        assert s == lo

@@ -1,0 +1,87 @@
+"""`emoe bench`: a short run writes every key; recovery and regression metrics on hand-made cases."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.cli import main
+from bench.policies import controller_available, make_policy
+from bench.run import PolicyRun, Install, recovery_steps, regressions
+from bench.synthetic import synthetic_trace
+from controlplane.table import initial_table
+from controlplane.topology import Topology
+
+KEYS = {"mean_step_imbalance", "p50_step_ms", "p99_step_ms", "recovery_steps", "bytes_moved", "replica_slots",
+        "stall_ms_total", "commits", "regressions"}
+
+
+def test_short_bench_run_writes_results_with_every_key(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "run"
+    rc = main(["bench", "--synthetic", "4x16", "--segment-steps", "600", "--segments", "2", "--nodes", "2",
+               "--ranks-per-node", "2", "--slots-per-rank", "5", "--window", "20", "--top-k", "2",
+               "--batch", "256", "--seed", "1", "--no-progress", "--out", str(out)])
+    assert rc == 0
+    res = json.loads((out / "results.json").read_text())
+    assert {"trace", "step_model", "drift_steps", "policies"} <= set(res)
+    assert res["step_model"] == "synthetic" and res["drift_steps"] == [600]
+    names = ["static", "eplb", "craft", "craft-periodic", "elastic", "hindsight"]
+    assert list(res["policies"]) == names
+    for name in names:
+        entry = res["policies"][name]
+        if name == "elastic" and controller_available() is not None:
+            assert "unavailable" in entry
+            continue
+        assert KEYS <= set(entry), name
+        assert len(entry["recovery_steps"]) == 1
+    pol = res["policies"]
+    assert pol["static"]["bytes_moved"] == 0 and pol["static"]["commits"] == 0
+    assert pol["eplb"]["stall_ms_total"] > 0 and pol["eplb"]["bytes_moved"] > 0
+    assert pol["hindsight"]["stall_ms_total"] == 0 and pol["hindsight"]["commits"] == 2
+    assert pol["hindsight"]["mean_step_imbalance"] < pol["static"]["mean_step_imbalance"]
+    for f in ("imbalance.png", "bytes_moved.png", "step_time_cdf.png"):
+        assert (out / f).stat().st_size > 0
+    assert "| eplb |" in capsys.readouterr().out
+
+
+def test_bench_rejects_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--synthetic", "4x16", "--policies", "static,nope", "--out", str(tmp_path)]) == 1
+    assert "nope" in capsys.readouterr().err
+    assert main(["bench", "--synthetic", "4by16", "--out", str(tmp_path)]) == 1
+    assert main(["bench", "--out", str(tmp_path)]) == 1
+    with pytest.raises(ValueError, match="PERIOD"):
+        make_policy("static:5", 100, 1, 1.0, 3)
+
+
+def test_recovery_steps_counts_until_the_average_stays_near_the_reference() -> None:
+    W = 10
+    ref = np.ones(100)
+    imb = np.ones(100)
+    imb[50:65] = 2.0  # drift at 50: bad for 15 steps
+    # the trailing 10-step average is within 1.1 once at most one of its steps is bad: 9 + 14 steps in
+    assert recovery_steps(imb, ref, [50], W) == [23]
+    assert recovery_steps(np.ones(100), ref, [50], W) == [0]
+    never = np.ones(100)
+    never[50:] = 1.5
+    assert recovery_steps(never, ref, [50], W) == [50]
+
+
+def test_regressions_count_installs_worse_than_the_table_they_replaced() -> None:
+    topo = Topology(1, 2, 2)
+    good = initial_table(topo, 1, 4)  # experts 0,1 on rank 0; 2,3 on rank 1
+    bad = good.successor(np.array([[0, 2, 1, 3]]))  # 0,2 on rank 0
+    counts = np.tile(np.array([[[10, 1, 10, 1]]], dtype=np.uint32), (20, 1, 1))
+    run = PolicyRun(np.ones(20), np.ones(20), np.zeros(20), np.zeros(20))
+    run.installs = [Install(5, good, bad, 0.0, "x"), Install(12, bad, good, 0.0, "x")]
+    assert regressions(run, counts, 4) == 1
+
+
+def test_synthetic_trace_is_skewed_drifting_and_labelled() -> None:
+    tr = synthetic_trace(3, 32, 50, 3, top_k=4, batch=128, seed=2, ramp_steps=10)
+    assert tr.counts.shape == (150, 3, 32) and tr.step_model == "synthetic" and tr.drift_steps == [50, 100]
+    seg = [tr.counts[a:a + 50].sum(axis=0) for a in (0, 50, 100)]
+    assert (seg[0].max(axis=1) > 3 * seg[0].mean(axis=1)).all()  # skewed
+    assert (seg[0].argmax(axis=1) != seg[1].argmax(axis=1)).any()  # the hot set moves
