@@ -1,0 +1,177 @@
+"""Scenario files for the quorum commit (tests/scenarios/consensus/*.txt), etcd-raft datadriven style.
+
+Each block is a command line, `----`, then the expected output, blocks separated by a blank line.
+`REWRITE=1 pytest tests/test_consensus_scenarios.py` rewrites the expected outputs.
+
+Commands: cluster nodes=N voters=M seed=S [timeout_ms=50] [sync_ms=0] | propose NODE as=LABEL |
+tick 100ms | run-until-accepted v=V count=K | partition A B | C D | heal | crash NODE [torn] |
+restart NODE | outcomes | heads | log NODE | accepted v=V | check
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from agent.config import ConsensusConfig
+from agent.consensus.simnet import SimCluster
+from chaos.checkers import check
+
+DIR = Path(__file__).parent / "scenarios" / "consensus"
+FILES = sorted(DIR.glob("*.txt"))
+
+
+class Driver:
+    def __init__(self) -> None:
+        self.c: SimCluster | None = None
+        self.labels: dict[bytes, str] = {}
+        self.seen_outcomes = 0
+
+    @property
+    def cl(self) -> SimCluster:
+        if self.c is None:
+            raise ValueError("no cluster: the first command must be `cluster`")
+        return self.c
+
+    def name(self, digest: bytes) -> str:
+        return self.labels.get(digest, digest.hex()[:8])
+
+    def run(self, line: str) -> str:
+        cmd, *args = line.split()
+        kw = dict(a.split("=", 1) for a in args if "=" in a)
+        pos = [a for a in args if "=" not in a]
+        return getattr(self, "do_" + cmd.replace("-", "_"))(pos, kw)
+
+    def do_cluster(self, pos: list[str], kw: dict[str, str]) -> str:
+        cfg = ConsensusConfig(accept_timeout_ms=int(kw.get("timeout_ms", 50)), sync_interval_ms=int(kw.get("sync_ms", 0)))
+        self.c = SimCluster(int(kw["nodes"]), int(kw["voters"]), int(kw.get("seed", 1)), cfg)
+        return "voters: " + " ".join(self.c.voters)
+
+    def do_propose(self, pos: list[str], kw: dict[str, str]) -> str:
+        from agent.consensus.simnet import successor_table
+
+        node = self.cl.nodes[pos[0]]
+        t = successor_table(node.head, self.cl.rng)
+        self.labels[t.digest] = kw.get("as", t.digest.hex()[:8])
+        self.cl.propose(pos[0], t)
+        return ""
+
+    def do_tick(self, pos: list[str], kw: dict[str, str]) -> str:
+        d = pos[0]
+        secs = float(d[:-2]) / 1000 if d.endswith("ms") else float(d.rstrip("s"))
+        self.cl.run(secs)
+        return ""
+
+    def do_run_until_accepted(self, pos: list[str], kw: dict[str, str]) -> str:
+        v, want = int(kw["v"]), int(kw["count"])
+        for _ in range(10_000):
+            n = sum(1 for x in self.cl.voters if x in self.cl.up() and self.cl.nodes[x].acceptor.accepted(v)[1] is not None)
+            if n >= want:
+                return f"{n} voters accepted version {v}"
+            self.cl.run(0.0001)
+        return f"only {n} voters accepted version {v}"
+
+    def do_partition(self, pos: list[str], kw: dict[str, str]) -> str:
+        groups: list[list[str]] = [[]]
+        for a in pos:
+            if a == "|":
+                groups.append([])
+            else:
+                groups[-1].append(a)
+        self.cl.net.partition(*groups)
+        return ""
+
+    def do_heal(self, pos: list[str], kw: dict[str, str]) -> str:
+        self.cl.net.heal()
+        return ""
+
+    def do_crash(self, pos: list[str], kw: dict[str, str]) -> str:
+        self.cl.crash(pos[0], tear="torn" in pos)
+        return ""
+
+    def do_restart(self, pos: list[str], kw: dict[str, str]) -> str:
+        self.cl.restart(pos[0])
+        return f"{pos[0]} recovered head {self.cl.nodes[pos[0]].head.version}"
+
+    def do_outcomes(self, pos: list[str], kw: dict[str, str]) -> str:
+        lines = []
+        for n, o in self.cl.outcomes[self.seen_outcomes:]:
+            votes = ",".join(v.voter + ("+" if v.accept else "-") for v in o.votes)
+            status = "committed" if o.committed else f"not committed: {o.reason.split(';')[0]}"
+            lines.append(f"{n} v{o.version} {status} votes={votes}")
+        self.seen_outcomes = len(self.cl.outcomes)
+        return "\n".join(lines)
+
+    def do_heads(self, pos: list[str], kw: dict[str, str]) -> str:
+        return " ".join(f"{n}={'down' if n in self.cl.net.down else self.cl.nodes[n].head.version}" for n in self.cl.ids)
+
+    def do_log(self, pos: list[str], kw: dict[str, str]) -> str:
+        node = self.cl.nodes[pos[0]]
+        return " ".join(f"v{c.table.version}={self.name(c.qc.table_hash)}" for c in node.commits_since(0))
+
+    def do_accepted(self, pos: list[str], kw: dict[str, str]) -> str:
+        v = int(kw["v"])
+        out = []
+        for x in self.cl.voters:
+            b, p = self.cl.nodes[x].acceptor.accepted(v)
+            if p is not None:
+                out.append(f"{x}:{self.name(p.table.content_hash)}@({b[0]},{b[1]})")
+        return " ".join(out) or "none"
+
+    def do_check(self, pos: list[str], kw: dict[str, str]) -> str:
+        bad = check(self.cl.history)
+        return "violations: " + (str(len(bad)) if not bad else "\n".join(bad))
+
+
+def parse(text: str) -> list[tuple[list[str], str, str]]:
+    """[(comment lines before the command, command, expected output)]"""
+    blocks: list[tuple[list[str], str, str]] = []
+    lines = text.splitlines()
+    comments: list[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i].strip()
+        if not line:
+            i += 1
+            continue
+        if line.startswith("#"):
+            comments.append(line)
+            i += 1
+            continue
+        if i + 1 >= len(lines) or lines[i + 1].strip() != "----":
+            raise ValueError(f"line {i + 1}: {line!r} is not followed by ----")
+        j = i + 2
+        out: list[str] = []
+        while j < len(lines) and lines[j].strip():
+            out.append(lines[j])
+            j += 1
+        blocks.append((comments, line, "\n".join(out)))
+        comments = []
+        i = j
+    return blocks
+
+
+def render(blocks: list[tuple[list[str], str, str]]) -> str:
+    parts = []
+    for comments, cmd, out in blocks:
+        parts.append("".join(c + "\n" for c in comments) + f"{cmd}\n----\n" + (out + "\n" if out else ""))
+    return "\n".join(parts)
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+def test_scenario(path: Path) -> None:
+    d = Driver()
+    blocks = parse(path.read_text())
+    assert blocks, f"{path} has no commands"
+    got = [(c, cmd, d.run(cmd)) for c, cmd, _ in blocks]
+    if os.environ.get("REWRITE"):
+        path.write_text(render(got))
+        return
+    for (_, cmd, want), (_, _, have) in zip(blocks, got, strict=True):
+        assert have == want, f"{path.name}: `{cmd}`"
+
+
+def test_scenario_files_exist() -> None:
+    assert {"dueling", "proposer_crash", "minority_partition", "crash_restart"} <= {p.stem for p in FILES}
