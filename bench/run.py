@@ -231,7 +231,7 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
         "cluster": {"nodes": cfg.nodes, "ranks_per_node": cfg.ranks_per_node, "slots_per_rank": cfg.slots_per_rank,
                     "window": cfg.window, "seed": cfg.seed, "expert_groups": groups},
         "engine": {"model": shape.name, "expert_bytes": shape.expert_bytes, "hardware": "H200 (see dataplane_shim.engine)",
-                   "router": "controlplane.load even split", "commit_latency_steps": cfg.commit_latency,
+                   "router": getattr(cluster.router, "label", type(cluster.router).__name__), "commit_latency_steps": cfg.commit_latency,
                    "copy_share": cfg.copy_share, "craft_budget_fraction": cfg.craft_budget},
         "wall_s": elapsed,
     }

@@ -33,7 +33,7 @@ def synthetic_trace(
     *,
     top_k: int = 8,
     batch: int = 2048,
-    skew: float = 0.8,
+    skew: float = 0.5,
     burst: float = 8.0,
     ramp_steps: int = 0,
     seed: int = 0,

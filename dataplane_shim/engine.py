@@ -116,6 +116,8 @@ class ShimRouter:
     per step.
     """
 
+    label = "dataplane_shim.router policy (closed form on counts, senders even)"
+
     def __init__(self) -> None:
         self._cache: dict[bytes, npt.NDArray[np.uint16]] = {}
 
