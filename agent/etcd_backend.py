@@ -1,0 +1,296 @@
+"""The etcd commit backend: the same propose/commit interface as ConsensusNode, with etcd's Raft as the quorum.
+
+Keys under `/emoe/<cluster>/`:
+- `head`              the committed table version, decimal;
+- `tables/<v:020d>`   the consensus_pb2.Commit of version v (its table, plan, proposer);
+- `members/<node>`    the node's address, attached to a lease: seed discovery that forgets dead nodes.
+
+A commit is one transaction `compare(value(head) == v) -> put(head, v + 1), put(tables/v+1, commit)`, so at
+most one table is ever written for a version (I1) and versions follow their parents (I2). Every node
+watches `tables/` and installs commits in version order, writing each to its local Store first when it has
+one (commit before install). The certificate of an etcd commit names the etcd cluster as its only voter:
+its quorum is etcd's own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import aetcd
+
+from agent.consensus.node import CommitCallback, Outcome, Verifier, validity_verifier
+from agent.consensus.wire import TableWireError, table_from_pb, table_to_pb
+from agent.store import Store
+from controlplane.table import RoutingTable
+from elasticmoe.v1 import consensus_pb2 as pb
+
+log = logging.getLogger(__name__)
+ETCD_VOTER = "etcd"
+
+
+def parse_endpoint(ep: str) -> tuple[str, int]:
+    host, sep, port = ep.removeprefix("http://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"etcd endpoint {ep!r}: expected 'host:port'")
+    return host, int(port)
+
+
+class EtcdBackend:
+    def __init__(self, endpoints: list[str], node_id: str, head: RoutingTable, *, cluster: str = "emoe",
+                 store: Store | None = None, verifier: Verifier = validity_verifier, timeout: float = 5.0) -> None:
+        if not endpoints:
+            raise ValueError("endpoints is empty: expected at least one etcd 'host:port'")
+        self.endpoints = [parse_endpoint(e) for e in endpoints]
+        self.node_id = node_id
+        self.verifier = verifier
+        self.timeout = timeout
+        self.store = store
+        self._prefix = f"/emoe/{cluster}/".encode()
+        self._head = head
+        self._genesis = head.version
+        self._commits: dict[int, pb.Commit] = {}
+        self._future: dict[int, pb.Commit] = {}
+        self._callbacks: list[CommitCallback] = []
+        self._client: aetcd.Client | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._ready = asyncio.Event()
+        self._lease: Any = None
+        self.running = False
+
+    # ---- keys ---------------------------------------------------------------------------------------
+    def _key(self, *parts: str) -> bytes:
+        return self._prefix + "/".join(parts).encode()
+
+    def _table_key(self, v: int) -> bytes:
+        return self._key("tables", f"{v:020d}")
+
+    # ---- lifecycle ----------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Connect, seed the genesis head, load and watch the committed tables (in the background)."""
+        if self.store is not None:
+            for c in self.store.open().commits:
+                self._adopt(c, persist=False)
+        self.running = True
+        self._spawn(self._run())
+
+    async def ready(self) -> None:
+        await asyncio.wait_for(self._ready.wait(), self.timeout)
+
+    def stop(self) -> None:
+        self.running = False
+        for t in list(self._tasks):
+            t.cancel()
+        if self.store is not None:
+            self.store.close()
+
+    async def close(self) -> None:
+        self.stop()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._client is not None:
+            if self._lease is not None:
+                try:
+                    await self._lease.revoke()
+                except Exception:  # the lease expires on its own
+                    log.debug("lease revoke failed", exc_info=True)
+            await self._client.close()
+            self._client = None
+
+    def _spawn(self, coro: Any) -> None:
+        t = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    async def _connect(self) -> aetcd.Client:
+        err: Exception | None = None
+        for host, port in self.endpoints:
+            c = aetcd.Client(host=host, port=port, timeout=int(self.timeout) or 1)
+            try:
+                await c.connect()
+                await c.status()
+                return c
+            except Exception as e:  # try the next endpoint
+                err = e
+                await c.close()
+        raise ConnectionError(f"no etcd endpoint reachable of {self.endpoints}: {err}")
+
+    async def _run(self) -> None:
+        client = self._client = await self._connect()
+        tx = client.transactions
+        head_key = self._key("head")
+        await client.transaction(compare=[tx.create(head_key) == 0],
+                                 success=[tx.put(head_key, str(self._genesis).encode())], failure=[])
+        rng = await client.get_prefix(self._key("tables/"))
+        rev = rng.header.revision if rng.header is not None else 0
+        for kv in sorted(rng, key=lambda kv: kv.key):
+            self._adopt(pb.Commit.FromString(kv.value))
+        self._ready.set()
+        watch = await client.watch_prefix(self._key("tables/"), start_revision=rev + 1)
+        async for ev in watch:
+            if not self.running:
+                break
+            if ev.kind == "PUT":
+                self._adopt(pb.Commit.FromString(ev.kv.value))
+
+    # ---- the ConsensusNode interface -----------------------------------------------------------------
+    @property
+    def head(self) -> RoutingTable:
+        return self._head
+
+    def committed(self, version: int) -> pb.Commit | None:
+        return self._commits.get(version)
+
+    def commits_since(self, version: int) -> list[pb.Commit]:
+        return [self._commits[v] for v in sorted(self._commits) if v > version]
+
+    def on_commit(self, cb: CommitCallback) -> None:
+        self._callbacks.append(cb)
+
+    def catch_up(self, peer: str) -> None:
+        """Nothing to do: the watch on etcd delivers every commit."""
+
+    def propose(self, table: RoutingTable, plan: pb.Plan, on_done: Callable[[Outcome], None]) -> None:
+        self._spawn(self.propose_async(table, plan, on_done))
+
+    async def propose_async(self, table: RoutingTable, plan: pb.Plan,
+                            on_done: Callable[[Outcome], None] | None = None) -> Outcome:
+        t0 = time.perf_counter()
+        out = await self._try_commit(table, plan, t0)
+        if on_done is not None:
+            on_done(out)
+        return out
+
+    async def _try_commit(self, table: RoutingTable, plan: pb.Plan, t0: float) -> Outcome:
+        v = table.version
+        if table.parent != v - 1 or v != self._head.version + 1:
+            return Outcome(False, v, f"table version {v} parent {table.parent}: expected version "
+                                     f"{self._head.version + 1} parent {self._head.version}")
+        ok, gain, why = self.verifier(self._head, table, plan)
+        if not ok:
+            return Outcome(False, v, f"own check: {why}")
+        if self._client is None:
+            return Outcome(False, v, "not connected to etcd")
+        vote = pb.Vote(voter=self.node_id, accept=True, verified_gain=gain)
+        tpb = table_to_pb(table)
+        qc = pb.QuorumCertificate(version=v, ballot=pb.Ballot(round=0, node_id=ETCD_VOTER), table_hash=tpb.content_hash,
+                                  voters=[ETCD_VOTER], quorum=1)
+        commit = pb.Commit(table=tpb, qc=qc, plan=plan, votes=[vote], proposer=self.node_id,
+                           committed_at_ms=int(time.time() * 1000))
+        tx = self._client.transactions
+        head_key = self._key("head")
+        try:
+            won, _ = await self._client.transaction(
+                compare=[tx.value(head_key) == str(v - 1).encode()],
+                success=[tx.put(head_key, str(v).encode()), tx.put(self._table_key(v), commit.SerializeToString())],
+                failure=[tx.get(head_key)],
+            )
+        except Exception as e:  # IO failure: absorbed and reported as the outcome
+            return Outcome(False, v, f"etcd transaction failed: {type(e).__name__}: {e}", [vote],
+                           time.perf_counter() - t0)
+        if not won:
+            return Outcome(False, v, f"etcd head moved past {v - 1}: version {v} committed another table",
+                           [], time.perf_counter() - t0)
+        self._adopt(commit)  # the watch delivers it too; installing now is what makes the latency one RTT
+        return Outcome(True, v, "", [vote], time.perf_counter() - t0, commit)
+
+    def _adopt(self, c: pb.Commit, persist: bool = True) -> None:
+        """Install a commit read from etcd (or the local store) if it extends the head; buffer it if early."""
+        v = int(c.table.version)
+        have = self._commits.get(v)
+        if have is not None:
+            if have.qc.table_hash != c.qc.table_hash:
+                log.error("I1 broken: etcd holds two tables for version %d", v)
+            return
+        if v <= self._head.version:
+            return
+        if v != self._head.version + 1:
+            self._future[v] = c
+            return
+        try:
+            table = table_from_pb(c.table, self._head.topology)
+        except TableWireError as e:
+            log.error("etcd commit %d unreadable: %s", v, e)
+            return
+        if persist and self.store is not None:
+            self.store.append_commit(c)  # commit (durably, here) before install
+        self._commits[v] = c
+        self._head = table
+        for cb in self._callbacks:
+            cb(c, table)
+        nxt = self._future.pop(v + 1, None)
+        if nxt is not None:
+            self._adopt(nxt)
+
+    # ---- seed discovery -------------------------------------------------------------------------------
+    async def register(self, address: str, ttl: int = 5) -> None:
+        """Announce `node_id -> address` under a lease kept alive while this backend runs."""
+        await self.ready()
+        if self._client is None:
+            raise ConnectionError("not connected to etcd")
+        self._lease = await self._client.lease(ttl)
+        await self._client.put(self._key("members", self.node_id), address.encode(), lease=self._lease)
+
+        async def keepalive() -> None:
+            while self.running:
+                await asyncio.sleep(max(0.2, ttl / 3))
+                await self._lease.refresh()
+
+        self._spawn(keepalive())
+
+    async def members(self) -> dict[str, str]:
+        """Live registered nodes: node_id -> address."""
+        await self.ready()
+        if self._client is None:
+            raise ConnectionError("not connected to etcd")
+        rng = await self._client.get_prefix(self._key("members/"))
+        n = len(self._key("members/"))
+        return {kv.key[n:].decode(): kv.value.decode() for kv in rng}
+
+
+# ---- a throwaway etcd server for tests and benchmarks -----------------------------------------------
+class EtcdProcess:
+    """A single-member etcd on free loopback ports with its own data dir; `stop()` kills it."""
+
+    def __init__(self, binary: str, data_dir: str) -> None:
+        import socket
+        import subprocess
+
+        ports = []
+        socks = []
+        for _ in range(2):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+            ports.append(s.getsockname()[1])
+        for s in socks:
+            s.close()
+        self.endpoint = f"127.0.0.1:{ports[0]}"
+        client, peer = f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}"
+        self.proc = subprocess.Popen(
+            [binary, "--name", "emoe-test", "--data-dir", data_dir, "--listen-client-urls", client,
+             "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+             "--initial-cluster", f"emoe-test={peer}", "--log-level", "error"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        import socket
+
+        deadline = time.monotonic() + timeout
+        host, port = parse_endpoint(self.endpoint)
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"etcd exited with {self.proc.returncode} before serving {self.endpoint}")
+            try:
+                with socket.create_connection((host, port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise TimeoutError(f"etcd not serving {self.endpoint} after {timeout} s")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)

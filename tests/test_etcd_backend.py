@@ -1,0 +1,112 @@
+"""EtcdBackend against a real etcd server started on free loopback ports (skipped without the binary)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from agent.consensus.node import Outcome
+from agent.consensus.simnet import successor_table
+from agent.etcd_backend import EtcdBackend, EtcdProcess, parse_endpoint
+from agent.store import Store
+from controlplane.table import RoutingTable, initial_table
+from controlplane.topology import Topology
+from elasticmoe.v1 import consensus_pb2 as pb
+
+
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    binary = shutil.which("etcd")
+    if binary is None:
+        pytest.skip("etcd binary not found (Debian: apt-get install etcd-server, or `make etcd`)")
+    p = EtcdProcess(binary, str(tmp_path_factory.mktemp("etcd")))
+    try:
+        p.wait_ready()
+        yield p.endpoint
+    finally:
+        p.stop()
+
+
+def genesis() -> RoutingTable:
+    return initial_table(Topology(2, 2, 4), 2, 8)
+
+
+def test_parse_endpoint() -> None:
+    assert parse_endpoint("http://127.0.0.1:2379") == ("127.0.0.1", 2379)
+    with pytest.raises(ValueError, match="host:port"):
+        parse_endpoint("localhost")
+
+
+@pytest.mark.asyncio
+async def test_commit_learn_and_compare_and_swap(etcd: str, tmp_path: Path) -> None:
+    g = genesis()
+    a = EtcdBackend([etcd], "a", g, cluster="cas", store=Store(tmp_path / "a.log"))
+    b = EtcdBackend([etcd], "b", g, cluster="cas")
+    seen: list[int] = []
+    b.on_commit(lambda c, t: seen.append(t.version))
+    a.start()
+    b.start()
+    try:
+        await a.ready()
+        await b.ready()
+        rng = random.Random(1)
+        t2 = successor_table(a.head, rng)
+        out = await a.propose_async(t2, pb.Plan(trigger="test"))
+        assert out.committed and out.version == 2 and out.commit is not None
+        assert out.commit.qc.table_hash == t2.digest
+        # two proposals race for version 3: the transaction lets exactly one through
+        t3a, t3b = successor_table(a.head, rng), successor_table(a.head, rng)
+        for _ in range(200):
+            if b.head.version == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert b.head.version == 2 and b.head.digest == t2.digest
+        outs: list[Outcome] = list(await asyncio.gather(a.propose_async(t3a, pb.Plan()), b.propose_async(t3b, pb.Plan())))
+        assert sorted(o.committed for o in outs) == [False, True]
+        loser = next(o for o in outs if not o.committed)
+        assert "committed another table" in loser.reason
+        for _ in range(200):
+            if a.head.version == b.head.version == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert a.head.digest == b.head.digest
+        assert seen == [2, 3]
+        # a stale proposal is refused locally, naming the expected version
+        stale = await b.propose_async(t2, pb.Plan())
+        assert not stale.committed and "expected version 4" in stale.reason
+    finally:
+        await a.close()
+        await b.close()
+    # the local store kept what was installed: a restarted backend resumes at version 3
+    rec = Store(tmp_path / "a.log").open()
+    assert [c.table.version for c in rec.commits] == [2, 3]
+
+
+@pytest.mark.asyncio
+async def test_seed_discovery_with_leases(etcd: str) -> None:
+    g = genesis()
+    a = EtcdBackend([etcd], "a", g, cluster="disc")
+    b = EtcdBackend([etcd], "b", g, cluster="disc")
+    a.start()
+    b.start()
+    try:
+        await a.register("127.0.0.1:7401", ttl=5)
+        await b.register("127.0.0.1:7402", ttl=5)
+        assert await a.members() == {"a": "127.0.0.1:7401", "b": "127.0.0.1:7402"}
+        await b.close()  # revokes its lease: its key goes with it
+        assert await a.members() == {"a": "127.0.0.1:7401"}
+    finally:
+        await a.close()
+        await b.close()
+
+
+@pytest.mark.asyncio
+async def test_unreachable_endpoint_is_named() -> None:
+    a = EtcdBackend(["127.0.0.1:1"], "a", genesis(), timeout=1.0)
+    with pytest.raises(ConnectionError, match="127.0.0.1"):
+        await a._connect()
