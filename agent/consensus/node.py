@@ -17,7 +17,8 @@ from google.protobuf.message import Message
 
 from agent.clock import Clock, Timer
 from agent.config import ConsensusConfig
-from agent.consensus.paxos import Acceptor, Attempt, ballot_of, check_certificate, quorum_size, round0_owner
+from agent.consensus.log import CommittedLog
+from agent.consensus.paxos import Acceptor, Attempt, ballot_of, quorum_size, round0_owner
 from agent.consensus.wire import TableWireError, table_from_pb, table_to_pb
 from agent.store import Store
 from agent.transport import Transport
@@ -78,12 +79,11 @@ class ConsensusNode:
         self.members = members or (lambda: [])  # non-voting learners that should receive commits
         self.rng = rng or random.Random(zlib.crc32(node_id.encode()))
         self.timeout = cfg.accept_timeout_ms / 1000.0
-        self._genesis = head
-        self._head = head
-        self._commits: dict[int, pb.Commit] = {}
-        self._future: dict[int, pb.Commit] = {}
+        self.log = CommittedLog(store, self.voters, head, self._installed, max_buffered=4 * cfg.catchup_batch)
         self._callbacks: list[CommitCallback] = []
+        self._peer_heads: dict[str, int] = {}
         self._pending: dict[int, _Pending] = {}
+        self._last_attempt: Attempt | None = None
         self._attempts: dict[int, Attempt] = {}
         self._timers: dict[tuple[str, int], Timer] = {}
         self._catching_up = ""
@@ -91,28 +91,13 @@ class ConsensusNode:
         self.acceptor = Acceptor(node_id, self.voters)
         self.running = False
         self.rejections: list[tuple[int, str, str]] = []  # (version, voter, reason) for explain
-        self.conflicts: list[str] = []  # a certified commit that disagrees with ours: a broken invariant
 
     # ---- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
         rec = self.store.open()
-        for c in rec.commits:
-            v = c.table.version
-            if v <= self._head.version:
-                self._commits.setdefault(v, c)
-                continue
-            try:
-                t = table_from_pb(c.table, self._head.topology)
-            except TableWireError as e:
-                log.error("store: commit for version %d unreadable: %s", v, e)
-                break
-            if t.parent != self._head.version:
-                log.error("store: commit %d has parent %d, head is %d", v, t.parent, self._head.version)
-                break
-            self._commits[v] = c
-            self._head = t
+        self.log.recover(rec)
         self.acceptor = Acceptor(self.node_id, self.voters, rec.acceptor)
-        self.acceptor.prune(self._head.version)
+        self.acceptor.prune(self.log.head.version)
         self.running = True
         self.transport.serve(self._handle)
         for v, st in self.acceptor.states.items():
@@ -132,13 +117,21 @@ class ConsensusNode:
     # ---- public API -------------------------------------------------------------------------------
     @property
     def head(self) -> RoutingTable:
-        return self._head
+        return self.log.head
+
+    @property
+    def conflicts(self) -> list[str]:
+        return self.log.conflicts
 
     def committed(self, version: int) -> pb.Commit | None:
-        return self._commits.get(version)
+        return self.log.commits.get(version)
 
     def commits_since(self, version: int) -> list[pb.Commit]:
-        return [self._commits[v] for v in sorted(self._commits) if v > version]
+        return self.log.since(version)
+
+    def peer_heads(self) -> dict[str, int]:
+        """The committed head each peer last reported to us (ours included)."""
+        return {**self._peer_heads, self.node_id: self.log.head.version}
 
     def on_commit(self, cb: CommitCallback) -> None:
         self._callbacks.append(cb)
@@ -150,8 +143,8 @@ class ConsensusNode:
         why = ""
         if not self.running:
             why = "node not running"
-        elif v != self._head.version + 1 or table.parent != self._head.version:
-            why = f"table version {v} parent {table.parent}: expected version {self._head.version + 1} parent {self._head.version}"
+        elif v != self.log.head.version + 1 or table.parent != self.log.head.version:
+            why = f"table version {v} parent {table.parent}: expected version {self.log.head.version + 1} parent {self.log.head.version}"
         elif v in self._pending:
             why = f"a proposal for version {v} is already in flight here"
         if why:
@@ -172,7 +165,7 @@ class ConsensusNode:
         if not self.running or self._catching_up or peer == self.node_id:
             return
         self._catching_up = peer
-        req = pb.CatchUpRequest(from_version=self._head.version, from_node=self.node_id, limit=self.cfg.catchup_batch)
+        req = pb.CatchUpRequest(from_version=self.log.head.version, from_node=self.node_id, limit=self.cfg.catchup_batch)
         self.transport.call(peer, "Consensus/CatchUp", req, self.timeout, lambda r: self._on_catchup(peer, r))
 
     # ---- timers -----------------------------------------------------------------------------------
@@ -213,7 +206,7 @@ class ConsensusNode:
     # ---- proposer -----------------------------------------------------------------------------------
     def _recover(self, v: int) -> None:
         """Timeout for version v: retry our own proposal, or finish one another proposer left accepted."""
-        if v != self._head.version + 1 or v in self._attempts:
+        if v != self.log.head.version + 1 or v in self._attempts:
             return
         if v not in self._pending:
             n = self._recoveries.get(v, 0)
@@ -237,7 +230,7 @@ class ConsensusNode:
         me_voter = self.node_id in self.voters
         new = pb.AcceptorState()
         if rnd == 0:
-            reply, new_st = self.acceptor.on_accept(att.accept_request(), self._head.version, self._check)
+            reply, new_st = self.acceptor.on_accept(att.accept_request(), self.log.head.version, self._check)
             if new_st is None:
                 self._attempt_failed(v, att, f"own check: {reply.reason}", retry=False)
                 return
@@ -246,7 +239,7 @@ class ConsensusNode:
             new.CopyFrom(st)
             promise = None
             if me_voter:
-                promise, new_st = self.acceptor.on_prepare(att.prepare_request(), self._head.version)
+                promise, new_st = self.acceptor.on_prepare(att.prepare_request(), self.log.head.version)
                 if new_st is not None:
                     new.CopyFrom(new_st)
         new.proposer_round = max(int(new.proposer_round), rnd + 1)
@@ -274,10 +267,14 @@ class ConsensusNode:
                                     lambda r, dst=dst: self._on_accepted(v, att, dst, r))
 
     def _on_promise(self, v: int, att: Attempt, src: str, r: Message | None) -> None:
-        if self.running and isinstance(r, pb.Promise) and self._attempts.get(v) is att:
-            self._step(v, att, att.on_promise(src, r))
+        if self.running and isinstance(r, pb.Promise):
+            self._peer_heads[src] = int(r.committed_head)
+            if self._attempts.get(v) is att:
+                self._step(v, att, att.on_promise(src, r))
 
     def _on_accepted(self, v: int, att: Attempt, src: str, r: Message | None) -> None:
+        if self.running and isinstance(r, pb.Accepted):
+            self._peer_heads[src] = int(r.committed_head)
         if self.running and isinstance(r, pb.Accepted) and self._attempts.get(v) is att:
             if not r.ok:
                 self.rejections.append((v, src, r.reason))
@@ -286,7 +283,7 @@ class ConsensusNode:
     def _step(self, v: int, att: Attempt, ev: str) -> None:
         if ev == "accept":
             if self.node_id in self.voters:  # accept our own value first, durably
-                reply, st = self.acceptor.on_accept(att.accept_request(), self._head.version, self._check)
+                reply, st = self.acceptor.on_accept(att.accept_request(), self.log.head.version, self._check)
                 if st is not None:
                     st.proposer_round = max(int(st.proposer_round), int(self.acceptor.state(v).proposer_round))
                     self.store.save_acceptor(st)
@@ -301,7 +298,7 @@ class ConsensusNode:
             self._learned(att.commit(int(self.clock.now() * 1000)), None, broadcast=True, attempt=att)
         elif ev == "failed":
             self._attempt_failed(v, att, att.reason, retry=True)
-        if att.max_head_seen[0] > self._head.version:
+        if att.max_head_seen[0] > self.log.head.version:
             self.catch_up(att.max_head_seen[1])
 
     def _attempt_timeout(self, v: int, att: Attempt) -> None:
@@ -327,7 +324,7 @@ class ConsensusNode:
         min_round = att.max_round_seen + 1
         self._arm("attempt", v, self.timeout * (0.5 + self.rng.random()),
                   lambda: self._start_attempt(v, fast=False, min_round=min_round)
-                  if v == self._head.version + 1 and v not in self._attempts else None)
+                  if v == self.log.head.version + 1 and v not in self._attempts else None)
 
     def _finish(self, v: int, out: Outcome) -> None:
         pend = self._pending.pop(v, None)
@@ -340,15 +337,15 @@ class ConsensusNode:
         if not self.running:
             return None
         if method == "Consensus/Prepare" and isinstance(req, pb.PrepareRequest):
-            promise, st = self.acceptor.on_prepare(req, self._head.version)
+            promise, st = self.acceptor.on_prepare(req, self.log.head.version)
             if st is not None:
                 self.store.save_acceptor(st)  # persist before the reply leaves
                 self.acceptor.apply(st)
-            elif req.version > self._head.version + 1:
+            elif req.version > self.log.head.version + 1:
                 self.catch_up(src)
             return promise
         if method == "Consensus/Accept" and isinstance(req, pb.AcceptRequest):
-            reply, st = self.acceptor.on_accept(req, self._head.version, self._check)
+            reply, st = self.acceptor.on_accept(req, self.log.head.version, self._check)
             v = int(req.proposal.version)
             if st is not None:
                 self.store.save_acceptor(st)
@@ -356,33 +353,26 @@ class ConsensusNode:
                 self._recoveries.pop(v, None)
                 if v not in self._attempts:  # finish it ourselves if its proposer goes quiet
                     self._arm("takeover", v, self._takeover_delay(), lambda: self._recover(v))
-            elif v > self._head.version + 1:
+            elif v > self.log.head.version + 1:
                 self.catch_up(src)
             return reply
         if method == "Consensus/Learn" and isinstance(req, pb.Commit):
             why = self._learned(req, src, broadcast=False)
-            return pb.CommitAck(ok=not why, from_node=self.node_id, committed_head=self._head.version, reason=why)
+            return pb.CommitAck(ok=not why, from_node=self.node_id, committed_head=self.log.head.version, reason=why)
         if method == "Consensus/CatchUp" and isinstance(req, pb.CatchUpRequest):
-            limit = min(int(req.limit) or self.cfg.catchup_batch, self.cfg.catchup_batch)
-            out = []
-            for v in range(int(req.from_version) + 1, self._head.version + 1):
-                c = self._commits.get(v)
-                if c is None or len(out) >= limit:
-                    break
-                out.append(c)
-            return pb.CatchUpReply(commits=out, committed_head=self._head.version)
+            return self.log.catchup_reply(req, self.cfg.catchup_batch)
         return None
 
     def _check(self, p: pb.Proposal) -> tuple[bool, float, str]:
         """A voter's own verification of a proposal whose version and parent already match its head."""
         try:
-            table = table_from_pb(p.table, self._head.topology)
+            table = table_from_pb(p.table, self.log.head.topology)
         except TableWireError as e:
             return False, 0.0, f"INVALID_ARGUMENT: {e}"
-        if table.version != p.version or table.parent != self._head.version:
-            return False, 0.0, f"table version {table.version} parent {table.parent}: expected {p.version} on {self._head.version}"
+        if table.version != p.version or table.parent != self.log.head.version:
+            return False, 0.0, f"table version {table.version} parent {table.parent}: expected {p.version} on {self.log.head.version}"
         try:
-            ok, gain, why = self.verifier(self._head, table, p.plan)
+            ok, gain, why = self.verifier(self.log.head, table, p.plan)
         except Exception as e:  # a verifier bug must not take the acceptor down; it votes no and says why
             log.exception("verifier raised on version %d", p.version)
             return False, 0.0, f"verifier raised {type(e).__name__}: {e}"
@@ -393,48 +383,29 @@ class ConsensusNode:
 
     # ---- learner ------------------------------------------------------------------------------------
     def _learned(self, c: pb.Commit, src: str | None, broadcast: bool, attempt: Attempt | None = None) -> str:
-        """Validate a certified commit and install it if it extends our head. Returns why not, or ""."""
-        v = int(c.table.version)
-        if v <= self._head.version:
-            mine = self._commits.get(v)
-            if mine is not None and mine.qc.table_hash != c.qc.table_hash:
-                msg = f"version {v}: certified table {c.qc.table_hash.hex()[:12]} differs from ours {mine.qc.table_hash.hex()[:12]}"
-                log.error("I1 broken: %s", msg)
-                self.conflicts.append(msg)
-                return msg
-            return ""
-        why = check_certificate(c, self.voters)
-        if why:
-            return f"INVALID_ARGUMENT: {why}"
-        if v > self._head.version + 1:
-            if len(self._future) < 4 * self.cfg.catchup_batch:
-                self._future[v] = c
-            if src is not None:
-                self.catch_up(src)
-            return ""
-        try:
-            table = table_from_pb(c.table, self._head.topology)
-        except TableWireError as e:
-            return f"INVALID_ARGUMENT: {e}"
-        if table.parent != self._head.version:
-            return f"INVALID_ARGUMENT: version {v} has parent {table.parent}: expected {self._head.version}"
-        self._install(c, table, broadcast, attempt)
-        while self._head.version + 1 in self._future:
-            nxt = self._future.pop(self._head.version + 1)
-            self._learned(nxt, None, broadcast=False)
-        return ""
+        """Offer a certified commit to the log; as its proposer, send it on between persist and install."""
+        self._last_attempt = attempt
+        why, behind = self.log.offer(c, self._broadcast_commit if broadcast else None)
+        if behind and src is not None:
+            self.catch_up(src)
+        return why
 
-    def _install(self, c: pb.Commit, table: RoutingTable, broadcast: bool, attempt: Attempt | None) -> None:
+    def _broadcast_commit(self, c: pb.Commit) -> None:
+        for dst in sorted((set(self.voters) | set(self.members())) - {self.node_id}):
+            self.transport.call(dst, "Consensus/Learn", c, self.timeout,
+                                lambda r, dst=dst: self._saw_head(dst, r))
+
+    def _saw_head(self, src: str, r: Message | None) -> None:
+        head = getattr(r, "committed_head", None)
+        if head is not None and self.running:
+            self._peer_heads[src] = int(head)
+            if head > self.log.head.version:
+                self.catch_up(src)
+
+    def _installed(self, c: pb.Commit, table: RoutingTable) -> None:
         v = table.version
-        self.store.append_commit(c)  # 1. persist
-        self._commits[v] = c
-        if broadcast:  # 2. send
-            dsts = sorted((set(self.voters) | set(self.members())) - {self.node_id})
-            for dst in dsts:
-                self.transport.call(dst, "Consensus/Learn", c, self.timeout, lambda r: None)
-        self._head = table  # 3. install
+        attempt, self._last_attempt = self._last_attempt, None
         self.acceptor.prune(v)
-        self._future = {k: x for k, x in self._future.items() if k > v}
         self._attempts.pop(v, None)
         self._disarm("attempt", v)
         self._disarm("takeover", v)
@@ -452,9 +423,10 @@ class ConsensusNode:
         self._catching_up = ""
         if not self.running or not isinstance(r, pb.CatchUpReply):
             return
-        before = self._head.version
+        self._peer_heads[peer] = int(r.committed_head)
+        before = self.log.head.version
         for c in r.commits:
-            if c.table.version == self._head.version + 1 and self._learned(c, None, broadcast=False):
+            if c.table.version == self.log.head.version + 1 and self._learned(c, None, broadcast=False):
                 break
-        if r.committed_head > self._head.version > before:
+        if r.committed_head > self.log.head.version > before:
             self.catch_up(peer)

@@ -211,7 +211,7 @@ class SimCluster:
         node = self.nodes[n]
         if n in self.net.down:
             return
-        self._ev("crash", n, versions=tuple(sorted(node._commits)))
+        self._ev("crash", n, versions=tuple(sorted(node.log.commits)))
         self.net.crash(n)
         node.stop()
         if tear:  # a record torn mid-write: a header promising more bytes than follow
@@ -223,7 +223,7 @@ class SimCluster:
         self.net.restart(n)
         self.incarnation[n] += 1
         self._boot(n)
-        self._ev("recover", n, versions=tuple(sorted(self.nodes[n]._commits)), version=self.nodes[n].head.version)
+        self._ev("recover", n, versions=tuple(sorted(self.nodes[n].log.commits)), version=self.nodes[n].head.version)
 
     def propose(self, n: str, table: RoutingTable | None = None) -> int:
         node = self.nodes[n]

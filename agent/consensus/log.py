@@ -1,0 +1,106 @@
+"""CommittedLog: the certified routing tables a node holds, installed strictly in version order.
+
+A commit is checked (certificate, content hash, parent), made durable in the Store, then installed (head
+moves, callbacks run). Commits that arrive early wait in a small buffer until their parent is installed.
+Installed versions never go down and each one's parent is the previous one (I2).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from agent.consensus.paxos import check_certificate
+from agent.consensus.wire import TableWireError, table_from_pb
+from agent.store import Recovered, Store
+from controlplane.table import RoutingTable
+from elasticmoe.v1 import consensus_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+InstallHook = Callable[[pb.Commit, RoutingTable], None]
+
+
+class CommittedLog:
+    def __init__(self, store: Store, voters: list[str], genesis: RoutingTable, on_install: InstallHook,
+                 max_buffered: int = 64) -> None:
+        self.store = store
+        self.voters = sorted(set(voters))
+        self.head = genesis
+        self.commits: dict[int, pb.Commit] = {}
+        self.future: dict[int, pb.Commit] = {}
+        self.on_install = on_install
+        self.max_buffered = max_buffered
+        self.conflicts: list[str] = []  # a certified commit that disagrees with ours: a broken invariant
+
+    def recover(self, rec: Recovered) -> None:
+        """Adopt the commits the store recovered (already durable: no callbacks, no re-append)."""
+        for c in rec.commits:
+            v = int(c.table.version)
+            if v <= self.head.version:
+                self.commits.setdefault(v, c)
+                continue
+            try:
+                t = table_from_pb(c.table, self.head.topology)
+            except TableWireError as e:
+                log.error("store: commit for version %d unreadable: %s", v, e)
+                break
+            if t.parent != self.head.version:
+                log.error("store: commit %d has parent %d, head is %d", v, t.parent, self.head.version)
+                break
+            self.commits[v] = c
+            self.head = t
+
+    def offer(self, c: pb.Commit, before_install: Callable[[pb.Commit], None] | None = None) -> tuple[str, bool]:
+        """Validate `c` and install it (and any buffered successors) if it extends the head.
+
+        Returns (why it was refused, or "", whether we are behind: the caller should catch up).
+        `before_install` runs after the commit is durable and before it is installed (the proposer's send).
+        """
+        v = int(c.table.version)
+        if v <= self.head.version:
+            mine = self.commits.get(v)
+            if mine is not None and mine.qc.table_hash != c.qc.table_hash:
+                msg = (f"version {v}: certified table {c.qc.table_hash.hex()[:12]} differs from ours "
+                       f"{mine.qc.table_hash.hex()[:12]}")
+                log.error("I1 broken: %s", msg)
+                self.conflicts.append(msg)
+                return msg, False
+            return "", False
+        why = check_certificate(c, self.voters)
+        if why:
+            return f"INVALID_ARGUMENT: {why}", False
+        if v > self.head.version + 1:
+            if len(self.future) < self.max_buffered:
+                self.future[v] = c
+            return "", True
+        try:
+            table = table_from_pb(c.table, self.head.topology)
+        except TableWireError as e:
+            return f"INVALID_ARGUMENT: {e}", False
+        if table.parent != self.head.version:
+            return f"INVALID_ARGUMENT: version {v} has parent {table.parent}: expected {self.head.version}", False
+        self.store.append_commit(c)  # 1. persist
+        self.commits[v] = c
+        if before_install is not None:
+            before_install(c)  # 2. send
+        self.head = table  # 3. install
+        self.future = {k: x for k, x in self.future.items() if k > v}
+        self.on_install(c, table)
+        nxt = self.future.pop(v + 1, None)
+        if nxt is not None:
+            self.offer(nxt)
+        return "", False
+
+    def since(self, version: int) -> list[pb.Commit]:
+        return [self.commits[v] for v in sorted(self.commits) if v > version]
+
+    def catchup_reply(self, req: pb.CatchUpRequest, batch: int) -> pb.CatchUpReply:
+        limit = min(int(req.limit) or batch, batch)
+        out = []
+        for v in range(int(req.from_version) + 1, self.head.version + 1):
+            c = self.commits.get(v)
+            if c is None or len(out) >= limit:
+                break
+            out.append(c)
+        return pb.CatchUpReply(commits=out, committed_head=self.head.version)
