@@ -1,4 +1,4 @@
-"""Invariant checks on a recorded consensus history (agent.consensus.simnet.Event).
+"""Invariant checks on a recorded consensus history (agent.consensus.simcluster.Event).
 
 - I1 at most one table is chosen for any version: no two tables are each accepted by a quorum of voters
   at one ballot, and every install and every successful proposal agree;
@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from agent.consensus.simnet import Event
+from agent.consensus.simcluster import Event
 
 
 @dataclass(frozen=True)

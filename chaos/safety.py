@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from agent.config import ConsensusConfig
 from agent.consensus.paxos import round0_owner
-from agent.consensus.simnet import SimCluster
+from agent.consensus.simcluster import SimCluster
 from chaos.checkers import check
 
 
@@ -37,9 +37,9 @@ def run_schedule(seed: int, nodes: int, steps: int = 14) -> Result:
     voters = min(nodes, rng.choice((3, 5, 5, 7)))
     cfg = ConsensusConfig(accept_timeout_ms=40, sync_interval_ms=250, max_attempts=3)
     c = SimCluster(nodes, voters, seed, cfg)
-    c.net.loss = rng.choice((0.0, 0.02, 0.1, 0.3))
-    c.net.dup = rng.choice((0.0, 0.05, 0.2))
-    c.net.latency = (0.0002, rng.choice((0.002, 0.01, 0.03)))  # random latency reorders messages
+    c.net.set_default(loss=rng.choice((0.0, 0.02, 0.1, 0.3)), duplicate=rng.choice((0.0, 0.05, 0.2)),
+                      latency=0.0002, jitter=rng.choice((0.001, 0.01, 0.03)),  # jitter reorders messages
+                      reorder=rng.choice((0.0, 0.1)), reorder_delay=0.05)
     res = Result(seed)
     acts = res.actions
     for _ in range(steps):
@@ -64,11 +64,11 @@ def run_schedule(seed: int, nodes: int, steps: int = 14) -> Result:
                     c.crash(who)
                     acts.append(f"crash {who} mid-round")
                 else:
-                    c.net.partition([who], sorted(set(c.ids) - {who}))
+                    c.net.partition([[who], sorted(set(c.ids) - {who})])
                     acts.append(f"isolate {who} mid-round")
         elif r < 0.52:
             side = set(rng.sample(c.ids, rng.randrange(1, len(c.ids))))
-            c.net.partition(sorted(side), sorted(set(c.ids) - side))
+            c.net.partition([sorted(side), sorted(set(c.ids) - side)])
             acts.append(f"partition {len(side)}|{len(c.ids) - len(side)}")
         elif r < 0.60:
             c.net.heal()
@@ -87,7 +87,7 @@ def run_schedule(seed: int, nodes: int, steps: int = 14) -> Result:
         c.run(rng.choice((0.001, 0.005, 0.02, 0.08, 0.2)))
     # heal everything, then let anti-entropy settle and finish stragglers
     c.net.heal()
-    c.net.loss = 0.0
+    c.net.set_default(loss=0.0)
     for n in sorted(set(c.ids) - set(c.up())):
         c.restart(n)
     c.run(1.5)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from agent.consensus.simnet import Event
+from agent.consensus.simcluster import Event
 from chaos import safety
 from chaos.checkers import Op, check, linearizable
 

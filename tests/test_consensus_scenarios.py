@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import ConsensusConfig
-from agent.consensus.simnet import SimCluster
+from agent.consensus.simcluster import SimCluster
 from chaos.checkers import check
 
 DIR = Path(__file__).parent / "scenarios" / "consensus"
@@ -50,7 +50,7 @@ class Driver:
         return "voters: " + " ".join(self.c.voters)
 
     def do_propose(self, pos: list[str], kw: dict[str, str]) -> str:
-        from agent.consensus.simnet import successor_table
+        from agent.consensus.simcluster import successor_table
 
         node = self.cl.nodes[pos[0]]
         t = successor_table(node.head, self.cl.rng)
@@ -80,7 +80,7 @@ class Driver:
                 groups.append([])
             else:
                 groups[-1].append(a)
-        self.cl.net.partition(*groups)
+        self.cl.net.partition(groups)
         return ""
 
     def do_heal(self, pos: list[str], kw: dict[str, str]) -> str:
@@ -105,7 +105,7 @@ class Driver:
         return "\n".join(lines)
 
     def do_heads(self, pos: list[str], kw: dict[str, str]) -> str:
-        return " ".join(f"{n}={'down' if n in self.cl.net.down else self.cl.nodes[n].head.version}" for n in self.cl.ids)
+        return " ".join(f"{n}={'down' if n in self.cl.down else self.cl.nodes[n].head.version}" for n in self.cl.ids)
 
     def do_log(self, pos: list[str], kw: dict[str, str]) -> str:
         node = self.cl.nodes[pos[0]]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from agent.consensus.node import Outcome
-from agent.consensus.simnet import successor_table
+from agent.consensus.simcluster import successor_table
 from agent.etcd_backend import EtcdBackend, EtcdProcess, parse_endpoint
 from agent.store import Store
 from controlplane.table import RoutingTable, initial_table

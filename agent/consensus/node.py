@@ -99,7 +99,7 @@ class ConsensusNode:
         self.acceptor = Acceptor(self.node_id, self.voters, rec.acceptor)
         self.acceptor.prune(self.log.head.version)
         self.running = True
-        self.transport.serve(self._handle)
+        self.transport.serve(self._handle, service="Consensus")
         for v, st in self.acceptor.states.items():
             if st.HasField("accepted"):
                 self._arm("takeover", v, self._takeover_delay(), lambda v=v: self._recover(v))

@@ -1,114 +1,24 @@
-"""A small seeded in-memory network for consensus tests and chaos schedules (FakeClock time).
+"""A simulated consensus cluster for scenario tests and chaos schedules.
 
-Latency, loss, duplication, reordering (random latency), partitions and crashed nodes. Each request and
-reply is copied through its serialized form, so no node ever shares a message object with another.
-`on_reply` runs exactly once per call: with the reply, or with None at the timeout.
+`SimCluster` runs ConsensusNodes on agent.transport.sim.SimNetwork (seeded latency, loss, duplication,
+reordering, partitions, crashes) in virtual time, each node with a MemoryDisk that survives its crashes,
+and records a history of installs, accepts, proposals, crashes and recoveries for chaos/checkers.py.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
-
-from google.protobuf.message import Message
 
 from agent.clock import FakeClock
 from agent.config import ConsensusConfig
 from agent.consensus.node import ConsensusNode, Outcome
 from agent.store import MemoryDisk, Store
-from agent.transport import ReplyCallback, RequestHandler
+from agent.transport.sim import SimNetwork
 from controlplane.table import RoutingTable, initial_table
 from controlplane.topology import Topology
 from elasticmoe.v1 import consensus_pb2 as pb
-
-
-def _copy(m: Message) -> Message:
-    return type(m).FromString(m.SerializeToString())
-
-
-class LocalNetwork:
-    def __init__(self, clock: FakeClock, seed: int = 0, latency: tuple[float, float] = (0.0005, 0.002)) -> None:
-        self.clock = clock
-        self.rng = random.Random(seed)
-        self.latency = latency
-        self.loss = 0.0
-        self.dup = 0.0
-        self.handlers: dict[str, RequestHandler] = {}
-        self.down: set[str] = set()
-        self.group: dict[str, int] = {}  # partition id per node; nodes in different groups cannot talk
-        self.sent = 0
-
-    def transport(self, node_id: str) -> _LocalTransport:
-        return _LocalTransport(self, node_id)
-
-    # ---- faults ---------------------------------------------------------------------------------
-    def partition(self, *groups: Iterable[str]) -> None:
-        self.group = {n: i for i, g in enumerate(groups) for n in g}
-
-    def heal(self) -> None:
-        self.group = {}
-
-    def crash(self, node: str) -> None:
-        self.down.add(node)
-        self.handlers.pop(node, None)
-
-    def restart(self, node: str) -> None:
-        self.down.discard(node)
-
-    def connected(self, a: str, b: str) -> bool:
-        if a in self.down or b in self.down:
-            return False
-        return self.group.get(a, -1) == self.group.get(b, -1)
-
-    def _delay(self) -> float:
-        return self.rng.uniform(*self.latency)
-
-    def call(self, src: str, dst: str, method: str, req: Message, timeout: float, on_reply: ReplyCallback) -> None:
-        self.sent += 1
-        state = {"done": False}
-
-        def finish(reply: Message | None) -> None:
-            if not state["done"]:
-                state["done"] = True
-                on_reply(reply)
-
-        self.clock.call_later(timeout, lambda: finish(None))
-        copies = 2 if self.rng.random() < self.dup else 1
-        for _ in range(copies):
-            if self.rng.random() < self.loss:
-                continue
-            data = _copy(req)
-            self.clock.call_later(self._delay(), lambda data=data: self._deliver(src, dst, method, data, finish))
-
-    def _deliver(self, src: str, dst: str, method: str, req: Message, finish: ReplyCallback) -> None:
-        h = self.handlers.get(dst)
-        if h is None or not self.connected(src, dst):
-            return
-        reply = h(src, method, req)
-        if reply is None or self.rng.random() < self.loss:
-            return
-        data = _copy(reply)
-
-        def back() -> None:
-            if src not in self.down and self.connected(src, dst):
-                finish(data)
-
-        self.clock.call_later(self._delay(), back)
-
-
-class _LocalTransport:
-    def __init__(self, net: LocalNetwork, node_id: str) -> None:
-        self.net = net
-        self.node_id = node_id
-
-    def call(self, dst: str, method: str, request: Message, timeout: float, on_reply: ReplyCallback) -> None:
-        self.net.call(self.node_id, dst, method, request, timeout, on_reply)
-
-    def serve(self, handler: RequestHandler) -> None:
-        self.net.handlers[self.node_id] = handler
-        self.net.down.discard(self.node_id)
 
 
 @dataclass
@@ -158,7 +68,7 @@ def successor_table(head: RoutingTable, rng: random.Random) -> RoutingTable:
 
 
 class SimCluster:
-    """`nodes` consensus nodes (the first `voters` of a seeded shuffle vote, all learn) on a LocalNetwork,
+    """`nodes` consensus nodes (`voters` of them, drawn from the seed, vote; all learn) on a SimNetwork,
     each with a MemoryDisk that survives crashes, recording a history for the checkers."""
 
     def __init__(self, nodes: int, voters: int, seed: int, cfg: ConsensusConfig | None = None,
@@ -167,7 +77,8 @@ class SimCluster:
             raise ValueError(f"voters = {voters}: expected 1..nodes = {nodes}")
         self.rng = random.Random(seed)
         self.clock = FakeClock()
-        self.net = LocalNetwork(self.clock, seed)
+        self.net = SimNetwork(self.clock, seed)
+        self.down: set[str] = set()
         self.cfg = cfg or ConsensusConfig(accept_timeout_ms=50, sync_interval_ms=500)
         self.genesis = genesis or initial_table(Topology(2, 2, 4), 2, 8)
         self.ids = [f"n{i:02d}" for i in range(nodes)]
@@ -189,11 +100,11 @@ class SimCluster:
         return e
 
     def live_voters(self) -> list[str]:
-        return [v for v in self.voters if v not in self.net.down]
+        return [v for v in self.voters if v not in self.down]
 
     def _boot(self, n: str) -> None:
         store = _RecordingStore(self, n, self.disks[n])
-        node = ConsensusNode(n, self.voters, store, self.clock, self.net.transport(n), self.cfg,
+        node = ConsensusNode(n, self.voters, store, self.net.clock(n), self.net.transport(n), self.cfg,
                              self.genesis, live_voters=self.live_voters, members=lambda: self.ids,
                              rng=random.Random(self.rng.random()))
 
@@ -205,22 +116,24 @@ class SimCluster:
         self.nodes[n] = node
 
     def up(self) -> list[str]:
-        return [n for n in self.ids if n not in self.net.down]
+        return [n for n in self.ids if n not in self.down]
 
     def crash(self, n: str, tear: bool = False) -> None:
         node = self.nodes[n]
-        if n in self.net.down:
+        if n in self.down:
             return
         self._ev("crash", n, versions=tuple(sorted(node.log.commits)))
         self.net.crash(n)
+        self.down.add(n)
         node.stop()
         if tear:  # a record torn mid-write: a header promising more bytes than follow
             self.disks[n].tear(bytes([200, 0, 0, 0, 1, 2, 3, 4, 1, 9]))
 
     def restart(self, n: str) -> None:
-        if n not in self.net.down:
+        if n not in self.down:
             return
         self.net.restart(n)
+        self.down.discard(n)
         self.incarnation[n] += 1
         self._boot(n)
         self._ev("recover", n, versions=tuple(sorted(self.nodes[n].log.commits)), version=self.nodes[n].head.version)
