@@ -102,17 +102,18 @@ class Shim:
         self.stats.steps += 1
         return self.version
 
-    def route(self, layer: int, topk_ids: Any) -> Any:
+    def route(self, layer: int, topk_ids: Any, *, count: bool = True) -> Any:
         """topk_ids [T, K] logical ids -> slots [T, K] under the active version (no version check)."""
-        return self.router.route(self.store.active_tables, layer, topk_ids)
+        return self.router.route(self.store.active_tables, layer, topk_ids, count=count)
 
     # 2 ---------------------------------------------------------------------------------------
-    def dispatch(self, layer: int, topk_ids: Any, attempts: int = 3) -> DispatchPlan:
+    def dispatch(self, layer: int, topk_ids: Any, attempts: int = 3, *, count: bool = True) -> DispatchPlan:
         """Route, then check each destination's counter: equal -> send; behind -> bounded wait; ahead ->
-        refresh and re-route under the destination's version. At most `attempts` rounds; rest deferred."""
+        refresh and re-route under the destination's version. At most `attempts` rounds; rest deferred.
+        `count=False` for tokens re-sent after a NACK or a deferral (already in this step's load)."""
         import torch
 
-        slots_t = self.route(layer, topk_ids)
+        slots_t = self.route(layer, topk_ids, count=count)
         shape = tuple(slots_t.shape)
         slots = slots_t.reshape(-1).cpu().numpy().copy()
         ids = topk_ids.reshape(-1)

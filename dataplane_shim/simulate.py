@@ -81,7 +81,7 @@ class RankResult:
     rounds: int = 0
 
 
-def _worker(rank: int, cfg: dict[str, Any], names: tuple[str, str], data_q: list[Any], nack_q: list[Any],
+def _worker(rank: int, cfg: dict[str, Any], names: tuple[str, str, str], data_q: list[Any], nack_q: list[Any],
             barrier: Any, results: Any) -> None:
     import torch
 

@@ -111,3 +111,24 @@ async def test_link_thread_serves_a_synchronous_engine(served: tuple[str, Source
     finally:
         await asyncio.to_thread(lt.close)
     assert not lt.errors
+
+
+def test_what_the_agent_imports_needs_no_torch() -> None:
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'torch' or name.startswith('torch.'):\n"
+        "            raise ImportError('torch blocked for this test')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import agent.shim_link, dataplane_shim, dataplane_shim.link, dataplane_shim.certify\n"
+        "import dataplane_shim.counters, dataplane_shim.adapters, dataplane_shim.errors\n"
+        "print('ok')\n"
+    )
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr
