@@ -10,6 +10,7 @@ and answers with table changes. How a change reaches serving is the policy's `mo
 from __future__ import annotations
 
 import importlib
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -147,6 +148,7 @@ class Elastic:
     ctrl: Any = None
     seq: int = 0
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    explains: list[dict[str, Any]] = field(default_factory=list)
 
     def start(self, base: RoutingTable, counts: Counts, drift_steps: list[int]) -> list[Change]:
         mod = importlib.import_module("controlplane.controller")
@@ -158,29 +160,24 @@ class Elastic:
     def on_window(self, first: int, end: int, seen: Counts) -> list[Change]:
         mod = self._mod
         ready = self.ctrl.step(mod.WindowClosed(self.seq, first, np.ascontiguousarray(seen[first:end])))
+        for ev in ready.events:  # why the controller did or did not act (Explain), for the report
+            if hasattr(ev, "outcome"):
+                self.explains.append({"window": self.seq, "outcome": ev.outcome, "detail": ev.detail,
+                                      "imbalance": float(ev.imbalance)})
         self.ctrl.advance()
         self.seq += 1
         out: list[Change] = []
-        for d in getattr(ready, "proposals", None) or []:
-            rec = {"window": self.seq - 1, "step": end, "kind": str(getattr(d, "kind", "")),
-                   "trigger": str(getattr(d, "trigger", "")), "refused": bool(getattr(d, "refused", False)),
-                   "ops": len(getattr(d, "ops", ()) or ()),
-                   "estimated_gain": _num(getattr(d, "estimated_gain", None)),
-                   "verified_gain": _num(getattr(d, "verified_gain", None))}
-            self.decisions.append(rec)
-            if rec["refused"] or d.table is None:
-                continue
-            self.ctrl.step(mod.TableCommitted(d.table))
+        for d in list(ready.proposals):  # every proposal is sent; `refused` lists the candidates it left out
+            self.decisions.append({
+                "window": self.seq - 1, "step": end, "kind": d.kind, "trigger": d.trigger, "ops": len(d.ops),
+                "op_kinds": dict(sorted(Counter(str(o.kind) for o in d.ops).items())),
+                "refused_candidates": len(d.refused), "estimated_gain": float(d.estimated_gain),
+                "verified_gain": float(d.verified_gain), "cost_s": float(d.cost), "version": d.table.version,
+            })
+            self.ctrl.step(mod.TableCommitted(d.table, d.kind))  # quorum reached within commit_latency steps
             self.ctrl.advance()
-            out.append(Change(d.table, end + self.commit_latency, "overlapped", rec["kind"] or "plan"))
+            out.append(Change(d.table, end + self.commit_latency, "overlapped", d.kind))
         return out
-
-
-def _num(x: object) -> float | None:
-    try:
-        return None if x is None else float(x)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
 
 
 POLICY_NAMES = ("static", "eplb", "craft", "craft-periodic", "elastic", "hindsight")

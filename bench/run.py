@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -216,8 +217,9 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
         ref_policy = make_policy("hindsight", cfg.window, groups, cfg.craft_budget, cfg.commit_latency)
         if "hindsight" not in names:
             ref_run = simulate(ref_policy, cluster, base, trace, cfg.window, cfg.copy_share, tick)
+        elastic_params = {"expert_bytes": int(shape.expert_bytes), **cfg.elastic_params}
         for name in names:
-            pol = make_policy(name, cfg.window, groups, cfg.craft_budget, cfg.commit_latency, cfg.elastic_params)
+            pol = make_policy(name, cfg.window, groups, cfg.craft_budget, cfg.commit_latency, elastic_params)
             policy_objs[name] = pol
             runs[name] = simulate(pol, cluster, base, trace, cfg.window, cfg.copy_share, tick)
         if "hindsight" in names:
@@ -245,6 +247,8 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
         entry = summarize(runs[name], trace.counts, ref_run.imbalance, trace.drift_steps, cfg.window)
         if isinstance(pol, Elastic):
             entry["decisions"] = pol.decisions
+            entry["outcomes"] = dict(Counter(e["outcome"] for e in pol.explains))
+            entry["explain"] = pol.explains
         results["policies"][name] = entry
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
