@@ -162,11 +162,7 @@ class TableStore:
         if self._todo.any():  # still in use or retained: overwritten now, at the boundary
             self.stats.forced += int(self._todo.sum())
             self._move(self._todo, new)
-        old_retained = self.state == SlotState.RETAINED
-        drop = old_retained & (new < 0)  # retained for a version two back: no accepted tag addresses it
-        self._move(drop, np.full_like(new, -1))
-        self.stats.released += int(drop.sum())
-        keep = (new < 0) & (self.resident >= 0)
+        keep = (new < 0) & (self.resident >= 0)  # no longer used, still resident: retained until peers catch up
         self.state = np.where(new >= 0, SlotState.ACTIVE, np.where(keep, SlotState.RETAINED, SlotState.FREE)).astype(np.int8)
         self.previous, self.active, self.pending = self.active, new_table, None
         self._active_buf = 1 - self._active_buf
