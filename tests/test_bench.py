@@ -85,3 +85,18 @@ def test_synthetic_trace_is_skewed_drifting_and_labelled() -> None:
     seg = [tr.counts[a:a + 50].sum(axis=0) for a in (0, 50, 100)]
     assert (seg[0].max(axis=1) > 3 * seg[0].mean(axis=1)).all()  # skewed
     assert (seg[0].argmax(axis=1) != seg[1].argmax(axis=1)).any()  # the hot set moves
+
+
+def test_esft_shortcuts_play_intent_then_law_as_segments() -> None:
+    import argparse
+
+    from agent.cli.bench import load_traces
+    from tests.conftest import need_shared_traces
+
+    need_shared_traces()
+    args = argparse.Namespace(synthetic=None, trace=["esft:intent", "esft:law"], batch=64, segment_steps=40,
+                              seed=0, cold_start=False)
+    tr = load_traces(args)
+    assert tr.counts.shape == (80, 26, 64) and tr.drift_steps == [40]
+    assert tr.source == "esft:intent -> esft:law" and "staggered" in tr.step_model
+    assert (tr.counts.sum(axis=2) == 64 * 6).all()  # every lane routes one token to top-6 experts per layer
