@@ -79,11 +79,18 @@ class DeviceCounters:
             raise BadInput(f"ranks={ranks}: expected >= 1")
         self.ranks = ranks
         self.tensor = torch.zeros(ranks, dtype=torch.int64, device=device)
+        # on the CPU, a numpy view of the same memory: 8-byte stores and loads without torch dispatch
+        self._host: I64 | None = self.tensor.numpy() if self.tensor.device.type == "cpu" else None
 
     def publish(self, rank: int, version: int) -> None:
-        self.tensor[rank] = version
+        if self._host is not None:
+            self._host[rank] = version
+        else:
+            self.tensor.narrow(0, rank, 1).fill_(version)
 
     def read(self) -> I64:
+        if self._host is not None:
+            return self._host.copy()
         out: I64 = self.tensor.cpu().numpy().copy()
         return out
 

@@ -44,6 +44,9 @@ class SlotState(IntEnum):
     RETAINED = 3
 
 
+_FREE, _STAGED, _ACTIVE, _RETAINED = (int(s) for s in SlotState)
+
+
 @dataclass
 class StoreStats:
     offered: int = 0
@@ -163,7 +166,7 @@ class TableStore:
             self.stats.forced += int(self._todo.sum())
             self._move(self._todo, new)
         keep = (new < 0) & (self.resident >= 0)  # no longer used, still resident: retained until peers catch up
-        self.state = np.where(new >= 0, SlotState.ACTIVE, np.where(keep, SlotState.RETAINED, SlotState.FREE)).astype(np.int8)
+        self.state = np.where(new >= 0, _ACTIVE, np.where(keep, _RETAINED, _FREE)).astype(np.int8)
         self.previous, self.active, self.pending = self.active, new_table, None
         self._active_buf = 1 - self._active_buf
         self._todo[:] = False
