@@ -244,7 +244,8 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
         if name not in runs:
             continue
         pol = policy_objs[name]
-        entry = summarize(runs[name], trace.counts, ref_run.imbalance, trace.drift_steps, cfg.window)
+        committed = len(pol.decisions) if isinstance(pol, Elastic) else None  # tables committed by quorum
+        entry = summarize(runs[name], trace.counts, ref_run.imbalance, trace.drift_steps, cfg.window, committed)
         if isinstance(pol, Elastic):
             entry["decisions"] = pol.decisions
             entry["outcomes"] = dict(Counter(e["outcome"] for e in pol.explains))
