@@ -70,6 +70,26 @@ def concat(traces: list[Trace], segment_steps: int | None = None) -> Trace:
     return Trace(np.concatenate(parts, axis=0), first.model, first.top_k, src, first.step_model, drift)
 
 
+def ramp(traces: list[Trace], segment_steps: int, ramp_steps: int) -> Trace:
+    """Consecutive segments whose first `ramp_steps` steps mix the previous segment into the new one:
+    at ramp step i (0-based) a fraction (i + 1) / ramp_steps of each expert's tokens comes from the new
+    trace (counts mixed and rounded, so the total per step stays the segments' common total)."""
+    if not 0 <= ramp_steps <= segment_steps:
+        raise ValueError(f"ramp_steps={ramp_steps}: expected 0..segment_steps ({segment_steps})")
+    out = concat(traces, segment_steps)
+    if ramp_steps == 0:
+        return out
+    mixed = out.counts.astype(np.float64)
+    alpha = ((np.arange(ramp_steps) + 1.0) / ramp_steps)[:, None, None]
+    for d in out.drift_steps:
+        prev = out.counts[d - ramp_steps:d]  # the old workload's last steps, continuing into the ramp
+        new = out.counts[d:d + ramp_steps].astype(np.float64)
+        mixed[d:d + ramp_steps] = alpha * new + (1.0 - alpha) * prev
+    out.counts = np.rint(mixed).astype(np.uint32)
+    out.source += f" (ramp {ramp_steps} steps)"
+    return out
+
+
 def _fit(counts: npt.NDArray[np.uint32], steps: int) -> npt.NDArray[np.uint32]:
     """First `steps` steps, cycling the trace when it is shorter."""
     reps = -(-steps // counts.shape[0])

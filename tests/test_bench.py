@@ -95,8 +95,22 @@ def test_esft_shortcuts_play_intent_then_law_as_segments() -> None:
 
     need_shared_traces()
     args = argparse.Namespace(synthetic=None, trace=["esft:intent", "esft:law"], batch=64, segment_steps=40,
-                              seed=0, cold_start=False)
+                              seed=0, cold_start=False, ramp_steps=0)
     tr = load_traces(args)
     assert tr.counts.shape == (80, 26, 64) and tr.drift_steps == [40]
     assert tr.source == "esft:intent -> esft:law" and "staggered" in tr.step_model
     assert (tr.counts.sum(axis=2) == 64 * 6).all()  # every lane routes one token to top-6 experts per layer
+
+
+def test_ramp_mixes_the_new_segment_in_linearly() -> None:
+    from bench.traces import Trace, ramp
+
+    a = Trace(np.tile(np.array([[[100, 0]]], dtype=np.uint32), (10, 1, 1)), "m", 1, "a", "synthetic")
+    b = Trace(np.tile(np.array([[[0, 100]]], dtype=np.uint32), (10, 1, 1)), "m", 1, "b", "synthetic")
+    tr = ramp([a, b], 10, 4)
+    assert tr.drift_steps == [10] and tr.counts.shape == (20, 1, 2)
+    assert tr.counts[10:14, 0, 1].tolist() == [25, 50, 75, 100]
+    assert (tr.counts.sum(axis=2) == 100).all()
+    assert (tr.counts[:10, 0, 0] == 100).all() and (tr.counts[14:, 0, 1] == 100).all()
+    with pytest.raises(ValueError, match="ramp_steps"):
+        ramp([a, b], 10, 11)

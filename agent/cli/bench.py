@@ -18,7 +18,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "olmoe:MODEL/DOMAIN (sampled); repeat to play them as consecutive segments")
     p.add_argument("--synthetic", metavar="LxE", help="a synthetic skewed, drifting trace of L layers x E experts")
     p.add_argument("--segments", type=int, default=2, help="--synthetic: number of segments (default 2)")
-    p.add_argument("--ramp-steps", type=int, default=0, help="--synthetic: steps over which segments mix")
+    p.add_argument("--ramp-steps", type=int, default=0,
+                   help="steps over which each new segment ramps in (a linear mix; default 0 = abrupt)")
     p.add_argument("--top-k", type=int, default=8, help="--synthetic: top-k (default 8)")
     p.add_argument("--batch", type=int, default=2048, help="tokens per step for imported traces (default 2048)")
     p.add_argument("--cold-start", action="store_true",
@@ -81,7 +82,7 @@ def load_traces(args: argparse.Namespace) -> Any:
     shapes = {p.counts.shape[1:] for p in parts}
     if len(shapes) != 1:
         raise ValueError(f"--trace: segments disagree on [layers, experts]: {sorted(shapes)}")
-    return traces.concat(parts, args.segment_steps) if len(parts) > 1 or args.segment_steps else parts[0]
+    return traces.ramp(parts, args.segment_steps, args.ramp_steps)
 
 
 def bench_main(args: argparse.Namespace) -> int:
