@@ -1,0 +1,421 @@
+"""The RPC handlers the fuzzer drives, each wrapped as a `Target`: fresh state, valid seed requests, a
+snapshot of everything a request could change, and one call that returns a `Verdict`.
+
+A handler refuses hostile input in one of three typed ways, all counted as a rejection: a reply with
+ok=False and a reason (consensus), an abort with INVALID_ARGUMENT / PERMISSION_DENIED / NOT_FOUND and the
+reason (gRPC servicers), or a typed exception (`InvalidArgument`, the shim's `ShimError`). Anything else
+that escapes is a crash.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import numpy as np
+from google.protobuf.message import Message
+
+from agent.clock import FakeClock
+from agent.config import ConsensusConfig
+from agent.consensus.node import ConsensusNode
+from agent.consensus.paxos import round0_owner
+from agent.consensus.simcluster import successor_table
+from agent.consensus.wire import table_to_pb
+from agent.store import MemoryDisk, Store
+from agent.transport import InvalidArgument
+from controlplane.table import RoutingTable, initial_table
+from controlplane.topology import Topology
+from elasticmoe.v1 import admin_pb2 as apb
+from elasticmoe.v1 import consensus_pb2 as pb
+from elasticmoe.v1 import dataplane_pb2 as dpb
+
+TOPO = Topology(nodes=2, ranks_per_node=2, slots_per_rank=4)
+LAYERS, EXPERTS = 2, 8
+VOTERS = ["a", "b", "c"]
+REFUSAL_CODES = frozenset({grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.PERMISSION_DENIED,
+                           grpc.StatusCode.NOT_FOUND})
+
+
+@dataclass(frozen=True)
+class Verdict:
+    rejected: bool
+    reason: str = ""
+    read_only: bool = False  # a query: must change nothing even when it answers
+
+
+class Target:
+    """One RPC handler under fuzzing. Subclasses set `name` and `request` and implement the four hooks."""
+
+    name: str = ""
+    request: type[Message] = Message
+
+    def seeds(self) -> list[Message]:
+        raise NotImplementedError
+
+    def fresh(self) -> None:
+        """Reset to the known starting state (after an accepted request changed it)."""
+        raise NotImplementedError
+
+    def snapshot(self) -> Hashable:
+        raise NotImplementedError
+
+    def call(self, req: Message) -> Verdict:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+# ---- fixtures shared by the targets and the tests ---------------------------------------------------
+def genesis() -> RoutingTable:
+    return initial_table(TOPO, LAYERS, EXPERTS)
+
+
+def chain(n: int, seed: int = 7) -> list[RoutingTable]:
+    """Versions 1..n: genesis and n - 1 valid successors."""
+    rng = random.Random(seed)
+    out = [genesis()]
+    while len(out) < n:
+        out.append(successor_table(out[-1], rng))
+    return out
+
+
+def certify(t: RoutingTable, voters: list[str] | None = None, quorum: int = 2, rnd: int = 1,
+            proposer: str = "b") -> pb.Commit:
+    qc = pb.QuorumCertificate(version=t.version, ballot=pb.Ballot(round=rnd, node_id=proposer),
+                              table_hash=t.digest, voters=voters if voters is not None else ["a", "b"],
+                              quorum=quorum)
+    return pb.Commit(table=table_to_pb(t), qc=qc, plan=pb.Plan(trigger="test"), proposer=proposer,
+                     votes=[pb.Vote(voter=v, accept=True) for v in qc.voters])
+
+
+class NullTransport:
+    """Records outgoing calls; never replies (a handler's side effects stay inside the node)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str]] = []
+        self.handlers: dict[str | None, Any] = {}
+
+    def call(self, dst: str, method: str, request: Message, timeout: float, on_reply: Any) -> None:
+        self.sent.append((dst, method))
+
+    def serve(self, handler: Any, service: str | None = None) -> None:
+        self.handlers[service] = handler
+
+    def add_peer(self, node_id: str, address: str) -> None:
+        pass
+
+
+def _ser(m: Message) -> bytes:
+    return m.SerializeToString(deterministic=True)
+
+
+# ---- consensus ---------------------------------------------------------------------------------------
+class ConsensusTarget(Target):
+    """Node "a" of voters a, b, c with versions 1..3 committed; requests arrive from "b"."""
+
+    TABLES = chain(5)
+
+    def __init__(self, method: str, src: str = "b") -> None:
+        self.method, self.src = method, src
+        self.name = f"Consensus/{method}"
+        self.request = {"Prepare": pb.PrepareRequest, "Accept": pb.AcceptRequest, "Learn": pb.Commit,
+                        "CatchUp": pb.CatchUpRequest}[method]
+        base = Store(disk=(disk := MemoryDisk()))
+        base.open()
+        for t in self.TABLES[1:3]:
+            base.append_commit(certify(t))
+        self._base_disk = bytes(disk.data)
+        self.fresh()
+
+    def fresh(self) -> None:
+        self.disk = MemoryDisk()
+        self.disk.data += self._base_disk
+        self.transport = NullTransport()
+        cfg = ConsensusConfig(accept_timeout_ms=50, sync_interval_ms=0)
+        self.node = ConsensusNode("a", VOTERS, Store(disk=self.disk), FakeClock(), self.transport, cfg, genesis())
+        self.node.start()
+
+    def seeds(self) -> list[Message]:
+        t = self.TABLES
+        v4 = t[3]
+        if self.method == "Prepare":
+            return [pb.PrepareRequest(version=4, ballot=pb.Ballot(round=r, node_id=n), from_node=n)
+                    for r, n in ((1, "b"), (7, "c"), (2, "a"))]
+        if self.method == "Accept":
+            plan = pb.Plan(ops=[pb.Operation(kind=pb.REPLICATE, layer=0, experts=[1], dst=2, src=-1, rank=-1,
+                                             source=-1)], estimated_gain=0.1, verified_gain=0.0, trigger="fuzz")
+            out = []
+            for b in (pb.Ballot(round=0, node_id=round0_owner(4, VOTERS)), pb.Ballot(round=1, node_id="b")):
+                p = pb.Proposal(version=4, ballot=b, table=table_to_pb(v4), plan=plan, proposer=b.node_id)
+                out.append(pb.AcceptRequest(proposal=p, from_node=b.node_id))
+            return out
+        if self.method == "Learn":
+            return [certify(v4), certify(t[4]), certify(t[2]), certify(v4, ["a", "b", "c"])]
+        return [pb.CatchUpRequest(from_version=v, from_node="b", limit=lim) for v, lim in ((1, 2), (0, 0), (3, 9))]
+
+    def snapshot(self) -> Hashable:
+        n = self.node
+        return (n.log.head.version, n.log.head.digest,
+                tuple((v, _ser(c)) for v, c in sorted(n.log.commits.items())),
+                tuple((v, _ser(c)) for v, c in sorted(n.log.future.items())),
+                tuple((v, _ser(s)) for v, s in sorted(n.acceptor.states.items())),
+                bytes(self.disk.data), tuple(n.log.conflicts))
+
+    def call(self, req: Message) -> Verdict:
+        try:
+            reply = self.node._handle(self.src, self.name, req)
+        except InvalidArgument as e:
+            return Verdict(True, str(e))
+        if self.method == "CatchUp":
+            if not isinstance(reply, pb.CatchUpReply):
+                raise TypeError(f"CatchUp answered {type(reply).__name__}")
+            return Verdict(False, read_only=True)
+        ok = getattr(reply, "ok", None)
+        if ok is None:
+            raise TypeError(f"{self.name} answered {type(reply).__name__}: expected a typed reply")
+        return Verdict(not ok, reply.reason)
+
+
+# ---- admin -------------------------------------------------------------------------------------------
+class Aborted(Exception):
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(f"{code.name}: {details}")
+        self.code, self.details = code, details
+
+
+class FakeContext:
+    """Enough of grpc.aio.ServicerContext for a servicer: abort raises, identity from a CN."""
+
+    def __init__(self, identity: str | None = None) -> None:
+        self.identity = identity
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
+        raise Aborted(code, details)
+
+    def auth_context(self) -> dict[str, list[bytes]]:
+        return {} if self.identity is None else {"x509_common_name": [self.identity.encode()]}
+
+    def peer_identities(self) -> list[bytes] | None:
+        return None if self.identity is None else [self.identity.encode()]
+
+
+class FakeAdminBackend:
+    """An AdminBackend that records every mutation the service passes on (and changes nothing else)."""
+
+    def __init__(self, tables: list[RoutingTable] | None = None) -> None:
+        self.tables = tables or chain(3)
+        self.node_id = "a"
+        self.paused = False
+        self.mutations: list[tuple[Any, ...]] = []
+        self.load = np.arange(LAYERS * EXPERTS, dtype=np.uint32).reshape(LAYERS, EXPERTS)
+
+    def head(self) -> RoutingTable:
+        return self.tables[-1]
+
+    def table_at(self, version: int) -> RoutingTable | None:
+        return next((t for t in self.tables if t.version == version), None)
+
+    def member_states(self) -> list[Any]:
+        return []
+
+    def peer_versions(self) -> dict[str, int]:
+        return {"a": self.head().version}
+
+    def health(self) -> str:
+        return "SERVING"
+
+    def window_seq(self) -> int:
+        return 3
+
+    def imbalance_history(self) -> list[float]:
+        return [1.5, 1.25]
+
+    def cluster_load(self) -> np.ndarray:
+        return self.load
+
+    def commits(self, limit: int) -> list[pb.Commit]:
+        return [certify(t) for t in reversed(self.tables[1:])][:limit]
+
+    def explain(self, version: int) -> apb.ExplainReply | None:
+        return apb.ExplainReply(version=version, outcome="committed") if self.table_at(version) else None
+
+    def ranks_per_node(self) -> int:
+        return TOPO.ranks_per_node
+
+    async def propose_manual(self, ops: tuple[Any, ...], force: bool) -> apb.ProposeReply:
+        self.mutations.append(("propose", ops, force))
+        return apb.ProposeReply(committed=True, version=self.head().version + 1)
+
+    async def drain(self, rank: int) -> apb.AdminAck:
+        self.mutations.append(("drain", rank))
+        return apb.AdminAck(ok=True, version=self.head().version + 1)
+
+    async def restore(self, rank: int) -> apb.AdminAck:
+        self.mutations.append(("restore", rank))
+        return apb.AdminAck(ok=True, version=self.head().version + 1)
+
+
+ADMIN_METHODS = {m.name: m.input_type.name for m in apb.DESCRIPTOR.services_by_name["Admin"].methods}
+_ADMIN_SEEDS: dict[str, Callable[[], list[Message]]] = {
+    "Placement": lambda: [apb.PlacementRequest(layer=-1), apb.PlacementRequest(layer=1, version=2)],
+    "History": lambda: [apb.HistoryRequest(limit=2)],
+    "Explain": lambda: [apb.ExplainRequest(version=2)],
+    "Propose": lambda: [apb.ProposeRequest(ops=[pb.Operation(kind=pb.REPLICATE, layer=0, experts=[1], dst=2,
+                                                             src=-1, rank=-1, source=-1)]),
+                        apb.ProposeRequest(ops=[pb.Operation(kind=pb.MIGRATE, layer=1, experts=[0], src=0, dst=3,
+                                                             rank=-1, source=-1)], force=True)],
+    "Drain": lambda: [apb.RankRequest(rank=1)],
+    "Restore": lambda: [apb.RankRequest(rank=3)],
+}
+
+
+class AdminTarget(Target):
+    def __init__(self, method: str, loop: asyncio.AbstractEventLoop, identity: str | None = None,
+                 authorize: Any = None) -> None:
+        from agent.admin import AdminService
+
+        self.method, self.loop, self.identity = method, loop, identity
+        self.name = f"Admin/{method}"
+        self.request = getattr(apb, ADMIN_METHODS[method])
+        self._make = lambda: AdminService(self.backend, authorize=authorize)
+        self.fresh()
+
+    def fresh(self) -> None:
+        self.backend = FakeAdminBackend()
+        self.service = self._make()
+
+    def seeds(self) -> list[Message]:
+        return _ADMIN_SEEDS.get(self.method, lambda: [self.request()])()
+
+    def snapshot(self) -> Hashable:
+        return (repr(self.backend.mutations), self.backend.paused)
+
+    def call(self, req: Message) -> Verdict:
+        coro = getattr(self.service, self.method)(req, FakeContext(self.identity))
+        try:
+            self.loop.run_until_complete(coro)
+        except Aborted as e:
+            if e.code not in REFUSAL_CODES:
+                raise
+            return Verdict(True, e.details)
+        return Verdict(False, read_only=self.method in ("Status", "Placement", "History", "Explain", "LoadView"))
+
+
+# ---- the local link (agent side) and the shim's table store ---------------------------------------------
+class _EndOfStream(Exception):
+    pass
+
+
+class _Source:
+    def __init__(self, commits: list[pb.Commit]) -> None:
+        self.commits = commits
+
+    def commits_since(self, version: int) -> list[pb.Commit]:
+        return [c for c in self.commits if c.table.version > version]
+
+    async def wait_for_newer(self, version: int) -> None:
+        raise _EndOfStream
+
+
+class LinkTarget(Target):
+    """The agent's DataplaneLink servicer: ReportLoad into LocalWindows (as NodeState does), WatchTables."""
+
+    def __init__(self, method: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.method, self.loop = method, loop
+        self.name = f"DataplaneLink/{method}"
+        self.request = dpb.LoadReport if method == "ReportLoad" else dpb.WatchTablesRequest
+        self.commits = [certify(t) for t in chain(3)[1:]]
+        self.fresh()
+
+    def fresh(self) -> None:
+        from agent.loadpath import LocalWindows
+        from agent.shim_link import DataplaneLinkServicer
+
+        self.windows = LocalWindows(LAYERS, EXPERTS, window=10)
+        self.delivered: list[bytes] = []
+
+        def sink(r: dpb.LoadReport) -> None:
+            counts = np.frombuffer(r.counts, dtype="<u4").reshape(r.layers, r.experts)
+            self.windows.add(r.shim_id or f"rank{r.rank}", r.first_step, r.steps, counts)
+            self.delivered.append(_ser(r))
+
+        self.service = DataplaneLinkServicer(_Source(self.commits), sink, layers=LAYERS, experts=EXPERTS)
+
+    def seeds(self) -> list[Message]:
+        if self.method == "WatchTables":
+            return [dpb.WatchTablesRequest(from_version=v, shim_id="s0", ranks=[0]) for v in (0, 1, 3)]
+        counts = np.arange(LAYERS * EXPERTS, dtype="<u4").tobytes()
+        return [dpb.LoadReport(shim_id="s0", rank=0, first_step=f, steps=s, version=3, layers=LAYERS,
+                               experts=EXPERTS, counts=counts) for f, s in ((0, 10), (20, 3), (5, 1))]
+
+    def snapshot(self) -> Hashable:
+        w = self.windows
+        parts = tuple((k, p.counts.tobytes(), tuple(sorted(p.steps.items()))) for k, p in sorted(w._open.items()))
+        return (tuple(self.delivered), parts, tuple(sorted(w._shims)), w._closed_upto)
+
+    def call(self, req: Message) -> Verdict:
+        return self.loop.run_until_complete(self._call(req))
+
+    async def _call(self, req: Message) -> Verdict:
+        ctx = FakeContext()
+        if self.method == "WatchTables":
+            got: list[int] = []
+            try:
+                async for upd in self.service.WatchTables(req, ctx):
+                    got.append(int(upd.commit.table.version))
+            except _EndOfStream:
+                pass
+            v = int(req.from_version)  # type: ignore[attr-defined]
+            if got != sorted(set(got)) or any(x <= v for x in got):
+                raise AssertionError(f"WatchTables from {v} streamed versions {got}")
+            return Verdict(False, read_only=True)
+
+        async def one() -> Any:
+            yield req
+
+        try:
+            await self.service.ReportLoad(one(), ctx)
+        except Aborted as e:
+            if e.code not in REFUSAL_CODES:
+                raise
+            return Verdict(True, e.details)
+        return Verdict(False)
+
+
+class ShimStoreTarget(Target):
+    """dataplane_shim TableStore.offer_commit (what the shim does with each commit the link streams)."""
+
+    name = "Shim/OfferCommit"
+    request = pb.Commit
+
+    def __init__(self) -> None:
+        self.tables = chain(4)
+        self.fresh()
+
+    def fresh(self) -> None:
+        from dataplane_shim.tables import TableStore
+
+        self.store = TableStore(TOPO, 0, self.tables[1])
+
+    def seeds(self) -> list[Message]:
+        t = self.tables
+        return [certify(t[2]), certify(t[3]), certify(t[1]), certify(t[2], ["a", "b", "c"], 3)]
+
+    def snapshot(self) -> Hashable:
+        s = self.store
+        pend = None if s.pending is None else (s.pending.version, s.pending.digest)
+        return (s.active.version, s.active.digest, pend, s.resident.tobytes(), s.state.tobytes(), s._todo.tobytes())
+
+    def call(self, req: Message) -> Verdict:
+        from dataplane_shim.errors import ShimError
+
+        try:
+            self.store.offer_commit(req)  # type: ignore[arg-type]
+        except ShimError as e:
+            return Verdict(True, str(e))
+        return Verdict(False)
