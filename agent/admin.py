@@ -55,6 +55,20 @@ def table_to_pb(t: RoutingTable) -> cpb.RoutingTable:
     )
 
 
+def unknown_ids(head: RoutingTable, ops: tuple[Operation, ...]) -> str:
+    """Which operation names a layer, expert or rank the committed table does not have, or ""."""
+    bounds = {"layer": (0, head.layers), "expert": (0, head.experts), "experts": (0, head.experts),
+              "src": (0, head.topology.ranks), "dst": (0, head.topology.ranks), "rank": (0, head.topology.ranks),
+              "source": (-1, head.topology.ranks)}
+    for i, op in enumerate(ops):
+        for name, (lo, hi) in bounds.items():
+            value = getattr(op, name, None)
+            for x in value if isinstance(value, tuple) else () if value is None else (value,):
+                if not lo <= x < hi:
+                    return f"ops[{i}].{name} = {x}: expected {lo}..{hi - 1} (unknown {name.rstrip('s')})"
+    return ""
+
+
 class AdminService(admin_pb2_grpc.AdminServicer):
     def __init__(self, node: AdminBackend, authorize: Any = None) -> None:
         self.node = node
@@ -130,6 +144,9 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
         if not ops:
             await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, "ops is empty: expected at least one operation")
+        unknown = unknown_ids(self.node.head(), ops)
+        if unknown:
+            await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, unknown)
         return await self.node.propose_manual(ops, request.force)
 
     async def Drain(self, request: apb.RankRequest, context: grpc.aio.ServicerContext) -> apb.AdminAck:

@@ -76,7 +76,9 @@ class DataplaneLinkServicer(dgrpc.DataplaneLinkServicer):
 async def serve_unix(path: str, source: TableSource, sink: LoadSink, *, layers: int | None = None,
                      experts: int | None = None) -> grpc.aio.Server:
     """Start a grpc.aio server for the link on `unix:{path}`; the caller stops it."""
-    server = grpc.aio.server()
+    from agent.decode_guard import DecodeGuardInterceptor
+
+    server = grpc.aio.server(interceptors=[DecodeGuardInterceptor()])
     dgrpc.add_DataplaneLinkServicer_to_server(
         DataplaneLinkServicer(source, sink, layers=layers, experts=experts), server)
     server.add_insecure_port(f"unix:{path}")

@@ -103,13 +103,17 @@ class NodeState:
         return channel_credentials(self.cfg.tls.cert_dir, self.node_id)
 
     def interceptors(self) -> list[Any]:
-        """mTLS authorisation: consensus and gossip only from members, mutating admin calls only from admins."""
+        """mTLS authorisation: consensus and gossip only from members, mutating admin calls only from admins;
+        then malformed protobufs answered with INVALID_ARGUMENT (agent.decode_guard)."""
+        from agent.decode_guard import DecodeGuardInterceptor
+
+        guard: list[Any] = [DecodeGuardInterceptor()]
         if not self.cfg.tls.cert_dir:
-            return []
+            return guard
         from agent.security import AuthzInterceptor, policy_from_config
 
         policy = policy_from_config(self.cfg)
-        return [] if policy is None else [AuthzInterceptor(policy)]
+        return guard if policy is None else [AuthzInterceptor(policy), *guard]
 
     async def start(self) -> None:
         from agent.clock import RealClock

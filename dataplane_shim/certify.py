@@ -44,6 +44,8 @@ def table_from_commit(commit: pb.Commit, topo: Topology) -> RoutingTable:
         raise Uncertified("commit lacks its table or its quorum certificate")
     if qc.version != t.version:
         raise Uncertified(f"qc.version={qc.version} but table.version={t.version}")
+    if max(t.version, t.parent) >= 2**63:  # the digest encodes them as int64
+        raise Uncertified(f"table.version={t.version}, table.parent={t.parent}: expected both < 2^63")
     voters = set(qc.voters)
     if qc.quorum < 1 or len(voters) < qc.quorum:
         raise Uncertified(f"version {t.version}: {len(voters)} distinct voters for quorum {qc.quorum}")

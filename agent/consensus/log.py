@@ -21,6 +21,14 @@ log = logging.getLogger(__name__)
 InstallHook = Callable[[pb.Commit, RoutingTable], None]
 
 
+def shape_mismatch(table: RoutingTable, head: RoutingTable) -> str:
+    """Why `table` cannot follow `head` (another number of layers or experts), or ""."""
+    if (table.layers, table.experts) != (head.layers, head.experts):
+        return (f"table.layers = {table.layers}, table.experts = {table.experts}: expected {head.layers} "
+                f"and {head.experts} (the committed head's)")
+    return ""
+
+
 class CommittedLog:
     def __init__(self, store: Store, voters: list[str], genesis: RoutingTable, on_install: InstallHook,
                  max_buffered: int = 64) -> None:
@@ -61,6 +69,9 @@ class CommittedLog:
         if v <= self.head.version:
             mine = self.commits.get(v)
             if mine is not None and mine.qc.table_hash != c.qc.table_hash:
+                why = check_certificate(c, self.voters)  # only a certified rival is a broken invariant
+                if why:
+                    return f"INVALID_ARGUMENT: {why}", False
                 msg = (f"version {v}: certified table {c.qc.table_hash.hex()[:12]} differs from ours "
                        f"{mine.qc.table_hash.hex()[:12]}")
                 log.error("I1 broken: %s", msg)
@@ -70,14 +81,17 @@ class CommittedLog:
         why = check_certificate(c, self.voters)
         if why:
             return f"INVALID_ARGUMENT: {why}", False
+        try:  # decoded (byte lengths, content hash, shape) before it is buffered or installed
+            table = table_from_pb(c.table, self.head.topology)
+        except TableWireError as e:
+            return f"INVALID_ARGUMENT: {e}", False
+        shape = shape_mismatch(table, self.head)
+        if shape:
+            return f"INVALID_ARGUMENT: {shape}", False
         if v > self.head.version + 1:
             if len(self.future) < self.max_buffered:
                 self.future[v] = c
             return "", True
-        try:
-            table = table_from_pb(c.table, self.head.topology)
-        except TableWireError as e:
-            return f"INVALID_ARGUMENT: {e}", False
         if table.parent != self.head.version:
             return f"INVALID_ARGUMENT: version {v} has parent {table.parent}: expected {self.head.version}", False
         self.store.append_commit(c)  # 1. persist

@@ -8,6 +8,7 @@ commit is durable before it is broadcast and before it is installed (on_commit c
 from __future__ import annotations
 
 import logging
+import math
 import random
 import zlib
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from google.protobuf.message import Message
 
 from agent.clock import Clock, Timer
 from agent.config import ConsensusConfig
-from agent.consensus.log import CommittedLog
+from agent.consensus.log import CommittedLog, shape_mismatch
 from agent.consensus.paxos import Acceptor, Attempt, ballot_of, quorum_size, round0_owner
 from agent.consensus.wire import TableWireError, table_from_pb, table_to_pb
 from agent.store import Store
@@ -365,10 +366,17 @@ class ConsensusNode:
 
     def _check(self, p: pb.Proposal) -> tuple[bool, float, str]:
         """A voter's own verification of a proposal whose version and parent already match its head."""
+        for name in ("estimated_gain", "verified_gain", "cost"):
+            x = getattr(p.plan, name)
+            if not math.isfinite(x):
+                return False, 0.0, f"INVALID_ARGUMENT: plan.{name} = {x}: expected a finite number"
         try:
             table = table_from_pb(p.table, self.log.head.topology)
         except TableWireError as e:
             return False, 0.0, f"INVALID_ARGUMENT: {e}"
+        why = shape_mismatch(table, self.log.head)
+        if why:
+            return False, 0.0, f"INVALID_ARGUMENT: {why}"
         if table.version != p.version or table.parent != self.log.head.version:
             return False, 0.0, f"table version {table.version} parent {table.parent}: expected {p.version} on {self.log.head.version}"
         try:

@@ -20,6 +20,9 @@ from elasticmoe.v1 import consensus_pb2 as pb
 
 Ballot = tuple[int, str]
 NO_BALLOT: Ballot = (0, "")  # below every real ballot: "" sorts before any node id
+# Rounds grow by one per attempt, so a real proposer never gets near this; a ballot above it (say 2^64 - 1
+# from a hostile or corrupt peer) would be unbeatable and make the next proposer's round overflow uint64.
+MAX_ROUND = 2**62
 
 # (proposal) -> (accept?, the voter's own verified gain, reason when not)
 ProposalCheck = Callable[[pb.Proposal], tuple[bool, float, str]]
@@ -88,6 +91,9 @@ class Acceptor:
         if b[0] == 0:
             no.reason = "round 0 is phase-2-only: a prepare needs round >= 1"
             return no, None
+        if b[0] > MAX_ROUND:
+            no.reason = f"ballot.round = {b[0]}: expected <= {MAX_ROUND}"
+            return no, None
         st = self.state(v)
         promised = _state_ballot(st, "promised")
         if b <= promised:
@@ -112,6 +118,9 @@ class Acceptor:
         no.ballot.CopyFrom(p.ballot)
         if v <= head:
             no.reason = f"version {v} already committed here (head {head})"
+            return no, None
+        if b[0] > MAX_ROUND:
+            no.reason = f"ballot.round = {b[0]}: expected <= {MAX_ROUND}"
             return no, None
         if b[0] == 0 and b[1] != round0_owner(v, self.voters):
             no.reason = f"round 0 of version {v} belongs to {round0_owner(v, self.voters)}, not {b[1]}"

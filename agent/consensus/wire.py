@@ -31,6 +31,8 @@ def table_from_pb(m: pb.RoutingTable, topology: Topology | None = None) -> Routi
     ranks are derived from slots / slots_per_rank. Raises TableWireError naming the bad field."""
     if m.slots_per_rank == 0 or m.slots % m.slots_per_rank:
         raise TableWireError(f"table.slots_per_rank = {m.slots_per_rank}: expected a divisor of slots = {m.slots}")
+    if max(m.version, m.parent) >= 2**63:  # the content hash encodes them as int64
+        raise TableWireError(f"table.version = {m.version}, table.parent = {m.parent}: expected both < 2^63")
     if m.layers == 0 or m.experts == 0:
         raise TableWireError(f"table.layers = {m.layers}, table.experts = {m.experts}: expected both >= 1")
     topo = topology or Topology(nodes=m.slots // m.slots_per_rank, ranks_per_node=1, slots_per_rank=m.slots_per_rank)

@@ -1,0 +1,158 @@
+"""Hostile input to the Admin service: INVALID_ARGUMENT / NOT_FOUND / PERMISSION_DENIED with a reason,
+and the backend sees no mutation (FakeAdminBackend records every call that would change the cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import grpc.aio
+import pytest
+import pytest_asyncio
+
+from agent.admin import AdminService
+from agent.decode_guard import DecodeGuardInterceptor
+from agent.security import AuthzPolicy
+from chaos.fuzz_targets import Aborted, AdminTarget, FakeAdminBackend, FakeContext
+from elasticmoe.v1 import admin_pb2 as apb
+from elasticmoe.v1 import admin_pb2_grpc
+from elasticmoe.v1 import consensus_pb2 as pb
+
+G, L, E = 4, 2, 8  # the fake backend's head: 4 ranks, 2 layers, 8 experts
+
+
+@pytest.fixture
+def loop() -> asyncio.AbstractEventLoop:
+    lp = asyncio.new_event_loop()
+    yield lp
+    lp.close()
+
+
+def refused(loop: asyncio.AbstractEventLoop, method: str, req: object, code: grpc.StatusCode, expect: str,
+            identity: str | None = None, authorize: object = None) -> None:
+    t = AdminTarget(method, loop, identity=identity, authorize=authorize)
+    before = t.snapshot()
+    with pytest.raises(Aborted) as e:
+        loop.run_until_complete(getattr(t.service, method)(req, FakeContext(identity)))
+    assert e.value.code == code, e.value
+    assert expect.lower() in e.value.details.lower(), e.value.details
+    assert t.snapshot() == before and t.backend.mutations == []
+
+
+def op(kind: int, layer: int = 0, experts: tuple[int, ...] = (1,), src: int = -1, dst: int = 2, rank: int = -1,
+       source: int = -1) -> pb.Operation:
+    return pb.Operation(kind=kind, layer=layer, experts=list(experts), src=src, dst=dst, rank=rank, source=source)
+
+
+def test_valid_mutations_reach_the_backend(loop: asyncio.AbstractEventLoop) -> None:
+    t = AdminTarget("Propose", loop)
+    assert not t.call(apb.ProposeRequest(ops=[op(pb.REPLICATE)])).rejected
+    assert t.backend.mutations and t.backend.mutations[0][0] == "propose"
+
+
+@pytest.mark.parametrize("bad, expect", [
+    ([], "ops is empty"),
+    ([op(99)], "operation.kind"),
+    ([op(pb.OP_KIND_UNSPECIFIED)], "operation.kind"),
+    ([op(pb.ROLLBACK)], "operation.kind"),
+    ([op(pb.REPLICATE, experts=())], "experts"),
+    ([op(pb.REPLICATE, experts=(1, 2))], "experts"),
+    ([op(pb.CONSOLIDATE, experts=())], "experts"),
+    ([op(pb.REPLICATE, layer=L)], "layer"),
+    ([op(pb.REPLICATE, layer=-1)], "layer"),
+    ([op(pb.REPLICATE, experts=(E,))], "expert"),
+    ([op(pb.REPLICATE, experts=(-5,))], "expert"),
+    ([op(pb.REPLICATE, dst=G)], "dst"),
+    ([op(pb.REPLICATE, dst=2**31 - 1)], "dst"),
+    ([op(pb.MIGRATE, src=-1, dst=1)], "src"),
+    ([op(pb.CONSOLIDATE, experts=(0, 1, 99), dst=1)], "expert"),
+    ([op(pb.DRAIN, rank=G)], "rank"),
+    ([op(pb.RESTORE, rank=-(2**31))], "rank"),
+    ([op(pb.REPAIR, source=-2)], "source"),
+    ([op(pb.REPLICATE), op(pb.MIGRATE, experts=(E + 3,), src=0, dst=1)], "ops[1]"),  # the second one is bad
+])
+def test_propose_malformed_or_unknown_ids(loop: asyncio.AbstractEventLoop, bad: list[pb.Operation],
+                                          expect: str) -> None:
+    refused(loop, "Propose", apb.ProposeRequest(ops=bad, force=True), grpc.StatusCode.INVALID_ARGUMENT, expect)
+
+
+@pytest.mark.parametrize("method", ["Drain", "Restore"])
+@pytest.mark.parametrize("rank", [-1, G, 2**31 - 1, -(2**31)])
+def test_drain_restore_unknown_rank(loop: asyncio.AbstractEventLoop, method: str, rank: int) -> None:
+    refused(loop, method, apb.RankRequest(rank=rank), grpc.StatusCode.INVALID_ARGUMENT, "rank")
+
+
+@pytest.mark.parametrize("layer", [-2, L, 2**31 - 1, -(2**31)])
+def test_placement_unknown_layer(loop: asyncio.AbstractEventLoop, layer: int) -> None:
+    refused(loop, "Placement", apb.PlacementRequest(layer=layer), grpc.StatusCode.INVALID_ARGUMENT, "layer")
+
+
+@pytest.mark.parametrize("version", [4, 2**64 - 1])
+def test_unknown_versions(loop: asyncio.AbstractEventLoop, version: int) -> None:
+    refused(loop, "Placement", apb.PlacementRequest(version=version), grpc.StatusCode.NOT_FOUND, "unknown")
+    refused(loop, "Explain", apb.ExplainRequest(version=version), grpc.StatusCode.NOT_FOUND, "no decision")
+
+
+def test_history_huge_limit_is_bounded_by_what_exists(loop: asyncio.AbstractEventLoop) -> None:
+    t = AdminTarget("History", loop)
+    r = loop.run_until_complete(t.service.History(apb.HistoryRequest(limit=2**32 - 1), FakeContext()))
+    assert [e.version for e in r.entries] == [3, 2] and t.backend.mutations == []
+
+
+@pytest.mark.parametrize("identity", [None, "viewer", "node1", ""])
+@pytest.mark.parametrize("method, req", [
+    ("Propose", apb.ProposeRequest(ops=[op(pb.REPLICATE)])), ("Drain", apb.RankRequest(rank=1)),
+    ("Restore", apb.RankRequest(rank=1)), ("Pause", apb.Empty()), ("Resume", apb.Empty()),
+])
+def test_mutations_need_an_admin_identity(loop: asyncio.AbstractEventLoop, identity: str | None, method: str,
+                                          req: object) -> None:
+    policy = AuthzPolicy(members=frozenset({"node1"}), admins=frozenset({"admin"}))
+    refused(loop, method, req, grpc.StatusCode.PERMISSION_DENIED, "", identity=identity,
+            authorize=policy.check_admin)
+
+
+def test_pause_by_an_admin_is_accepted(loop: asyncio.AbstractEventLoop) -> None:
+    policy = AuthzPolicy(members=frozenset(), admins=frozenset({"admin"}))
+    t = AdminTarget("Pause", loop, identity="admin", authorize=policy.check_admin)
+    assert not t.call(apb.Empty()).rejected and t.backend.paused
+
+
+# ---- over a real grpc.aio server: what never reaches the servicer ------------------------------------
+@pytest_asyncio.fixture
+async def server() -> AsyncIterator[tuple[str, FakeAdminBackend]]:
+    backend = FakeAdminBackend()
+    srv = grpc.aio.server(interceptors=[DecodeGuardInterceptor()],
+                          options=[("grpc.max_receive_message_length", 1 << 20)])
+    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(backend), srv)
+    port = srv.add_insecure_port("127.0.0.1:0")
+    await srv.start()
+    yield f"127.0.0.1:{port}", backend
+    await srv.stop(None)
+
+
+@pytest.mark.asyncio
+async def test_oversized_message_is_refused_before_the_handler(server: tuple[str, FakeAdminBackend]) -> None:
+    addr, backend = server
+    big = apb.ProposeRequest(ops=[op(pb.REPLICATE, experts=tuple(range(64)))] * 12000)
+    assert big.ByteSize() > 1 << 20
+    async with grpc.aio.insecure_channel(addr) as ch:
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await admin_pb2_grpc.AdminStub(ch).Propose(big, timeout=10)
+    assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "larger than max" in e.value.details()
+    assert backend.mutations == []
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("raw", [b"\xff", b"\x0a\x05\x08", b"\x0a\xff\xff\xff\xff\x0f", b"\x12\x02\x08"])
+async def test_malformed_protobuf_is_refused_before_the_handler(server: tuple[str, FakeAdminBackend],
+                                                               raw: bytes) -> None:
+    addr, backend = server
+    async with grpc.aio.insecure_channel(addr) as ch:
+        call = ch.unary_unary("/elasticmoe.v1.Admin/Propose", request_serializer=None,
+                              response_deserializer=apb.ProposeReply.FromString)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await call(raw, timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value
+    assert "malformed request to /elasticmoe.v1.Admin/Propose" in e.value.details()
+    assert backend.mutations == [] and not backend.paused
