@@ -400,7 +400,7 @@ class ShimStoreTarget(Target):
     def fresh(self) -> None:
         from dataplane_shim.tables import TableStore
 
-        self.store = TableStore(TOPO, 0, self.tables[1])
+        self.store = TableStore(TOPO, 0, self.tables[1], voters=VOTERS)
 
     def seeds(self) -> list[Message]:
         t = self.tables

@@ -7,7 +7,7 @@ A commit is certified when `qc.version == table.version`, `len(set(qc.voters)) >
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from controlplane.errors import ControlPlaneError
 from controlplane.table import RoutingTable, table_from_bytes
@@ -37,9 +37,12 @@ def certified_commit(table: RoutingTable, voters: Sequence[str], quorum: int) ->
     return pb.Commit(table=table_to_pb(table), qc=qc)
 
 
-def table_from_commit(commit: pb.Commit, topo: Topology) -> RoutingTable:
-    """Decode and verify `commit` for a pool of shape `topo`; raises Uncertified naming the failed check."""
+def table_from_commit(commit: pb.Commit, topo: Topology, voters: Collection[str] | None = None) -> RoutingTable:
+    """Decode and verify `commit` for a pool of shape `topo`; raises Uncertified naming the failed check.
+    With `voters` (the configured voter ids), the certificate must also name a majority of them and no one
+    else, and its quorum must be that majority."""
     t, qc = commit.table, commit.qc
+    voters_cfg = None if voters is None else set(voters)
     if not commit.HasField("table") or not commit.HasField("qc"):
         raise Uncertified("commit lacks its table or its quorum certificate")
     if qc.version != t.version:
@@ -49,6 +52,14 @@ def table_from_commit(commit: pb.Commit, topo: Topology) -> RoutingTable:
     voters = set(qc.voters)
     if qc.quorum < 1 or len(voters) < qc.quorum:
         raise Uncertified(f"version {t.version}: {len(voters)} distinct voters for quorum {qc.quorum}")
+    if voters_cfg is not None:
+        strangers = sorted(voters - voters_cfg)
+        need = len(voters_cfg) // 2 + 1
+        if strangers:
+            raise Uncertified(f"version {t.version}: qc.voters names non-voters {strangers}")
+        if qc.quorum != need:
+            raise Uncertified(f"version {t.version}: qc.quorum={qc.quorum}: expected a majority of "
+                              f"{len(voters_cfg)} voters = {need}")
     if t.slots_per_rank != topo.slots_per_rank or t.slots != topo.slots:
         raise Uncertified(
             f"version {t.version}: table has {t.slots} slots, {t.slots_per_rank} per rank; the pool has "

@@ -33,6 +33,8 @@ def check_load_report(r: dpb.LoadReport, layers: int | None = None, experts: int
                 f"{r.layers * r.experts * 4} (little-endian uint32)")
     if r.steps < 1:
         return f"steps = {r.steps}: expected >= 1"
+    if r.first_step + r.steps > 2**63:
+        return f"first_step = {r.first_step} + steps = {r.steps}: expected <= 2^63 (a step counter overflow)"
     return ""
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from controlplane.errors import InvalidTable
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
 from dataplane_shim.certify import table_from_commit
@@ -70,12 +71,14 @@ class TableStore:
         mover: Mover | None = None,
         counters: VersionCounters | None = None,
         peers: Sequence[int] | None = None,
+        voters: Sequence[str] | None = None,
     ) -> None:
         if not 0 <= rank < topo.ranks:
             raise BadInput(f"rank={rank}: expected 0..{topo.ranks - 1}")
         if initial.topology.slots != topo.slots:
             raise BadInput(f"initial table has {initial.topology.slots} slots: the pool has {topo.slots}")
         self.topo, self.rank, self.mover, self.counters = topo, rank, mover, counters
+        self.voters = None if voters is None else tuple(voters)  # when known: certificates must name them
         self.peers = np.asarray(range(topo.ranks) if peers is None else peers, dtype=np.int64)
         L, E = initial.layers, initial.experts
         self._buffers = (RouteTables(L, E, topo.slots, device), RouteTables(L, E, topo.slots, device))
@@ -116,7 +119,7 @@ class TableStore:
     # ---- install ---------------------------------------------------------------------------
     def offer_commit(self, commit: pb.Commit) -> RoutingTable:
         """Verify `commit`'s certificate (raises Uncertified), then `offer` its table."""
-        table = table_from_commit(commit, self.topo)
+        table = table_from_commit(commit, self.topo, self.voters)
         self.offer(table)
         return table
 
@@ -129,6 +132,10 @@ class TableStore:
         if table.phy2log.shape != self.active.phy2log.shape or table.experts != self.active.experts:
             raise BadInput(f"version {table.version} has shape {table.phy2log.shape} x {table.experts} experts: "
                            f"expected {self.active.phy2log.shape} x {self.active.experts}")
+        try:  # a certificate proves who voted, not that they checked: never route by an invalid table
+            table.validate()
+        except InvalidTable as e:
+            raise BadInput(f"version {table.version} is not a valid table: {e.message}") from None
         if self.pending is not None:  # superseded: staged slots the new version does not want go back to free
             unwanted = (self.state == SlotState.STAGED) & (self._local(table) != self.resident)
             self._move(unwanted, np.full_like(self.resident, -1))
