@@ -124,17 +124,21 @@ def fuzz(target: Target, examples: int, *, raise_on_failure: bool = False, seed:
     return stats
 
 
-def all_targets(loop: asyncio.AbstractEventLoop) -> list[Target]:
-    """One target per RPC handler (gossip's once agent/gossip_node.py serves them)."""
-    out: list[Target] = [ConsensusTarget(m) for m in ("Prepare", "Accept", "Learn", "CatchUp")]
-    out += [AdminTarget(m, loop) for m in ADMIN_METHODS]
-    out += [LinkTarget(m, loop) for m in ("ReportLoad", "WatchTables")]
-    out.append(ShimStoreTarget())
+def factories() -> dict[str, Callable[[asyncio.AbstractEventLoop], Target]]:
+    """RPC name -> how to build its target (gossip's once agent/gossip_node.py serves them)."""
+    out: dict[str, Callable[[asyncio.AbstractEventLoop], Target]] = {}
+    for m in ("Prepare", "Accept", "Learn", "CatchUp"):
+        out[f"Consensus/{m}"] = lambda loop, m=m: ConsensusTarget(m)
+    for m in ADMIN_METHODS:
+        out[f"Admin/{m}"] = lambda loop, m=m: AdminTarget(m, loop)
+    for m in ("ReportLoad", "WatchTables"):
+        out[f"DataplaneLink/{m}"] = lambda loop, m=m: LinkTarget(m, loop)
+    out["Shim/OfferCommit"] = lambda loop: ShimStoreTarget()
     try:
-        from chaos.fuzz_gossip import gossip_targets
+        from chaos.fuzz_gossip import gossip_factories
     except ImportError:
         return out
-    return out + gossip_targets()
+    return {**out, **gossip_factories()}
 
 
 @contextmanager
@@ -160,8 +164,11 @@ def main(argv: list[str] | None = None, out: Callable[[str], None] = print) -> i
     result: dict[str, dict[str, object]] = {}
     failures: dict[str, list[str]] = {}
     with event_loop() as loop:
-        targets = [t for t in all_targets(loop) if not only or t.name in only]
-        for t in targets:
+        names = [n for n in factories() if not only or n in only]
+        if only - set(names):
+            ap.error(f"--only: unknown RPCs {sorted(only - set(names))}: expected some of {sorted(factories())}")
+        for name in names:
+            t = factories()[name](loop)
             t0 = time.perf_counter()
             s = fuzz(t, n, seed=a.seed)
             t.close()
