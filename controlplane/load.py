@@ -37,7 +37,7 @@ def rank_load(table: RoutingTable, counts: npt.NDArray[np.integer]) -> I64:
     """Tokens per rank. counts: [..., L, E] -> [..., L, G] int64."""
     s = slot_load(table, counts)
     G, S = table.topology.ranks, table.topology.slots_per_rank
-    return s.reshape(*s.shape[:-1], G, S).sum(axis=-1)
+    return np.asarray(s.reshape(*s.shape[:-1], G, S).sum(axis=-1), dtype=np.int64)
 
 
 def layer_imbalance(loads: I64, active_mask: npt.NDArray[np.bool_]) -> F64:
@@ -45,7 +45,7 @@ def layer_imbalance(loads: I64, active_mask: npt.NDArray[np.bool_]) -> F64:
     act = loads[..., active_mask]
     mx = act.max(axis=-1).astype(np.float64)
     mean = act.mean(axis=-1)
-    return np.divide(mx, mean, out=np.ones_like(mx), where=mean > 0)
+    return np.asarray(np.divide(mx, mean, out=np.ones_like(mx), where=mean > 0), dtype=np.float64)
 
 
 def step_imbalance(loads: I64, active_mask: npt.NDArray[np.bool_]) -> F64:
@@ -53,7 +53,7 @@ def step_imbalance(loads: I64, active_mask: npt.NDArray[np.bool_]) -> F64:
     act = loads[..., active_mask]
     mx = act.max(axis=-1).sum(axis=-1).astype(np.float64)
     mean = act.mean(axis=-1).sum(axis=-1)
-    return np.divide(mx, mean, out=np.ones_like(mx), where=mean > 0)
+    return np.asarray(np.divide(mx, mean, out=np.ones_like(mx), where=mean > 0), dtype=np.float64)
 
 
 def table_step_imbalance(table: RoutingTable, counts: npt.NDArray[np.integer]) -> F64:

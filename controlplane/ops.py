@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Union
 
 import numpy as np
 
@@ -38,7 +37,9 @@ class Replicate:
 
 @dataclass(frozen=True, order=True)
 class Consolidate:
-    """Leave each of `experts` (layer `layer`) with one replica, on rank `dst`, freeing its other slots."""
+    """Leave each of `experts` (layer `layer`) with one replica, on rank `dst`, freeing its other slots.
+
+    A replica already on `dst` keeps its slot (no copy); otherwise the expert takes dst's first free slot."""
 
     layer: int
     experts: tuple[int, ...]
@@ -84,7 +85,7 @@ class Repair:
     kind: OpKind = OpKind.REPAIR
 
 
-Operation = Union[Replicate, Consolidate, Migrate, Drain, Restore, Repair]
+Operation = Replicate | Consolidate | Migrate | Drain | Restore | Repair
 
 
 def describe(op: Operation) -> str:
@@ -171,11 +172,17 @@ def _apply_one(w: _Work, op: Operation) -> None:
     elif isinstance(op, Consolidate):
         w.check_layer(op.layer)
         w.check_rank(op.dst)
+        row = w.phy[op.layer]
+        keep = []
         for e in op.experts:
             w.check_expert(e)
-            row = w.phy[op.layer]
-            row[row == e] = -1
-        for e in op.experts:
+            on_dst = bool((row[op.dst] == e).any())  # a replica already on dst stays in its slot
+            other = np.ones(row.shape[0], dtype=bool)
+            other[op.dst] = not on_dst
+            row[other[:, None] & (row == e)] = -1
+            if not on_dst:
+                keep.append(e)
+        for e in keep:
             w.place(op.layer, e, op.dst)
     elif isinstance(op, Drain):
         w.check_rank(op.rank)
@@ -189,3 +196,59 @@ def _apply_one(w: _Work, op: Operation) -> None:
         w.phy[:, op.rank, :] = -1
     else:  # pragma: no cover - exhaustive over Operation
         raise InvalidOperation("UNKNOWN_KIND", f"unknown operation {op!r}")
+
+
+# ---- lifecycle: an operation (or the plan carrying it) from proposal to its end --------------------
+
+class OpState(StrEnum):
+    PROPOSED = "PROPOSED"
+    COMMITTED = "COMMITTED"
+    STAGING = "STAGING"  # new replicas' weights are being copied into free slots
+    ACTIVE = "ACTIVE"  # the table that contains it is installed
+    DONE = "DONE"
+    ABORTED = "ABORTED"
+    EXPIRED = "EXPIRED"
+    ROLLED_BACK = "ROLLED_BACK"
+
+
+class EndReason(StrEnum):
+    """Typed reason of every end state (and of notable transitions)."""
+
+    KEPT = "KEPT"  # observed for N windows and it helped
+    PROPOSAL_FAILED = "PROPOSAL_FAILED"  # consensus refused or timed out
+    LOST_TO_OTHER_PROPOSAL = "LOST_TO_OTHER_PROPOSAL"  # another table won the version
+    SUPERSEDED = "SUPERSEDED"  # a newer table replaced it before it could be judged
+    STAGING_FAILED = "STAGING_FAILED"
+    REALISED_NOT_BETTER = "REALISED_NOT_BETTER"  # rolled back: replay of N windows showed no gain
+
+
+TERMINAL = frozenset({OpState.DONE, OpState.ABORTED, OpState.EXPIRED, OpState.ROLLED_BACK})
+
+# Allowed transitions. COMMITTED -> ACTIVE directly when nothing needs staging or staging is not
+# observed (the controller sees commits and installs, the shim sees staging).
+TRANSITIONS: dict[OpState, frozenset[OpState]] = {
+    OpState.PROPOSED: frozenset({OpState.COMMITTED, OpState.ABORTED, OpState.EXPIRED}),
+    OpState.COMMITTED: frozenset({OpState.STAGING, OpState.ACTIVE, OpState.ABORTED, OpState.EXPIRED}),
+    OpState.STAGING: frozenset({OpState.ACTIVE, OpState.ABORTED}),
+    OpState.ACTIVE: frozenset({OpState.DONE, OpState.ROLLED_BACK, OpState.EXPIRED}),
+}
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """State of one operation or plan; `reason` is an EndReason for end states, "" otherwise."""
+
+    state: OpState = OpState.PROPOSED
+    reason: str = ""
+
+    def to(self, state: OpState, reason: str = "") -> Lifecycle:
+        """The next state; raises InvalidOperation(BAD_TRANSITION) if the table does not allow it."""
+        if state not in TRANSITIONS.get(self.state, frozenset()):
+            raise InvalidOperation("BAD_TRANSITION", f"{self.state} -> {state} is not allowed")
+        if state in TERMINAL and not reason:
+            raise InvalidOperation("BAD_TRANSITION", f"{self.state} -> {state} needs a reason")
+        return Lifecycle(state, reason)
+
+    @property
+    def ended(self) -> bool:
+        return self.state in TERMINAL

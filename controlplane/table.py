@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from controlplane.errors import InvalidShape, InvalidTable
-from controlplane.topology import Topology
+from controlplane.topology import Tier, Topology
 
 I64 = npt.NDArray[np.int64]
 
@@ -113,6 +113,14 @@ class RoutingTable:
         )
         h.update(header.tobytes())
         h.update(np.asarray(self.active_ranks, dtype="<i8").tobytes())
+        h.update(b"|")
+        h.update(self.phy2log.astype("<i8", copy=False).tobytes())
+        return h.digest()
+
+    @cached_property
+    def content_digest(self) -> bytes:
+        """sha256 over what determines loads: active ranks and phy2log (not version or parent)."""
+        h = hashlib.sha256(np.asarray(self.active_ranks, dtype="<i8").tobytes())
         h.update(b"|")
         h.update(self.phy2log.astype("<i8", copy=False).tobytes())
         return h.digest()
@@ -222,3 +230,71 @@ def table_from_bytes(
         raise InvalidShape(f"phy2log has {len(raw)} bytes: expected {layers} x {topo.slots} x 8 = {expected}")
     arr = np.frombuffer(raw, dtype="<i8").astype(np.int64).reshape(layers, topo.slots)
     return RoutingTable(topo, experts, arr, version, parent, active_ranks)
+
+
+# ---- diff: what a change of table moves ----------------------------------------------------------
+
+@dataclass(frozen=True, order=True)
+class WeightMove:
+    """Slot `slot` (on rank `dst`) of layer `layer` receives expert `expert`, copied from rank `src`
+    (-1: host memory) over `tier`; `nbytes` is the expert's weight size."""
+
+    layer: int
+    slot: int
+    expert: int
+    dst: int
+    src: int
+    tier: Tier
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class TableDiff:
+    """Weight moves from table `a` to table `b`, and the slots `b` frees: (layer, slot, expert) whose
+    content leaves; the shim releases them only once every peer runs `b`."""
+
+    moves: tuple[WeightMove, ...]
+    freed: tuple[tuple[int, int, int], ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(m.nbytes for m in self.moves)
+
+    def bytes_by_tier(self) -> tuple[int, int, int, int]:
+        out = [0, 0, 0, 0]
+        for m in self.moves:
+            out[int(m.tier)] += m.nbytes
+        return (out[0], out[1], out[2], out[3])
+
+
+def nearest_source(topo: Topology, holders: npt.ArrayLike, dst: int) -> tuple[int, Tier]:
+    """The holder rank nearest to `dst` (same rank, same node, other node; ties to the lowest id), or
+    (-1, HOST) when there is none."""
+    hs = sorted(int(h) for h in np.asarray(holders).reshape(-1).tolist())
+    if not hs:
+        return -1, Tier.HOST
+    best = min(hs, key=lambda h: (int(topo.tier(h, dst)), h))
+    return best, topo.tier(best, dst)
+
+
+def diff(a: RoutingTable, b: RoutingTable, expert_bytes: int = 0) -> TableDiff:
+    """Moves that turn `a`'s placement into `b`'s (same shape). A slot of `b` whose expert differs from
+    `a`'s gets a copy from the nearest rank that holds the expert in `a` and is active in `b` (a drained
+    or lost rank cannot serve), else from host. Loops only over changed slots."""
+    if a.phy2log.shape != b.phy2log.shape or a.experts != b.experts:
+        raise InvalidShape(f"diff of tables shaped {a.phy2log.shape} and {b.phy2log.shape}")
+    topo, S = a.topology, a.topology.slots_per_rank
+    changed = a.phy2log != b.phy2log
+    moves: list[WeightMove] = []
+    b_active = b.active_mask
+    for layer, slot in np.argwhere(changed & (b.phy2log >= 0)).tolist():
+        e = int(b.phy2log[layer, slot])
+        slots = a.log2phy[layer, e] if e < a.experts else np.zeros(0, dtype=np.int64)
+        ranks = slots[slots >= 0] // S
+        src, tier = nearest_source(topo, ranks[b_active[ranks]], slot // S)
+        moves.append(WeightMove(int(layer), int(slot), e, int(slot // S), src, tier, int(expert_bytes)))
+    freed = tuple(
+        (int(layer), int(slot), int(a.phy2log[layer, slot]))
+        for layer, slot in np.argwhere(changed & (a.phy2log >= 0)).tolist()
+    )
+    return TableDiff(tuple(moves), freed)

@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "agent.cli.tools",
     "agent.cli.certs",
     "agent.cli.bench",
+    "agent.cli.profile",
 )
 
 

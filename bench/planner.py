@@ -1,0 +1,126 @@
+"""Time one estimate+verify decision at DeepSeek-V3 shape on one core.
+
+    python -m bench.planner --json
+
+Shape: 58 MoE layers x 256 routed experts, 8 nodes x 8 ranks, 5 slots per rank (static EP head: 4 experts
+and one spare slot per rank), replay buffer of one window of W = 100 steps of synthetic skewed counts
+(per layer a seeded Zipf(1.2) popularity over a random expert order, 2048 tokens x top-8 per step, multinomial
+per step). One decision = plan on the buffer's block totals (blocks of `plan_block` = 20 steps) + apply + validate + replay verification of the
+changed layers on every step + cost of the diff + gating (`controlplane.decision.rebalance`). The head's
+per-step figures are the load monitor's, computed when the window closed (the trigger needs them), so they
+are prepared outside the timed region. `cpu_median_ms` is the same in process CPU time (robust to other
+load on the machine); `from_scratch_median_ms` times the same decision with them computed inside,
+and `voter_verify_ms` a voter's independent `verify_decision` (full replay of the head + changed layers).
+"""
+
+from __future__ import annotations
+
+import os
+
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # one core, before numpy loads
+    os.environ[_v] = "1"
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+import numpy.typing as npt  # noqa: E402
+
+from controlplane.decision import DecisionParams, rebalance  # noqa: E402
+from controlplane.monitor import ReplayBuffer  # noqa: E402
+from controlplane.table import RoutingTable, initial_table  # noqa: E402
+from controlplane.topology import Topology  # noqa: E402
+from controlplane.verify import verify_decision  # noqa: E402
+
+LAYERS, EXPERTS, NODES, RANKS_PER_NODE, SLOTS = 58, 256, 8, 8, 5
+
+
+def synthetic_counts(steps: int, layers: int, experts: int, tokens: int, seed: int) -> npt.NDArray[np.uint32]:
+    """[steps, layers, experts] multinomial draws of `tokens` choices per layer per step from a skewed
+    (Zipf 1.2 over a random order of experts) popularity per layer."""
+    rng = np.random.default_rng(seed)
+    ranks = np.arange(1, experts + 1, dtype=np.float64)
+    out = np.empty((steps, layers, experts), dtype=np.uint32)
+    for layer in range(layers):
+        p = ranks ** -1.2
+        p = p[rng.permutation(experts)]
+        out[:, layer, :] = rng.multinomial(tokens, p / p.sum(), size=steps)
+    return out
+
+
+def setup(window: int, seed: int) -> tuple[RoutingTable, npt.NDArray[np.uint32], DecisionParams]:
+    topo = Topology(NODES, RANKS_PER_NODE, SLOTS)
+    head = initial_table(topo, LAYERS, EXPERTS)
+    counts = synthetic_counts(window, LAYERS, EXPERTS, 2048 * 8, seed)
+    return head, counts, DecisionParams(window=window, replay_windows=1)
+
+
+def _buffer(head: RoutingTable, counts: npt.NDArray[np.uint32], warm: bool, block: int = 20) -> ReplayBuffer:
+    buf = ReplayBuffer(head.layers, head.experts, 1, block)
+    buf.push(0, 0, counts)
+    if warm:
+        buf.stats(head)  # what the monitor computed when the window closed
+    return buf
+
+
+def measure(repeats: int, window: int, seed: int) -> dict[str, object]:
+    head, counts, params = setup(window, seed)
+    cool = np.zeros((head.layers, head.experts), dtype=bool)
+    trig = "bench"
+    times, cpu, scratch, voter = [], [], [], []
+    result = None
+    for _ in range(repeats):
+        buf = _buffer(head, counts, True, params.plan_block)
+        t0, c0 = time.perf_counter(), time.process_time()
+        result = rebalance(head, buf, params, None, cool, trig)
+        times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+        buf = _buffer(head, counts, False, params.plan_block)
+        t0 = time.perf_counter()
+        rebalance(head, buf, params, None, cool, trig)
+        scratch.append(time.perf_counter() - t0)
+    assert result is not None
+    d = result.decision
+    if d is not None:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            verify_decision(head, d.table, counts, params.tau)
+            voter.append(time.perf_counter() - t0)
+    ms = np.array(times) * 1e3
+    return {
+        "shape": [LAYERS, EXPERTS],
+        "ranks": NODES * RANKS_PER_NODE,
+        "window": window,
+        "median_ms": round(float(np.median(ms)), 3),
+        "p99_ms": round(float(np.percentile(ms, 99)), 3),
+        "cpu_median_ms": round(float(np.median(cpu) * 1e3), 3),
+        "from_scratch_median_ms": round(float(np.median(scratch) * 1e3), 3),
+        "voter_verify_median_ms": round(float(np.median(voter) * 1e3), 3) if voter else None,
+        "outcome": result.outcome,
+        "ops": len(d.ops) if d else 0,
+        "refused": len(result.refused),
+        "estimated_gain": round(result.estimated_gain, 5),
+        "verified_gain": round(result.verified_gain, 5),
+        "repeats": repeats,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.planner", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--repeats", type=int, default=50)
+    ap.add_argument("--window", type=int, default=100)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    out = measure(args.repeats, args.window, args.seed)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for k, v in out.items():
+            print(f"{k:>24}: {v}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,389 @@
+"""The decision controller: a state machine driven by events, etcd-raft style.
+
+    ready = controller.step(event)   # WindowClosed | TableCommitted | ProposalFailed | ManualProposal | ...
+    persist(ready.persist); send(ready.proposals); install(ready.install); emit(ready.events)
+    controller.advance()
+
+A Ready holds everything produced since the last `advance()`. The caller performs it in that order (persist
+before send, commit before install), then advances. Invariants: at most one of this controller's proposals
+is in flight; nothing is proposed again before the in-flight one is answered by TableCommitted (any table
+for its version or later) or ProposalFailed (its version). Priorities when free to propose: repair of lost
+ranks, then a due rollback, then a rebalance when the error budget is spent. A rebalance is not proposed
+while the previous change is still being observed (N windows), so that each change is judged on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from controlplane.decision import (
+    Attempt,
+    Decision,
+    DecisionParams,
+    manual,
+    rebalance,
+    repair,
+    rollback,
+    same_ranks,
+)
+from controlplane.errors import ControlPlaneError, InvalidShape
+from controlplane.monitor import LoadMonitor, WindowReport
+from controlplane.ops import EndReason, Lifecycle, Operation, OpState
+from controlplane.planner import Refused
+from controlplane.profile import StabilityProfile
+from controlplane.table import RoutingTable
+from controlplane.verify import verify_decision
+
+__all__ = [
+    "Controller", "Decision", "DecisionParams", "Explain", "ManualProposal", "OpTransition", "ProposalFailed",
+    "ProposalRecord", "RanksLost", "Ready", "Refused", "Resolution", "SetPaused", "TableCommitted",
+    "WindowClosed", "WindowReport", "verify_decision",
+]
+
+
+# ---- events in ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class WindowClosed:
+    """Cluster-wide per-step counts of one window: steps uint32 [W, L, E]."""
+
+    window_seq: int
+    first_step: int
+    steps: npt.NDArray[np.uint32]
+
+
+@dataclass(frozen=True)
+class TableCommitted:
+    """A table committed by quorum. kind: the committed plan's kind when known ("rebalance", "rollback",
+    "manual", "repair"); `kind_of_trigger(plan.trigger)` gives it for a plan from another proposer."""
+
+    table: RoutingTable
+    kind: str = "rebalance"
+
+
+@dataclass(frozen=True)
+class ProposalFailed:
+    version: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ManualProposal:
+    ops: tuple[Operation, ...]
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class RanksLost:
+    """Ranks found dead (membership): drain them and re-home their lone experts."""
+
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SetPaused:
+    paused: bool
+
+
+Event = WindowClosed | TableCommitted | ProposalFailed | ManualProposal | RanksLost | SetPaused
+
+
+# ---- output -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ProposalRecord:
+    """Persist before sending: this node proposed `digest` for `version`."""
+
+    version: int
+    parent: int
+    digest: bytes
+    kind: str
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """Persist: how this node's proposal for `version` ended (COMMITTED, LOST, FAILED)."""
+
+    version: int
+    outcome: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class OpTransition:
+    """A decision's lifecycle moved (telemetry)."""
+
+    version: int
+    kind: str
+    state: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Explain:
+    """Why the controller did or did not act. outcome is a stable code: PROPOSED, BELOW_THETA,
+    BUDGET_NOT_SPENT, PROPOSAL_IN_FLIGHT, OBSERVING, PAUSED, NO_PLAN, GAIN_BELOW_TAU, OVER_BUDGET,
+    VERIFY_NO_GAIN, KEPT, ROLLBACK_NOT_BETTER, COMMITTED, LOST, FAILED, STALE_WINDOW, STALE_COMMIT,
+    STALE_FAILURE, NO_FREE_SLOT, an InvalidOperation reason, INVALID_TABLE, PAUSED/RESUMED."""
+
+    window_seq: int
+    head_version: int
+    imbalance: float
+    trigger: str
+    outcome: str
+    detail: str = ""
+    decision: Decision | None = None
+    refused: tuple[Refused, ...] = ()
+    estimated_gain: float = 0.0
+    verified_gain: float = 0.0
+    cost: float = 0.0
+
+
+Record = ProposalRecord | Resolution
+TelemetryEvent = Explain | WindowReport | OpTransition
+
+
+@dataclass
+class Ready:
+    persist: list[Record] = field(default_factory=list)
+    proposals: list[Decision] = field(default_factory=list)
+    install: list[RoutingTable] = field(default_factory=list)
+    events: list[TelemetryEvent] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        return not (self.persist or self.proposals or self.install or self.events)
+
+
+def kind_of_trigger(trigger: str) -> str:
+    """A committed plan's kind from its trigger text (rollback:, manual:, repair: prefixes)."""
+    head = trigger.split(":", 1)[0]
+    return head if head in ("rollback", "manual", "repair") else "rebalance"
+
+
+@dataclass
+class _Observation:
+    """A committed change under watch: realised vs counterfactual (its parent) over the next N windows."""
+
+    version: int
+    parent: RoutingTable
+    windows: int = 0
+    realised: float = 0.0  # sum over steps of step imbalance under the change
+    counterfactual: float = 0.0  # ... under its parent
+    life: Lifecycle = field(default_factory=lambda: Lifecycle(OpState.ACTIVE))
+
+
+class Controller:
+    def __init__(self, params: DecisionParams, head: RoutingTable, profile: StabilityProfile | None = None) -> None:
+        head.validate()
+        if profile is not None and profile.shape != (head.layers, head.experts):
+            raise InvalidShape(f"profile shape {profile.shape} does not match the table's {(head.layers, head.experts)}")
+        self.params, self.head, self.profile = params, head, profile
+        self.monitor = LoadMonitor(head.layers, head.experts, params.replay_windows, params.theta, params.band,
+                                   params.budget_windows, params.plan_block)
+        self._ready = Ready()
+        self._inflight: Decision | None = None
+        self._life = Lifecycle()
+        self._observe: _Observation | None = None
+        self._rollback_due: _Observation | None = None
+        self._cool_until = np.full((head.layers, head.experts), -1, dtype=np.int64)
+        self._lost: set[int] = set()
+        self._paused = False
+        self._explain: Explain | None = None
+        self._imbalance = 1.0
+
+    # ---- interface -------------------------------------------------------------------------
+    def step(self, event: Event) -> Ready:
+        if isinstance(event, WindowClosed):
+            self._on_window(event)
+        elif isinstance(event, TableCommitted):
+            self._on_commit(event)
+        elif isinstance(event, ProposalFailed):
+            self._on_failed(event)
+        elif isinstance(event, ManualProposal):
+            self._on_manual(event)
+        elif isinstance(event, RanksLost):
+            self._lost |= {int(r) for r in event.ranks if int(r) in self.head.active_ranks}
+            self._propose_pending()
+        elif isinstance(event, SetPaused):
+            self._paused = event.paused
+            self._note("", "PAUSED" if event.paused else "RESUMED")
+        else:
+            raise ControlPlaneError(f"unknown event {type(event).__name__}")
+        return self._ready
+
+    def advance(self) -> None:
+        self._ready = Ready()
+
+    def last_explain(self) -> Explain | None:
+        return self._explain
+
+    @property
+    def inflight(self) -> Decision | None:
+        return self._inflight
+
+    @property
+    def state(self) -> str:
+        return "proposing" if self._inflight else "observing" if self._observe else "idle"
+
+    # ---- events ------------------------------------------------------------------------------
+    def _on_window(self, ev: WindowClosed) -> None:
+        if self.monitor.is_stale(ev.window_seq):
+            self._note("", "STALE_WINDOW", f"window {ev.window_seq} <= last {self.monitor.last_seq}")
+            return
+        table = self._inflight.table if self._inflight else self.head
+        base = self.head if self._inflight else None
+        rep = self.monitor.observe(ev.window_seq, ev.first_step, ev.steps, table, base)
+        self._imbalance = rep.imbalance
+        self._ready.events.append(rep)
+        self._observe_window()
+        if self._propose_pending():
+            return
+        p = self.params
+        count = self.monitor.budget.count
+        trig = f"step imbalance {rep.imbalance:.2f} > theta {p.theta:.2f} for {count} windows"
+        if not rep.fired:
+            code = "BELOW_THETA" if count == 0 else "BUDGET_NOT_SPENT"
+            self._note("", code, f"step imbalance {rep.imbalance:.3f}, theta {p.theta}, budget {count}/{p.budget_windows}")
+        elif self._inflight is not None:
+            self._note(trig, "PROPOSAL_IN_FLIGHT", f"v{self._inflight.table.version} ({self._inflight.kind}) awaits its outcome")
+        elif self._paused:
+            self._note(trig, "PAUSED", "decisions are paused by the operator")
+        elif self._observe is not None:
+            o = self._observe
+            self._note(trig, "OBSERVING", f"v{o.version} observed {o.windows}/{p.rollback_windows} windows")
+        else:
+            self.monitor.budget.reset()  # an attempt spends the budget, whatever its outcome
+            cool = self._cool_until >= ev.window_seq
+            self._attempt(rebalance(self.head, self.monitor.buffer, p, self.profile, cool, trig), trig)
+
+    def _on_commit(self, ev: TableCommitted) -> None:
+        t = ev.table
+        if (t.layers, t.experts, t.topology) != (self.head.layers, self.head.experts, self.head.topology):
+            raise InvalidShape(f"committed table v{t.version} is {t.layers} x {t.experts} on {t.topology}, "
+                               f"expected {self.head.layers} x {self.head.experts} on {self.head.topology}")
+        if t.version <= self.head.version:
+            self._note("", "STALE_COMMIT", f"v{t.version} <= head v{self.head.version}")
+            return
+        prev, kind = self.head, ev.kind
+        d = self._inflight
+        if d is not None and d.table.version <= t.version:
+            ours = d.table.version == t.version and d.table.content_equal(t)
+            if ours:
+                kind = d.kind
+                self._transition(d, OpState.COMMITTED, "")
+                self._transition(d, OpState.ACTIVE, "")
+                self._ready.persist.append(Resolution(t.version, "COMMITTED", ""))
+                self._note(d.trigger, "COMMITTED", f"v{t.version} committed", d)
+            else:
+                self._transition(d, OpState.EXPIRED, EndReason.LOST_TO_OTHER_PROPOSAL)
+                self._ready.persist.append(Resolution(d.table.version, "LOST", EndReason.LOST_TO_OTHER_PROPOSAL))
+                self._note(d.trigger, "LOST", f"v{t.version} committed another table", d)
+            self._inflight = None
+        o = self._observe or self._rollback_due
+        if o is not None:
+            if same_ranks(t, o.parent):
+                o.life = o.life.to(OpState.ROLLED_BACK, EndReason.REALISED_NOT_BETTER)
+                self._ready.events.append(OpTransition(o.version, "rebalance", o.life.state, o.life.reason))
+                # every expert the rolled-back change touched is left alone for a while: no oscillation
+                rows, cols = np.nonzero(o.parent.phy2log != prev.phy2log)
+                seq = self.monitor.last_seq if self.monitor.last_seq is not None else 0
+                for src in (prev.phy2log, o.parent.phy2log):
+                    e = src[rows, cols]
+                    self._cool_until[rows[e >= 0], e[e >= 0]] = seq + self.params.cooldown_windows
+                kind = "rollback"
+            else:
+                o.life = o.life.to(OpState.EXPIRED, EndReason.SUPERSEDED)
+                self._ready.events.append(OpTransition(o.version, "rebalance", o.life.state, o.life.reason))
+            self._observe = self._rollback_due = None
+        self.head = t
+        self._ready.install.append(t)
+        self._lost &= set(t.active_ranks)
+        if kind == "rebalance" and t.parent == prev.version:
+            self._observe = _Observation(t.version, prev)
+
+    def _on_failed(self, ev: ProposalFailed) -> None:
+        d = self._inflight
+        if d is None or d.table.version != ev.version:
+            self._note("", "STALE_FAILURE", f"no proposal of ours in flight for v{ev.version}")
+            return
+        self._transition(d, OpState.ABORTED, f"{EndReason.PROPOSAL_FAILED}: {ev.reason}")
+        self._ready.persist.append(Resolution(ev.version, "FAILED", ev.reason))
+        self._note(d.trigger, "FAILED", ev.reason, d)
+        self._inflight = None
+
+    def _on_manual(self, ev: ManualProposal) -> None:
+        if self._inflight is not None:
+            self._note("manual", "PROPOSAL_IN_FLIGHT", f"v{self._inflight.table.version} awaits its outcome")
+            return
+        a = manual(self.head, self.monitor.buffer, self.params, tuple(ev.ops), ev.force)
+        self._attempt(a, a.decision.trigger if a.decision else "manual")
+
+    # ---- proposing ---------------------------------------------------------------------------
+    def _propose_pending(self) -> bool:
+        """Repair, then a due rollback, when nothing is in flight; True if one of them was attempted."""
+        if self._inflight is not None:
+            return False
+        if self._lost:
+            lost = sorted(self._lost)
+            a = repair(self.head, lost, self.monitor.buffer, self.params)
+            if a.decision is None:
+                self._lost.clear()  # re-reported by membership when it changes
+            self._attempt(a, f"repair: ranks {lost} lost")
+            return True
+        o = self._rollback_due
+        if o is not None:
+            trig = (f"rollback: realised step imbalance {o.realised / max(o.windows, 1):.3f} not better than "
+                    f"{o.counterfactual / max(o.windows, 1):.3f} without v{o.version} over {o.windows} windows")
+            a = rollback(self.head, o.parent, self.monitor.buffer, self.params, trig)
+            if a.decision is None:
+                o.life = o.life.to(OpState.DONE, a.outcome)
+                self._ready.events.append(OpTransition(o.version, "rebalance", o.life.state, o.life.reason))
+                self._rollback_due = None
+            self._attempt(a, trig)
+            return True
+        return False
+
+    def _attempt(self, a: Attempt, trigger: str) -> None:
+        d = a.decision
+        if d is None:
+            self._note(trigger, a.outcome, a.detail, None, a)
+            return
+        self._inflight = d
+        self._life = Lifecycle()
+        self._ready.persist.append(ProposalRecord(d.table.version, d.table.parent, d.table.digest, d.kind))
+        self._ready.proposals.append(d)
+        self._ready.events.append(OpTransition(d.table.version, d.kind, OpState.PROPOSED, ""))
+        self._note(trigger, "PROPOSED", d.describe(), d, a)
+
+    def _observe_window(self) -> None:
+        o = self._observe
+        if o is None:
+            return
+        buf = self.monitor.buffer
+        real = buf.stats(self.head, last=1).step_imbalance()
+        cf = buf.stats(o.parent, base=self.head, last=1).step_imbalance()
+        o.windows += 1
+        o.realised += float(real.mean())
+        o.counterfactual += float(cf.mean())
+        if o.windows < self.params.rollback_windows:
+            return
+        self._observe = None
+        if o.realised < o.counterfactual:
+            o.life = o.life.to(OpState.DONE, EndReason.KEPT)
+            self._ready.events.append(OpTransition(o.version, "rebalance", o.life.state, o.life.reason))
+        else:
+            self._rollback_due = o
+
+    def _transition(self, d: Decision, state: OpState, reason: str) -> None:
+        self._life = self._life.to(state, reason)
+        self._ready.events.append(OpTransition(d.table.version, d.kind, state, reason))
+
+    def _note(self, trigger: str, outcome: str, detail: str = "", decision: Decision | None = None,
+              a: Attempt | None = None) -> None:
+        seq = self.monitor.last_seq if self.monitor.last_seq is not None else -1
+        ex = Explain(seq, self.head.version, self._imbalance, trigger, outcome, detail, decision,
+                     a.refused if a else (), a.estimated_gain if a else 0.0, a.verified_gain if a else 0.0,
+                     a.cost if a else 0.0)
+        self._explain = ex
+        self._ready.events.append(ex)

@@ -1,0 +1,269 @@
+"""Estimate, verify, gate: turn a trigger (or an operator, a rollback, a lost rank) into one Decision.
+
+Each function takes the head table and the replay buffer and returns an `Attempt`: the Decision to propose,
+or None with a stable outcome code, and everything refused on the way. Gains are relative reductions of the
+mean step imbalance on the replay buffer (`verify.gain`); a rebalance is proposed only when its verified gain
+is >= tau and its cost (`cost.CostModel` over `table.diff`) is within the budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from controlplane.cost import DEEPSEEK_V3_EXPERT_BYTES, CostModel
+from controlplane.elastic import DrainRefused, plan_repair
+from controlplane.errors import ControlPlaneError, InvalidOperation, InvalidTable
+from controlplane.monitor import ReplayBuffer
+from controlplane.ops import Consolidate, Migrate, Operation, Replicate, apply_ops, describe
+from controlplane.planner import Reason, Refused, plan
+from controlplane.profile import StabilityProfile
+from controlplane.table import RoutingTable, diff
+from controlplane.verify import gain, layer_gains
+
+
+class InvalidParams(ControlPlaneError):
+    code = "INVALID_PARAMS"
+
+
+@dataclass(frozen=True)
+class DecisionParams:
+    """Knobs of the decision core (agent.config.DecisionConfig carries the first seven)."""
+
+    window: int = 100  # W steps per window
+    theta: float = 1.15  # act when step imbalance exceeds this ...
+    budget_windows: int = 2  # ... for B consecutive windows
+    tau: float = 0.02  # minimum verified relative gain of a rebalance
+    rollback_windows: int = 3  # N windows after a change before judging it (rolled back if not better)
+    max_ops: int = 8  # operations per plan
+    replay_windows: int = 3  # windows kept in the replay buffer
+    expert_bytes: int = DEEPSEEK_V3_EXPERT_BYTES
+    cost_budget_s: float = 0.05  # see cost.CostModel.budget_s
+    band: float = 0.05  # tolerance band below theta that holds the error budget's count
+    replica_budget: int | None = None  # extra replicas over all layers; None: what the slots allow
+    downtime_steps: float = 1.0
+    penalty_s: float = 1e-7
+    cooldown_windows: int = 10  # experts of a rolled-back change are left alone this many windows
+    plan_block: int = 20  # the planner estimates on totals per block of this many steps (0: per window);
+    #                       finer blocks see per-step peaks: on ESFT intent, 20 steps verify 0.050 vs 0.039
+
+    def __post_init__(self) -> None:
+        for f in ("window", "budget_windows", "rollback_windows", "max_ops", "replay_windows", "expert_bytes"):
+            if getattr(self, f) < 1:
+                raise InvalidParams(f"{f}={getattr(self, f)!r}: expected an integer >= 1")
+        if not self.theta >= 1.0:
+            raise InvalidParams(f"theta={self.theta!r}: expected a ratio >= 1.0")
+        if not 0.0 <= self.tau < 1.0:
+            raise InvalidParams(f"tau={self.tau!r}: expected a fraction in [0, 1)")
+        if not 0.0 <= self.band < self.theta:
+            raise InvalidParams(f"band={self.band!r}: expected 0 <= band < theta")
+        if self.cooldown_windows < 0 or self.plan_block < 0:
+            raise InvalidParams(f"cooldown_windows={self.cooldown_windows!r}, plan_block={self.plan_block!r}: "
+                                "expected >= 0")
+        self.cost_model()  # validates the cost figures
+
+    def cost_model(self) -> CostModel:
+        return CostModel(self.expert_bytes, self.cost_budget_s, self.downtime_steps, self.penalty_s, self.replica_budget)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """One proposed change: a successor of the head (version = head + 1, parent = head), printable."""
+
+    table: RoutingTable
+    ops: tuple[Operation, ...]
+    estimated_gain: float
+    verified_gain: float
+    cost: float
+    trigger: str
+    refused: tuple[Refused, ...]
+    kind: str  # "rebalance" | "rollback" | "manual" | "repair"
+    replay_from_step: int = 0
+    replay_to_step: int = 0
+
+    def describe(self) -> str:
+        head = (f"v{self.table.version} ({self.kind}) <- v{self.table.parent}: {len(self.ops)} ops, estimated gain "
+                f"{self.estimated_gain:.4f}, verified gain {self.verified_gain:.4f}, cost {self.cost * 1e3:.3f} ms")
+        lines = [head, f"  trigger: {self.trigger}"] + [f"  + {describe(o)}" for o in self.ops]
+        return "\n".join(lines + [f"  ({len(self.refused)} candidates refused)"])
+
+
+@dataclass
+class Attempt:
+    decision: Decision | None
+    outcome: str  # PROPOSED or why not
+    detail: str = ""
+    refused: tuple[Refused, ...] = ()
+    estimated_gain: float = 0.0
+    verified_gain: float = 0.0
+    cost: float = 0.0
+
+
+def _span(buf: ReplayBuffer) -> tuple[int, int]:
+    if not buf.windows:
+        return 0, 0
+    last = buf.windows[-1]
+    return buf.windows[0].first_step, last.first_step + int(last.counts.shape[0])
+
+
+def _tokens_per_step(buf: ReplayBuffer) -> npt.NDArray[np.float64]:
+    return np.asarray(buf.window_totals().sum(axis=0) / max(buf.steps, 1), dtype=np.float64)
+
+
+def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile: StabilityProfile | None,
+              cooldown: npt.NDArray[np.bool_], trigger: str) -> Attempt:
+    """Plan on the windowed totals, verify on every buffered step, drop layers that replay shows not to
+    gain, gate the rest by tau and the cost budget."""
+    cm = p.cost_model()
+    pl = plan(head, buf.block_totals(), buf.steps, cm, p.max_ops, p.tau, profile, cooldown)
+    refused = list(pl.refused)
+    if not pl.ops:
+        return Attempt(None, "NO_PLAN", "no candidate gains at least tau / max_ops", tuple(refused))
+    base = buf.stats(head)
+    ops, op_layers = list(pl.ops), np.asarray(pl.op_layers, dtype=np.int64)
+    table = apply_ops(head, ops)
+    table.validate()  # a planner that builds an invalid table is a bug: fail loudly
+    new = buf.stats(table, base=head)
+    ls = np.unique(op_layers)
+    lg = layer_gains(base, new, ls)
+    by_layer = {int(lay): float(g) for lay, g in zip(ls.tolist(), lg.tolist(), strict=True)}
+    drop = {lay for lay, g in by_layer.items() if g <= 0}
+    if drop:
+        for o, lay in zip(ops, op_layers.tolist(), strict=True):
+            if lay in drop:
+                refused.append(Refused(o, Reason.VERIFY_NO_GAIN.value, by_layer[lay], 0.0,
+                                       f"layer {lay} replayed step by step"))
+        ops = [o for o, lay in zip(ops, op_layers.tolist(), strict=True) if lay not in drop]
+        if not ops:
+            return Attempt(None, Reason.VERIFY_NO_GAIN.value, "no planned layer gained on replay", tuple(refused))
+        ls = np.array(sorted(set(ls.tolist()) - drop), dtype=np.int64)
+        table = apply_ops(head, ops)
+        new = buf.stats(table, base=head)
+    vg = gain(base, new)
+    est = sum(g for lay, g in pl.layer_gain if lay in set(ls.tolist()))
+    cost = cm.diff_cost(diff(head, table, p.expert_bytes), head.topology, _tokens_per_step(buf))
+    a = Attempt(None, "", "", (), est, vg, cost)
+    if vg < p.tau or cost > cm.budget_s:
+        reason = Reason.GAIN_BELOW_TAU if vg < p.tau else Reason.OVER_BUDGET
+        refused += [Refused(o, reason.value, by_layer[lay], 0.0, "plan refused as a whole (gain: its layer's share)")
+                    for o, lay in zip(ops, [lay for lay in op_layers.tolist() if lay not in drop], strict=True)]
+        refused.append(Refused(None, reason.value, vg, cost, f"verified gain {vg:.4f} vs tau {p.tau}, "
+                                                             f"cost {cost * 1e3:.3f} ms vs {cm.budget_s * 1e3:.1f} ms"))
+        a.outcome, a.detail, a.refused = reason.value, refused[-1].detail, tuple(refused)
+        return a
+    lo, hi = _span(buf)
+    a.decision = Decision(table, tuple(ops), est, vg, cost, trigger, tuple(refused), "rebalance", lo, hi)
+    a.outcome, a.refused = "PROPOSED", tuple(refused)
+    return a
+
+
+def manual(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, ops: tuple[Operation, ...], force: bool) -> Attempt:
+    """An operator's operations: valid always required; gain >= tau and the budget unless forced."""
+    try:
+        table = apply_ops(head, ops)
+        table.validate()
+    except (InvalidOperation, InvalidTable) as e:
+        code = e.reason if isinstance(e, InvalidOperation) else e.code
+        return Attempt(None, code, e.message, (Refused(None, code, 0.0, 0.0, e.message),))
+    vg = gain(buf.stats(head), buf.stats(table, base=head)) if buf.steps else 0.0
+    cm = p.cost_model()
+    cost = cm.diff_cost(diff(head, table, p.expert_bytes), head.topology, _tokens_per_step(buf))
+    if not force and (vg < p.tau or cost > cm.budget_s):
+        code = Reason.GAIN_BELOW_TAU.value if vg < p.tau else Reason.OVER_BUDGET.value
+        return Attempt(None, code, "use force to propose anyway", (Refused(None, code, vg, cost),), 0.0, vg, cost)
+    lo, hi = _span(buf)
+    trig = f"manual: operator proposal{' (forced)' if force else ''}: " + "; ".join(describe(o) for o in ops)
+    return Attempt(Decision(table, tuple(ops), vg, vg, cost, trig, (), "manual", lo, hi), "PROPOSED", "", (), vg, vg, cost)
+
+
+def rollback_ops(head: RoutingTable, target: RoutingTable) -> tuple[Operation, ...]:
+    """Operations that give `head` the same experts on every rank as `target` (slots may differ):
+    consolidations first, then migrations, then replications, so that freed slots are there when needed."""
+    S, G = head.topology.slots_per_rank, head.topology.ranks
+    cons: list[Operation] = []
+    migs: list[Operation] = []
+    reps: list[Operation] = []
+    for lay in np.flatnonzero((head.phy2log != target.phy2log).any(axis=1)).tolist():
+        have = np.zeros((head.experts, G), dtype=bool)
+        want = np.zeros((head.experts, G), dtype=bool)
+        for t, m in ((head, have), (target, want)):
+            p = t.phy2log[lay]
+            m[p[p >= 0], np.flatnonzero(p >= 0) // S] = True
+        for e in np.flatnonzero((have != want).any(axis=1)).tolist():
+            h, w = set(np.flatnonzero(have[e]).tolist()), set(np.flatnonzero(want[e]).tolist())
+            if len(w) < len(h):  # shrink to one replica that stays, then copy the others back
+                anchor = min(h & w) if h & w else min(w)
+                cons.append(Consolidate(lay, (e,), anchor))
+                h = {anchor}
+            rem, add = sorted(h - w), sorted(w - h)
+            migs += [Migrate(lay, e, s, d) for s, d in zip(rem, add, strict=False)]
+            reps += [Replicate(lay, e, d) for d in add[len(rem):]]
+    return tuple(cons + migs + reps)
+
+
+def _fitting_order(head: RoutingTable, ops: tuple[Operation, ...]) -> tuple[Operation, ...] | None:
+    """`ops` in their given order where possible, else the first that applies next, repeatedly."""
+    try:
+        apply_ops(head, ops)
+        return ops
+    except InvalidOperation:
+        pass
+    cur, pending, done = head, list(ops), []
+    while pending:
+        for i, op in enumerate(pending):
+            try:
+                cur = apply_ops(cur, [op])
+            except InvalidOperation:
+                continue
+            done.append(pending.pop(i))
+            break
+        else:
+            return None
+    return tuple(done)
+
+
+def same_ranks(a: RoutingTable, b: RoutingTable) -> bool:
+    """Every rank holds the same experts in every layer (slot positions aside)."""
+    G, S = a.topology.ranks, a.topology.slots_per_rank
+    pa, pb = (np.sort(t.phy2log.reshape(t.layers, G, S), axis=2) for t in (a, b))
+    return a.active_ranks == b.active_ranks and bool(np.array_equal(pa, pb))
+
+
+def rollback(head: RoutingTable, target: RoutingTable, buf: ReplayBuffer, p: DecisionParams, trigger: str) -> Attempt:
+    """Return to `target`'s placement (the parent of a change that did not help); gated by gain >= 0."""
+    ops = _fitting_order(head, rollback_ops(head, target))
+    if ops is None:
+        return Attempt(None, "ROLLBACK_NOT_EXPRESSIBLE", "no order of the operations fits the free slots")
+    table = apply_ops(head, ops)
+    if not same_ranks(table, target):
+        return Attempt(None, "ROLLBACK_NOT_EXPRESSIBLE", "operations do not reproduce the parent's placement")
+    table.validate()
+    vg = gain(buf.stats(head), buf.stats(table, base=head))
+    cm = p.cost_model()
+    cost = cm.diff_cost(diff(head, table, p.expert_bytes), head.topology, _tokens_per_step(buf))
+    if vg < 0:
+        return Attempt(None, "ROLLBACK_NOT_BETTER", f"replay gain of the rollback {vg:.4f} < 0", (), 0.0, vg, cost)
+    lo, hi = _span(buf)
+    return Attempt(Decision(table, ops, vg, vg, cost, trigger, (), "rollback", lo, hi), "PROPOSED", "", (), vg, vg, cost)
+
+
+def repair(head: RoutingTable, lost: list[int], buf: ReplayBuffer, p: DecisionParams) -> Attempt:
+    """Drain lost ranks and reload every expert left without a replica from host onto the coolest surviving
+    rank (`elastic.plan_repair`). Not gated by tau: it restores a valid table."""
+    load = buf.window_totals().sum(axis=0) if buf.steps else None
+    try:
+        ops = plan_repair(head, set(lost), load)
+    except DrainRefused as e:
+        return Attempt(None, Reason.NO_FREE_SLOT.value, e.message, (Refused(None, Reason.NO_FREE_SLOT.value, 0.0, 0.0, e.message),))
+    if not ops:
+        return Attempt(None, "NOTHING_TO_REPAIR", f"ranks {lost} are not active")
+    table = apply_ops(head, ops)
+    table.validate()
+    vg = gain(buf.stats(head), buf.stats(table)) if buf.steps else 0.0
+    cm = p.cost_model()
+    cost = cm.diff_cost(diff(head, table, p.expert_bytes), head.topology, _tokens_per_step(buf))
+    lo, hi = _span(buf)
+    trig = f"repair: ranks {sorted(lost)} lost"
+    return Attempt(Decision(table, tuple(ops), vg, vg, cost, trig, (), "repair", lo, hi), "PROPOSED", "", (), vg, vg, cost)

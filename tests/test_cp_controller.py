@@ -1,0 +1,261 @@
+"""The controller state machine: one proposal in flight, explain every window, rollback, repair, determinism."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from controlplane.controller import (
+    Controller,
+    DecisionParams,
+    Explain,
+    ManualProposal,
+    OpTransition,
+    ProposalFailed,
+    ProposalRecord,
+    RanksLost,
+    Ready,
+    SetPaused,
+    TableCommitted,
+    WindowClosed,
+    kind_of_trigger,
+    verify_decision,
+)
+from controlplane.decision import same_ranks
+from controlplane.ops import Migrate, Replicate, apply_ops
+from controlplane.table import RoutingTable, initial_table
+from controlplane.topology import Topology
+
+ROOT = Path(__file__).resolve().parent.parent
+W = 20
+
+
+def windows(seed: int, n: int, layers: int = 4, experts: int = 16, hot: tuple[int, ...] = (0, 5)) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    p = np.ones((layers, experts))
+    p[:, list(hot)] = 12.0
+    p /= p.sum(axis=1, keepdims=True)
+    return [np.stack([rng.multinomial(3000, p[i], size=W) for i in range(layers)], axis=1).astype(np.uint32)
+            for _ in range(n)]
+
+
+def setup(**kw: object) -> tuple[Controller, RoutingTable]:
+    head = initial_table(Topology(2, 4, 3), 4, 16)  # 8 ranks x 3 slots, 2 experts per rank, 1 spare
+    params = DecisionParams(window=W, expert_bytes=1 << 24, **kw)  # type: ignore[arg-type]
+    return Controller(params, head), head
+
+
+def feed(c: Controller, seq: int, counts: np.ndarray) -> Ready:
+    return c.step(WindowClosed(seq, seq * W, counts))
+
+
+def test_proposes_after_the_budget_is_spent_and_only_once() -> None:
+    c, head = setup()
+    ws = windows(0, 8)
+    r = feed(c, 0, ws[0])
+    ex = c.last_explain()
+    assert ex is not None and ex.outcome == "BUDGET_NOT_SPENT" and not r.proposals
+    c.advance()
+    r = feed(c, 1, ws[1])
+    assert len(r.proposals) == 1
+    d = r.proposals[0]
+    assert d.kind == "rebalance" and d.table.version == head.version + 1 and d.table.parent == head.version
+    assert d.verified_gain >= c.params.tau and d.table.is_valid() and d.ops
+    assert apply_ops(head, d.ops).content_equal(d.table)
+    assert "> theta 1.15 for 2 windows" in d.trigger and d.refused
+    assert isinstance(r.persist[0], ProposalRecord) and r.persist[0].digest == d.table.digest
+    assert any(isinstance(e, Explain) and e.outcome == "PROPOSED" for e in r.events)
+    assert any(isinstance(e, OpTransition) and e.state == "PROPOSED" for e in r.events)
+    # a voter re-verifies on the same buffer and gets the same figure, bit for bit
+    ok, vg, reason = verify_decision(head, d.table, c.monitor.buffer.counts(), c.params.tau)
+    assert ok and reason == "OK" and vg == d.verified_gain
+    c.advance()
+    for seq in range(2, 6):  # in flight: never a second proposal, whatever the windows say
+        r = feed(c, seq, ws[seq])
+        assert not r.proposals
+        c.advance()
+    ex = c.last_explain()
+    assert ex is not None and ex.outcome == "PROPOSAL_IN_FLIGHT"
+    r = c.step(ManualProposal((Replicate(0, 1, 7),), force=True))
+    assert not r.proposals and c.last_explain().outcome == "PROPOSAL_IN_FLIGHT"  # type: ignore[union-attr]
+    c.advance()
+    # a failure for another version changes nothing; for ours it frees the controller
+    c.step(ProposalFailed(d.table.version + 1, "nope"))
+    assert c.inflight is d and c.last_explain().outcome == "STALE_FAILURE"  # type: ignore[union-attr]
+    r = c.step(ProposalFailed(d.table.version, "TIMEOUT"))
+    assert c.inflight is None and r.persist[-1].outcome == "FAILED"  # type: ignore[union-attr]
+    assert any(isinstance(e, OpTransition) and e.state == "ABORTED" for e in r.events)
+
+
+def test_commit_install_observe_and_keep() -> None:
+    c, head = setup()
+    ws = windows(1, 12)
+    feed(c, 0, ws[0])
+    d = feed(c, 1, ws[1]).proposals[0]
+    c.advance()
+    r = c.step(TableCommitted(d.table))
+    assert r.install == [d.table] and c.head is d.table and c.inflight is None and c.state == "observing"
+    states = [e.state for e in r.events if isinstance(e, OpTransition)]
+    assert states == ["COMMITTED", "ACTIVE"]
+    c.advance()
+    outcomes = []
+    kept = False
+    for seq in range(2, 2 + c.params.rollback_windows):
+        r = feed(c, seq, ws[seq])
+        outcomes.append(c.last_explain().outcome)  # type: ignore[union-attr]
+        kept |= any(isinstance(e, OpTransition) and e.state == "DONE" and e.reason == "KEPT" for e in r.events)
+        c.advance()
+    assert kept and "OBSERVING" in outcomes and c.state != "observing"
+
+
+def test_lost_to_another_proposal_and_stale_commit() -> None:
+    c, head = setup()
+    ws = windows(2, 3)
+    feed(c, 0, ws[0])
+    d = feed(c, 1, ws[1]).proposals[0]
+    c.advance()
+    other = apply_ops(head, [Migrate(3, 15, 7, 0)])
+    r = c.step(TableCommitted(other, kind="manual"))
+    assert c.inflight is None and c.head is other and r.install == [other]
+    assert c.last_explain().outcome == "LOST"  # type: ignore[union-attr]
+    assert any(isinstance(e, OpTransition) and e.state == "EXPIRED" for e in r.events)
+    c.advance()
+    r = c.step(TableCommitted(d.table))  # version <= head: stale
+    assert not r.install and c.last_explain().outcome == "STALE_COMMIT"  # type: ignore[union-attr]
+    c.advance()
+    r = feed(c, 1, ws[2])  # window 1 again: stale
+    assert c.last_explain().outcome == "STALE_WINDOW" and not r.proposals  # type: ignore[union-attr]
+
+
+def test_a_change_that_did_not_help_is_rolled_back_once() -> None:
+    c, head = setup(rollback_windows=2, theta=50.0)  # theta high: no rebalance interferes
+    ws = windows(3, 10)
+    # another proposer's "rebalance" that moves hot expert 5 next to hot expert 0 (rank 0): worse
+    bad = apply_ops(head, [Migrate(0, 5, 2, 0), Migrate(1, 5, 2, 0)])
+    c.step(TableCommitted(bad))
+    c.advance()
+    assert c.state == "observing"
+    feed(c, 0, ws[0])
+    c.advance()
+    r = feed(c, 1, ws[1])
+    assert len(r.proposals) == 1
+    rb = r.proposals[0]
+    assert rb.kind == "rollback" and rb.trigger.startswith("rollback:") and kind_of_trigger(rb.trigger) == "rollback"
+    assert same_ranks(rb.table, head) and rb.verified_gain > 0 and rb.table.parent == bad.version
+    assert verify_decision(bad, rb.table, c.monitor.buffer.counts(), 0.0)[0]
+    c.advance()
+    r = c.step(TableCommitted(rb.table))
+    assert any(isinstance(e, OpTransition) and e.state == "ROLLED_BACK" for e in r.events)
+    assert c.state == "idle"  # a rollback is not itself observed: no oscillation
+    assert c._cool_until[0, 5] >= 1 and c._cool_until[1, 5] >= 1  # noqa: SLF001 - the anti-oscillation memory
+    c.advance()
+    for seq in range(2, 6):
+        assert not feed(c, seq, ws[seq]).proposals
+        c.advance()
+
+
+def test_manual_proposals() -> None:
+    c, head = setup()
+    r = c.step(ManualProposal((Replicate(0, 0, 0),)))  # expert 0 already on rank 0
+    assert not r.proposals and c.last_explain().outcome == "ALREADY_ON_RANK"  # type: ignore[union-attr]
+    r = c.step(ManualProposal((Migrate(0, 0, 0, 1), Migrate(0, 1, 0, 1))))  # rank 1 has one free slot
+    assert not r.proposals and c.last_explain().outcome == "NO_FREE_SLOT"  # type: ignore[union-attr]
+    r = c.step(ManualProposal((Replicate(0, 3, 5),)))  # no replay yet: gain 0 < tau
+    assert not r.proposals and c.last_explain().outcome == "GAIN_BELOW_TAU"  # type: ignore[union-attr]
+    r = c.step(ManualProposal((Replicate(0, 3, 5),), force=True))
+    assert len(r.proposals) == 1 and r.proposals[0].kind == "manual"
+    assert kind_of_trigger(r.proposals[0].trigger) == "manual"
+
+
+def test_lost_ranks_are_repaired_first() -> None:
+    c, head = setup()
+    ws = windows(4, 2)
+    feed(c, 0, ws[0])
+    c.advance()
+    r = c.step(RanksLost((3,)))
+    assert len(r.proposals) == 1
+    d = r.proposals[0]
+    assert d.kind == "repair" and 3 not in d.table.active_ranks and d.table.is_valid()
+    assert kind_of_trigger(d.trigger) == "repair"
+    c.advance()
+    c.step(TableCommitted(d.table, kind="repair"))
+    assert c.state == "idle"
+
+
+def test_pause_and_ready_is_cumulative_until_advance() -> None:
+    c, _ = setup()
+    ws = windows(5, 3)
+    c.step(SetPaused(True))
+    feed(c, 0, ws[0])
+    r = feed(c, 1, ws[1])
+    assert not r.proposals and c.last_explain().outcome == "PAUSED"  # type: ignore[union-attr]
+    assert sum(1 for e in r.events if isinstance(e, Explain)) == 3  # PAUSED, BUDGET_NOT_SPENT, PAUSED
+    c.advance()
+    c.step(SetPaused(False))
+    c.advance()
+    r = feed(c, 2, ws[2])
+    assert r.proposals or c.last_explain().outcome != "PAUSED"  # type: ignore[union-attr]
+
+
+def test_profile_shape_must_match() -> None:
+    from controlplane.errors import InvalidShape
+    from controlplane.profile import build_profile
+
+    head = initial_table(Topology(1, 2, 2), 2, 4)
+    prof = build_profile([np.ones((3, 3, 4), dtype=np.uint32)] * 2)
+    with pytest.raises(InvalidShape):
+        Controller(DecisionParams(), head, prof)
+
+
+PLAN_SCRIPT = """
+import hashlib, numpy as np
+from tests.test_cp_controller import setup, windows, feed
+from controlplane.controller import TableCommitted
+c, head = setup()
+h = hashlib.sha256()
+for seq, w in enumerate(windows(7, 9)):
+    r = feed(c, seq, w)
+    for d in r.proposals:
+        h.update(d.table.digest)
+        h.update(repr((d.ops, d.refused, d.estimated_gain, d.verified_gain, d.cost, d.trigger, d.kind)).encode())
+    ex = c.last_explain()
+    h.update(repr((ex.outcome, ex.detail, ex.refused)).encode())
+    props = list(r.proposals)
+    c.advance()
+    for d in props:
+        c.step(TableCommitted(d.table)); c.advance()
+print(h.hexdigest(), c.head.version)
+"""
+
+
+def test_plans_are_byte_identical_in_two_processes() -> None:
+    outs = []
+    for seed in ("1", "2"):  # different hash seeds: no set or dict order may leak into a plan
+        env = {**os.environ, "PYTHONHASHSEED": seed, "OMP_NUM_THREADS": "1"}
+        r = subprocess.run([sys.executable, "-c", PLAN_SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+        outs.append(r.stdout.split())
+    assert outs[0] == outs[1] and int(outs[0][1]) > 1, outs
+    assert len(outs[0][0]) == len(hashlib.sha256().hexdigest())
+
+
+def test_bad_input_raises_and_changes_no_state() -> None:
+    from controlplane.errors import InvalidShape
+
+    c, head = setup()
+    ws = windows(8, 2)
+    feed(c, 0, ws[0])
+    c.advance()
+    before = (c.monitor.last_seq, c.monitor.budget.count, c.monitor.buffer.steps)
+    with pytest.raises(InvalidShape):
+        c.step(WindowClosed(5, 100, np.zeros((W, 3, 16), dtype=np.uint32)))
+    with pytest.raises(InvalidShape):
+        c.step(TableCommitted(initial_table(Topology(1, 2, 8), 4, 16).with_version(9, 1)))
+    assert (c.monitor.last_seq, c.monitor.budget.count, c.monitor.buffer.steps) == before and c.head is head

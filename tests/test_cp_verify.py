@@ -1,0 +1,170 @@
+"""Replay kernels against brute force: per-token loop, direct split, and the gain of a change."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controlplane import load, verify
+from controlplane.errors import InvalidShape
+from controlplane.ops import Consolidate, Drain, Migrate, Replicate, apply_ops
+from controlplane.table import RoutingTable, initial_table
+from controlplane.topology import Topology
+
+
+@st.composite
+def tables(draw: st.DrawFn, max_layers: int = 3) -> RoutingTable:
+    """A valid table: static EP on a small topology, then random valid replicate/migrate/consolidate."""
+    topo = Topology(draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    G, S = topo.ranks, topo.slots_per_rank
+    experts = draw(st.integers(1, G * S))
+    layers = draw(st.integers(1, max_layers))
+    t = initial_table(topo, layers, experts)
+    for _ in range(draw(st.integers(0, 8))):
+        layer = draw(st.integers(0, layers - 1))
+        e = draw(st.integers(0, experts - 1))
+        kind = draw(st.sampled_from(["rep", "mig", "cons"]))
+        ranks = np.flatnonzero((t.phy2log[layer].reshape(G, S) == e).any(axis=1))
+        dst = draw(st.integers(0, G - 1))
+        op = (Replicate(layer, e, dst) if kind == "rep" else Migrate(layer, e, int(ranks[0]), dst)
+              if kind == "mig" else Consolidate(layer, (e,), dst))
+        try:
+            nxt = apply_ops(t, [op])
+        except Exception:  # noqa: BLE001 - an op that does not fit (no free slot, already there) is skipped
+            continue
+        if nxt.is_valid():
+            t = nxt
+    return t
+
+
+def counts_for(draw: st.DrawFn, t: RoutingTable, max_steps: int = 4, high: int = 40) -> np.ndarray:
+    T = draw(st.integers(1, max_steps))
+    seed = draw(st.integers(0, 2**31 - 1))
+    return np.random.default_rng(seed).integers(0, high, size=(T, t.layers, t.experts)).astype(np.uint32)
+
+
+def naive_rank_load(t: RoutingTable, counts: np.ndarray) -> np.ndarray:
+    """Per-token loop: token i of expert e goes to its replica i mod r (replicas in slot order)."""
+    T, L, E = counts.shape
+    S, G = t.topology.slots_per_rank, t.topology.ranks
+    out = np.zeros((T, L, G), dtype=np.int64)
+    for s in range(T):
+        for layer in range(L):
+            for e in range(E):
+                slots = sorted(int(p) for p in np.flatnonzero(t.phy2log[layer] == e))
+                for i in range(int(counts[s, layer, e])):
+                    if slots:
+                        out[s, layer, slots[i % len(slots)] // S] += 1
+    return out
+
+
+def direct_rank_load(t: RoutingTable, counts: np.ndarray) -> np.ndarray:
+    """Router split computed per expert: replica j of r gets c // r + (j < c % r)."""
+    T, L, E = counts.shape
+    S, G = t.topology.slots_per_rank, t.topology.ranks
+    out = np.zeros((T, L, G), dtype=np.int64)
+    for layer in range(L):
+        for e in range(E):
+            slots = [int(p) for p in t.log2phy[layer, e] if p >= 0]
+            r = len(slots)
+            for j, p in enumerate(slots):
+                c = counts[:, layer, e].astype(np.int64)
+                out[:, layer, p // S] += c // r + (j < c % r)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_vectorised_replay_equals_per_token_loop(data: st.DataObject) -> None:
+    t = data.draw(tables())
+    c = counts_for(data.draw, t)
+    expect = naive_rank_load(t, c)
+    assert np.array_equal(load.rank_load(t, c), expect)
+    assert np.array_equal(verify.RankLoadKernel(t).rank_load(c), expect)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_router_split_equals_direct_computation(data: st.DataObject) -> None:
+    t = data.draw(tables())
+    c = counts_for(data.draw, t, high=5000)
+    expect = direct_rank_load(t, c)
+    assert np.array_equal(load.rank_load(t, c), expect)
+    k = verify.RankLoadKernel(t)
+    assert np.array_equal(k.rank_load(c), expect)
+    assert np.array_equal(k.layer_max(c), expect.max(axis=-1))
+    ls = np.array(sorted(set(data.draw(st.lists(st.integers(0, t.layers - 1), max_size=3)))), dtype=np.int64)
+    assert np.array_equal(verify.RankLoadKernel(t, ls).rank_load(c), expect[:, ls])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_layer_views_match_table(data: st.DataObject) -> None:
+    t = data.draw(tables())
+    cnt, j = verify.layer_views(np.asarray(t.phy2log), t.experts)
+    assert np.array_equal(cnt, t.logcnt) and np.array_equal(j, t.replica_index)
+
+
+def test_large_counts_use_int64() -> None:
+    t = initial_table(Topology(1, 2, 2), 1, 3)
+    t = apply_ops(t, [Replicate(0, 0, 1)])
+    c = np.full((2, 1, 3), 2**31 - 5, dtype=np.uint32)
+    assert np.array_equal(verify.RankLoadKernel(t).rank_load(c), load.rank_load(t, c))
+
+
+def test_kernel_rejects_bad_shape() -> None:
+    t = initial_table(Topology(1, 2, 2), 2, 3)
+    with pytest.raises(InvalidShape):
+        verify.RankLoadKernel(t).rank_load(np.zeros((4, 3, 3), dtype=np.uint32))
+    assert verify.RankLoadKernel(t).rank_load(np.zeros((0, 2, 3), dtype=np.uint32)).shape == (0, 2, 2)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.data())
+def test_gain_matches_replay_imbalance(data: st.DataObject) -> None:
+    """verify_decision's gain equals the relative change of load.replay_imbalance, and the per-layer
+    contributions add up to it."""
+    a = data.draw(tables())
+    b = data.draw(tables())
+    if (b.layers, b.experts, b.topology) != (a.layers, a.experts, a.topology):
+        b = a
+    b = b.with_version(a.version + 1, a.version)
+    c = counts_for(data.draw, a, max_steps=5, high=300)
+    ia, ib = load.replay_imbalance(a, c), load.replay_imbalance(b, c)
+    ok, g, reason = verify.verify_decision(a, b, c, 0.0)
+    assert g == pytest.approx((ia - ib) / ia, abs=1e-12)
+    assert ok == (g >= 0.0) and reason in ("OK", "GAIN_BELOW_TAU")
+    base = verify.replay_stats(a, c)
+    new = verify.stats_with(base, b, c, a)
+    assert np.array_equal(new.layer_max, verify.replay_stats(b, c).layer_max)
+    ls = verify.changed_layers(a, b)
+    assert float(verify.layer_gains(base, new, ls).sum()) == pytest.approx(g, abs=1e-12)
+
+
+def test_verify_decision_reasons() -> None:
+    topo = Topology(1, 2, 3)
+    head = initial_table(topo, 2, 4)
+    c = np.zeros((3, 2, 4), dtype=np.uint32)
+    c[:, :, 0] = 100  # expert 0 (rank 0) is hot
+    good = apply_ops(head, [Replicate(0, 0, 1), Replicate(1, 0, 1)])
+    ok, g, reason = verify.verify_decision(head, good, c, 0.02)
+    assert ok and reason == "OK" and g == pytest.approx(0.5)
+    assert verify.verify_decision(head, good, c, 0.6) == (False, pytest.approx(0.5), "GAIN_BELOW_TAU")
+    assert verify.verify_decision(head, good.with_version(5, 4), c, 0.0)[2] == "PARENT_MISMATCH"
+    assert verify.verify_decision(head, good, c[:, :1], 0.0)[2] == "SHAPE_MISMATCH"
+    assert verify.verify_decision(head, good, c[:0], 0.0)[2] == "EMPTY_REPLAY"
+    bad = head.successor(np.full_like(head.phy2log, -1))
+    assert verify.verify_decision(head, bad, c, 0.0)[2] == "INVALID_TABLE"
+
+
+def test_verify_with_a_drained_rank() -> None:
+    """A different active set: every layer is replayed, means are over the remaining ranks."""
+    head = initial_table(Topology(1, 3, 2), 2, 3)
+    drained = apply_ops(head, [Migrate(0, 2, 2, 0), Migrate(1, 2, 2, 1), Drain(2)])
+    drained.validate()
+    c = np.random.default_rng(1).integers(0, 50, size=(4, 2, 3)).astype(np.uint32)
+    ok, g, _ = verify.verify_decision(head, drained, c, -10.0)
+    ia, ib = load.replay_imbalance(head, c), load.replay_imbalance(drained, c)
+    assert ok and g == pytest.approx((ia - ib) / ia, abs=1e-12)
