@@ -59,6 +59,7 @@ class LocalCluster:
         self.ids = [f"node{i + 1}" for i in range(n)]
         self.addresses = [f"127.0.0.1:{p}" for p in self.ports]
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * n
+        self._logs: list[Any] = [None] * n
         self.configs: list[Path] = []
         self.log_level = log_level
         seeds = [f"{i}@{a}" for i, a in zip(self.ids, self.addresses, strict=True)]
@@ -76,7 +77,9 @@ class LocalCluster:
 
     def start(self, i: int | None = None) -> None:
         for k in range(self.n) if i is None else [i]:
-            log = open(self.base / self.ids[k] / "agent.log", "ab")
+            if self._logs[k] is not None:
+                self._logs[k].close()
+            log = self._logs[k] = open(self.base / self.ids[k] / "agent.log", "ab")  # noqa: SIM115 - closed in stop()
             env = {**os.environ, "EMOE_LOG": self.log_level, "PYTHONUNBUFFERED": "1"}
             self.procs[k] = subprocess.Popen(
                 [sys.executable, "-m", "agent.cli", "agent", "--config", str(self.configs[k])],
@@ -131,6 +134,10 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=5)
+        for k, f in enumerate(self._logs):
+            if f is not None:
+                f.close()
+                self._logs[k] = None
 
     def __enter__(self) -> LocalCluster:
         return self
