@@ -56,6 +56,7 @@ class FuzzStats:
     examples: int = 0
     crashes: int = 0
     state_changes_on_reject: int = 0
+    accepted_hostile: int = 0  # accepted although the target's oracle calls it plainly hostile
     rejected: int = 0
     accepted: int = 0
     undecodable: int = 0
@@ -92,6 +93,11 @@ def check_one(target: Target, req: Message | bytes, stats: FuzzStats) -> str:
             return f"refusal without a reason on {req}"[:2000]
     else:
         stats.accepted += 1
+        hostile_why = target.must_refuse(req)
+        if hostile_why:
+            stats.accepted_hostile += 1
+            target.fresh()
+            return f"accepted hostile input ({hostile_why}): {req}"[:2000]
     if (verdict.rejected or verdict.read_only) and after != before:
         stats.state_changes_on_reject += 1
         target.fresh()
@@ -176,11 +182,11 @@ def main(argv: list[str] | None = None, out: Callable[[str], None] = print) -> i
             if s.failures:
                 failures[t.name] = s.failures
             if not a.json:
-                out(f"{t.name:28s} {s.examples:6d} examples  {s.crashes} crashes  "
-                    f"{s.state_changes_on_reject} state changes on reject  ({s.rejected} refused)")
+                out(f"{t.name:28s} {s.examples:6d} examples  {s.crashes} crashes  {s.state_changes_on_reject} "
+                    f"state changes on reject  {s.accepted_hostile} hostile accepted  ({s.rejected} refused)")
     if a.json:
         out(json.dumps({"examples_per_rpc": n, "rpcs": result, "failures": failures}, sort_keys=True))
-    bad = any(r["crashes"] or r["state_changes_on_reject"] for r in result.values())
+    bad = any(r["crashes"] or r["state_changes_on_reject"] or r["accepted_hostile"] for r in result.values())
     return 1 if bad else 0
 
 

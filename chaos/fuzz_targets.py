@@ -10,6 +10,7 @@ that escapes is a crash.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
@@ -65,6 +66,10 @@ class Target:
 
     def call(self, req: Message) -> Verdict:
         raise NotImplementedError
+
+    def must_refuse(self, req: Message) -> str:
+        """An independent oracle: why `req` is plainly hostile and must be refused, or "" (no opinion)."""
+        return ""
 
     def close(self) -> None:
         pass
@@ -165,6 +170,24 @@ class ConsensusTarget(Target):
                 tuple((v, _ser(c)) for v, c in sorted(n.log.future.items())),
                 tuple((v, _ser(s)) for v, s in sorted(n.acceptor.states.items())),
                 bytes(self.disk.data), tuple(n.log.conflicts))
+
+    def must_refuse(self, req: Message) -> str:
+        head = self.node.head.version
+        if isinstance(req, pb.PrepareRequest):
+            if req.version <= head or req.ballot.round == 0 or req.ballot.round > 2**62:
+                return "prepare for a committed version, at round 0, or at an overflowing round"
+        if isinstance(req, pb.AcceptRequest):
+            p = req.proposal
+            if not all(math.isfinite(x) for x in (p.plan.estimated_gain, p.plan.verified_gain, p.plan.cost)):
+                return "non-finite plan number"
+            if (p.table.layers, p.table.experts) != (LAYERS, EXPERTS) or p.version != head + 1:
+                return "wrong shape or not the next version"
+        if isinstance(req, pb.Commit) and req.table.version > head:
+            if set(req.qc.voters) - set(VOTERS) or len(set(req.qc.voters)) < 2 or req.qc.quorum != 2:
+                return "certificate with non-voters, too few voters, or a wrong quorum"
+            if (req.table.layers, req.table.experts) != (LAYERS, EXPERTS):
+                return "wrong shape"
+        return ""
 
     def call(self, req: Message) -> Verdict:
         try:
@@ -295,6 +318,15 @@ class AdminTarget(Target):
     def snapshot(self) -> Hashable:
         return (repr(self.backend.mutations), self.backend.paused)
 
+    def must_refuse(self, req: Message) -> str:
+        if self.method in ("Drain", "Restore") and not 0 <= req.rank < TOPO.ranks:  # type: ignore[attr-defined]
+            return "unknown rank"
+        if self.method == "Placement" and not -1 <= req.layer < LAYERS:  # type: ignore[attr-defined]
+            return "unknown layer"
+        if self.method == "Propose" and not req.ops:  # type: ignore[attr-defined]
+            return "no operations"
+        return ""
+
     def call(self, req: Message) -> Verdict:
         coro = getattr(self.service, self.method)(req, FakeContext(self.identity))
         try:
@@ -358,6 +390,14 @@ class LinkTarget(Target):
         parts = tuple((k, p.counts.tobytes(), tuple(sorted(p.steps.items()))) for k, p in sorted(w._open.items()))
         return (tuple(self.delivered), parts, tuple(sorted(w._shims)), w._closed_upto)
 
+    def must_refuse(self, req: Message) -> str:
+        if isinstance(req, dpb.LoadReport):
+            if (req.layers, req.experts) != (LAYERS, EXPERTS) or len(req.counts) != LAYERS * EXPERTS * 4:
+                return "wrong shape or byte length"
+            if req.steps < 1:
+                return "no steps"
+        return ""
+
     def call(self, req: Message) -> Verdict:
         return self.loop.run_until_complete(self._call(req))
 
@@ -410,6 +450,16 @@ class ShimStoreTarget(Target):
         s = self.store
         pend = None if s.pending is None else (s.pending.version, s.pending.digest)
         return (s.active.version, s.active.digest, pend, s.resident.tobytes(), s.state.tobytes(), s._todo.tobytes())
+
+    def must_refuse(self, req: Message) -> str:
+        c: pb.Commit = req  # type: ignore[assignment]
+        if c.table.version <= self.store.head:
+            return "version regression"
+        if set(c.qc.voters) - set(VOTERS) or len(set(c.qc.voters)) < 2 or c.qc.quorum != 2:
+            return "certificate with non-voters, too few voters, or a wrong quorum"
+        if (c.table.layers, c.table.experts) != (LAYERS, EXPERTS):
+            return "wrong shape"
+        return ""
 
     def call(self, req: Message) -> Verdict:
         from dataplane_shim.errors import ShimError

@@ -38,7 +38,7 @@ def test_fuzz_rpc(name: str, loop: asyncio.AbstractEventLoop) -> None:
         s = fuzz(t, default_examples(), raise_on_failure=True)
     finally:
         t.close()
-    assert s.crashes == 0 and s.state_changes_on_reject == 0, s.failures
+    assert s.crashes == 0 and s.state_changes_on_reject == 0 and s.accepted_hostile == 0, s.failures
     assert s.examples >= default_examples() and s.rejected + s.accepted + s.undecodable == s.examples
     if not name.startswith(("Admin/Status", "Admin/History", "Admin/LoadView", "Admin/Pause", "Admin/Resume",
                             "Consensus/CatchUp", "DataplaneLink/WatchTables")):
