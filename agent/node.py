@@ -37,6 +37,7 @@ class AgentProcess:
         self.state = NodeState(cfg)
         self.server: grpc.aio.Server | None = None
         self.shim_server: grpc.aio.Server | None = None
+        self.health_server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer()
         self.port = 0
 
@@ -59,6 +60,10 @@ class AgentProcess:
         await self.state.start()
         sock = self.cfg.shim_socket or str(Path(self.cfg.data_dir) / "shim.sock")
         self.shim_server = await self.state.serve_shim(sock)
+        if self.cfg.tls.health_listen:
+            from agent.security import serve_plaintext_health
+
+            self.health_server, _ = await serve_plaintext_health(self.cfg.tls.health_listen, self.health)
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         log.info("agent %s serving on %s (shim link %s)", self.cfg.node_id, self.cfg.listen, sock)
 
@@ -72,7 +77,7 @@ class AgentProcess:
         """SIGTERM path: stop serving new work, leave the cluster gracefully, then close."""
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         await self.state.stop()
-        for srv in (self.shim_server, self.server):
+        for srv in (self.shim_server, self.health_server, self.server):
             if srv is not None:
                 await srv.stop(grace)
 

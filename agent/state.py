@@ -150,6 +150,8 @@ class NodeState:
             self.consensus.stop()
         if self.transport is not None:
             await self.transport.close()
+        if self.telemetry is not None:
+            self.telemetry.shutdown()
 
     async def serve_shim(self, path: str) -> grpc.aio.Server:
         from agent.shim_link import serve_unix

@@ -86,10 +86,10 @@ def _address(args: argparse.Namespace) -> str:
 def _channel(address: str) -> grpc.Channel:
     cert_dir = os.environ.get("EMOE_CERT_DIR", "")
     if cert_dir:
-        from agent.security import channel_credentials  # mutual TLS when configured
+        from agent.security import channel_credentials, channel_options  # mutual TLS when configured
 
         identity = os.environ.get("EMOE_IDENTITY", "admin")
-        return grpc.secure_channel(address, channel_credentials(cert_dir, identity))
+        return grpc.secure_channel(address, channel_credentials(cert_dir, identity), options=channel_options())
     return grpc.insecure_channel(address)
 
 
