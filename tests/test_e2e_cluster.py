@@ -138,7 +138,7 @@ def test_pause_resume_and_bad_propose(cluster: LocalCluster) -> None:
     assert json.loads(_cli("status", "--agent", a, "--json").stdout)["paused"] is True
     assert _cli("resume", "--agent", a).returncode == 0
     r = _cli("propose", "--agent", a, "replicate", "0", "99", "1")
-    assert r.returncode != 0 and "expert 99" in r.stderr
+    assert r.returncode != 0 and "expert" in r.stderr and "99" in r.stderr
 
 
 def test_drain_refused_and_restore(cluster: LocalCluster, tmp_path: Path) -> None:
