@@ -79,6 +79,7 @@ def check_one(target: Target, req: Message | bytes, stats: FuzzStats) -> str:
         stats.undecodable += 1
         return ""
     before = target.snapshot()
+    hostile_why = target.must_refuse(req)  # judged against the state the request meets
     try:
         verdict = target.call(req)
     except Exception as e:  # anything escaping the handler is a crash
@@ -93,7 +94,6 @@ def check_one(target: Target, req: Message | bytes, stats: FuzzStats) -> str:
             return f"refusal without a reason on {req}"[:2000]
     else:
         stats.accepted += 1
-        hostile_why = target.must_refuse(req)
         if hostile_why:
             stats.accepted_hostile += 1
             target.fresh()
