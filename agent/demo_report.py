@@ -50,11 +50,11 @@ def report(trace: Trace, window: int, elastic: np.ndarray, versions: int, bytes_
     sources = trace.source.split(" -> ")
     segs = []
     for k, (a, b) in enumerate(zip(bounds, bounds[1:], strict=False)):
-        segs.append({
-            "segment": k, "source": sources[k] if k < len(sources) else "?", "start": a, "end": b,
-            "elastic_start": float(elastic[a:a + window].mean()), "elastic_end": float(elastic[b - window:b].mean()),
-            "static": float(base["static"][a:b].mean()), "eplb": float(base["eplb"][a:b].mean()),
-        })
+        seg: dict[str, Any] = {"segment": k, "source": sources[k] if k < len(sources) else "?", "start": a, "end": b}
+        for name, series in (("elastic", elastic), ("static", base["static"]), ("eplb", base["eplb"])):
+            seg[name] = {"first": float(series[a:a + window].mean()), "last": float(series[b - window:b].mean()),
+                         "mean": float(series[a:b].mean())}
+        segs.append(seg)
     return {
         "trace": trace.source, "step_model": trace.step_model, "steps": T, "drift_steps": trace.drift_steps,
         "versions_committed": versions,
@@ -87,7 +87,7 @@ def write_plot(path: Path, trace: Trace, elastic: np.ndarray, base: dict[str, An
         ax.axvline(step, color="tab:green", lw=0.5, alpha=0.5)
     ax.set_xlabel("step")
     ax.set_ylabel("step imbalance (max/mean rank load)")
-    ax.set_title(f"{trace.source}: step imbalance ({trace.step_model}); green lines = new table versions")
+    ax.set_title(f"{trace.source} ({trace.step_model})\ngreen lines: new table versions installed", fontsize=10)
     ax.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

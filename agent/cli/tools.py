@@ -20,6 +20,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     imp.add_argument("--batch", type=int, default=2048, help="tokens per step (default 2048)")
     imp.add_argument("--steps", type=int, default=2000)
     imp.add_argument("--seed", type=int, default=0)
+    imp.add_argument("--stagger", action="store_true",
+                     help="esft: lanes start at seeded positions of their first sample (steady state)")
     imp.add_argument("--out", type=Path, required=True)
     imp.set_defaults(func=trace_import)
 
@@ -35,7 +37,7 @@ def trace_import(args: argparse.Namespace) -> int:
             if args.task not in ("intent", "law"):
                 print(f"emoe trace import: --task {args.task!r}: expected intent or law", file=sys.stderr)
                 return 2
-            tr = traces.import_esft(args.task, args.batch, args.steps, args.seed)
+            tr = traces.import_esft(args.task, args.batch, args.steps, args.seed, stagger=args.stagger)
         elif args.format == "olmoe":
             tr = traces.import_olmoe(args.model, args.domain, args.batch, args.steps, args.seed)
         else:
