@@ -170,17 +170,21 @@ class Store:
 
     recover = open
 
-    def _append(self, kind: int, payload: bytes) -> None:
+    def _append(self, data: bytes) -> None:
         if not self._opened:
             raise StoreError("store not opened: call open() (recovery) before writing")
-        self._disk.append(frame(kind, payload))
+        self._disk.append(data)
         self.appends += 1
 
-    def append_commit(self, commit: pb.Commit) -> None:
-        self._append(KIND_COMMIT, commit.SerializeToString())
+    def append_commit(self, commit: pb.Commit, also: list[pb.AcceptorState] | None = None) -> None:
+        """Append a commit, and any acceptor states riding along, with one write and one fsync."""
+        data = frame(KIND_COMMIT, commit.SerializeToString())
+        for st in also or ():
+            data += frame(KIND_ACCEPTOR, st.SerializeToString())
+        self._append(data)
 
     def save_acceptor(self, state: pb.AcceptorState) -> None:
-        self._append(KIND_ACCEPTOR, state.SerializeToString())
+        self._append(frame(KIND_ACCEPTOR, state.SerializeToString()))
 
     def close(self) -> None:
         self._disk.close()

@@ -31,7 +31,7 @@ def shape_mismatch(table: RoutingTable, head: RoutingTable) -> str:
 
 class CommittedLog:
     def __init__(self, store: Store, voters: list[str], genesis: RoutingTable, on_install: InstallHook,
-                 max_buffered: int = 64) -> None:
+                 max_buffered: int = 64, ride_along: Callable[[int], list[pb.AcceptorState]] | None = None) -> None:
         self.store = store
         self.voters = sorted(set(voters))
         self.head = genesis
@@ -39,6 +39,7 @@ class CommittedLog:
         self.future: dict[int, pb.Commit] = {}
         self.on_install = on_install
         self.max_buffered = max_buffered
+        self.ride_along = ride_along  # acceptor states to make durable with the commit of a version
         self.conflicts: list[str] = []  # a certified commit that disagrees with ours: a broken invariant
 
     def recover(self, rec: Recovered) -> None:
@@ -94,7 +95,7 @@ class CommittedLog:
             return "", True
         if table.parent != self.head.version:
             return f"INVALID_ARGUMENT: version {v} has parent {table.parent}: expected {self.head.version}", False
-        self.store.append_commit(c)  # 1. persist
+        self.store.append_commit(c, self.ride_along(v) if self.ride_along else None)  # 1. persist
         self.commits[v] = c
         if before_install is not None:
             before_install(c)  # 2. send

@@ -80,7 +80,10 @@ class ConsensusNode:
         self.members = members or (lambda: [])  # non-voting learners that should receive commits
         self.rng = rng or random.Random(zlib.crc32(node_id.encode()))
         self.timeout = cfg.accept_timeout_ms / 1000.0
-        self.log = CommittedLog(store, self.voters, head, self._installed, max_buffered=4 * cfg.catchup_batch)
+        self.log = CommittedLog(store, self.voters, head, self._installed, max_buffered=4 * cfg.catchup_batch,
+                                ride_along=self._preburn)
+        self._preburned: set[int] = set()  # versions whose round 0 this incarnation reserved durably, unused
+
         self._callbacks: list[CommitCallback] = []
         self._peer_heads: dict[str, int] = {}
         self._pending: dict[int, _Pending] = {}
@@ -154,7 +157,7 @@ class ConsensusNode:
         value = pb.Proposal(version=v, table=table_to_pb(table), plan=plan, proposer=self.node_id)
         self._pending[v] = _Pending(value, on_done, now)
         owner = round0_owner(v, self.voters)
-        if owner == self.node_id and self.acceptor.state(v).proposer_round == 0:
+        if owner == self.node_id and self._round0_free(v):
             self._start_attempt(v, fast=True)
         elif owner not in self.live_voters():
             self._start_attempt(v, fast=False)  # the round-0 owner is down: prepare at once
@@ -216,6 +219,22 @@ class ConsensusNode:
             self._recoveries[v] = n + 1
         self._start_attempt(v, fast=False)
 
+    def _round0_free(self, v: int) -> bool:
+        return self.acceptor.state(v).proposer_round == 0 or v in self._preburned
+
+    def _preburn(self, v: int) -> list[pb.AcceptorState]:
+        """Written with the commit of v: if we own round 0 of v + 1, mark it used on disk now, so that the
+        proposal for v + 1 can leave before our own accept is durable (after a restart we never reuse it)."""
+        nxt = v + 1
+        if round0_owner(nxt, self.voters) != self.node_id or self.acceptor.state(nxt).proposer_round != 0:
+            return []
+        st = pb.AcceptorState()
+        st.CopyFrom(self.acceptor.state(nxt))
+        st.proposer_round = 1
+        self.acceptor.apply(st)
+        self._preburned.add(nxt)
+        return [st]
+
     def _start_attempt(self, v: int, fast: bool, min_round: int = 1) -> None:
         pend = self._pending.get(v)
         if pend is not None:
@@ -233,6 +252,7 @@ class ConsensusNode:
         if rnd == 0:
             reply, new_st = self.acceptor.on_accept(att.accept_request(), self.log.head.version, self._check)
             if new_st is None:
+                att.rejects[self.node_id] = reply.reason
                 self._attempt_failed(v, att, f"own check: {reply.reason}", retry=False)
                 return
             new.CopyFrom(new_st)
@@ -244,9 +264,29 @@ class ConsensusNode:
                 if new_st is not None:
                     new.CopyFrom(new_st)
         new.proposer_round = max(int(new.proposer_round), rnd + 1)
+        self._arm("attempt", v, self.timeout, lambda: self._attempt_timeout(v, att))
+        if rnd == 0 and v in self._preburned:
+            # round 0 is already durably ours: send first, make our own accept durable meanwhile, and
+            # count our vote only once it is (the disk write overlaps the network round trip)
+            self._preburned.discard(v)
+            self.acceptor.apply(new)
+            self._broadcast_accept(v, att)
+
+            def own_vote() -> None:
+                if not self.running or self._attempts.get(v) is not att:
+                    return
+                cur = self.acceptor.state(v)
+                if cur is new:
+                    self.store.save_acceptor(new)
+                elif not (cur.HasField("accepted") and ballot_of(cur.accepted_ballot) == att.ballot):
+                    return  # a higher ballot replaced our accept before it was durable: no vote from us
+                self._step(v, att, att.on_accepted(self.node_id, reply))
+
+            self.clock.call_later(0.0, own_vote)
+            return
+        self._preburned.discard(v)
         self.store.save_acceptor(new)  # persist the ballot (and our own promise/accept) before sending
         self.acceptor.apply(new)
-        self._arm("attempt", v, self.timeout, lambda: self._attempt_timeout(v, att))
         if rnd == 0:
             self._step(v, att, att.on_accepted(self.node_id, reply))
             self._broadcast_accept(v, att)
@@ -289,6 +329,12 @@ class ConsensusNode:
                     st.proposer_round = max(int(st.proposer_round), int(self.acceptor.state(v).proposer_round))
                     self.store.save_acceptor(st)
                     self.acceptor.apply(st)
+                elif not att.recovered_from and "promised" not in reply.reason:
+                    # our own fresh value fails our own check: send nothing (a value phase 1 adopted from
+                    # another proposer is still carried to its end, with our vote against it)
+                    att.rejects[self.node_id] = reply.reason
+                    self._attempt_failed(v, att, f"own check: {reply.reason}", retry=False)
+                    return
                 self._broadcast_accept(v, att)
                 self._step(v, att, att.on_accepted(self.node_id, reply))
             else:

@@ -1,0 +1,149 @@
+"""ConsensusNode behaviours on the simulated network: round-0 ownership across a crash, verification
+rejections and their reasons, certificate checks on Learn, catch-up, stale proposals."""
+
+from __future__ import annotations
+
+from agent.config import ConsensusConfig
+from agent.consensus.node import ConsensusNode, Outcome
+from agent.consensus.paxos import round0_owner
+from agent.consensus.simcluster import SimCluster, successor_table
+from agent.store import MemoryDisk, Store
+from chaos.checkers import check
+from controlplane.table import RoutingTable
+from elasticmoe.v1 import consensus_pb2 as pb
+
+
+def cluster(seed: int = 5, voters: int = 5, nodes: int = 5, **cfg: int) -> SimCluster:
+    return SimCluster(nodes, voters, seed, ConsensusConfig(**{"accept_timeout_ms": 50, "sync_interval_ms": 0, **cfg}))
+
+
+def commit_next(c: SimCluster) -> None:
+    v = c.nodes[c.up()[0]].head.version + 1
+    owner = round0_owner(v, c.voters)
+    c.propose(owner)
+    c.run(0.2)
+
+
+def test_round0_is_never_reused_after_a_crash() -> None:
+    c = cluster()
+    commit_next(c)  # the owner of version 3 reserved round 0 of 3 on disk, with the commit of 2
+    v = 3
+    owner = round0_owner(v, c.voters)
+    c.propose(owner)  # round 0 accepts leave ...
+    c.crash(owner)  # ... and the owner dies before its own accept is on disk
+    c.restart(owner)
+    assert c.nodes[owner].acceptor.state(v).proposer_round >= 1, "the round-0 reservation was lost"
+    c.propose(owner)  # a different table for the same version: must go through a prepare now
+    c.run(1.0)
+    assert check(c.history) == []
+    heads = {c.nodes[n].head.version for n in c.up()}
+    assert heads == {3}
+    # without the reservation the restarted owner would reuse round 0 for another table, and two tables
+    # would each gather a quorum at ballot (0, owner): an I1 violation the checker above reports
+    assert {e.ballot for e in c.history if e.kind == "accept" and e.version == v and e.ballot[0] == 0} <= {(0, owner)}
+
+
+def test_verifier_rejections_reach_the_outcome() -> None:
+    c = cluster()
+    owner = round0_owner(2, c.voters)
+    for n in c.ids:
+        if n != owner:  # every other voter's own replay disagrees with the proposer's
+            c.nodes[n].verifier = lambda head, t, plan: (False, 0.0, "replay: imbalance 1.31 -> 1.35 is worse")
+    commit_next(c)
+    (who, out), = c.outcomes
+    assert who == owner and not out.committed
+    assert {v.voter for v in out.votes if v.accept} == {owner}
+    assert {v.reason for v in out.votes if not v.accept} == {"replay: imbalance 1.31 -> 1.35 is worse"}
+    assert "worse" in out.reason
+    assert all(c.nodes[n].head.version == 1 for n in c.ids)
+    assert any("worse" in r for _, _, r in c.nodes[who].rejections)
+
+
+def test_own_check_failure_sends_nothing() -> None:
+    c = cluster()
+    owner = round0_owner(2, c.voters)
+    c.nodes[owner].verifier = lambda head, t, plan: (False, 0.0, "own replay worse")
+    commit_next(c)
+    (_, out), = c.outcomes
+    assert not out.committed and "own check: own replay worse" in out.reason
+    assert [(v.voter, v.accept) for v in out.votes] == [(owner, False)]
+    assert c.net.stats.msgs_by_method["Consensus/Accept"] == 0
+
+
+def test_tolerance_against_the_proposers_gain() -> None:
+    c = cluster(seed=6)
+    for n in c.ids:
+        c.nodes[n].verifier = lambda head, t, plan: (True, 0.01, "")
+    owner = round0_owner(2, c.voters)
+    node = c.nodes[owner]
+    outs: list[Outcome] = []
+    node.propose(successor_table(node.head, c.rng), pb.Plan(verified_gain=0.2), outs.append)
+    c.run(1.0)
+    assert len(outs) == 1 and not outs[0].committed
+    assert "verify_tolerance" in outs[0].reason
+
+
+def test_learn_with_a_bad_certificate_changes_nothing() -> None:
+    c = cluster()
+    commit_next(c)
+    good = c.nodes[c.voters[0]].committed(2)
+    assert good is not None
+    n = c.nodes[c.voters[1]]
+    bad = pb.Commit()
+    bad.CopyFrom(good)
+    bad.table.version = 3
+    bad.table.parent = 2
+    bad.qc.version = 3
+    ack = n._handle("x", "Consensus/Learn", bad)
+    assert isinstance(ack, pb.CommitAck) and not ack.ok and "INVALID_ARGUMENT" in ack.reason
+    forged = pb.Commit()
+    forged.CopyFrom(good)
+    del forged.qc.voters[1:]
+    fresh = cluster(seed=5)
+    ack = fresh.nodes[fresh.voters[0]]._handle("x", "Consensus/Learn", forged)
+    assert isinstance(ack, pb.CommitAck) and not ack.ok and "qc.voters" in ack.reason
+    assert fresh.nodes[fresh.voters[0]].head.version == 1
+
+
+def test_a_node_with_a_lost_disk_catches_up_and_verifies() -> None:
+    c = cluster(seed=7, sync_interval_ms=100)
+    for _ in range(4):
+        commit_next(c)
+    victim = c.voters[2]
+    c.crash(victim)
+    c.disks[victim] = MemoryDisk()  # a replaced machine: nothing on disk
+    c.restart(victim)
+    assert c.nodes[victim].head.version == 1
+    c.run(1.0)
+    assert c.nodes[victim].head.version == 5
+    assert [x.table.version for x in c.nodes[victim].commits_since(1)] == [2, 3, 4, 5]
+    assert c.nodes[victim].peer_heads()[victim] == 5
+
+
+def test_stale_and_duplicate_proposals_are_refused_at_once() -> None:
+    c = cluster()
+    commit_next(c)
+    node = c.nodes[c.voters[0]]
+    outs: list[Outcome] = []
+    stale = successor_table(c.genesis, c.rng)
+    node.propose(stale, pb.Plan(), outs.append)
+    assert len(outs) == 1 and not outs[0].committed and "expected version 3 parent 2" in outs[0].reason
+    t = successor_table(node.head, c.rng)
+    node.propose(t, pb.Plan(), outs.append)
+    node.propose(t, pb.Plan(), outs.append)
+    assert "already in flight" in outs[-1].reason
+
+
+def test_restart_resumes_at_the_last_committed_version() -> None:
+    disk = MemoryDisk()
+    c = cluster(seed=8)
+    for _ in range(3):
+        commit_next(c)
+    n = c.voters[0]
+    disk.data = bytearray(c.disks[n].data)
+    g: RoutingTable = c.genesis
+    fresh = ConsensusNode(n, c.voters, Store(disk=disk), c.net.clock("other"), c.net.transport("other"),
+                          c.cfg, g)
+    fresh.start()
+    assert fresh.head.version == 4 and fresh.head.digest == c.nodes[n].head.digest
+    fresh.stop()
