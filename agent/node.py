@@ -57,7 +57,7 @@ class AgentProcess:
             raise OSError(f"cannot listen on {self.cfg.listen}")
         await server.start()
         self.server = server
-        await self.state.start()
+        self.state.start()
         sock = self.cfg.shim_socket or str(Path(self.cfg.data_dir) / "shim.sock")
         self.shim_server = await self.state.serve_shim(sock)
         if self.cfg.tls.health_listen:
@@ -76,7 +76,9 @@ class AgentProcess:
     async def stop(self, grace: float = 2.0) -> None:
         """SIGTERM path: stop serving new work, leave the cluster gracefully, then close."""
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
-        await self.state.stop()
+        self.state.stop()
+        await asyncio.sleep(0.1)  # let the leave broadcast go out
+        await self.state.close()
         for srv in (self.shim_server, self.health_server, self.server):
             if srv is not None:
                 await srv.stop(grace)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -24,8 +25,10 @@ from controlplane.controller import (
     DecisionParams,
     ManualProposal,
     ProposalFailed,
+    RanksLost,
     TableCommitted,
     WindowClosed,
+    kind_of_trigger,
     verify_decision,
 )
 from controlplane.errors import ControlPlaneError
@@ -42,7 +45,11 @@ log = logging.getLogger("emoe.agent")
 
 
 class NodeState:
-    def __init__(self, cfg: AgentConfig) -> None:
+    """One node. The real process passes nothing and gets a RealClock, GrpcTransport and file Store; the
+    in-process simulator injects a FakeClock-driven clock, a SimTransport and an in-memory Store."""
+
+    def __init__(self, cfg: AgentConfig, *, clock: Any = None, transport: Any = None, store: Any = None,
+                 telemetry: Any = None, rng_seed: int | None = None) -> None:
         self.cfg = cfg
         self.node_id = cfg.node_id
         self.paused = False
@@ -69,8 +76,12 @@ class NodeState:
         self.gossip: Any = None
         self.consensus: Any = None
         self.controller: Any = None
-        self.transport: Any = None
-        self.telemetry: Any = None
+        self.clock: Any = clock
+        self.transport: Any = transport
+        self.store: Any = store
+        self.telemetry: Any = telemetry
+        self.rng_seed = rng_seed
+        self.lost_ranks: set[int] = set()
 
     # ---- construction -------------------------------------------------------------------------
     def _my_ranks(self) -> list[int]:
@@ -85,7 +96,8 @@ class NodeState:
         from agent.transport.grpc import GrpcTransport
 
         addresses = {n: a for n, a in self.cfg.seed_map.items() if n != self.node_id}
-        self.transport = GrpcTransport(self.node_id, addresses, credentials=self.channel_credentials())
+        if self.transport is None:
+            self.transport = GrpcTransport(self.node_id, addresses, credentials=self.channel_credentials())
         self.transport.attach(server)
 
     def server_credentials(self) -> grpc.ServerCredentials | None:
@@ -115,17 +127,18 @@ class NodeState:
         policy = policy_from_config(self.cfg)
         return guard if policy is None else [AuthzInterceptor(policy), *guard]
 
-    async def start(self) -> None:
+    def start(self) -> None:
         from agent.clock import RealClock
         from agent.consensus.node import ConsensusNode
         from agent.gossip_node import GossipNode
         from agent.store import Store
         from agent.telemetry import Telemetry
 
-        self.telemetry = Telemetry.from_env(self.cfg.telemetry.enabled, node_id=self.node_id)
-        clock = RealClock()
+        if self.telemetry is None:
+            self.telemetry = Telemetry.from_env(self.cfg.telemetry.enabled, node_id=self.node_id)
+        clock = self.clock = self.clock or RealClock()
         c = self.cfg.cluster
-        store = Store(self.data_dir / "consensus")
+        store = self.store = self.store or Store(self.data_dir / "consensus")
         genesis = initial_table(self.topology, c.layers, c.experts)
         self.consensus = ConsensusNode(self.node_id, self._voters, store, clock, self.transport, self.cfg.consensus,
                                        genesis, verifier=self._verify, live_voters=self._live_voters)
@@ -133,22 +146,26 @@ class NodeState:
         self.controller = Controller(self.params, self.consensus.head)
         self.gossip = GossipNode(self.node_id, self.cfg.listen, self._my_ranks(), self.cfg.gossip, clock,
                                  self.transport, {n: a for n, a in self.cfg.seed_map.items() if n != self.node_id},
-                                 rng_seed=hash(self.node_id) & 0xFFFF)
+                                 rng_seed=self.rng_seed if self.rng_seed is not None else zlib.crc32(self.node_id.encode()))
         self.gossip.on_window(self._on_window)
+        self.gossip.on_member_change(self._on_member_change)
         self.consensus.start()
         self.gossip.start()
         self._started = True
         self._health = "SERVING"
 
-    async def stop(self) -> None:
+    def stop(self, graceful: bool = True) -> None:
+        """Leave the cluster (graceful: peers learn at once instead of by suspicion) and stop the protocols."""
         self._health = "NOT_SERVING"
         if self.gossip is not None:
-            self.gossip.leave()
-            await asyncio.sleep(0.05)
+            if graceful:
+                self.gossip.leave()
             self.gossip.stop()
         if self.consensus is not None:
             self.consensus.stop()
-        if self.transport is not None:
+
+    async def close(self) -> None:
+        if self.transport is not None and hasattr(self.transport, "close"):
             await self.transport.close()
         if self.telemetry is not None:
             self.telemetry.shutdown()
@@ -194,6 +211,18 @@ class NodeState:
         for seq, total in self.cluster.ready(live):
             self._close_window(seq, total)
 
+    def _on_member_change(self, m: Any) -> None:
+        """A node declared dead: its ranks are lost. The controller proposes the repair (drain the ranks,
+        reload experts left without a replica from the host tier); shims mask the ranks meanwhile."""
+        if str(getattr(m.status, "value", m.status)).lower() != "dead" or m.node_id == self.node_id:
+            return
+        lost = tuple(sorted(set(m.ranks) & set(self.head().active_ranks)))
+        if not lost or self.controller is None:
+            return
+        self.lost_ranks |= set(lost)
+        log.warning("node %s declared dead: ranks %s lost, proposing repair", m.node_id, list(lost))
+        self._perform(self.controller.step(RanksLost(lost)))
+
     def _close_window(self, seq: int, total: np.ndarray) -> None:
         self._window_seq = seq
         self.replay = (self.replay + [total])[-self.params.replay_windows:]
@@ -208,13 +237,18 @@ class NodeState:
         self._perform(ready)
 
     def _perform(self, ready: Any) -> None:
-        for decision in ready.proposals:
-            self._propose(decision)
+        """Take the Ready, advance, then send. Ready.persist holds the controller's own proposal records: its
+        state is soft (after a restart it starts from the committed head), so they are not written; the
+        acceptor state that safety needs is persisted by consensus before any reply. Advancing before sending
+        keeps a re-entrant step (a proposal that fails at once) from seeing these proposals again."""
+        proposals = list(ready.proposals)
         ex = self.controller.last_explain()
-        if ex is not None and not ready.proposals:
+        if ex is not None and not proposals:
             self._latest_explain = apb.ExplainReply(version=0, trigger=str(getattr(ex, "trigger", "")),
                                                     outcome=str(getattr(ex, "outcome", "no change")))
         self.controller.advance()
+        for decision in proposals:
+            self._propose(decision)
 
     def _propose(self, decision: Any, force: bool = False, done: asyncio.Future[Any] | None = None) -> None:
         table: RoutingTable = decision.table
@@ -236,7 +270,7 @@ class NodeState:
             self.telemetry.decision_span(table.version, [describe(o) for o in decision.ops], decision.estimated_gain,
                                          decision.verified_gain, decision.cost, decision.trigger, record.outcome)
             if not outcome.committed:
-                self.controller.step(ProposalFailed(table.version, str(outcome.reason)))
+                self._perform(self.controller.step(ProposalFailed(table.version, str(outcome.reason))))
             else:
                 self.telemetry.record_commit_latency(latency_ms)
             if done is not None and not done.done():
@@ -251,15 +285,16 @@ class NodeState:
         except ControlPlaneError as e:
             return False, 0.0, str(e)
         if plan.trigger.startswith(("manual --force", "drain", "restore", "repair")) or not self.replay:
-            return True, 0.0, "validity only"
+            # forced by an operator, a repair, or nothing to replay yet: validity is the whole check, and the
+            # proposer's figure stands (there is no own figure to compare it with)
+            return True, plan.verified_gain, "validity only"
         replay = np.stack(self.replay).astype(np.uint32)
         tol = self.cfg.consensus.verify_tolerance
         ok, gain, reason = verify_decision(head, proposed, replay, max(0.0, min(self.params.tau, plan.verified_gain) - tol))
         return ok, gain, reason
 
     def _on_commit(self, commit: cpb.Commit, table: RoutingTable) -> None:
-        self.controller.step(TableCommitted(table))
-        self.controller.advance()
+        self._perform(self.controller.step(TableCommitted(table, kind=kind_of_trigger(commit.plan.trigger))))
         rec = self._explain.get(table.version)
         if rec is not None:
             rec.outcome = "committed"
@@ -328,13 +363,18 @@ class NodeState:
 
     async def _submit(self, ops: tuple[Operation, ...], trigger: str, force: bool) -> Any:
         ready = self.controller.step(ManualProposal(ops, force))
-        if not ready.proposals:
-            ex = self.controller.last_explain()
-            return None, str(getattr(ex, "outcome", None) or getattr(ex, "reason", "refused by the decision core"))
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        decision = ready.proposals[0]
-        self._propose(decision, force=force, done=fut)
+        proposals = list(ready.proposals)
+        ex = self.controller.last_explain()
         self.controller.advance()
+        mine = [d for d in proposals if d.kind == "manual"]
+        for d in proposals:
+            if d not in mine:
+                self._propose(d)
+        if not mine:
+            why = f"{getattr(ex, 'outcome', 'REFUSED')}: {getattr(ex, 'detail', '')}".rstrip(": ")
+            return None, f"{trigger} not proposed by the decision core: {why}"
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._propose(mine[0], force=force, done=fut)
         return await asyncio.wait_for(fut, timeout=20.0), ""
 
     async def propose_manual(self, ops: tuple[Operation, ...], force: bool) -> apb.ProposeReply:

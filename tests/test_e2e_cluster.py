@@ -141,7 +141,19 @@ def test_pause_resume_and_bad_propose(cluster: LocalCluster) -> None:
     assert r.returncode != 0 and "expert" in r.stderr and "99" in r.stderr
 
 
-def test_drain_refused_and_restore(cluster: LocalCluster, tmp_path: Path) -> None:
+def test_drain_then_restore(cluster: LocalCluster, tmp_path: Path) -> None:
     a = cluster.addresses[0]
     r = _cli("restore", "--agent", a, "3")
     assert r.returncode != 0 and "already active" in r.stderr
+    r = _cli("drain", "--agent", a, "5")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(_cli("placement", "--agent", cluster.addresses[2], "--json", "--layer", "-1").stdout)
+    deadline = time.monotonic() + 10
+    while 5 in doc["active_ranks"] and time.monotonic() < deadline:  # the other agents learn the commit
+        time.sleep(0.2)
+        doc = json.loads(_cli("placement", "--agent", cluster.addresses[2], "--json", "--layer", "-1").stdout)
+    assert 5 not in doc["active_ranks"]
+    assert all(row == [-1] * 4 for lay in doc["layers"].values() for row in lay["ranks"][5:6])
+    r = _cli("restore", "--agent", a, "5", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["ok"] is True
