@@ -44,27 +44,59 @@ class ClusterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class GossipConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    # memberlist LAN: GossipInterval 200 ms; our load vectors change once per window, so 200 ms suffices.
+    """SWIM + Lifeguard membership and load gossip. Defaults are the `lan` profile (datacenter LAN,
+    8-128 nodes); `bench/detect.py` and `bench/gossip.py` measure what they give."""
+
+    # memberlist LAN: GossipInterval 200 ms. Rumours and window digests go out at once when new; this
+    # tick only retransmits them, so 200 ms bounds the repair of a lost send without chatter.
     interval_ms: int = 200
-    # memberlist LAN: ProbeInterval 1 s; 500 ms halves detection time at 64 nodes for 2 probes/s/node.
-    probe_interval_ms: int = 500
-    # memberlist LAN: ProbeTimeout 500 ms; loopback/LAN RTTs are < 1 ms, so 200 ms leaves 100x headroom.
-    probe_timeout_ms: int = 200
+    # memberlist LAN: ProbeInterval 1 s. Our targets (every live member declares a crash dead within 3 s
+    # at 64 nodes, a 2 s stall never does) need a short, steady probe round: 200 ms costs each node
+    # 5 probes/s of ~100 bytes.
+    probe_interval_ms: int = 200
+    # memberlist LAN: ProbeTimeout 500 ms. LAN RTTs are < 1 ms and a probe reply is a handful of bytes, so
+    # 100 ms leaves two orders of magnitude for scheduling delays; Lifeguard's awareness scales it up to
+    # awareness_max_mult x on a node that is itself slow.
+    probe_timeout_ms: int = 100
     # memberlist: IndirectChecks 3, so one lossy path cannot cause a suspicion on its own.
     indirect_checks: int = 3
-    # Lifeguard: suspicion timeout = mult x log10(N+1) x probe interval, shrinking to the minimum with
-    # independent confirmations; memberlist LAN uses SuspicionMult 4, SuspicionMaxTimeoutMult 6.
-    suspicion_mult: float = 2.0
+    # Lifeguard: the suspicion timeout starts at max_mult x min and shrinks (log) to
+    # min = mult x max(1, log10(N)) x probe interval as independent confirmations arrive. mult 5.5 gives
+    # min = 2.0 s at 64 nodes: longer than a 2 s stall minus the time to first suspect it, short enough to
+    # declare a crash dead within 3 s. memberlist LAN uses SuspicionMult 4 at a 1 s interval (7.2 s).
+    suspicion_mult: float = 5.5
     suspicion_max_mult: float = 6.0
-    # memberlist: RetransmitMult 4; a change is piggybacked mult x log10(N+1) times.
+    # Lifeguard's K: confirmations that bring the timeout down to the minimum (memberlist: mult - 2).
+    # Members that hear a suspicion probe the suspect themselves with probability (K + 1) / N, so K
+    # independent confirmations arrive within a probe round of a real failure.
+    suspicion_confirmations: int = 3
+    # memberlist: RetransmitMult 4; a change is piggybacked mult x ceil(log10(N+1)) times.
     retransmit_mult: int = 4
-    # push-pull with one random peer per interval: anti-entropy that bounds staleness.
+    # memberlist GossipNodes 3: members each new rumour is sent to at once, and each tick while queued;
+    # also the members a new window is pushed to by its origin.
     fanout: int = 3
     # a window vector at DeepSeek-V3 shape is 58 x 256 x 4 = 59 KiB; allow 16 per message.
     max_message_bytes: int = 1 << 20
+    # rumour bytes piggybacked on one probe or ack: keeps probes small and fast (memberlist fills a UDP
+    # packet, ~1400 bytes; gRPC has no such limit, 4 KiB carries ~100 rumours).
+    piggyback_bytes: int = 4096
+    # push-pull anti-entropy with one random member, scaled by ceil(log2(N / 32)) + 1 above 32 nodes
+    # (memberlist's pushPullScale). Member tables travel only when their hashes differ, so a converged
+    # cluster exchanges digests only; 1 s repairs anything the rumours missed within a second or two.
+    pushpull_interval_ms: int = 1000
+    # push-pull with a random dead (not left) member this often, so that the two sides of a healed
+    # partition find each other again (Serf's reconnect; memberlist alone never does).
+    reconnect_interval_ms: int = 2000
+    # forget dead and left members after this long (memberlist GossipToTheDeadTime 30 s).
+    dead_reclaim_ms: int = 30000
+    # Lifeguard / memberlist AwarenessMaxMultiplier 8: a node that misses nacks or must refute scales its
+    # probe timeouts by up to this factor instead of blaming others for its own slowness.
+    awareness_max_mult: int = 8
 
     def validate(self) -> None:
-        for f in ("interval_ms", "probe_interval_ms", "probe_timeout_ms", "indirect_checks", "retransmit_mult", "fanout"):
+        for f in ("interval_ms", "probe_interval_ms", "probe_timeout_ms", "indirect_checks", "retransmit_mult",
+                  "fanout", "suspicion_confirmations", "piggyback_bytes", "pushpull_interval_ms",
+                  "reconnect_interval_ms", "dead_reclaim_ms", "awareness_max_mult"):
             v = getattr(self, f)
             _need(v >= 1, f"gossip.{f}", v, "an integer >= 1")
         _need(self.probe_timeout_ms < self.probe_interval_ms, "gossip.probe_timeout_ms", self.probe_timeout_ms,
@@ -72,6 +104,8 @@ class GossipConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         _need(self.suspicion_mult > 0, "gossip.suspicion_mult", self.suspicion_mult, "> 0")
         _need(self.suspicion_max_mult >= 1, "gossip.suspicion_max_mult", self.suspicion_max_mult, ">= 1")
         _need(self.max_message_bytes >= 65536, "gossip.max_message_bytes", self.max_message_bytes, ">= 65536")
+        _need(self.piggyback_bytes < self.max_message_bytes, "gossip.piggyback_bytes", self.piggyback_bytes,
+              f"< gossip.max_message_bytes = {self.max_message_bytes}")
 
 
 class DecisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -105,12 +139,17 @@ class ConsensusConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     catchup_batch: int = 16
     # anti-entropy: ask one random voter for newer commits this often (0 = only when a peer shows a higher head)
     sync_interval_ms: int = 1000
+    # thrifty accepts: send to just enough voters for a quorum, the rest after this many ms (or at the first
+    # refusal/failure). Fewer fsyncs and wake-ups per commit; 10 ms is ~10 LAN round trips plus an fsync.
+    # 0 sends every accept at once.
+    thrifty_ms: int = 10
 
     def validate(self) -> None:
         _need(self.accept_timeout_ms >= 1, "consensus.accept_timeout_ms", self.accept_timeout_ms, "an integer >= 1")
         _need(self.max_attempts >= 1, "consensus.max_attempts", self.max_attempts, "an integer >= 1")
         _need(self.catchup_batch >= 1, "consensus.catchup_batch", self.catchup_batch, "an integer >= 1")
         _need(self.sync_interval_ms >= 0, "consensus.sync_interval_ms", self.sync_interval_ms, "an integer >= 0")
+        _need(self.thrifty_ms >= 0, "consensus.thrifty_ms", self.thrifty_ms, "an integer >= 0")
         _need(0.0 <= self.verify_tolerance <= 1.0, "consensus.verify_tolerance", self.verify_tolerance, "in [0, 1]")
         if self.backend == "etcd":
             _need(bool(self.etcd_endpoints), "consensus.etcd_endpoints", self.etcd_endpoints,

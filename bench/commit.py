@@ -65,7 +65,8 @@ def _tail(workdir: Path, backend: str, node: str) -> str:
     return p.read_text()[-2000:] if p.exists() else ""
 
 
-def run_backend(backend: str, agents: int, versions: int, workdir: Path, etcd: str, timeout: float) -> dict[str, Any]:
+def run_backend(backend: str, agents: int, versions: int, workdir: Path, etcd: str, timeout: float,
+                interval_ms: float = 20.0) -> dict[str, Any]:
     ports = free_ports(agents)
     ids = [f"a{i}" for i in range(agents)]
     peers = ",".join(f"{n}@127.0.0.1:{p}" for n, p in zip(ids, ports, strict=True))
@@ -74,9 +75,9 @@ def run_backend(backend: str, agents: int, versions: int, workdir: Path, etcd: s
     cluster = f"bench{int(time.time() * 1000)}"  # one fresh etcd key prefix per run
     try:
         for n, p in zip(ids, ports, strict=True):
-            cmd = [sys.executable, "-m", "agent.consensus.serve", "--node-id", n, "--listen", f"127.0.0.1:{p}",
+            cmd = [sys.executable, *(os.environ["EMOE_BENCH_SERVE"].split() if os.environ.get("EMOE_BENCH_SERVE") else ["-m", "agent.consensus.serve"]), "--node-id", n, "--listen", f"127.0.0.1:{p}",
                    "--peers", peers, "--data-dir", str(workdir / backend / n), "--backend", backend,
-                   "--bench-versions", str(versions), "--cluster", cluster]
+                   "--bench-versions", str(versions), "--cluster", cluster, "--interval-ms", str(interval_ms)]
             if backend == "etcd":
                 cmd += ["--etcd", etcd]
             errf = (workdir / f"{backend}-{n}.stderr").open("w")
@@ -132,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=16, help="first versions left out (channel set-up)")
     ap.add_argument("--backends", default="quorum,etcd")
     ap.add_argument("--timeout", type=float, default=240.0)
+    ap.add_argument("--interval-ms", type=float, default=20.0,
+                    help="idle time between a commit and the next proposal (plans come once per window, seconds "
+                         "apart): each commit is measured on a quiet cluster; this is not a throughput test")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.agents < 1 or a.versions < 1:
@@ -153,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                     etcd_proc = EtcdProcess(binary, str(work / "etcd"))
                     etcd_proc.wait_ready()
                     endpoint = etcd_proc.endpoint
-                res = run_backend(backend, a.agents, a.versions, work, endpoint, a.timeout)
+                res = run_backend(backend, a.agents, a.versions, work, endpoint, a.timeout, a.interval_ms)
                 out["backends"][backend] = summarize(res["results"], a.warmup)
         finally:
             if etcd_proc is not None:

@@ -12,14 +12,14 @@ import math
 import random
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from google.protobuf.message import Message
 
 from agent.clock import Clock, Timer
 from agent.config import ConsensusConfig
 from agent.consensus.log import CommittedLog, shape_mismatch
-from agent.consensus.paxos import Acceptor, Attempt, ballot_of, quorum_size, round0_owner
+from agent.consensus.paxos import Acceptor, Attempt, quorum_size, round0_owner
+from agent.consensus.proposer import Outcome, Pending, ProposerMixin
 from agent.consensus.wire import TableWireError, table_from_pb, table_to_pb
 from agent.store import Store
 from agent.transport import Transport
@@ -42,29 +42,7 @@ def validity_verifier(head: RoutingTable, proposed: RoutingTable, plan: pb.Plan)
     return True, plan.verified_gain, ""
 
 
-@dataclass
-class Outcome:
-    """How one `propose` ended. `committed`: our table is the one chosen for `version`."""
-
-    committed: bool
-    version: int
-    reason: str = ""
-    votes: list[pb.Vote] = field(default_factory=list)
-    latency: float = 0.0  # seconds on the node's clock, proposal to commit known here
-    commit: pb.Commit | None = None
-
-
-@dataclass
-class _Pending:
-    value: pb.Proposal
-    on_done: Callable[[Outcome], None]
-    t0: float
-    attempts: int = 0
-    votes: list[pb.Vote] = field(default_factory=list)
-    reasons: list[str] = field(default_factory=list)
-
-
-class ConsensusNode:
+class ConsensusNode(ProposerMixin):
     def __init__(self, node_id: str, voters: list[str], store: Store, clock: Clock, transport: Transport,
                  cfg: ConsensusConfig, head: RoutingTable, verifier: Verifier = validity_verifier,
                  live_voters: Callable[[], list[str]] | None = None,
@@ -86,7 +64,9 @@ class ConsensusNode:
 
         self._callbacks: list[CommitCallback] = []
         self._peer_heads: dict[str, int] = {}
-        self._pending: dict[int, _Pending] = {}
+        self._rtt: dict[str, float] = {}  # smoothed accept round trips, for the thrifty first wave
+        self._accept_rest: dict[int, tuple[Attempt, pb.AcceptRequest, list[str]]] = {}
+        self._pending: dict[int, Pending] = {}
         self._last_attempt: Attempt | None = None
         self._attempts: dict[int, Attempt] = {}
         self._timers: dict[tuple[str, int], Timer] = {}
@@ -155,7 +135,7 @@ class ConsensusNode:
             on_done(Outcome(False, v, why))
             return
         value = pb.Proposal(version=v, table=table_to_pb(table), plan=plan, proposer=self.node_id)
-        self._pending[v] = _Pending(value, on_done, now)
+        self._pending[v] = Pending(value, on_done, now)
         owner = round0_owner(v, self.voters)
         if owner == self.node_id and self._round0_free(v):
             self._start_attempt(v, fast=True)
@@ -206,178 +186,6 @@ class ConsensusNode:
             self._arm_sync()
 
         self._arm("sync", 0, delay, tick)
-
-    # ---- proposer -----------------------------------------------------------------------------------
-    def _recover(self, v: int) -> None:
-        """Timeout for version v: retry our own proposal, or finish one another proposer left accepted."""
-        if v != self.log.head.version + 1 or v in self._attempts:
-            return
-        if v not in self._pending:
-            n = self._recoveries.get(v, 0)
-            if n >= self.cfg.max_attempts or self.acceptor.accepted(v)[1] is None:
-                return
-            self._recoveries[v] = n + 1
-        self._start_attempt(v, fast=False)
-
-    def _round0_free(self, v: int) -> bool:
-        return self.acceptor.state(v).proposer_round == 0 or v in self._preburned
-
-    def _preburn(self, v: int) -> list[pb.AcceptorState]:
-        """Written with the commit of v: if we own round 0 of v + 1, mark it used on disk now, so that the
-        proposal for v + 1 can leave before our own accept is durable (after a restart we never reuse it)."""
-        nxt = v + 1
-        if round0_owner(nxt, self.voters) != self.node_id or self.acceptor.state(nxt).proposer_round != 0:
-            return []
-        st = pb.AcceptorState()
-        st.CopyFrom(self.acceptor.state(nxt))
-        st.proposer_round = 1
-        self.acceptor.apply(st)
-        self._preburned.add(nxt)
-        return [st]
-
-    def _start_attempt(self, v: int, fast: bool, min_round: int = 1) -> None:
-        pend = self._pending.get(v)
-        if pend is not None:
-            pend.attempts += 1
-        st = self.acceptor.state(v)
-        if fast:
-            rnd = 0
-        else:
-            promised = ballot_of(st.promised) if st.HasField("promised") else (0, "")
-            rnd = max(1, min_round, int(st.proposer_round), promised[0] + 1)
-        att = Attempt(self.node_id, v, (rnd, self.node_id), self.voters, pend.value if pend else None)
-        self._attempts[v] = att
-        me_voter = self.node_id in self.voters
-        new = pb.AcceptorState()
-        if rnd == 0:
-            reply, new_st = self.acceptor.on_accept(att.accept_request(), self.log.head.version, self._check)
-            if new_st is None:
-                att.rejects[self.node_id] = reply.reason
-                self._attempt_failed(v, att, f"own check: {reply.reason}", retry=False)
-                return
-            new.CopyFrom(new_st)
-        else:
-            new.CopyFrom(st)
-            promise = None
-            if me_voter:
-                promise, new_st = self.acceptor.on_prepare(att.prepare_request(), self.log.head.version)
-                if new_st is not None:
-                    new.CopyFrom(new_st)
-        new.proposer_round = max(int(new.proposer_round), rnd + 1)
-        self._arm("attempt", v, self.timeout, lambda: self._attempt_timeout(v, att))
-        if rnd == 0 and v in self._preburned:
-            # round 0 is already durably ours: send first, make our own accept durable meanwhile, and
-            # count our vote only once it is (the disk write overlaps the network round trip)
-            self._preburned.discard(v)
-            self.acceptor.apply(new)
-            self._broadcast_accept(v, att)
-
-            def own_vote() -> None:
-                if not self.running or self._attempts.get(v) is not att:
-                    return
-                cur = self.acceptor.state(v)
-                if cur is new:
-                    self.store.save_acceptor(new)
-                elif not (cur.HasField("accepted") and ballot_of(cur.accepted_ballot) == att.ballot):
-                    return  # a higher ballot replaced our accept before it was durable: no vote from us
-                self._step(v, att, att.on_accepted(self.node_id, reply))
-
-            self.clock.call_later(0.0, own_vote)
-            return
-        self._preburned.discard(v)
-        self.store.save_acceptor(new)  # persist the ballot (and our own promise/accept) before sending
-        self.acceptor.apply(new)
-        if rnd == 0:
-            self._step(v, att, att.on_accepted(self.node_id, reply))
-            self._broadcast_accept(v, att)
-        else:
-            if promise is not None:
-                self._step(v, att, att.on_promise(self.node_id, promise))
-            if self._attempts.get(v) is att and att.phase == 1:
-                req = att.prepare_request()
-                for dst in self.voters:
-                    if dst != self.node_id:
-                        self.transport.call(dst, "Consensus/Prepare", req, self.timeout,
-                                            lambda r, dst=dst: self._on_promise(v, att, dst, r))
-
-    def _broadcast_accept(self, v: int, att: Attempt) -> None:
-        req = att.accept_request()
-        for dst in self.voters:
-            if dst != self.node_id:
-                self.transport.call(dst, "Consensus/Accept", req, self.timeout,
-                                    lambda r, dst=dst: self._on_accepted(v, att, dst, r))
-
-    def _on_promise(self, v: int, att: Attempt, src: str, r: Message | None) -> None:
-        if self.running and isinstance(r, pb.Promise):
-            self._peer_heads[src] = int(r.committed_head)
-            if self._attempts.get(v) is att:
-                self._step(v, att, att.on_promise(src, r))
-
-    def _on_accepted(self, v: int, att: Attempt, src: str, r: Message | None) -> None:
-        if self.running and isinstance(r, pb.Accepted):
-            self._peer_heads[src] = int(r.committed_head)
-        if self.running and isinstance(r, pb.Accepted) and self._attempts.get(v) is att:
-            if not r.ok:
-                self.rejections.append((v, src, r.reason))
-            self._step(v, att, att.on_accepted(src, r))
-
-    def _step(self, v: int, att: Attempt, ev: str) -> None:
-        if ev == "accept":
-            if self.node_id in self.voters:  # accept our own value first, durably
-                reply, st = self.acceptor.on_accept(att.accept_request(), self.log.head.version, self._check)
-                if st is not None:
-                    st.proposer_round = max(int(st.proposer_round), int(self.acceptor.state(v).proposer_round))
-                    self.store.save_acceptor(st)
-                    self.acceptor.apply(st)
-                elif not att.recovered_from and "promised" not in reply.reason:
-                    # our own fresh value fails our own check: send nothing (a value phase 1 adopted from
-                    # another proposer is still carried to its end, with our vote against it)
-                    att.rejects[self.node_id] = reply.reason
-                    self._attempt_failed(v, att, f"own check: {reply.reason}", retry=False)
-                    return
-                self._broadcast_accept(v, att)
-                self._step(v, att, att.on_accepted(self.node_id, reply))
-            else:
-                self._broadcast_accept(v, att)
-        elif ev == "chosen":
-            self._attempts.pop(v, None)
-            self._disarm("attempt", v)
-            self._learned(att.commit(int(self.clock.now() * 1000)), None, broadcast=True, attempt=att)
-        elif ev == "failed":
-            self._attempt_failed(v, att, att.reason, retry=True)
-        if att.max_head_seen[0] > self.log.head.version:
-            self.catch_up(att.max_head_seen[1])
-
-    def _attempt_timeout(self, v: int, att: Attempt) -> None:
-        if self._attempts.get(v) is att and not att.done:
-            self._attempt_failed(v, att, f"no quorum within {self.cfg.accept_timeout_ms} ms "
-                                 f"({len(att.promises) if att.phase == 1 else len(att.accepts)}/{att.quorum})", retry=True)
-
-    def _attempt_failed(self, v: int, att: Attempt, reason: str, retry: bool) -> None:
-        att.done = True
-        if self._attempts.get(v) is att:
-            del self._attempts[v]
-        self._disarm("attempt", v)
-        pend = self._pending.get(v)
-        if pend is None:
-            return
-        pend.votes = att.votes()
-        pend.reasons.append(f"ballot {att.ballot}: {reason}")
-        contested = any("promised" in r or "parent" in r or "committed" in r for r in att.rejects.values())
-        verify_rejected = bool(att.rejects) and not contested
-        if not retry or verify_rejected or pend.attempts >= self.cfg.max_attempts:
-            self._finish(v, Outcome(False, v, "; ".join(pend.reasons), pend.votes, self.clock.now() - pend.t0))
-            return
-        min_round = att.max_round_seen + 1
-        self._arm("attempt", v, self.timeout * (0.5 + self.rng.random()),
-                  lambda: self._start_attempt(v, fast=False, min_round=min_round)
-                  if v == self.log.head.version + 1 and v not in self._attempts else None)
-
-    def _finish(self, v: int, out: Outcome) -> None:
-        pend = self._pending.pop(v, None)
-        self._disarm("takeover", v)
-        if pend is not None:
-            pend.on_done(out)
 
     # ---- acceptor side ------------------------------------------------------------------------------
     def _handle(self, src: str, method: str, req: Message) -> Message | None:
@@ -463,6 +271,8 @@ class ConsensusNode:
         self._attempts.pop(v, None)
         self._disarm("attempt", v)
         self._disarm("takeover", v)
+        self._disarm("thrifty", v)
+        self._accept_rest.pop(v, None)
         self._recoveries.pop(v, None)
         pend = self._pending.get(v)
         if pend is not None:

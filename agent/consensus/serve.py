@@ -17,6 +17,7 @@ import json
 import random
 import signal
 import sys
+import time
 import zlib
 from pathlib import Path
 from typing import Any
@@ -51,14 +52,17 @@ def genesis(c: ClusterConfig) -> RoutingTable:
 class BenchDriver:
     """Proposes each version whose owner this node is, as soon as its parent is installed."""
 
-    def __init__(self, node_id: str, nodes: list[str], backend: Any, target: int, seed: int) -> None:
+    def __init__(self, node_id: str, nodes: list[str], backend: Any, target: int, seed: int,
+                 interval: float = 0.0) -> None:
         self.node_id, self.nodes, self.backend = node_id, sorted(nodes), backend
         self.target = target
+        self.interval = interval  # idle time between a commit and the next proposal
         self.rng = random.Random(seed)
         self.lat_ms: list[float] = []
         self.failures: list[str] = []
         self.done = asyncio.Event()
         self.inflight = 0
+        self.t0 = 0.0
 
     def maybe_propose(self) -> None:
         head = self.backend.head
@@ -68,18 +72,20 @@ class BenchDriver:
         if self.inflight == head.version + 1 or round0_owner(head.version + 1, self.nodes) != self.node_id:
             return
         self.inflight = head.version + 1
-        self.backend.propose(successor_table(head, self.rng), pb.Plan(trigger="bench"), self._done)
+        table = successor_table(head, self.rng)
+        self.t0 = time.perf_counter()  # uvloop's loop.time() ticks in whole ms: too coarse for this
+        self.backend.propose(table, pb.Plan(trigger="bench"), self._done)
 
     def _done(self, o: Outcome) -> None:
         if o.committed:
-            self.lat_ms.append(o.latency * 1000.0)
+            self.lat_ms.append((time.perf_counter() - self.t0) * 1000.0)
         else:
             self.failures.append(o.reason[:200])
         self.inflight = 0
-        asyncio.get_running_loop().call_soon(self.maybe_propose)
+        asyncio.get_running_loop().call_later(self.interval, self.maybe_propose)
 
     def on_commit(self, c: pb.Commit, t: RoutingTable) -> None:
-        asyncio.get_running_loop().call_soon(self.maybe_propose)
+        asyncio.get_running_loop().call_later(self.interval, self.maybe_propose)
 
     async def watchdog(self) -> None:
         while not self.done.is_set():  # re-kick after a lost proposal: the loop must not stall
@@ -121,7 +127,7 @@ async def run(a: argparse.Namespace) -> int:
     try:
         if a.bench_versions:
             drv = BenchDriver(a.node_id, sorted(peers), backend, g.version + a.bench_versions,
-                              zlib.crc32(a.node_id.encode()))
+                              zlib.crc32(a.node_id.encode()), a.interval_ms / 1000.0)
             backend.on_commit(drv.on_commit)
             print("ready", flush=True)
             line = await loop.run_in_executor(None, sys.stdin.readline)
@@ -160,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cluster", default="bench", help="etcd key prefix /emoe/<cluster>/")
     ap.add_argument("--accept-timeout-ms", type=int, default=150)
     ap.add_argument("--bench-versions", type=int, default=0)
+    ap.add_argument("--interval-ms", type=float, default=0.0, help="bench: idle time before each proposal")
     ap.add_argument("--linger", type=float, default=1.0)
     a = ap.parse_args(argv)
     if a.backend == "etcd" and not a.etcd:
