@@ -17,9 +17,8 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from bench.rankloss import Kill, eplb_surviving, hindsight_with_kills
 from controlplane.baselines.craft import craft_table
-from controlplane.baselines.eplb import eplb_table
-from controlplane.baselines.hindsight import hindsight_tables
 from controlplane.table import RoutingTable
 
 Counts = npt.NDArray[np.uint32]
@@ -70,17 +69,24 @@ class Eplb:
     groups: int = 1
     name: str = "eplb"
     head: RoutingTable | None = None
+    dead: set[int] = field(default_factory=set)
 
     def start(self, base: RoutingTable, counts: Counts, drift_steps: list[int]) -> list[Change]:
         self.head = base
+        return []
+
+    def on_ranks_lost(self, step: int, ranks: list[int]) -> list[Change]:
+        """vLLM / SGLang EPLB does not react to rank loss; its next full rebalance (in practice a restart)
+        plans over the surviving ranks."""
+        self.dead |= set(ranks)
         return []
 
     def on_window(self, first: int, end: int, seen: Counts) -> list[Change]:
         if self.head is None or not _crossed(end, self.window, self.period):
             return []
         totals = seen[max(0, end - self.period):end].sum(axis=0, dtype=np.int64)
-        self.head = eplb_table(self.head, totals, self.groups)
-        return [Change(self.head, end, "blocking")]
+        self.head = eplb_surviving(self.head, totals, self.dead, self.groups)
+        return [Change(self.head, end, "blocking", "rebalance")]
 
 
 @dataclass
@@ -114,9 +120,11 @@ class Hindsight:
 
     groups: int = 1
     name: str = "hindsight"
+    kills: list[Kill] = field(default_factory=list)  # known in advance: it is the oracle
 
     def start(self, base: RoutingTable, counts: Counts, drift_steps: list[int]) -> list[Change]:
-        return [Change(t, s, "free", "segment") for s, t in hindsight_tables(base, counts, drift_steps, self.groups)]
+        return [Change(t, s, "free", "segment")
+                for s, t in hindsight_with_kills(base, counts, drift_steps, self.kills, self.groups)]
 
     def on_window(self, first: int, end: int, seen: Counts) -> list[Change]:
         return []
@@ -145,6 +153,7 @@ class Elastic:
     commit_latency: int = 3
     params: dict[str, Any] = field(default_factory=dict)
     name: str = "elastic"
+    holds_tokens: bool = True  # the shim masks a dead rank once detected and holds pairs it cannot serve
     ctrl: Any = None
     seq: int = 0
     decisions: list[dict[str, Any]] = field(default_factory=list)
@@ -158,25 +167,32 @@ class Elastic:
         return []
 
     def on_window(self, first: int, end: int, seen: Counts) -> list[Change]:
+        ready = self.ctrl.step(self._mod.WindowClosed(self.seq, first, np.ascontiguousarray(seen[first:end])))
+        self.seq += 1
+        return self._proposals(ready, end)
+
+    def on_ranks_lost(self, step: int, ranks: list[int]) -> list[Change]:
+        """Membership declared `ranks` dead at `step`: the controller proposes a repair (RanksLost)."""
+        return self._proposals(self.ctrl.step(self._mod.RanksLost(tuple(ranks))), step)
+
+    def _proposals(self, ready: Any, step: int) -> list[Change]:
         mod = self._mod
-        ready = self.ctrl.step(mod.WindowClosed(self.seq, first, np.ascontiguousarray(seen[first:end])))
         for ev in ready.events:  # why the controller did or did not act (Explain), for the report
             if hasattr(ev, "outcome"):
-                self.explains.append({"window": self.seq, "outcome": ev.outcome, "detail": ev.detail,
-                                      "imbalance": float(ev.imbalance)})
+                self.explains.append({"window": self.seq - 1, "step": step, "outcome": ev.outcome,
+                                      "detail": ev.detail, "imbalance": float(ev.imbalance)})
         self.ctrl.advance()
-        self.seq += 1
         out: list[Change] = []
         for d in list(ready.proposals):  # every proposal is sent; `refused` lists the candidates it left out
             self.decisions.append({
-                "window": self.seq - 1, "step": end, "kind": d.kind, "trigger": d.trigger, "ops": len(d.ops),
+                "window": self.seq - 1, "step": step, "kind": d.kind, "trigger": d.trigger, "ops": len(d.ops),
                 "op_kinds": dict(sorted(Counter(str(o.kind) for o in d.ops).items())),
                 "refused_candidates": len(d.refused), "estimated_gain": float(d.estimated_gain),
                 "verified_gain": float(d.verified_gain), "cost_s": float(d.cost), "version": d.table.version,
             })
             self.ctrl.step(mod.TableCommitted(d.table, d.kind))  # quorum reached within commit_latency steps
             self.ctrl.advance()
-            out.append(Change(d.table, end + self.commit_latency, "overlapped", d.kind))
+            out.append(Change(d.table, step + self.commit_latency, "overlapped", d.kind))
         return out
 
 

@@ -22,13 +22,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bench.policies import Change, Elastic, Policy, controller_available, make_policy
+from bench.policies import Change, Elastic, Hindsight, Policy, controller_available, make_policy
+from bench.rankloss import Kill, Outage, masked, recovery_after
 from bench.traces import Trace
 from controlplane.baselines.static import static_table
 from controlplane.load import table_step_imbalance
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
-from dataplane_shim.engine import H200, EPCluster, shape_for
+from dataplane_shim.engine import H200, EPCluster, StepResult, lost_by_expert, shape_for
 
 F64 = npt.NDArray[np.float64]
 
@@ -50,6 +51,7 @@ class PolicyRun:
     bytes_at: F64  # bytes whose copy started at each step
     installs: list[Install] = field(default_factory=list)
     replica_slots: int = 0
+    outage: Outage = field(default_factory=lambda: Outage(False))
 
 
 def _replicas(t: RoutingTable) -> int:
@@ -57,18 +59,28 @@ def _replicas(t: RoutingTable) -> int:
 
 
 def simulate(policy: Policy, cluster: EPCluster, base: RoutingTable, trace: Trace, window: int,
-             copy_share: float, tick: Callable[[], None] | None = None) -> PolicyRun:
-    """Replay `trace` window by window under `policy`; changes apply by their mode (see bench.policies)."""
+             copy_share: float, tick: Callable[[], None] | None = None, kills: list[Kill] | None = None,
+             detect: Callable[[F64, int], int] | None = None) -> PolicyRun:
+    """Replay `trace` window by window under `policy`; changes apply by their mode (see bench.policies).
+
+    kills: rank deaths (bench.rankloss). detect(step_ms so far, kill step) -> the step at which membership
+    declares the rank dead; a policy with `holds_tokens` (the shim) then masks it and is told
+    (`on_ranks_lost`); a policy without is told at the kill (it only acts at its next full rebalance)."""
     counts = trace.counts
     T = counts.shape[0]
     run = PolicyRun(np.zeros(T), np.zeros(T), np.zeros(T), np.zeros(T), replica_slots=_replicas(base))
     table = base
     queue: list[Change] = sorted(policy.start(base, counts, trace.drift_steps), key=lambda c: c.ready_step)
     copying: tuple[Change, float, float] | None = None  # change, ms needed, ms done
+    holds = bool(getattr(policy, "holds_tokens", False))
+    run.outage = Outage(holds)
+    dead = np.zeros(cluster.topo.ranks, dtype=bool)
+    masked_ranks = np.zeros_like(dead)  # dead ranks the policy's shim has masked (after detection)
+    events: list[tuple[int, int, int]] = [(k.step, 0, k.rank) for k in kills or []]  # (step, 0 kill | 1 detect, rank)
 
     def install(ch: Change, step: int, charge: bool) -> None:
         nonlocal table
-        mv = cluster.moves(table, ch.table)
+        mv = cluster.moves(table, ch.table, dead)
         if charge:
             run.bytes_at[min(step, T - 1)] += mv.bytes_total
         if ch.mode == "blocking":
@@ -76,33 +88,72 @@ def simulate(policy: Policy, cluster: EPCluster, base: RoutingTable, trace: Trac
         run.installs.append(Install(step, table, ch.table, mv.bytes_total, ch.kind))
         table = ch.table
         run.replica_slots = max(run.replica_slots, _replicas(table))
+        if dead.any() and not any(dead[list(table.active_ranks)]) and len(run.outage.repair_steps) < int(dead.sum()):
+            run.outage.repair_steps.append(step)
+
+    def on_events(t: int) -> None:
+        while events and events[0][0] <= t:
+            _, what, rank = events.pop(0)
+            if what == 0:
+                dead[rank] = True
+                if holds and detect is not None:
+                    at = max(t, detect(run.step_ms[:t], t))
+                    events.append((at, 1, rank))
+                    events.sort()
+                    run.outage.detect_steps.append(at)
+                elif hasattr(policy, "on_ranks_lost"):
+                    queue.extend(policy.on_ranks_lost(t, [rank]))
+            else:
+                masked_ranks[rank] = True
+                if hasattr(policy, "on_ranks_lost"):
+                    queue.extend(policy.on_ranks_lost(t, [rank]))
+            queue.sort(key=lambda c: c.ready_step)
+
+    def serve(t: int, stop: int, scale: F64 | None) -> StepResult:
+        if not dead.any():
+            run.outage.record(t, None, None)
+            return cluster.run(table, counts[t:stop], scale)
+        shown = masked(table, masked_ranks)  # what the shim serves: masked dead ranks are gone
+        res = cluster.run(shown, counts[t:stop], scale, dead)
+        lost = np.zeros((stop - t, table.layers, table.experts), dtype=np.int64) if res.lost is None else res.lost
+        lone = shown.logcnt == 0  # experts without a live replica: a masking shim holds their pairs
+        lost += np.asarray(counts[t:stop], dtype=np.int64) * lone[None]
+        live = shown.logcnt > 0  # a held pair is served once its expert has a replica, none of them on an
+        if any(dead[list(shown.active_ranks)]):  # unmasked dead rank (the shim still waits on those)
+            live &= lost_by_expert(shown, np.ones((1, *shown.phy2log.shape), np.int64), dead)[0] == 0
+        run.outage.record(t, lost, live if holds else None)
+        return res
 
     for first in range(0, T, window):
         end = min(T, first + window)
         t = first
         while t < end:
+            on_events(t)
             if copying is None:
                 while queue and queue[0].ready_step <= t:
                     ch = queue.pop(0)
                     if ch.mode == "overlapped":
-                        mv = cluster.moves(table, ch.table)
+                        mv = cluster.moves(table, ch.table, dead)
                         run.bytes_at[t] += mv.bytes_total
                         copying = (ch, cluster.copy_ms(mv, copy_share), 0.0)
                         break
                     install(ch, t, charge=True)
-            stop = min([end] + [c.ready_step for c in queue if c.ready_step > t])
+            stop = min([end] + [c.ready_step for c in queue if c.ready_step > t] + [e[0] for e in events if e[0] > t])
             if copying is None:
-                res = cluster.run(table, counts[t:stop])
+                res = serve(t, stop, None)
                 run.imbalance[t:stop], run.step_ms[t:stop] = res.imbalance, res.step_ms
                 t = stop
                 continue
             ch, need, done = copying
-            scale = cluster.link_scale_during(cluster.moves(table, ch.table), copy_share)
-            res = cluster.run(table, counts[t:stop], scale)
+            scale = cluster.link_scale_during(cluster.moves(table, ch.table, dead), copy_share)
+            res = serve(t, stop, scale)
             cum = done + np.cumsum(res.step_ms)
             hit = np.flatnonzero(cum >= need)
             n = int(hit[0]) + 1 if hit.size else stop - t
             run.imbalance[t:t + n], run.step_ms[t:t + n] = res.imbalance[:n], res.step_ms[:n]
+            if n < stop - t:  # the chunk's accounting covers only the steps served before the install
+                first_step, lost, live = run.outage.chunks[-1]
+                run.outage.chunks[-1] = (first_step, None if lost is None else lost[:n], live)
             if hit.size:
                 copying = None
                 if t + n < T:
@@ -189,6 +240,12 @@ class BenchConfig:
     commit_latency: int = 3
     copy_share: float = 0.5
     elastic_params: dict[str, Any] = field(default_factory=dict)
+    kills: tuple[Kill, ...] = ()
+    # membership's time to declare a crashed node dead: detect_p99_s of `python -m bench.detect --nodes 64
+    # --json` (SWIM + Lifeguard, lan profile, 5% loss): 2.477 s. Converted to steps with the step-time model
+    # (the trailing-W mean step time at the kill) unless detect_steps is given.
+    detect_s: float = 2.477
+    detect_steps: int | None = None
 
 
 def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress: bool = True,
@@ -211,17 +268,33 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
         names.remove("elastic")
     runs: dict[str, PolicyRun] = {}
     policy_objs: dict[str, Policy] = {}
+    kills = list(cfg.kills)
+    if kills and E > (topo.ranks - len(kills)) * topo.slots_per_rank:
+        raise ValueError(f"--kill-rank: {E} experts do not fit on the {topo.ranks - len(kills)} surviving ranks of "
+                         f"{topo.slots_per_rank} slots")
+
+    def detect(step_ms: F64, t: int) -> int:
+        if cfg.detect_steps is not None:
+            return t + cfg.detect_steps
+        recent = step_ms[max(0, t - cfg.window):t]
+        per_step = float(recent.mean()) if recent.size else 1.0
+        return t + int(np.ceil(cfg.detect_s * 1e3 / per_step))
+
     windows = -(-T // cfg.window)
     t0 = time.perf_counter()
     with _progress(progress, windows * (len(names) + (0 if "hindsight" in names else 1))) as tick:
         ref_policy = make_policy("hindsight", cfg.window, groups, cfg.craft_budget, cfg.commit_latency)
+        if isinstance(ref_policy, Hindsight):
+            ref_policy.kills = kills
         if "hindsight" not in names:
-            ref_run = simulate(ref_policy, cluster, base, trace, cfg.window, cfg.copy_share, tick)
+            ref_run = simulate(ref_policy, cluster, base, trace, cfg.window, cfg.copy_share, tick, kills, detect)
         elastic_params = {"expert_bytes": int(shape.expert_bytes), **cfg.elastic_params}
         for name in names:
             pol = make_policy(name, cfg.window, groups, cfg.craft_budget, cfg.commit_latency, elastic_params)
+            if isinstance(pol, Hindsight):
+                pol.kills = kills
             policy_objs[name] = pol
-            runs[name] = simulate(pol, cluster, base, trace, cfg.window, cfg.copy_share, tick)
+            runs[name] = simulate(pol, cluster, base, trace, cfg.window, cfg.copy_share, tick, kills, detect)
         if "hindsight" in names:
             ref_run = runs["hindsight"]
     elapsed = time.perf_counter() - t0
@@ -237,6 +310,14 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
                    "copy_share": cfg.copy_share, "craft_budget_fraction": cfg.craft_budget},
         "wall_s": elapsed,
     }
+    if kills:
+        results["rank_loss"] = {
+            "kills": [{"rank": k.rank, "step": k.step} for k in kills], "detect_s": cfg.detect_s,
+            "detect_steps": cfg.detect_steps, "model": "see bench.rankloss: elastic holds pairs it cannot serve "
+            "(masks after detection, repair via RanksLost); eplb sends to the dead rank until its next periodic "
+            "rebalance over the survivors; static/craft never react; hindsight re-plans free at the kill. detect_s is "
+            "converted with the MoE-only step time (attention is not modelled), which over-counts detection steps "
+            "against a real decode step; --detect-steps sets them directly"}
     for name in cfg.policies:
         if name in unavailable:
             results["policies"][name] = {"unavailable": unavailable[name]}
@@ -250,6 +331,11 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
             entry["decisions"] = pol.decisions
             entry["outcomes"] = dict(Counter(e["outcome"] for e in pol.explains))
             entry["explain"] = pol.explains
+        if kills:
+            entry["rank_loss"] = rank_loss_entry(runs[name], ref_run, kills, trace.drift_steps, cfg.window)
+            entry["recovery_steps_after_kill"] = entry["rank_loss"]["recovery_steps"]
+            entry["delayed_tokens"] = entry["rank_loss"]["delayed_tokens"]
+            entry["dropped_tokens"] = entry["rank_loss"]["dropped_tokens"]
         results["policies"][name] = entry
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -259,6 +345,19 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
 
             draw(out, {n: (r.imbalance, r.step_ms, r.bytes_at) for n, r in runs.items()}, trace.drift_steps, cfg.window)
     return results
+
+
+def rank_loss_entry(run: PolicyRun, ref: PolicyRun, kills: list[Kill], drift: list[int], window: int) -> dict[str, Any]:
+    """Per-kill recovery (bench.rankloss.recovery_after), delayed / dropped pairs, detection and repair steps."""
+    T = run.imbalance.size
+    figures = run.outage.finish(T)
+    lost_at = run.outage.lost_at if run.outage.lost_at is not None else np.zeros(T, dtype=np.int64)
+    rec = []
+    for k in kills:
+        end = min([d for d in drift if d > k.step] + [T])
+        rec.append(recovery_after(run.imbalance, lost_at, ref.imbalance, k.step, end, window))
+    return {"recovery_steps": rec, **figures, "detect_step": run.outage.detect_steps,
+            "repair_step": run.outage.repair_steps, "unserved_steps": int((lost_at > 0).sum())}
 
 
 class _progress:

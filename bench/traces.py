@@ -31,8 +31,8 @@ class Trace:
 
     @property
     def shape(self) -> tuple[int, int, int]:
-        t, l, e = self.counts.shape
-        return int(t), int(l), int(e)
+        t, n_layers, e = self.counts.shape
+        return int(t), int(n_layers), int(e)
 
     def save(self, path: str | Path) -> None:
         np.savez_compressed(
@@ -116,7 +116,7 @@ def read_esft_task(task_dir: Path) -> list[npt.NDArray[np.int16]]:
     if any(len(r) != n_samples for r in per_layer):
         raise ValueError(f"{task_dir}: layers disagree on the number of samples")
     k = 6
-    return [np.stack([per_layer[l][s].reshape(-1, k) for l in range(len(files))], axis=1) for s in range(n_samples)]
+    return [np.stack([per_layer[j][s].reshape(-1, k) for j in range(len(files))], axis=1) for s in range(n_samples)]
 
 
 def pseudo_decode(
@@ -180,7 +180,7 @@ def sample_steps(
     rng = np.random.default_rng(seed)
     p = totals.astype(np.float64)
     p = p / p.sum(axis=1, keepdims=True)
-    out = np.stack([rng.multinomial(batch * top_k, p[l], size=steps) for l in range(p.shape[0])], axis=1)
+    out = np.stack([rng.multinomial(batch * top_k, p[j], size=steps) for j in range(p.shape[0])], axis=1)
     return out.astype(np.uint32)
 
 

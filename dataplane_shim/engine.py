@@ -197,10 +197,22 @@ class RankEngine:
 
 @dataclass
 class StepResult:
-    """step_ms [T] (MoE part of each step), imbalance [T] (step imbalance of rank tokens)."""
+    """step_ms [T] (MoE part of each step), imbalance [T] (step imbalance of live ranks' tokens);
+    lost [T, L, E]: pairs routed to dead ranks' slots, per expert (None without dead ranks)."""
 
     step_ms: F64
     imbalance: F64
+    lost: I64 | None = None
+
+
+def lost_by_expert(table: RoutingTable, slot_tokens: npt.NDArray[np.integer], dead: npt.NDArray[np.bool_]) -> I64:
+    """Pairs routed to dead ranks' slots, per expert. slot_tokens [T, L, P], dead [G] -> [T, L, E]."""
+    out = np.zeros((slot_tokens.shape[0], table.layers, table.experts), dtype=np.int64)
+    li, pi = np.nonzero((table.phy2log >= 0) & np.repeat(dead, table.topology.slots_per_rank)[None, :])
+    if li.size:  # [L * E, T] view of out: one scatter-add over the dead slots, vectorised over steps
+        flat = out.reshape(out.shape[0], -1).T
+        np.add.at(flat, li * table.experts + table.phy2log[li, pi], np.asarray(slot_tokens[:, li, pi], dtype=np.int64).T)
+    return out
 
 
 @dataclass
@@ -224,9 +236,11 @@ class EPCluster:
         self.ranks = [RankEngine(g, topo, shape, hw) for g in range(topo.ranks)]
 
     def run(
-        self, table: RoutingTable, counts: npt.NDArray[np.integer], link_scale: F64 | None = None
+        self, table: RoutingTable, counts: npt.NDArray[np.integer], link_scale: F64 | None = None,
+        dead: npt.NDArray[np.bool_] | None = None,
     ) -> StepResult:
-        """counts [T, L, E] under `table` -> StepResult. link_scale: [G, 2] bandwidth left per rank and link."""
+        """counts [T, L, E] under `table` -> StepResult. link_scale: [G, 2] bandwidth left per rank and link;
+        dead [G]: ranks that serve nothing (left out of time and imbalance; their pairs counted as lost)."""
         S = self.topo.slots_per_rank
         slots = self.router(table, counts)  # [T, L, P]
         T, L, _ = slots.shape
@@ -235,17 +249,19 @@ class EPCluster:
         for g, eng in enumerate(self.ranks):  # one engine per rank, each vectorised over steps and layers
             scale = (1.0, 1.0) if link_scale is None else (float(link_scale[g, 0]), float(link_scale[g, 1]))
             times[:, :, g] = eng.layer_ms(per_rank[:, :, g, :], scale)
-        act = table.active_mask
+        act = table.active_mask if dead is None else table.active_mask & ~dead
         step_ms = times[:, :, act].max(axis=2).sum(axis=1)
         tok = per_rank.sum(axis=3)[:, :, act]
         mx = tok.max(axis=2).sum(axis=1).astype(np.float64)
         mean = tok.mean(axis=2).sum(axis=1)
         imb = np.divide(mx, mean, out=np.ones_like(mx), where=mean > 0)
-        return StepResult(step_ms, imb)
+        lost = None if dead is None or not dead.any() else lost_by_expert(table, slots, dead)
+        return StepResult(step_ms, imb, lost)
 
-    def moves(self, old: RoutingTable, new: RoutingTable) -> Moves:
-        """Copies into every slot whose expert changes, each from the nearest holder in `old`
-        (same rank, then same node, then another node, lowest rank id), else from host."""
+    def moves(self, old: RoutingTable, new: RoutingTable, dead: npt.NDArray[np.bool_] | None = None) -> Moves:
+        """Copies into every slot whose expert changes, each from the nearest live holder in `old`
+        (same rank, then same node, then another node, lowest rank id), else from host. dead [G]: ranks
+        whose weights are gone."""
         topo = self.topo
         G, S = topo.ranks, topo.slots_per_rank
         L, E = new.layers, new.experts
@@ -259,6 +275,8 @@ class EPCluster:
         has = np.zeros((L, E, G), dtype=bool)
         lo, po = np.nonzero(old.phy2log >= 0)
         has[lo, old.phy2log[lo, po], po // S] = True
+        if dead is not None:
+            has[:, :, dead] = False
         holders = has[li, e]  # [C, G]
         node = np.arange(G) // topo.ranks_per_node
         same_rank = holders[np.arange(li.size), dst]

@@ -114,3 +114,97 @@ def test_ramp_mixes_the_new_segment_in_linearly() -> None:
     assert (tr.counts[:10, 0, 0] == 100).all() and (tr.counts[14:, 0, 1] == 100).all()
     with pytest.raises(ValueError, match="ramp_steps"):
         ramp([a, b], 10, 11)
+
+
+def _kill_run(tmp_path: Path) -> dict:
+    out = tmp_path / "kill"
+    rc = main(["bench", "--synthetic", "4x16", "--segment-steps", "600", "--segments", "2", "--nodes", "2",
+               "--ranks-per-node", "2", "--slots-per-rank", "8", "--window", "20", "--top-k", "2", "--batch", "256",
+               "--seed", "1", "--policies", "static,eplb:200,elastic,hindsight", "--kill-rank", "1@300",
+               "--detect-steps", "40", "--no-progress", "--no-plots", "--out", str(out)])
+    assert rc == 0
+    return json.loads((out / "results.json").read_text())
+
+
+def test_kill_rank_elastic_holds_and_repairs_eplb_sends_to_the_dead_rank_until_its_rebalance(tmp_path: Path) -> None:
+    if controller_available() is not None:
+        pytest.skip("controlplane.controller unavailable")
+    res = _kill_run(tmp_path)
+    assert res["rank_loss"]["kills"] == [{"rank": 1, "step": 300}]
+    pol = {n: p["rank_loss"] for n, p in res["policies"].items()}
+    el, ep, st, hs = pol["elastic"], pol["eplb:200"], pol["static"], pol["hindsight"]
+    # elastic: detected 40 steps after the kill, repaired after commit + host reload, nothing sent or lost
+    assert el["detect_step"] == [340] and len(el["repair_step"]) == 1 and el["repair_step"][0] >= 343
+    assert el["sent_to_dead_rank"] == 0 and el["dropped_tokens"] == 0 and el["delayed_tokens"] > 0
+    assert 0 < el["max_delay_steps"] <= el["repair_step"][0] - 300
+    assert el["unserved_steps"] == el["repair_step"][0] - 300
+    assert el["recovery_steps"][0] >= el["repair_step"][0] - 300
+    # eplb: no reaction until its next periodic rebalance (step 400), every pair meanwhile sent and lost
+    assert ep["repair_step"] == [400] and ep["delayed_tokens"] == 0
+    assert ep["dropped_tokens"] == ep["sent_to_dead_rank"] > 0 and ep["unserved_steps"] == 100
+    assert ep["recovery_steps"][0] >= 100
+    # static never reacts; the oracle re-plans at the kill
+    assert st["unserved_steps"] == 900 and st["recovery_steps"] == [300] and st["dropped_tokens"] > ep["dropped_tokens"]
+    assert hs["recovery_steps"] == [0] and hs["dropped_tokens"] == hs["delayed_tokens"] == 0 and hs["repair_step"] == [300]
+    elastic = res["policies"]["elastic"]
+    assert [d["kind"] for d in elastic["decisions"] if d["step"] == 340] == ["repair"]
+    assert elastic["delayed_tokens"] == el["delayed_tokens"] and "recovery_steps_after_kill" in elastic
+
+
+def test_kill_rank_arguments_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.rankloss import Kill, parse_kills
+
+    assert parse_kills(["3@10", "1@5"], 4, 100) == [Kill(1, 5), Kill(3, 10)]
+    for bad, why in ((["x@1"], "R@STEP"), (["4@1"], "rank 4"), (["1@100"], "step 100"), (["1@5", "1@6"], "once"),
+                     (["0@1", "1@1", "2@1", "3@1"], "no live rank")):
+        with pytest.raises(ValueError, match=why):
+            parse_kills(bad, 4, 100)
+    args = ["bench", "--synthetic", "4x16", "--segment-steps", "50", "--nodes", "2", "--ranks-per-node", "2",
+            "--slots-per-rank", "5", "--policies", "static", "--no-progress", "--no-plots", "--out", str(tmp_path)]
+    assert main([*args, "--kill-rank", "1@20"]) == 1  # 16 experts do not fit on 3 ranks of 5 slots
+    assert "surviving ranks" in capsys.readouterr().err
+
+
+def test_outage_counts_held_pairs_as_delayed_until_a_chunk_serves_their_expert() -> None:
+    from bench.rankloss import Outage
+
+    lost = np.zeros((3, 1, 2), dtype=np.int64)
+    lost[:, 0, 0] = 5  # expert 0: 5 pairs held at steps 10, 11, 12
+    lost[2, 0, 1] = 7  # expert 1: 7 pairs at step 12, never served again
+    o = Outage(holds=True)
+    o.record(0, None, None)
+    o.record(10, lost, np.array([[False, False]]))
+    o.record(13, np.zeros((4, 1, 2), dtype=np.int64), np.array([[False, False]]))
+    o.record(17, np.zeros((3, 1, 2), dtype=np.int64), np.array([[True, False]]))
+    f = o.finish(20)
+    assert f["delayed_tokens"] == 15 and f["dropped_tokens"] == 7 and f["sent_to_dead_rank"] == 0
+    assert f["max_delay_steps"] == 7 and f["mean_delay_steps"] == pytest.approx((7 + 6 + 5) * 5 / 15)
+    assert o.lost_at is not None and o.lost_at[10:13].tolist() == [5, 5, 12] and o.lost_at.sum() == 22
+    sent = Outage(holds=False)
+    sent.record(10, lost, None)
+    assert sent.finish(20)["dropped_tokens"] == sent.finish(20)["sent_to_dead_rank"] == 22
+
+
+def test_recovery_after_a_kill_needs_every_pair_served_and_the_average_near_the_oracle() -> None:
+    from bench.rankloss import recovery_after
+
+    imb, ref = np.ones(200), np.ones(200)
+    lost = np.zeros(200, dtype=np.int64)
+    lost[100:130] = 1  # pairs unserved for 30 steps after the kill at 100, imbalance fine throughout
+    assert recovery_after(imb, lost, ref, 100, 200, 10) == 30
+    assert recovery_after(imb, np.zeros(200, dtype=np.int64), ref, 100, 200, 10) == 0
+    imb[100:] = 1.5
+    assert recovery_after(imb, lost, ref, 100, 200, 10) == 100
+
+
+def test_eplb_over_survivors_leaves_dead_ranks_empty_and_inactive() -> None:
+    from bench.rankloss import eplb_surviving, masked
+
+    topo = Topology(2, 2, 6)
+    base = initial_table(topo, 2, 16)
+    totals = np.arange(32, dtype=np.int64).reshape(2, 16) + 1
+    t = eplb_surviving(base, totals, {1})
+    assert t.active_ranks == (0, 2, 3) and (t.phy2log.reshape(2, 4, 6)[:, 1] == -1).all()
+    assert t.version == base.version + 1 and t.is_valid()
+    m = masked(base, np.array([False, True, False, False]))
+    assert m.active_ranks == (0, 2, 3) and (m.logcnt[:, 4:8] == 0).all() and not m.is_valid()

@@ -38,6 +38,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--copy-share", type=float, default=0.5, help="elastic: link share taken by replica copies")
     p.add_argument("--elastic-param", action="append", default=[], metavar="K=V",
                    help="a DecisionParams field for the elastic policy, e.g. theta=1.1 (repeatable)")
+    p.add_argument("--kill-rank", action="append", default=[], metavar="R@STEP",
+                   help="rank R dies at STEP (repeatable): recovery, delayed and dropped tokens per policy")
+    p.add_argument("--detect-s", type=float, default=2.477,
+                   help="membership's time to declare a dead node (default 2.477 s: detect_p99_s of "
+                        "python -m bench.detect --nodes 64); converted to steps with the step-time model")
+    p.add_argument("--detect-steps", type=int, default=None, help="detection delay in steps (overrides --detect-s)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--out", type=Path, required=True)
@@ -104,9 +110,15 @@ def bench_main(args: argparse.Namespace) -> int:
         params[k] = _value(v)
     try:
         trace = load_traces(args)
+        from bench.rankloss import parse_kills
+
+        if args.detect_s < 0 or (args.detect_steps is not None and args.detect_steps < 0):
+            raise ValueError("--detect-s and --detect-steps: expected >= 0")
+        kills = parse_kills(args.kill_rank, args.nodes * args.ranks_per_node, trace.counts.shape[0])
         cfg = BenchConfig(args.nodes, args.ranks_per_node, args.slots_per_rank, args.window,
                           tuple(p for p in args.policies.split(",") if p), args.seed, args.expert_groups,
-                          args.craft_budget, args.commit_latency, args.copy_share, params)
+                          args.craft_budget, args.commit_latency, args.copy_share, params, tuple(kills),
+                          args.detect_s, args.detect_steps)
         from bench.policies import make_policy
 
         for spec in cfg.policies:
@@ -132,4 +144,12 @@ def format_table(res: dict[str, Any]) -> str:
         rows.append(f"| {name} | {r['mean_step_imbalance']:.4f} | {r['p50_step_ms']:.3f} | {r['p99_step_ms']:.3f} "
                     f"| {r['recovery_steps']} | {r['bytes_moved'] / 1e9:.2f} | {r['replica_slots']} "
                     f"| {r['stall_ms_total']:.1f} | {r['commits']} | {r['regressions']} |")
+    if "rank_loss" in res:
+        rows += ["", "| policy | rank loss: recovery | delayed tokens | dropped tokens | sent to dead rank | detect step "
+                 "| repair step |", "|---|---|---|---|---|---|---|"]
+        for name, r in res["policies"].items():
+            if "rank_loss" in r:
+                k = r["rank_loss"]
+                rows.append(f"| {name} | {k['recovery_steps']} | {k['delayed_tokens']} | {k['dropped_tokens']} "
+                            f"| {k['sent_to_dead_rank']} | {k['detect_step']} | {k['repair_step']} |")
     return "\n".join(rows)
