@@ -9,7 +9,9 @@ before send, commit before install), then advances. Invariants: at most one of t
 is in flight; nothing is proposed again before the in-flight one is answered by TableCommitted (any table
 for its version or later) or ProposalFailed (its version). Priorities when free to propose: repair of lost
 ranks, then a due rollback, then a rebalance when the error budget is spent. A rebalance is not proposed
-while the previous change is still being observed (N windows), so that each change is judged on its own.
+while the previous change is still being observed, so that each change is judged on its own: it is judged
+after N windows, or as soon as its realised gain over the windows seen reaches tau (kept: nothing left to
+wait for, and a drift that goes on can be followed at once).
 """
 
 from __future__ import annotations
@@ -180,7 +182,7 @@ class Controller:
             raise InvalidShape(f"profile shape {profile.shape} does not match the table's {(head.layers, head.experts)}")
         self.params, self.head, self.profile = params, head, profile
         self.monitor = LoadMonitor(head.layers, head.experts, params.replay_windows, params.theta, params.band,
-                                   params.budget_windows, params.plan_block)
+                                   params.budget_windows, params.plan_block, params.fast_theta)
         self._ready = Ready()
         self._inflight: Decision | None = None
         self._life = Lifecycle()
@@ -241,7 +243,9 @@ class Controller:
             return
         p = self.params
         count = self.monitor.budget.count
-        trig = f"step imbalance {rep.imbalance:.2f} > theta {p.theta:.2f} for {count} windows"
+        trig = (f"step imbalance {rep.imbalance:.2f} > fast theta {p.fast_theta:.2f}: the whole budget at once"
+                if rep.imbalance > p.fast_theta else
+                f"step imbalance {rep.imbalance:.2f} > theta {p.theta:.2f} for {count} windows")
         if not rep.fired:
             code = "BELOW_THETA" if count == 0 else "BUDGET_NOT_SPENT"
             self._note("", code, f"step imbalance {rep.imbalance:.3f}, theta {p.theta}, budget {count}/{p.budget_windows}")
@@ -366,7 +370,8 @@ class Controller:
         o.windows += 1
         o.realised += float(real.mean())
         o.counterfactual += float(cf.mean())
-        if o.windows < self.params.rollback_windows:
+        confirmed = o.realised <= (1.0 - self.params.tau) * o.counterfactual  # the gain tau asked for is realised
+        if o.windows < self.params.rollback_windows and not confirmed:
             return
         self._observe = None
         if o.realised < o.counterfactual:

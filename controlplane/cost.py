@@ -77,6 +77,31 @@ class CostModel:
         return total
 
 
+def change_cost(cm: CostModel, a: RoutingTable, b: RoutingTable,
+                tokens_per_step: npt.NDArray[np.floating] | None = None) -> float:
+    """`cm.diff_cost(diff(a, b), ...)` without building the moves: every slot of `b` whose expert differs
+    from `a`'s is a copy from the nearest rank holding the expert in `a` and active in `b`, else from host
+    (vectorised over the changed slots; summed in slot order, as diff lists them)."""
+    topo = a.topology
+    G, S = topo.ranks, topo.slots_per_rank
+    li, pi = np.nonzero((a.phy2log != b.phy2log) & (b.phy2log >= 0))
+    if li.size == 0:
+        return 0.0
+    e = b.phy2log[li, pi]
+    has = np.zeros((a.layers, a.experts, G), dtype=bool)
+    lo, po = np.nonzero(a.phy2log >= 0)
+    has[lo, a.phy2log[lo, po], po // S] = True
+    has &= b.active_mask[None, None, :]
+    tier = np.where(has[li, e], tier_matrix(topo)[:, pi // S].T, int(Tier.HOST)).min(axis=1)
+    per = cm.tier_costs(topo)[tier]
+    if tokens_per_step is not None:
+        per = per + cm.downtime_steps * np.asarray(tokens_per_step, dtype=np.float64)[li, e] * cm.penalty_s
+    total = 0.0
+    for x in per.tolist():  # sequential float sum in diff's order: the same figure bit for bit
+        total += x
+    return total
+
+
 def extra_replicas(table: RoutingTable) -> int:
     """Replicas beyond one per expert, summed over layers."""
     return int((table.logcnt - 1).clip(min=0).sum())

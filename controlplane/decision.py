@@ -13,14 +13,14 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from controlplane.cost import DEEPSEEK_V3_EXPERT_BYTES, CostModel
+from controlplane.cost import DEEPSEEK_V3_EXPERT_BYTES, CostModel, change_cost
 from controlplane.elastic import DrainRefused, plan_repair
 from controlplane.errors import ControlPlaneError, InvalidOperation, InvalidTable
 from controlplane.monitor import ReplayBuffer
 from controlplane.ops import Consolidate, Migrate, Operation, Replicate, apply_ops, describe
 from controlplane.planner import Reason, Refused, plan
 from controlplane.profile import StabilityProfile
-from controlplane.table import RoutingTable, diff
+from controlplane.table import RoutingTable
 from controlplane.verify import gain, layer_gains
 
 
@@ -37,10 +37,11 @@ class DecisionParams:
     budget_windows: int = 2  # ... for B consecutive windows
     tau: float = 0.02  # minimum verified relative gain of a rebalance
     rollback_windows: int = 3  # N windows after a change before judging it (rolled back if not better)
-    max_ops: int = 8  # operations per plan
+    max_ops: int = 512  # moves per plan: a bound, not a size; a plan holds the moves that pay (min_op_gain).
+    #                     ESFT intent from static EP needs ~250 over 26 layers (16 free slots each)
     replay_windows: int = 3  # windows kept in the replay buffer
     expert_bytes: int = DEEPSEEK_V3_EXPERT_BYTES
-    cost_budget_s: float = 0.05  # see cost.CostModel.budget_s
+    cost_budget_s: float = 0.1  # see cost.CostModel.budget_s
     band: float = 0.05  # tolerance band below theta that holds the error budget's count
     replica_budget: int | None = None  # extra replicas over all layers; None: what the slots allow
     downtime_steps: float = 1.0
@@ -48,7 +49,14 @@ class DecisionParams:
     cooldown_windows: int = 10  # experts of a rolled-back change are left alone this many windows
     plan_block: int = 20  # the planner estimates on totals per block of this many steps (0: per window);
     #                       finer blocks see per-step peaks: on ESFT intent, 20 steps verify 0.050 vs 0.039
-
+    min_op_gain: float = 2e-4  # each move of a plan must lower the estimated imbalance by this fraction: on
+    #                            ESFT a move of the first plan gains ~1.6e-3, the tail ones < 1e-4; the tail
+    #                            costs bytes for noise
+    fast_theta: float = 1.3  # a window this far above theta spends the whole error budget at once: a drift
+    #                          (ESFT intent -> law: 1.06 -> 1.83) is fixed one window after it shows
+    drift_tv: float = 0.05  # plan only on the trailing windows whose expert shares (total variation per
+    #                         layer, mean) differ by at most this from the next: steady state differs by
+    #                         ~0.001, ESFT intent -> law by 0.35; a plan fitted to the old mix would miss
     def __post_init__(self) -> None:
         for f in ("window", "budget_windows", "rollback_windows", "max_ops", "replay_windows", "expert_bytes"):
             if getattr(self, f) < 1:
@@ -59,6 +67,10 @@ class DecisionParams:
             raise InvalidParams(f"tau={self.tau!r}: expected a fraction in [0, 1)")
         if not 0.0 <= self.band < self.theta:
             raise InvalidParams(f"band={self.band!r}: expected 0 <= band < theta")
+        if not self.fast_theta >= self.theta or not 0.0 <= self.min_op_gain < 1.0 or not self.drift_tv >= 0.0:
+            raise InvalidParams(f"fast_theta={self.fast_theta!r}, min_op_gain={self.min_op_gain!r}, "
+                                f"drift_tv={self.drift_tv!r}: expected fast_theta >= theta, min_op_gain in [0, 1), "
+                                "drift_tv >= 0")
         if self.cooldown_windows < 0 or self.plan_block < 0:
             raise InvalidParams(f"cooldown_windows={self.cooldown_windows!r}, plan_block={self.plan_block!r}: "
                                 "expected >= 0")
@@ -101,11 +113,12 @@ class Attempt:
     cost: float = 0.0
 
 
-def _span(buf: ReplayBuffer) -> tuple[int, int]:
+def _span(buf: ReplayBuffer, last: int | None = None) -> tuple[int, int]:
+    """[first, end) steps of the last `last` windows (default all)."""
     if not buf.windows:
         return 0, 0
-    last = buf.windows[-1]
-    return buf.windows[0].first_step, last.first_step + int(last.counts.shape[0])
+    ws = list(buf.windows)[-last:] if last else list(buf.windows)
+    return ws[0].first_step, ws[-1].first_step + int(ws[-1].counts.shape[0])
 
 
 def _tokens_per_step(buf: ReplayBuffer) -> npt.NDArray[np.float64]:
@@ -114,18 +127,20 @@ def _tokens_per_step(buf: ReplayBuffer) -> npt.NDArray[np.float64]:
 
 def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile: StabilityProfile | None,
               cooldown: npt.NDArray[np.bool_], trigger: str) -> Attempt:
-    """Plan on the windowed totals, verify on every buffered step, drop layers that replay shows not to
-    gain, gate the rest by tau and the cost budget."""
+    """Plan on the block totals of the windows that share the latest expert mix (`ReplayBuffer.same_mix`:
+    after a drift, only the windows since), verify on every step of those windows, drop layers that replay
+    shows not to gain, gate the rest by tau and the cost budget."""
     cm = p.cost_model()
-    pl = plan(head, buf.block_totals(), buf.steps, cm, p.max_ops, p.tau, profile, cooldown)
+    k = buf.same_mix(p.drift_tv)
+    pl = plan(head, buf.block_totals(k), buf.steps_of(k), cm, p.max_ops, p.tau, profile, cooldown, p.min_op_gain)
     refused = list(pl.refused)
     if not pl.ops:
-        return Attempt(None, "NO_PLAN", "no candidate gains at least tau / max_ops", tuple(refused))
-    base = buf.stats(head)
+        return Attempt(None, "NO_PLAN", "no move gains at least min_op_gain", tuple(refused))
+    base = buf.stats(head, last=k)
     ops, op_layers = list(pl.ops), np.asarray(pl.op_layers, dtype=np.int64)
     table = apply_ops(head, ops)
     table.validate()  # a planner that builds an invalid table is a bug: fail loudly
-    new = buf.stats(table, base=head)
+    new = buf.stats(table, base=head, last=k)
     ls = np.unique(op_layers)
     lg = layer_gains(base, new, ls)
     by_layer = {int(lay): float(g) for lay, g in zip(ls.tolist(), lg.tolist(), strict=True)}
@@ -140,10 +155,10 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
             return Attempt(None, Reason.VERIFY_NO_GAIN.value, "no planned layer gained on replay", tuple(refused))
         ls = np.array(sorted(set(ls.tolist()) - drop), dtype=np.int64)
         table = apply_ops(head, ops)
-        new = buf.stats(table, base=head)
+        new = buf.stats(table, base=head, last=k)
     vg = gain(base, new)
     est = sum(g for lay, g in pl.layer_gain if lay in set(ls.tolist()))
-    cost = cm.diff_cost(diff(head, table, p.expert_bytes), head.topology, _tokens_per_step(buf))
+    cost = change_cost(cm, head, table, _tokens_per_step(buf))
     a = Attempt(None, "", "", (), est, vg, cost)
     if vg < p.tau or cost > cm.budget_s:
         reason = Reason.GAIN_BELOW_TAU if vg < p.tau else Reason.OVER_BUDGET
@@ -153,7 +168,7 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
                                                              f"cost {cost * 1e3:.3f} ms vs {cm.budget_s * 1e3:.1f} ms"))
         a.outcome, a.detail, a.refused = reason.value, refused[-1].detail, tuple(refused)
         return a
-    lo, hi = _span(buf)
+    lo, hi = _span(buf, k)
     a.decision = Decision(table, tuple(ops), est, vg, cost, trigger, tuple(refused), "rebalance", lo, hi)
     a.outcome, a.refused = "PROPOSED", tuple(refused)
     return a
@@ -169,7 +184,7 @@ def manual(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, ops: tuple[
         return Attempt(None, code, e.message, (Refused(None, code, 0.0, 0.0, e.message),))
     vg = gain(buf.stats(head), buf.stats(table, base=head)) if buf.steps else 0.0
     cm = p.cost_model()
-    cost = cm.diff_cost(diff(head, table, p.expert_bytes), head.topology, _tokens_per_step(buf))
+    cost = change_cost(cm, head, table, _tokens_per_step(buf))
     if not force and (vg < p.tau or cost > cm.budget_s):
         code = Reason.GAIN_BELOW_TAU.value if vg < p.tau else Reason.OVER_BUDGET.value
         return Attempt(None, code, "use force to propose anyway", (Refused(None, code, vg, cost),), 0.0, vg, cost)
@@ -242,7 +257,7 @@ def rollback(head: RoutingTable, target: RoutingTable, buf: ReplayBuffer, p: Dec
     table.validate()
     vg = gain(buf.stats(head), buf.stats(table, base=head))
     cm = p.cost_model()
-    cost = cm.diff_cost(diff(head, table, p.expert_bytes), head.topology, _tokens_per_step(buf))
+    cost = change_cost(cm, head, table, _tokens_per_step(buf))
     if vg < 0:
         return Attempt(None, "ROLLBACK_NOT_BETTER", f"replay gain of the rollback {vg:.4f} < 0", (), 0.0, vg, cost)
     lo, hi = _span(buf)
@@ -263,7 +278,7 @@ def repair(head: RoutingTable, lost: list[int], buf: ReplayBuffer, p: DecisionPa
     table.validate()
     vg = gain(buf.stats(head), buf.stats(table)) if buf.steps else 0.0
     cm = p.cost_model()
-    cost = cm.diff_cost(diff(head, table, p.expert_bytes), head.topology, _tokens_per_step(buf))
+    cost = change_cost(cm, head, table, _tokens_per_step(buf))
     lo, hi = _span(buf)
     trig = f"repair: ranks {sorted(lost)} lost"
     return Attempt(Decision(table, tuple(ops), vg, vg, cost, trig, (), "repair", lo, hi), "PROPOSED", "", (), vg, vg, cost)

@@ -6,7 +6,8 @@ content, so a proposal and the table committed from it share one entry) the per-
 imbalance needs (`verify.ReplayStats`). Counts are logical, so the same windows can be replayed against
 the head, an in-flight proposal or a rolled-back parent.
 
-Error budget: act only after `B` consecutive windows with imbalance above `theta`, measured under the table
+Error budget: act only after `B` consecutive windows with imbalance above `theta` (at once above `fast_theta`,
+a breach no band could be flapping around), measured under the table
 that will be in force (the head, or the in-flight proposal: operations still in flight are counted, so the
 trigger neither schedules twice nor fires for a problem already being fixed). Tolerance band: once above,
 the count is held (not reset) while imbalance stays within `band` below theta, and resets only under
@@ -48,15 +49,18 @@ class Window:
 
 
 class ErrorBudget:
-    """B consecutive windows above theta, with a tolerance band below theta that holds the count."""
+    """B consecutive windows above theta, with a tolerance band below theta that holds the count. A window
+    above `fast` (a large breach: a drift) spends the whole budget at once."""
 
-    def __init__(self, theta: float, band: float, windows: int) -> None:
-        self.theta, self.low, self.windows = theta, theta - band, windows
+    def __init__(self, theta: float, band: float, windows: int, fast: float = float("inf")) -> None:
+        self.theta, self.low, self.windows, self.fast = theta, theta - band, windows, fast
         self.count = 0
 
     def observe(self, imbalance: float) -> bool:
         """Count one window; True when the budget is spent (count >= B)."""
-        if imbalance > self.theta:
+        if imbalance > self.fast:
+            self.count = max(self.count + 1, self.windows)
+        elif imbalance > self.theta:
             self.count += 1
         elif imbalance < self.low:
             self.count = 0
@@ -134,11 +138,33 @@ class ReplayBuffer:
             return np.zeros((0, self.layers, self.experts), dtype=np.int64)
         return np.stack([w.expert_totals for w in ws])
 
-    def block_totals(self) -> I64:
-        """[nb, L, E] tokens per planning block of every buffered window, oldest first."""
-        if not self.windows:
+    def block_totals(self, last: int | None = None) -> I64:
+        """[nb, L, E] tokens per planning block of the last `last` windows (default all), oldest first."""
+        ws = list(self.windows)[-last:] if last else list(self.windows)
+        if not ws:
             return np.zeros((0, self.layers, self.experts), dtype=np.int64)
-        return np.concatenate([w.block_totals for w in self.windows], axis=0)
+        return np.concatenate([w.block_totals for w in ws], axis=0)
+
+    def steps_of(self, last: int | None = None) -> int:
+        ws = list(self.windows)[-last:] if last else list(self.windows)
+        return sum(int(w.counts.shape[0]) for w in ws)
+
+    def same_mix(self, tv: float) -> int:
+        """How many trailing windows share the latest one's expert mix: walking back from the newest, a
+        window joins while its expert shares differ from the next newer one's by at most `tv` (total
+        variation per layer, mean over layers). 1 right after a drift; all in steady state."""
+        ws = list(self.windows)
+        if not ws:
+            return 0
+        tot = np.stack([w.expert_totals for w in ws]).astype(np.float64)  # [nw, L, E]
+        share = tot / np.maximum(tot.sum(axis=2, keepdims=True), 1.0)
+        d = 0.5 * np.abs(share[1:] - share[:-1]).sum(axis=2).mean(axis=1)  # [nw - 1]: window i vs i + 1
+        k = 1
+        for x in d[::-1].tolist():  # a handful of windows
+            if x > tv:
+                break
+            k += 1
+        return k
 
     def _maxima(self, table: RoutingTable, ws: list[Window], base: RoutingTable | None) -> list[I64]:
         key = content_key(table)
@@ -183,10 +209,10 @@ class LoadMonitor:
 
     def __init__(
         self, layers: int, experts: int, replay_windows: int, theta: float, band: float, budget_windows: int,
-        block: int = 0,
+        block: int = 0, fast_theta: float = float("inf"),
     ) -> None:
         self.buffer = ReplayBuffer(layers, experts, replay_windows, block)
-        self.budget = ErrorBudget(theta, band, budget_windows)
+        self.budget = ErrorBudget(theta, band, budget_windows, fast_theta)
         self.last_seq: int | None = None
         self.history: deque[float] = deque(maxlen=64)  # recent window imbalances, for explain and admin
 

@@ -47,6 +47,7 @@ def windows(seed: int, n: int, layers: int = 4, experts: int = 16, hot: tuple[in
 
 def setup(**kw: object) -> tuple[Controller, RoutingTable]:
     head = initial_table(Topology(2, 4, 3), 4, 16)  # 8 ranks x 3 slots, 2 experts per rank, 1 spare
+    kw = {"fast_theta": 100.0, **kw}  # the B-window budget unless a test asks for the fast path
     params = DecisionParams(window=W, expert_bytes=1 << 24, **kw)  # type: ignore[arg-type]
     return Controller(params, head), head
 
@@ -111,7 +112,33 @@ def test_commit_install_observe_and_keep() -> None:
         outcomes.append(c.last_explain().outcome)  # type: ignore[union-attr]
         kept |= any(isinstance(e, OpTransition) and e.state == "DONE" and e.reason == "KEPT" for e in r.events)
         c.advance()
-    assert kept and "OBSERVING" in outcomes and c.state != "observing"
+    assert kept and c.state != "observing"
+    # the realised gain reached tau in the first window: judged (KEPT) at once, not after N windows
+    assert outcomes[0] != "OBSERVING"
+
+
+def test_observation_holds_a_follow_up_until_the_gain_is_confirmed() -> None:
+    c, head = setup(theta=1.01, band=0.0, budget_windows=1)  # every window breaches: a follow-up is wanted
+    ws = windows(1, 6)
+    d = feed(c, 0, ws[0]).proposals[0]
+    c.advance()
+    c.step(TableCommitted(d.table))
+    c.advance()
+    o = c._observe  # noqa: SLF001 - the observation under test
+    assert o is not None
+    o.counterfactual = -100.0  # pretend the change did far worse so far: not confirmed
+    feed(c, 1, ws[1])
+    assert c.last_explain().outcome == "OBSERVING" and c.state == "observing"  # type: ignore[union-attr]
+    c.advance()
+
+
+def test_a_large_breach_spends_the_budget_at_once() -> None:
+    c, head = setup(fast_theta=2.0)  # the test windows run at ~2.8: far above theta 1.15
+    r = feed(c, 0, windows(0, 1)[0])
+    assert len(r.proposals) == 1 and "fast theta" in r.proposals[0].trigger
+    c2, _ = setup(fast_theta=5.0)  # below the fast threshold: B = 2 windows as before
+    r = feed(c2, 0, windows(0, 1)[0])
+    assert not r.proposals and c2.last_explain().outcome == "BUDGET_NOT_SPENT"  # type: ignore[union-attr]
 
 
 def test_lost_to_another_proposal_and_stale_commit() -> None:

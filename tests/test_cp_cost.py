@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controlplane.cost import CostModel, InvalidCostModel, extra_replicas, tier_matrix
+from controlplane.cost import CostModel, InvalidCostModel, change_cost, extra_replicas, tier_matrix
 from controlplane.decision import DecisionParams, InvalidParams, rollback_ops, same_ranks
 from controlplane.errors import InvalidOperation
 from controlplane.ops import (
@@ -104,3 +104,35 @@ def test_rollback_ops_restore_the_parent(data: st.DataObject) -> None:
         return  # some orders do not fit the free slots; decision.rollback then reorders or refuses
     assert same_ranks(back, a) and back.is_valid()
     assert np.array_equal(np.sort(back.logcnt, axis=1), np.sort(a.logcnt, axis=1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_change_cost_equals_the_cost_of_the_diff(data: st.DataObject) -> None:
+    """The vectorised plan cost equals diff + diff_cost (a per-move loop), bit for bit, drains included."""
+    a = data.draw(tables())
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
+    G = a.topology.ranks
+    ops = []
+    for _ in range(data.draw(st.integers(1, 8))):
+        lay, e, g, h = (int(rng.integers(a.layers)), int(rng.integers(a.experts)), int(rng.integers(G)),
+                        int(rng.integers(G)))
+        ops.append(data.draw(st.sampled_from([Replicate(lay, e, g), Migrate(lay, e, g, h),
+                                              Consolidate(lay, (e,), g), Drain(g)])))
+    b = a
+    for op in ops:
+        try:
+            b = apply_ops(b, [op]).with_version(a.version + 1, a.version)
+        except InvalidOperation:
+            continue
+    tok = rng.random((a.layers, a.experts)) * 1000
+    cm = CostModel(expert_bytes=int(rng.integers(1, 1 << 26)), penalty_s=1e-6)
+    assert change_cost(cm, a, b, tok) == cm.diff_cost(diff(a, b), a.topology, tok)
+    assert change_cost(cm, a, b) == cm.diff_cost(diff(a, b), a.topology)
+    assert change_cost(cm, a, a) == 0.0
+
+
+def test_new_params_validation() -> None:
+    for bad in (dict(fast_theta=1.0), dict(min_op_gain=-0.1), dict(min_op_gain=1.0), dict(drift_tv=-1.0)):
+        with pytest.raises(InvalidParams):
+            DecisionParams(**bad)  # type: ignore[arg-type]

@@ -100,3 +100,22 @@ def test_replay_buffer_rejects_bad_windows() -> None:
     with pytest.raises(InvalidShape):
         buf.push(0, 0, -np.ones((1, 2, 3), dtype=np.int64))
     assert buf.steps == 0 and buf.counts().shape == (0, 2, 3)
+
+
+def test_same_mix_counts_the_windows_since_a_drift() -> None:
+    rng = np.random.default_rng(11)
+    buf = ReplayBuffer(2, 8, 4)
+    assert buf.same_mix(0.05) == 0
+    for w in range(3):
+        buf.push(w, w * 10, _counts(rng, 10, 2, 8, hot=1))
+    assert buf.same_mix(0.05) == 3  # one mix: multinomial noise stays far below 0.05
+    buf.push(3, 30, _counts(rng, 10, 2, 8, hot=6))  # the hot expert changes: a drift
+    assert buf.same_mix(0.05) == 1 and buf.same_mix(1.0) == 4
+    assert buf.block_totals(1).shape == (1, 2, 8) and buf.steps_of(1) == 10 and buf.steps_of() == 40
+
+
+def test_a_large_breach_spends_the_budget_at_once() -> None:
+    b = ErrorBudget(theta=1.15, band=0.05, windows=3, fast=1.5)
+    assert [b.observe(x) for x in (1.2, 1.6)] == [False, True] and b.count == 3
+    b.reset()
+    assert b.observe(1.6) and not ErrorBudget(1.15, 0.05, 3).observe(1.6)

@@ -127,7 +127,25 @@ def test_multiple_ops_in_one_layer_and_superseded_candidates() -> None:
     pl = planner.plan(t, X, 1, CostModel(expert_bytes=1 << 20, penalty_s=0.0), 3, 0.0)  # transfer cost only
     new = apply_ops(t, pl.ops)
     assert int(new.logcnt[0, 0]) == 4 and pl.estimated_gain == pytest.approx((900 - 275) / 900)
-    assert any(r.reason == "SUPERSEDED" for r in pl.refused)
+    assert all(r.op not in set(pl.ops) for r in pl.refused)  # what was taken later is not listed as refused
+    assert {r.reason for r in pl.refused} <= REASONS
+
+
+def test_a_plan_is_sized_to_the_breach() -> None:
+    """One decision takes as many moves as pay min_op_gain each: many on a skewed layer set, none when flat."""
+    rng = np.random.default_rng(7)
+    t = initial_table(Topology(2, 4, 4), 6, 16)  # 8 ranks x 4 slots: 16 free slots per layer
+    X = skewed(rng, 5, 6, 16, 4000).astype(np.int64)
+    cm = CostModel(expert_bytes=1 << 20)
+    big = planner.plan(t, X, 5, cm, 512, 0.02, None, None, 1e-3)
+    assert len(big.ops) > 8 and big.estimated_gain > 0.2
+    strict = planner.plan(t, X, 5, cm, 512, 0.02, None, None, 0.05)  # each move must gain 5%: few do
+    assert len(strict.ops) < len(big.ops)
+    assert strict.estimated_gain <= big.estimated_gain
+    layer_moves = {lay: sum(1 for x in strict.op_layers if x == lay) for lay in set(strict.op_layers)}
+    for lay, g in strict.layer_gain:
+        assert g >= 0.05 * layer_moves[lay] - 1e-12  # each kept layer's moves pay their threshold
+    assert any(r.reason == "GAIN_BELOW_TAU" for r in strict.refused)
 
 
 def test_rebalance_verifies_and_gates() -> None:
@@ -137,11 +155,14 @@ def test_rebalance_verifies_and_gates() -> None:
     buf = ReplayBuffer(3, 8, 2, block=5)
     for w in range(2):
         buf.push(w, w * 20, skewed(rng, 20, 3, 8, 2000))
-    p = DecisionParams(window=20, tau=0.0, expert_bytes=1 << 20)
+    p = DecisionParams(window=20, tau=0.0, expert_bytes=1 << 20, drift_tv=1.0)  # one mix: every window
     a = rebalance(t, buf, p, None, np.zeros((3, 8), dtype=bool), "test")
     assert a.decision is not None and a.decision.verified_gain >= 0 and a.decision.table.is_valid()
     assert a.decision.table.parent == t.version and a.decision.kind == "rebalance"
     assert (a.decision.replay_from_step, a.decision.replay_to_step) == (0, 40)
+    p = DecisionParams(window=20, tau=0.0, expert_bytes=1 << 20, drift_tv=0.0)  # every window its own mix
+    a = rebalance(t, buf, p, None, np.zeros((3, 8), dtype=bool), "test")
+    assert a.decision is not None and (a.decision.replay_from_step, a.decision.replay_to_step) == (20, 40)
     p = DecisionParams(window=20, tau=0.99, expert_bytes=1 << 20)
     a = rebalance(t, buf, p, None, np.zeros((3, 8), dtype=bool), "test")
     assert a.decision is None and a.outcome in ("GAIN_BELOW_TAU", "NO_PLAN", "VERIFY_NO_GAIN")

@@ -36,7 +36,6 @@ def test_esft_intent_then_law_decisions() -> None:
     for d in committed:
         if d["kind"] == "rebalance":
             assert d["verified_gain"] >= out["tau"]  # type: ignore[operator]
-            assert d["voter_gain"] == d["verified_gain"]
     assert out["every_committed_rebalance_gain_ge_tau"] is True
     imb = out["mean_step_imbalance"]
     assert isinstance(imb, dict)
