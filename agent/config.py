@@ -111,10 +111,12 @@ class GossipConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class DecisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     window: int = 100            # W steps per load window
     theta: float = 1.15          # act when step imbalance exceeds this ...
-    budget_windows: int = 2      # ... for B consecutive windows
+    budget_windows: int = 2      # ... for B consecutive windows (one window above fast_theta spends it all)
     tau: float = 0.02            # minimum verified relative gain to propose
     rollback_windows: int = 3    # N windows after which a change that did not help is rolled back
-    max_ops: int = 8             # operations per plan
+    # moves per plan: a bound, not a size (controlplane.decision.DecisionParams.max_ops): a plan keeps the
+    # moves that each pay min_op_gain; ESFT intent from static EP needs ~250 over 26 layers
+    max_ops: int = 512
     replay_windows: int = 3      # windows kept in the replay buffer
     profile_path: str = ""       # offline stability profile (.npz); empty: none
 
@@ -143,6 +145,11 @@ class ConsensusConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # refusal/failure). Fewer fsyncs and wake-ups per commit; 10 ms is ~10 LAN round trips plus an fsync.
     # 0 sends every accept at once.
     thrifty_ms: int = 10
+    # compaction: when the log passes this size it is rewritten with the newest `log_retain` commits and the
+    # open acceptor state. 64 MiB holds ~2000 commits of DeepSeek-V3-shaped tables; 1024 retained commits
+    # let a peer that lags by up to 1024 versions catch up by CatchUp. 0 never compacts.
+    log_compact_bytes: int = 64 << 20
+    log_retain: int = 1024
 
     def validate(self) -> None:
         _need(self.accept_timeout_ms >= 1, "consensus.accept_timeout_ms", self.accept_timeout_ms, "an integer >= 1")
@@ -150,6 +157,8 @@ class ConsensusConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         _need(self.catchup_batch >= 1, "consensus.catchup_batch", self.catchup_batch, "an integer >= 1")
         _need(self.sync_interval_ms >= 0, "consensus.sync_interval_ms", self.sync_interval_ms, "an integer >= 0")
         _need(self.thrifty_ms >= 0, "consensus.thrifty_ms", self.thrifty_ms, "an integer >= 0")
+        _need(self.log_compact_bytes >= 0, "consensus.log_compact_bytes", self.log_compact_bytes, "an integer >= 0")
+        _need(self.log_retain >= 1, "consensus.log_retain", self.log_retain, "an integer >= 1")
         _need(0.0 <= self.verify_tolerance <= 1.0, "consensus.verify_tolerance", self.verify_tolerance, "in [0, 1]")
         if self.backend == "etcd":
             _need(bool(self.etcd_endpoints), "consensus.etcd_endpoints", self.etcd_endpoints,
