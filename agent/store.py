@@ -40,6 +40,9 @@ class Disk(Protocol):
         """Write `data` at the end and make it durable before returning."""
         ...
     def truncate(self, size: int) -> None: ...
+    def replace(self, data: bytes) -> None:
+        """Atomically make `data` the whole content, durably (compaction)."""
+        ...
     def close(self) -> None: ...
 
 
@@ -75,6 +78,28 @@ class FileDisk:
         if self.sync:
             os.fsync(self._fd)
 
+    def replace(self, data: bytes) -> None:
+        """Write a new file beside the old one, fsync it, rename it over the old one, fsync the directory."""
+        tmp = self.path.with_name(self.path.name + ".compact")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            if self.sync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        if self.sync:
+            dfd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        self.close()
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
@@ -97,6 +122,9 @@ class MemoryDisk:
 
     def truncate(self, size: int) -> None:
         del self.data[size:]
+
+    def replace(self, data: bytes) -> None:
+        self.data = bytearray(data)
 
     def tear(self, garbage: bytes) -> None:
         """Simulate a write torn by a crash: a partial record left at the end."""
@@ -158,6 +186,7 @@ class Store:
         self._disk: Disk = disk if disk is not None else FileDisk(path, sync=sync)  # type: ignore[arg-type]
         self._opened = False
         self.appends = 0
+        self.size = 0  # bytes in the log: what compaction watches
 
     def open(self) -> Recovered:
         """Read the log, truncate a torn tail, and return the committed tables and acceptor state."""
@@ -166,6 +195,7 @@ class Store:
         if end < len(data):
             self._disk.truncate(end)
         self._opened = True
+        self.size = end
         return rec
 
     recover = open
@@ -175,6 +205,7 @@ class Store:
             raise StoreError("store not opened: call open() (recovery) before writing")
         self._disk.append(data)
         self.appends += 1
+        self.size += len(data)
 
     def append_commit(self, commit: pb.Commit, also: list[pb.AcceptorState] | None = None) -> None:
         """Append a commit, and any acceptor states riding along, with one write and one fsync."""
@@ -185,6 +216,16 @@ class Store:
 
     def save_acceptor(self, state: pb.AcceptorState) -> None:
         self._append(frame(KIND_ACCEPTOR, state.SerializeToString()))
+
+    def compact(self, commits: list[pb.Commit], acceptor: list[pb.AcceptorState]) -> None:
+        """Replace the log by just these records (the commits still to keep, in order, and the acceptor state
+        of undecided versions), atomically: a crash leaves either the old log or the new one."""
+        if not self._opened:
+            raise StoreError("store not opened: call open() (recovery) before compacting")
+        data = b"".join([frame(KIND_COMMIT, c.SerializeToString()) for c in commits]
+                        + [frame(KIND_ACCEPTOR, st.SerializeToString()) for st in acceptor])
+        self._disk.replace(data)
+        self.size = len(data)
 
     def close(self) -> None:
         self._disk.close()

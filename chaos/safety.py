@@ -29,6 +29,7 @@ class Result:
     violations: list[str] = field(default_factory=list)
     commits: int = 0
     converged: bool = True
+    heads: dict[str, int] = field(default_factory=dict)
     actions: list[str] = field(default_factory=list)
 
 
@@ -98,6 +99,7 @@ def run_schedule(seed: int, nodes: int, steps: int = 14) -> Result:
     heads = c.heads()
     res.commits = max(heads.values(), default=0) - c.genesis.version
     res.converged = len(set(heads.values())) == 1
+    res.heads = {} if res.converged else heads
     for n in c.ids:
         res.violations += [f"I1 at {n}: {m}" for m in c.nodes[n].conflicts]
     return res
@@ -120,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(a.schedules):
         r = run_schedule(a.seed * 1_000_003 + i, a.nodes, a.steps)
         commits += r.commits
-        unconverged += not r.converged
+        if not r.converged:
+            unconverged += 1
+            print(f"schedule {i} (seed {r.seed}) did not converge after healing: {r.heads}", file=sys.stderr)
         if r.violations:
             violations += len(r.violations)
             print(f"schedule {i} (seed {r.seed}): {r.violations[:3]} after {r.actions}", file=sys.stderr)

@@ -82,3 +82,21 @@ def test_store_needs_path_or_disk(tmp_path: Path) -> None:
         Store(tmp_path / "x", disk=MemoryDisk())
     FileDisk(tmp_path / "sub" / "log").close()
     assert (tmp_path / "sub" / "log").exists()
+
+
+def test_compaction_replaces_the_log_atomically(tmp_path: Path) -> None:
+    p = tmp_path / "log"
+    s = Store(p)
+    s.open()
+    for v in range(2, 12):
+        s.append_commit(commit(v))
+        s.save_acceptor(pb.AcceptorState(version=v + 1, promised=pb.Ballot(round=1, node_id="a")))
+    before = s.size
+    s.compact([commit(10), commit(11)], [pb.AcceptorState(version=12, proposer_round=1)])
+    assert 0 < s.size < before and s.size == p.stat().st_size
+    s.append_commit(commit(12))  # appends go to the new file
+    s.close()
+    assert not (tmp_path / "log.compact").exists()
+    rec = Store(p).open()
+    assert [c.table.version for c in rec.commits] == [10, 11, 12]
+    assert list(rec.acceptor) == [12] and rec.acceptor[12].proposer_round == 1

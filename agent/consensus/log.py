@@ -54,9 +54,10 @@ class CommittedLog:
             except TableWireError as e:
                 log.error("store: commit for version %d unreadable: %s", v, e)
                 break
-            if t.parent != self.head.version:
+            if t.parent != self.head.version and (self.commits or v <= self.head.version + 1):
                 log.error("store: commit %d has parent %d, head is %d", v, t.parent, self.head.version)
                 break
+            # (a first commit beyond genesis + 1 is the base of a compacted log: our own certified record)
             self.commits[v] = c
             self.head = t
 
@@ -106,6 +107,13 @@ class CommittedLog:
         if nxt is not None:
             self.offer(nxt)
         return "", False
+
+    def trim(self, keep: int) -> list[pb.Commit]:
+        """Forget all but the newest `keep` commits (after compaction); returns those kept, in order."""
+        versions = sorted(self.commits)
+        for v in versions[:-keep] if keep < len(versions) else []:
+            del self.commits[v]
+        return [self.commits[v] for v in sorted(self.commits)]
 
     def since(self, version: int) -> list[pb.Commit]:
         return [self.commits[v] for v in sorted(self.commits) if v > version]

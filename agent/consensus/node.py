@@ -1,8 +1,10 @@
 """ConsensusNode: drives the sans-IO Paxos core (paxos.py) over a Transport, a Clock and a Store.
 
 Order of effects, as in etcd-raft's Ready: persist (fsync) -> send -> install. An acceptor's promise or
-accept is durable before its reply leaves; a proposer's ballot is durable before its first message; a
-commit is durable before it is broadcast and before it is installed (on_commit callbacks, shims).
+accept is durable before its reply leaves; a proposer's ballot is durable before its first message (the
+round-0 owner of v + 1 reserves its round in the same write as the commit of v, so its proposal can leave
+while its own accept is being written; its vote counts once that write is done); a commit is durable
+before it is broadcast and before it is installed (on_commit callbacks, shims).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import logging
 import math
 import random
 import zlib
+from collections import deque
 from collections.abc import Callable
 
 from google.protobuf.message import Message
@@ -74,7 +77,8 @@ class ConsensusNode(ProposerMixin):
         self._recoveries: dict[int, int] = {}
         self.acceptor = Acceptor(node_id, self.voters)
         self.running = False
-        self.rejections: list[tuple[int, str, str]] = []  # (version, voter, reason) for explain
+        # (version, voter, reason) of recent refusals, for explain
+        self.rejections: deque[tuple[int, str, str]] = deque(maxlen=256)
 
     # ---- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -282,6 +286,9 @@ class ConsensusNode(ProposerMixin):
             self._finish(v, Outcome(mine, v, reason, votes, self.clock.now() - pend.t0, c))
         for cb in self._callbacks:
             cb(c, table)
+        if 0 < self.cfg.log_compact_bytes < self.store.size:
+            kept = self.log.trim(self.cfg.log_retain)
+            self.store.compact(kept, [st for k, st in sorted(self.acceptor.states.items()) if k > v])
 
     def _on_catchup(self, peer: str, r: Message | None) -> None:
         self._catching_up = ""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -61,7 +62,7 @@ class ProposerMixin:
     log: CommittedLog
     acceptor: Acceptor
     live_voters: Callable[[], list[str]]
-    rejections: list[tuple[int, str, str]]
+    rejections: deque[tuple[int, str, str]]
     _pending: dict[int, Pending]
     _attempts: dict[int, Attempt]
     _recoveries: dict[int, int]
