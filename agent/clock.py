@@ -1,7 +1,9 @@
 """Clock: the only way protocol code learns the time or waits.
 
 `Clock` has a real implementation (the asyncio loop's monotonic clock) and a fake one (virtual time,
-advanced by the simulator), so that protocol tests never sleep on a wall clock.
+advanced by the simulator), so that protocol tests never sleep on a wall clock. `NodeClock` is one node's
+view of a shared FakeClock that the simulator can pause (timers due meanwhile run late, at resume, as in a
+process that was stopped) or stop for good (a crash: no timer of the node ever runs again).
 """
 
 from __future__ import annotations
@@ -70,6 +72,10 @@ class FakeClock:
         heapq.heappush(self._queue, (self._now + max(0.0, delay), next(self._seq), t, fn))
         return t
 
+    def schedule(self, when: float, timer: Timer, fn: Callable[[], None]) -> None:
+        """Run `fn` at `when` unless `timer.cancelled` by then (for clocks layered on this one)."""
+        heapq.heappush(self._queue, (when, next(self._seq), timer, fn))  # type: ignore[arg-type]
+
     def pending(self) -> int:
         return sum(1 for _, _, t, _ in self._queue if not t.cancelled)
 
@@ -90,3 +96,81 @@ class FakeClock:
 
     def advance(self, seconds: float) -> int:
         return self.run_until(self._now + seconds)
+
+
+class _NodeTimer:
+    __slots__ = ("cancelled", "due", "fn", "clock")
+
+    def __init__(self, clock: NodeClock, due: float, fn: Callable[[], None]) -> None:
+        self.cancelled = False
+        self.clock = clock
+        self.due = due
+        self.fn = fn
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def fire(self) -> None:
+        c = self.clock
+        if self.cancelled or c._stopped:
+            return
+        if c._paused:
+            c._held.append(self)
+            return
+        self.fn()
+
+
+class NodeClock:
+    """One simulated node's clock over a shared FakeClock: pausable and stoppable.
+
+    While paused, timers that fall due are held and run in due order at `resume` (late, as in a process
+    woken from SIGSTOP); `now()` keeps advancing. After `stop`, no timer of this node runs again.
+    """
+
+    def __init__(self, base: FakeClock) -> None:
+        self._base = base
+        self._paused = False
+        self._stopped = False
+        self._held: list[_NodeTimer] = []
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    @property
+    def running(self) -> bool:
+        return not (self._paused or self._stopped)
+
+    def now(self) -> float:
+        return self._base._now
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> Timer:
+        due = self._base._now + (delay if delay > 0.0 else 0.0)
+        t = _NodeTimer(self, due, fn)
+        if not self._stopped:
+            self._base.schedule(due, t, t.fire)
+        return t
+
+    def pause(self) -> None:
+        if not self._stopped:
+            self._paused = True
+
+    def resume(self) -> None:
+        """Run the timers held while paused (in due order, each as its own event), then carry on."""
+        if not self._paused or self._stopped:
+            return
+        self._paused = False
+        held, self._held = self._held, []
+        now = self._base._now
+        for t in held:  # already in due order: the base clock fired them in that order
+            if not t.cancelled:
+                self._base.schedule(now, t, t.fire)
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._paused = False
+        self._held.clear()

@@ -236,13 +236,17 @@ def _check_hostport(field: str, value: str) -> None:
 PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "lan": {},
     "local": {
-        # one host: RTT ~0.1 ms, so probe faster and time out sooner than on a LAN
-        "gossip": {"interval_ms": 100, "probe_interval_ms": 250, "probe_timeout_ms": 100},
+        # one host: RTT ~0.1 ms and no wire to lose; but the engines share its CPUs, so keep the lan probe
+        # timeout and a slightly longer suspicion minimum (1.5 s at 2-9 nodes) against scheduling stalls.
+        "gossip": {"interval_ms": 100, "probe_interval_ms": 250, "probe_timeout_ms": 100, "suspicion_mult": 6.0,
+                   "pushpull_interval_ms": 500, "reconnect_interval_ms": 1000},
         "consensus": {"accept_timeout_ms": 150},
     },
     "test": {
-        # tests on a loaded 2-core box: short intervals, generous timeouts against CPU stalls
-        "gossip": {"interval_ms": 50, "probe_interval_ms": 200, "probe_timeout_ms": 150},
+        # tests on a loaded 2-core box: short intervals, generous timeouts against CPU stalls (a probe may
+        # wait 150 ms for a busy event loop; suspicion lasts >= 1.6 s, so a stalled process refutes in time)
+        "gossip": {"interval_ms": 50, "probe_interval_ms": 200, "probe_timeout_ms": 150, "suspicion_mult": 8.0,
+                   "pushpull_interval_ms": 500, "reconnect_interval_ms": 1000},
         "consensus": {"accept_timeout_ms": 500},
         "decision": {"window": 20, "budget_windows": 1},
     },

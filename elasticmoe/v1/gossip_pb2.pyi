@@ -67,65 +67,127 @@ class Digest(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., window_seq: _Optional[int] = ...) -> None: ...
 
 class ProbeRequest(_message.Message):
-    __slots__ = ("from_node", "seq", "target", "piggyback")
+    __slots__ = ("from_node", "seq", "target", "piggyback", "digests")
     FROM_NODE_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     PIGGYBACK_FIELD_NUMBER: _ClassVar[int]
+    DIGESTS_FIELD_NUMBER: _ClassVar[int]
     from_node: str
     seq: int
     target: str
     piggyback: _containers.RepeatedCompositeFieldContainer[MemberState]
-    def __init__(self, from_node: _Optional[str] = ..., seq: _Optional[int] = ..., target: _Optional[str] = ..., piggyback: _Optional[_Iterable[_Union[MemberState, _Mapping]]] = ...) -> None: ...
+    digests: _containers.RepeatedCompositeFieldContainer[Digest]
+    def __init__(self, from_node: _Optional[str] = ..., seq: _Optional[int] = ..., target: _Optional[str] = ..., piggyback: _Optional[_Iterable[_Union[MemberState, _Mapping]]] = ..., digests: _Optional[_Iterable[_Union[Digest, _Mapping]]] = ...) -> None: ...
 
 class ProbeAck(_message.Message):
-    __slots__ = ("from_node", "seq", "ok", "piggyback")
+    __slots__ = ("from_node", "seq", "ok", "piggyback", "digests")
     FROM_NODE_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     OK_FIELD_NUMBER: _ClassVar[int]
     PIGGYBACK_FIELD_NUMBER: _ClassVar[int]
+    DIGESTS_FIELD_NUMBER: _ClassVar[int]
     from_node: str
     seq: int
     ok: bool
     piggyback: _containers.RepeatedCompositeFieldContainer[MemberState]
-    def __init__(self, from_node: _Optional[str] = ..., seq: _Optional[int] = ..., ok: _Optional[bool] = ..., piggyback: _Optional[_Iterable[_Union[MemberState, _Mapping]]] = ...) -> None: ...
+    digests: _containers.RepeatedCompositeFieldContainer[Digest]
+    def __init__(self, from_node: _Optional[str] = ..., seq: _Optional[int] = ..., ok: _Optional[bool] = ..., piggyback: _Optional[_Iterable[_Union[MemberState, _Mapping]]] = ..., digests: _Optional[_Iterable[_Union[Digest, _Mapping]]] = ...) -> None: ...
 
 class IndirectProbeRequest(_message.Message):
-    __slots__ = ("from_node", "seq", "target", "target_address", "piggyback")
+    __slots__ = ("from_node", "seq", "target", "target_address", "piggyback", "timeout_ms")
     FROM_NODE_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
     TARGET_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     PIGGYBACK_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     from_node: str
     seq: int
     target: str
     target_address: str
     piggyback: _containers.RepeatedCompositeFieldContainer[MemberState]
-    def __init__(self, from_node: _Optional[str] = ..., seq: _Optional[int] = ..., target: _Optional[str] = ..., target_address: _Optional[str] = ..., piggyback: _Optional[_Iterable[_Union[MemberState, _Mapping]]] = ...) -> None: ...
+    timeout_ms: int
+    def __init__(self, from_node: _Optional[str] = ..., seq: _Optional[int] = ..., target: _Optional[str] = ..., target_address: _Optional[str] = ..., piggyback: _Optional[_Iterable[_Union[MemberState, _Mapping]]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class PushPullRequest(_message.Message):
-    __slots__ = ("from_node", "members", "digests", "windows", "join")
+    __slots__ = ("from_node", "members", "digests", "windows", "join", "members_hash")
     FROM_NODE_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     DIGESTS_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     JOIN_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_HASH_FIELD_NUMBER: _ClassVar[int]
     from_node: str
     members: _containers.RepeatedCompositeFieldContainer[MemberState]
     digests: _containers.RepeatedCompositeFieldContainer[Digest]
     windows: _containers.RepeatedCompositeFieldContainer[LoadWindow]
     join: bool
-    def __init__(self, from_node: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberState, _Mapping]]] = ..., digests: _Optional[_Iterable[_Union[Digest, _Mapping]]] = ..., windows: _Optional[_Iterable[_Union[LoadWindow, _Mapping]]] = ..., join: _Optional[bool] = ...) -> None: ...
+    members_hash: int
+    def __init__(self, from_node: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberState, _Mapping]]] = ..., digests: _Optional[_Iterable[_Union[Digest, _Mapping]]] = ..., windows: _Optional[_Iterable[_Union[LoadWindow, _Mapping]]] = ..., join: _Optional[bool] = ..., members_hash: _Optional[int] = ...) -> None: ...
 
 class PushPullReply(_message.Message):
-    __slots__ = ("from_node", "members", "windows", "digests")
+    __slots__ = ("from_node", "members", "windows", "digests", "members_hash")
     FROM_NODE_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_HASH_FIELD_NUMBER: _ClassVar[int]
     from_node: str
     members: _containers.RepeatedCompositeFieldContainer[MemberState]
     windows: _containers.RepeatedCompositeFieldContainer[LoadWindow]
     digests: _containers.RepeatedCompositeFieldContainer[Digest]
-    def __init__(self, from_node: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberState, _Mapping]]] = ..., windows: _Optional[_Iterable[_Union[LoadWindow, _Mapping]]] = ..., digests: _Optional[_Iterable[_Union[Digest, _Mapping]]] = ...) -> None: ...
+    members_hash: int
+    def __init__(self, from_node: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberState, _Mapping]]] = ..., windows: _Optional[_Iterable[_Union[LoadWindow, _Mapping]]] = ..., digests: _Optional[_Iterable[_Union[Digest, _Mapping]]] = ..., members_hash: _Optional[int] = ...) -> None: ...
+
+class BroadcastRequest(_message.Message):
+    __slots__ = ("from_node", "members", "digests")
+    FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    from_node: str
+    members: _containers.RepeatedCompositeFieldContainer[MemberState]
+    digests: _containers.RepeatedCompositeFieldContainer[Digest]
+    def __init__(self, from_node: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberState, _Mapping]]] = ..., digests: _Optional[_Iterable[_Union[Digest, _Mapping]]] = ...) -> None: ...
+
+class BroadcastReply(_message.Message):
+    __slots__ = ("from_node", "members", "digests")
+    FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    from_node: str
+    members: _containers.RepeatedCompositeFieldContainer[MemberState]
+    digests: _containers.RepeatedCompositeFieldContainer[Digest]
+    def __init__(self, from_node: _Optional[str] = ..., members: _Optional[_Iterable[_Union[MemberState, _Mapping]]] = ..., digests: _Optional[_Iterable[_Union[Digest, _Mapping]]] = ...) -> None: ...
+
+class PullRequest(_message.Message):
+    __slots__ = ("from_node", "want")
+    FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    WANT_FIELD_NUMBER: _ClassVar[int]
+    from_node: str
+    want: _containers.RepeatedCompositeFieldContainer[Digest]
+    def __init__(self, from_node: _Optional[str] = ..., want: _Optional[_Iterable[_Union[Digest, _Mapping]]] = ...) -> None: ...
+
+class PullReply(_message.Message):
+    __slots__ = ("from_node", "windows")
+    FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    from_node: str
+    windows: _containers.RepeatedCompositeFieldContainer[LoadWindow]
+    def __init__(self, from_node: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[LoadWindow, _Mapping]]] = ...) -> None: ...
+
+class PushRequest(_message.Message):
+    __slots__ = ("from_node", "windows", "members")
+    FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    from_node: str
+    windows: _containers.RepeatedCompositeFieldContainer[LoadWindow]
+    members: _containers.RepeatedCompositeFieldContainer[MemberState]
+    def __init__(self, from_node: _Optional[str] = ..., windows: _Optional[_Iterable[_Union[LoadWindow, _Mapping]]] = ..., members: _Optional[_Iterable[_Union[MemberState, _Mapping]]] = ...) -> None: ...
+
+class PushAck(_message.Message):
+    __slots__ = ("from_node",)
+    FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    from_node: str
+    def __init__(self, from_node: _Optional[str] = ...) -> None: ...

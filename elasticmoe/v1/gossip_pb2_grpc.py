@@ -49,6 +49,21 @@ class GossipStub:
                 request_serializer=elasticmoe_dot_v1_dot_gossip__pb2.PushPullRequest.SerializeToString,
                 response_deserializer=elasticmoe_dot_v1_dot_gossip__pb2.PushPullReply.FromString,
                 _registered_method=True)
+        self.Broadcast = channel.unary_unary(
+                '/elasticmoe.v1.Gossip/Broadcast',
+                request_serializer=elasticmoe_dot_v1_dot_gossip__pb2.BroadcastRequest.SerializeToString,
+                response_deserializer=elasticmoe_dot_v1_dot_gossip__pb2.BroadcastReply.FromString,
+                _registered_method=True)
+        self.Pull = channel.unary_unary(
+                '/elasticmoe.v1.Gossip/Pull',
+                request_serializer=elasticmoe_dot_v1_dot_gossip__pb2.PullRequest.SerializeToString,
+                response_deserializer=elasticmoe_dot_v1_dot_gossip__pb2.PullReply.FromString,
+                _registered_method=True)
+        self.Push = channel.unary_unary(
+                '/elasticmoe.v1.Gossip/Push',
+                request_serializer=elasticmoe_dot_v1_dot_gossip__pb2.PushRequest.SerializeToString,
+                response_deserializer=elasticmoe_dot_v1_dot_gossip__pb2.PushAck.FromString,
+                _registered_method=True)
 
 
 class GossipServicer:
@@ -72,6 +87,24 @@ class GossipServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Broadcast(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Pull(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Push(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GossipServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -89,6 +122,21 @@ def add_GossipServicer_to_server(servicer, server):
                     servicer.PushPull,
                     request_deserializer=elasticmoe_dot_v1_dot_gossip__pb2.PushPullRequest.FromString,
                     response_serializer=elasticmoe_dot_v1_dot_gossip__pb2.PushPullReply.SerializeToString,
+            ),
+            'Broadcast': grpc.unary_unary_rpc_method_handler(
+                    servicer.Broadcast,
+                    request_deserializer=elasticmoe_dot_v1_dot_gossip__pb2.BroadcastRequest.FromString,
+                    response_serializer=elasticmoe_dot_v1_dot_gossip__pb2.BroadcastReply.SerializeToString,
+            ),
+            'Pull': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pull,
+                    request_deserializer=elasticmoe_dot_v1_dot_gossip__pb2.PullRequest.FromString,
+                    response_serializer=elasticmoe_dot_v1_dot_gossip__pb2.PullReply.SerializeToString,
+            ),
+            'Push': grpc.unary_unary_rpc_method_handler(
+                    servicer.Push,
+                    request_deserializer=elasticmoe_dot_v1_dot_gossip__pb2.PushRequest.FromString,
+                    response_serializer=elasticmoe_dot_v1_dot_gossip__pb2.PushAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -172,6 +220,87 @@ class Gossip:
             '/elasticmoe.v1.Gossip/PushPull',
             elasticmoe_dot_v1_dot_gossip__pb2.PushPullRequest.SerializeToString,
             elasticmoe_dot_v1_dot_gossip__pb2.PushPullReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Broadcast(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticmoe.v1.Gossip/Broadcast',
+            elasticmoe_dot_v1_dot_gossip__pb2.BroadcastRequest.SerializeToString,
+            elasticmoe_dot_v1_dot_gossip__pb2.BroadcastReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pull(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticmoe.v1.Gossip/Pull',
+            elasticmoe_dot_v1_dot_gossip__pb2.PullRequest.SerializeToString,
+            elasticmoe_dot_v1_dot_gossip__pb2.PullReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Push(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticmoe.v1.Gossip/Push',
+            elasticmoe_dot_v1_dot_gossip__pb2.PushRequest.SerializeToString,
+            elasticmoe_dot_v1_dot_gossip__pb2.PushAck.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,304 @@
+"""Load gossip: every node's latest load window, digests first and payloads on demand; the cluster view.
+
+A window is the `LoadWindow` message: uint32 counts [L, E] packed little-endian, stamped with its node's
+incarnation and a window_seq; `(incarnation, window_seq)` orders a node's windows and the newest wins.
+- The origin of a new window pushes it whole to `fanout` random members (nobody else has it, so none of
+  these bytes is wasted) and queues its digest as a rumour.
+- A node that receives a newer window queues its digest as a rumour; rumours go out at once to `fanout`
+  members and then each gossip interval (retransmit-limited). A node that hears a digest newer than what
+  it holds pulls the window from that digest's sender, once: concurrent digests for the same window wait
+  for the pull in flight and serve as fallback sources if it fails.
+- Push-pull anti-entropy (GossipNode) exchanges digests and sends only the windows the other side lacks.
+So each node receives each window about once, and the rumours that buy that are ~30-byte digests.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from agent.broadcasts import RumourQueue
+from agent.clock import Clock
+from agent.config import GossipConfig
+from agent.membership import MAX_COUNTER
+from agent.transport import InvalidArgument, Transport
+from elasticmoe.v1 import gossip_pb2 as pb
+
+# per-message bytes kept free of windows for the envelope, member states and digests
+_ENVELOPE = 1024
+
+
+@dataclass(frozen=True)
+class NodeWindow:
+    node_id: str
+    incarnation: int
+    window_seq: int
+    first_step: int
+    steps: int
+    counts: npt.NDArray[np.uint32]  # [L, E], read-only
+
+
+@dataclass(frozen=True)
+class LoadView:
+    """The cluster load as this node sees it: what the decision core consumes."""
+
+    windows: dict[str, NodeWindow]   # latest window of each live node that has sent one
+    total: npt.NDArray[np.uint64]    # [L, E]: sum of those windows' counts
+    live: tuple[str, ...]            # live (alive or suspect) nodes, this one included
+    missing: tuple[str, ...] = field(default=())  # live nodes without a window yet
+
+
+class Members(Protocol):
+    """What load gossip needs from membership."""
+
+    @property
+    def incarnation(self) -> int: ...
+
+    def live_peers(self) -> list[str]: ...
+
+    def live_nodes(self) -> list[str]: ...
+
+    def is_known(self, node_id: str) -> bool: ...
+
+    def is_live(self, node_id: str) -> bool: ...
+
+    def heard(self, node_id: str) -> None: ...
+
+    def report_failure(self, node_id: str) -> None: ...
+
+
+WindowCallback = Callable[[str, int, npt.NDArray[np.uint32], int, int], None]
+
+
+def _key(w: pb.LoadWindow | pb.Digest) -> tuple[int, int]:
+    return (w.incarnation, w.window_seq)
+
+
+def check_windows(windows: Iterable[pb.LoadWindow], shape: tuple[int, int] | None) -> None:
+    """Reject malformed windows before any is stored (bad input changes no state)."""
+    for w in windows:
+        if not w.node_id or w.layers < 1 or w.experts < 1:
+            raise InvalidArgument(f"window of {w.node_id!r} with shape [{w.layers}, {w.experts}]: expected a node "
+                                  "id and a shape of at least [1, 1]")
+        if len(w.counts) != 4 * w.layers * w.experts:
+            raise InvalidArgument(f"window of {w.node_id!r}: {len(w.counts)} count bytes, expected "
+                                  f"4 x {w.layers} x {w.experts} = {4 * w.layers * w.experts}")
+        if w.incarnation >= MAX_COUNTER or w.window_seq >= MAX_COUNTER:
+            raise InvalidArgument(f"window of {w.node_id!r}: incarnation {w.incarnation} or window_seq "
+                                  f"{w.window_seq} >= 2^63")
+        if shape is not None and (w.layers, w.experts) != shape:
+            raise InvalidArgument(f"window of {w.node_id!r} has shape [{w.layers}, {w.experts}], expected "
+                                  f"[{shape[0]}, {shape[1]}]")
+
+
+def check_digests(digests: Iterable[pb.Digest], bounded: bool = True) -> None:
+    """Reject digests without a node id, and (`bounded`: digests we may act on) with counters >= 2^63."""
+    for d in digests:
+        if not d.node_id:
+            raise InvalidArgument("digest without a node id")
+        if bounded and (d.incarnation >= MAX_COUNTER or d.window_seq >= MAX_COUNTER):
+            raise InvalidArgument(f"digest of {d.node_id!r}: incarnation {d.incarnation} or window_seq "
+                                  f"{d.window_seq} >= 2^63")
+
+
+class LoadGossip:
+    def __init__(self, node_id: str, cfg: GossipConfig, clock: Clock, transport: Transport, rng: random.Random,
+                 rumours: RumourQueue, members: Members, on_window: WindowCallback,
+                 shape: tuple[int, int] | None = None) -> None:
+        self.node_id, self.cfg, self.clock, self.transport, self.rng = node_id, cfg, clock, transport, rng
+        self.rumours, self.members, self.on_window = rumours, members, on_window
+        self.shape = shape
+        self.timeout = 2 * cfg.probe_timeout_ms / 1e3
+        self._w: dict[str, pb.LoadWindow] = {}
+        self._np: dict[str, NodeWindow] = {}
+        self._pending: dict[str, tuple[tuple[int, int], float]] = {}  # node -> (key pulled, expiry)
+        self._alt: dict[str, list[str]] = {}  # node -> other members that announced its pending window
+        self._view: LoadView | None = None
+        self._view_live: list[str] = []
+
+    # ---- this node's windows ------------------------------------------------------------------
+    def publish(self, window_seq: int, first_step: int, steps: int, counts: npt.NDArray[np.integer]) -> None:
+        c = np.asarray(counts)
+        if c.ndim != 2 or c.size == 0:
+            raise ValueError(f"counts shape {c.shape}: expected [layers, experts]")
+        shape = (int(c.shape[0]), int(c.shape[1]))
+        if self.shape is not None and shape != self.shape:
+            raise ValueError(f"counts shape {shape}: expected {self.shape}")
+        if (np.issubdtype(c.dtype, np.signedinteger) and c.min() < 0) or int(c.max()) > 0xFFFFFFFF:
+            raise ValueError("counts must fit in uint32")
+        own = self._w.get(self.node_id)
+        if own is not None and window_seq <= own.window_seq:
+            raise ValueError(f"window_seq = {window_seq}: expected > {own.window_seq}, the last one published")
+        w = pb.LoadWindow(node_id=self.node_id, incarnation=self.members.incarnation, window_seq=window_seq,
+                          layers=shape[0], experts=shape[1], counts=np.ascontiguousarray(c, dtype="<u4").tobytes(),
+                          steps=steps, first_step=first_step)
+        if w.ByteSize() > self.cfg.max_message_bytes - _ENVELOPE:
+            raise ValueError(f"a {shape} window is {w.ByteSize()} bytes: more than gossip.max_message_bytes allows")
+        self.shape = shape
+        self._put(w)
+        peers = self.members.live_peers()
+        for p in self.rng.sample(peers, min(self.cfg.fanout, len(peers))):
+            req = pb.PushRequest(from_node=self.node_id, windows=[w])
+            self.transport.call(p, "Gossip/Push", req, self.timeout, lambda r, p=p: self._acked(p, r))
+
+    def restamp(self) -> None:
+        """Our incarnation changed (a refutation): re-issue our window under it, so that it still wins."""
+        own = self._w.get(self.node_id)
+        if own is not None and own.incarnation != self.members.incarnation:
+            w = pb.LoadWindow()
+            w.CopyFrom(own)
+            w.incarnation = self.members.incarnation
+            self._put(w)
+
+    def _acked(self, peer: str, reply: object) -> None:
+        if reply is None:
+            self.members.report_failure(peer)
+        else:
+            self.members.heard(peer)
+
+    # ---- storing ------------------------------------------------------------------------------
+    def _put(self, w: pb.LoadWindow, source: str | None = None) -> None:
+        n = w.node_id
+        self._w[n] = w
+        self._np.pop(n, None)
+        self._view = None
+        pend = self._pending.get(n)
+        if pend is not None and pend[0] <= _key(w):
+            del self._pending[n]
+            self._alt.pop(n, None)
+        self.rumours.put("w", n, pb.Digest(node_id=n, incarnation=w.incarnation, window_seq=w.window_seq), source)
+
+    def store(self, w: pb.LoadWindow, source: str | None = None) -> bool:
+        """Keep `w` if it is the newest window of a known member (already checked). True if kept."""
+        n = w.node_id
+        have = self._w.get(n)
+        if n == self.node_id or (have is not None and _key(have) >= _key(w)) or not self.members.is_known(n):
+            return False
+        if self.shape is None:
+            self.shape = (w.layers, w.experts)
+        elif (w.layers, w.experts) != self.shape:
+            return False
+        self._put(w, source)
+        self.on_window(n, w.window_seq, self.node_window(n).counts, w.first_step, w.steps)
+        return True
+
+    def node_window(self, node_id: str) -> NodeWindow:
+        nw = self._np.get(node_id)
+        if nw is None:
+            w = self._w[node_id]
+            counts = np.frombuffer(w.counts, dtype="<u4").reshape(w.layers, w.experts)
+            nw = self._np[node_id] = NodeWindow(node_id, w.incarnation, w.window_seq, w.first_step, w.steps, counts)
+        return nw
+
+    def has(self, node_id: str, incarnation: int, window_seq: int) -> bool:
+        w = self._w.get(node_id)
+        return w is not None and _key(w) >= (incarnation, window_seq)
+
+    # ---- digests and pulls --------------------------------------------------------------------
+    def digests(self) -> list[pb.Digest]:
+        for n in [n for n in self._w if not self.members.is_known(n)]:  # reaped members
+            del self._w[n]
+            self._np.pop(n, None)
+        return [pb.Digest(node_id=n, incarnation=w.incarnation, window_seq=w.window_seq) for n, w in self._w.items()]
+
+    def newer_than(self, digests: Iterable[pb.Digest], budget: int) -> list[pb.LoadWindow]:
+        """Our windows of live nodes that are newer than `digests` say the peer has, within `budget` bytes."""
+        theirs = {d.node_id: _key(d) for d in digests}
+        out: list[pb.LoadWindow] = []
+        names = list(self._w)
+        self.rng.shuffle(names)  # when the budget cuts, cut a different subset each time
+        budget -= _ENVELOPE
+        for n in names:
+            w = self._w[n]
+            if _key(w) > theirs.get(n, (-1, -1)) and (n == self.node_id or self.members.is_live(n)):
+                size = w.ByteSize() + 8
+                if size <= budget:
+                    out.append(w)
+                    budget -= size
+        return out
+
+    def on_digests(self, src: str, digests: Iterable[pb.Digest]) -> None:
+        """Digests heard from `src`: pull the windows we lack from it (once per window)."""
+        now = self.clock.now()
+        want: list[pb.Digest] = []
+        for d in digests:
+            n = d.node_id
+            if n == self.node_id or self.has(n, d.incarnation, d.window_seq) or not self.members.is_known(n):
+                continue
+            pend = self._pending.get(n)
+            if pend is not None and pend[0] >= _key(d) and pend[1] > now:
+                alt = self._alt.setdefault(n, [])
+                if src not in alt and len(alt) < 4:
+                    alt.append(src)
+                continue
+            self._pending[n] = (_key(d), now + self.timeout)
+            want.append(pb.Digest(node_id=n, incarnation=d.incarnation, window_seq=d.window_seq))
+        if want:
+            self._pull(src, want)
+
+    def _pull(self, src: str, want: list[pb.Digest]) -> None:
+        req = pb.PullRequest(from_node=self.node_id, want=want)
+        self.transport.call(src, "Gossip/Pull", req, self.timeout, lambda r: self._on_pull(src, want, r))  # type: ignore[arg-type]
+
+    def _on_pull(self, src: str, want: list[pb.Digest], reply: pb.PullReply | None) -> None:
+        if reply is None:
+            self.members.report_failure(src)
+        else:
+            self.members.heard(src)
+            try:
+                check_windows(reply.windows, self.shape)
+            except InvalidArgument:
+                reply = None
+            else:
+                for w in reply.windows:
+                    self.store(w, src)
+        retry: dict[str, list[pb.Digest]] = {}
+        for d in want:
+            n = d.node_id
+            pend = self._pending.get(n)
+            if self.has(n, d.incarnation, d.window_seq) or pend is None or pend[0] != _key(d):
+                continue
+            del self._pending[n]
+            alts = [a for a in self._alt.pop(n, []) if a != src and self.members.is_live(a)]
+            if alts:
+                self._pending[n] = (_key(d), self.clock.now() + self.timeout)
+                retry.setdefault(alts[0], []).append(d)
+        for a, ds in retry.items():
+            self._pull(a, ds)
+
+    def handle_pull(self, src: str, req: pb.PullRequest) -> pb.PullReply:
+        check_digests(req.want, bounded=False)  # read-only: a want we can never match gets nothing
+        out = pb.PullReply(from_node=self.node_id)
+        budget = self.cfg.max_message_bytes - _ENVELOPE
+        for d in req.want:
+            w = self._w.get(d.node_id)
+            if w is not None and _key(w) >= _key(d):
+                size = w.ByteSize() + 8
+                if size > budget:
+                    break
+                out.windows.append(w)
+                budget -= size
+        return out
+
+    # ---- the view -----------------------------------------------------------------------------
+    def view(self) -> LoadView:
+        live = self.members.live_nodes()
+        if self._view is not None and live == self._view_live:
+            return self._view
+        shape = self.shape or (0, 0)
+        total = np.zeros(shape, dtype=np.uint64)
+        windows: dict[str, NodeWindow] = {}
+        for n in live:
+            if n in self._w:
+                nw = self.node_window(n)
+                windows[n] = nw
+                total += nw.counts
+        total.setflags(write=False)
+        self._view = LoadView(windows, total, tuple(live), tuple(n for n in live if n not in windows))
+        self._view_live = live
+        return self._view

@@ -1,0 +1,115 @@
+"""Load gossip: how fast a new window vector reaches the cluster, and at what cost in bytes.
+
+Simulated (SimNetwork + FakeClock), lan profile (200 ms gossip interval), DeepSeek-V3 shape windows
+(58 layers x 256 experts, uint32: 59,392 bytes each). After the cluster converges, every node publishes a
+new window every `--window-period-s` seconds (random phase per node) for `--duration-s` seconds, then the
+network drains for 2 s.
+- t999_s: for each published window, the time until 99.9% of all nodes hold it (at 128 nodes: all of
+  them); the figure is the worst window of the run (`--detail` also prints the median and p99).
+- bytes_per_node_per_s: everything every node sent (probes, rumours, pulls, pushes, push-pulls, both
+  requests and replies), plus `--header-bytes` per message for gRPC framing and HTTP/2 headers.
+- overhead_ratio: those bytes / the bytes minimally needed, windows published x (nodes - 1) x 59,392.
+
+    python -m bench.gossip --nodes 128 --json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+import numpy as np
+
+from agent.gossip_sim import GossipSim, profile_gossip
+from agent.transport.sim import LinkSpec
+
+
+def run(nodes: int, seed: int, layers: int, experts: int, period: float, duration: float, loss: float,
+        header_bytes: int, profile: str, interval_ms: int) -> dict[str, float]:
+    cfg = profile_gossip(profile, interval_ms=interval_ms)
+    sim = GossipSim(seed=seed, cfg=cfg, link=LinkSpec(), shape=(layers, experts), header_bytes=header_bytes)
+    sim.add_nodes(nodes)
+    if sim.stabilize(limit=60.0) is None:
+        raise RuntimeError(f"{nodes} nodes did not converge within 60 s")
+    sim.set_loss(loss)
+    rng = np.random.default_rng(seed)
+    # one fixed window per node: the bytes, not the values, are what this measures
+    arrays = {n: rng.integers(0, 1 << 16, size=(layers, experts), dtype=np.uint32) for n in sim.ids()}
+    need = math.ceil(0.999 * nodes) - 1  # other nodes that must hold a window (its origin holds it already)
+    published: dict[tuple[str, int], float] = {}
+    reached: dict[tuple[str, int], int] = {}
+    t999: list[float] = []
+
+    def arrived(observer: str, origin: str, seq: int) -> None:
+        key = (origin, seq)
+        if key not in published:
+            return
+        reached[key] = reached.get(key, 0) + 1
+        if reached[key] == need:
+            t999.append(sim.clock.now() - published[key])
+
+    sim.window_listeners.append(arrived)
+    seqs = dict.fromkeys(sim.ids(), 0)
+
+    def publish(n: str) -> None:
+        if sim.clock.now() - t0 >= duration:
+            return
+        seqs[n] += 1
+        published[(n, seqs[n])] = sim.clock.now()
+        sim.publish_array(n, seqs[n], arrays[n])
+        sim.clock.call_later(period, lambda: publish(n))
+
+    sim.net.stats.bytes_by_node.clear()
+    base = sim.net.stats.total_bytes
+    stats_before = dict(sim.net.stats.bytes_by_method)
+    t0 = sim.clock.now()
+    for n in sim.ids():
+        sim.clock.call_later(float(rng.uniform(0, period)), lambda n=n: publish(n))
+    sim.run(duration + 2.0)
+    elapsed = sim.clock.now() - t0
+    sent = sim.net.stats.total_bytes - base
+    needed = len(published) * (nodes - 1) * layers * experts * 4
+    arr = np.array(t999) if t999 else np.array([float("inf")])
+    incomplete = len(published) - len(t999)
+    by_method = {m: b - stats_before.get(m, 0) for m, b in sim.net.stats.bytes_by_method.items()}
+    return {"t999_s": float(arr.max()) if not incomplete else float("inf"), "t999_median_s": float(np.median(arr)),
+            "t999_p99_s": float(np.percentile(arr, 99)), "windows": len(published), "incomplete": incomplete,
+            "bytes_per_node_per_s": sent / nodes / elapsed, "overhead_ratio": sent / needed,
+            **{f"bytes_{m.split('/')[1]}": v / nodes / elapsed for m, v in sorted(by_method.items())}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=128)
+    ap.add_argument("--interval-ms", type=int, default=200, help="gossip interval")
+    ap.add_argument("--layers", type=int, default=58)
+    ap.add_argument("--experts", type=int, default=256)
+    ap.add_argument("--window-period-s", type=float, default=5.0,
+                    help="seconds between a node's windows (100 decode steps of ~50 ms)")
+    ap.add_argument("--duration-s", type=float, default=20.0)
+    ap.add_argument("--loss", type=float, default=0.0)
+    ap.add_argument("--header-bytes", type=int, default=48,
+                    help="per-message gRPC framing and HPACK-compressed HTTP/2 headers (estimate)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--profile", default="lan", choices=["lan", "local", "test"])
+    ap.add_argument("--json", action="store_true", help="print only the JSON result")
+    ap.add_argument("--detail", action="store_true", help="also print per-method bytes and T999 percentiles")
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    r = run(args.nodes, args.seed, args.layers, args.experts, args.window_period_s, args.duration_s, args.loss,
+            args.header_bytes, args.profile, args.interval_ms)
+    out = {"nodes": args.nodes, "interval_ms": args.interval_ms, "t999_s": round(r["t999_s"], 3),
+           "bytes_per_node_per_s": round(r["bytes_per_node_per_s"]), "overhead_ratio": round(r["overhead_ratio"], 3)}
+    if args.detail:
+        out.update({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k not in out})
+    if not args.json:
+        print(f"{r['windows']} windows, {time.time() - t0:.1f} s wall", file=sys.stderr)
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
