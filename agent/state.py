@@ -64,6 +64,7 @@ class NodeState:
         self.local = LocalWindows(c.layers, c.experts, d.window)
         self.cluster = ClusterWindows()
         self.replay: list[np.ndarray] = []  # last closed cluster windows, uint64 [L, E] each
+        self._replay_seqs: list[int] = []  # their window numbers
         self._imbalance: list[float] = []
         self._window_seq = -1
         self._explain: dict[int, apb.ExplainReply] = {}
@@ -226,6 +227,7 @@ class NodeState:
     def _close_window(self, seq: int, total: np.ndarray) -> None:
         self._window_seq = seq
         self.replay = (self.replay + [total])[-self.params.replay_windows:]
+        self._replay_seqs = (self._replay_seqs + [seq])[-self.params.replay_windows:]
         head = self.consensus.head
         imb = float(table_step_imbalance(head, total.astype(np.int64)))
         self._imbalance = (self._imbalance + [imb])[-600:]
@@ -252,7 +254,8 @@ class NodeState:
 
     def _propose(self, decision: Any, force: bool = False, done: asyncio.Future[Any] | None = None) -> None:
         table: RoutingTable = decision.table
-        plan = make_plan(decision.ops, decision.estimated_gain, decision.verified_gain, decision.cost, decision.trigger)
+        plan = make_plan(decision.ops, decision.estimated_gain, decision.verified_gain, decision.cost, decision.trigger,
+                         int(getattr(decision, "replay_from_step", 0)), int(getattr(decision, "replay_to_step", 0)))
         if force:
             plan.trigger = f"manual --force: {plan.trigger}"
         refused = [apb.Candidate(op=op_to_pb(r.op) if r.op is not None else None, reason=r.reason, gain=r.gain,
@@ -288,10 +291,21 @@ class NodeState:
             # forced by an operator, a repair, or nothing to replay yet: validity is the whole check, and the
             # proposer's figure stands (there is no own figure to compare it with)
             return True, plan.verified_gain, "validity only"
-        replay = np.stack(self.replay).astype(np.uint32)
+        replay = self._replay_span(plan.replay_from_step, plan.replay_to_step)
+        if replay is None:  # none of the windows the proposer replayed is here: validity is the whole check
+            return True, plan.verified_gain, "validity only (replay span not held here)"
         tol = self.cfg.consensus.verify_tolerance
         ok, gain, reason = verify_decision(head, proposed, replay, max(0.0, min(self.params.tau, plan.verified_gain) - tol))
         return ok, gain, reason
+
+    def _replay_span(self, lo: int, hi: int) -> np.ndarray | None:
+        """The replay windows whose first step lies in the proposer's span [lo, hi) (the same windows its
+        controller verified on), as uint32 [T, L, E]; all of them when the plan names no span."""
+        if hi <= lo:
+            return np.stack(self.replay).astype(np.uint32)
+        W = self.params.window
+        picked = [w for s, w in zip(self._replay_seqs, self.replay, strict=True) if lo <= s * W < hi]
+        return np.stack(picked).astype(np.uint32) if picked else None
 
     def _on_commit(self, commit: cpb.Commit, table: RoutingTable) -> None:
         self._perform(self.controller.step(TableCommitted(table, kind=kind_of_trigger(commit.plan.trigger))))

@@ -37,6 +37,7 @@ class DispatchPlan:
     versions: I64
     deferred: npt.NDArray[np.bool_]
     stale: int
+    no_replica: npt.NDArray[np.bool_] | None = None  # [T, K] deferred because every replica is masked
 
 
 @dataclass
@@ -47,6 +48,8 @@ class ShimStats:
     waited: int = 0           # tokens whose destination was behind and was waited for
     deferred: int = 0         # tokens handed back to the engine for the next step
     refused: int = 0          # commits refused (stale or uncertified)
+    masked: int = 0           # tokens first routed to a masked (dead) rank, re-routed to a live replica
+    no_replica: int = 0       # tokens of an expert whose every replica is masked: delayed, never sent
 
 
 class Shim:
@@ -72,6 +75,41 @@ class Shim:
         self.router = Router(initial.layers, initial.experts, device)
         self.wait_polls, self.poll_sleep_s = wait_polls, poll_sleep_s
         self.stats = ShimStats()
+        self.masked: frozenset[int] = frozenset()
+        self._alt: dict[int, tuple[I64, I64]] = {}  # version -> (live slots [L, E, W], their count [L, E])
+
+    def mask_ranks(self, ranks: Iterable[int]) -> None:
+        """Ranks found dead (membership): from now on no token is dispatched to them. A token routed to one
+        goes to a live replica of its expert (nearest first, spread round-robin); a token whose expert has no
+        live replica is deferred and counted in `stats.no_replica` until a repaired table lands."""
+        new = frozenset(int(r) for r in ranks)
+        if new != self.masked:
+            self.masked = new
+            self._alt.clear()
+
+    def _live_replicas(self, table: RoutingTable) -> tuple[I64, I64]:
+        hit = self._alt.get(table.version)
+        if hit is not None:
+            return hit
+        from dataplane_shim.router import preference_order
+
+        pref = preference_order(table, self.rank)  # [L, E, W] slots nearest first, -1 padded
+        S = self.topo.slots_per_rank
+        dead = np.isin(np.where(pref >= 0, pref // S, -1), sorted(self.masked)) | (pref < 0)
+        order = np.argsort(dead, axis=2, kind="stable")  # live slots first, preference order kept
+        live = np.where(np.take_along_axis(dead, order, axis=2), -1, np.take_along_axis(pref, order, axis=2))
+        cnt = (live >= 0).sum(axis=2).astype(np.int64)
+        if len(self._alt) > 4:
+            self._alt.clear()
+        self._alt[table.version] = (live, cnt)
+        return live, cnt
+
+    def _table_of(self, version: int) -> RoutingTable | None:
+        st = self.store
+        for t in (st.active, st.pending, st.previous):
+            if t is not None and t.version == version:
+                return t
+        return None
 
     @property
     def version(self) -> int:
@@ -160,10 +198,45 @@ class Shim:
             idx = np.flatnonzero(open_)
             dv = self.counters.read()[slots[idx] // S]
             open_[idx[dv == vers[idx]]] = False
+        none = self._mask(layer, ids, slots, vers, open_) if self.masked else None
         self.stats.deferred += int(open_.sum())
         vers[open_] = -1
         out = torch.from_numpy(slots).to(slots_t.device).reshape(shape)
-        return DispatchPlan(out, vers.reshape(shape), open_.reshape(shape), stale)
+        return DispatchPlan(out, vers.reshape(shape), open_.reshape(shape), stale,
+                            None if none is None else none.reshape(shape))
+
+    def _mask(self, layer: int, ids: Any, slots: I64, vers: I64, open_: npt.NDArray[np.bool_]) -> npt.NDArray[np.bool_]:
+        """Re-route tokens headed for masked ranks to live replicas (same version, destination counter
+        checked again) or defer them; returns [n] True where the expert had no live replica."""
+        S = self.topo.slots_per_rank
+        none = np.zeros(slots.shape, dtype=bool)
+        bad = ~open_ & np.isin(slots // S, sorted(self.masked))
+        if not bad.any():
+            return none
+        self.stats.masked += int(bad.sum())
+        exp = ids.cpu().numpy().astype(np.int64) if hasattr(ids, "cpu") else np.asarray(ids, dtype=np.int64)
+        for v in np.unique(vers[bad]).tolist():
+            sel = np.flatnonzero(bad & (vers == v))
+            table = self._table_of(int(v))
+            if table is None:  # cannot happen for a version this rank routed by; defer rather than guess
+                open_[sel] = True
+                continue
+            live, cnt = self._live_replicas(table)
+            e = exp[sel]
+            c = cnt[layer, e]
+            none[sel[c == 0]] = True
+            ok = sel[c > 0]
+            if ok.size:
+                k = np.arange(ok.size) % np.maximum(c[c > 0], 1)  # spread over the live replicas
+                slots[ok] = live[layer, exp[ok], k]
+            open_[sel[c == 0]] = True
+        # a re-routed token goes only to a destination that runs its version; else it waits a step
+        idx = np.flatnonzero(bad & ~open_)
+        if idx.size:
+            dv = self.counters.read()[slots[idx] // S]
+            open_[idx[dv != vers[idx]]] = True
+        self.stats.no_replica += int(none.sum())
+        return none
 
     # 3 ---------------------------------------------------------------------------------------
     def accepts(self, version: int, layers: I64, slots: I64) -> npt.NDArray[np.bool_]:
