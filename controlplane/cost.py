@@ -32,8 +32,10 @@ class InvalidCostModel(ControlPlaneError):
 @dataclass(frozen=True)
 class CostModel:
     """expert_bytes: weight bytes of one expert replica.
-    budget_s: most seconds of cost one decision may spend. 50 ms is ~45 cross-node DeepSeek-V3 expert
-      copies at 40 GB/s, and 1/20 of the shortest full EPLB rebalance pause (0.9 s).
+    budget_s: most seconds of cost one decision may spend (summed over its copies, as if they ran one after
+      another: an upper bound on their time, which overlaps serving). 50 ms is ~45 cross-node DeepSeek-V3
+      expert copies at 40 GB/s, and 1/20 of the shortest full EPLB rebalance pause (0.9 s); the decision
+      core uses 0.1 s (DecisionParams.cost_budget_s) so that one plan can answer a drift.
     downtime_steps: steps of a moved expert's traffic that the swap may delay (one step boundary).
     penalty_s: seconds charged per delayed token (~ a decode step's per-token cost on an H200 rank).
     replica_budget: most extra replicas summed over layers; None: as many as the free slots allow.

@@ -3,7 +3,7 @@
 Each function takes the head table and the replay buffer and returns an `Attempt`: the Decision to propose,
 or None with a stable outcome code, and everything refused on the way. Gains are relative reductions of the
 mean step imbalance on the replay buffer (`verify.gain`); a rebalance is proposed only when its verified gain
-is >= tau and its cost (`cost.CostModel` over `table.diff`) is within the budget.
+is >= tau and its cost (`cost.change_cost`: `cost.CostModel` over `table.diff`'s moves) is within the budget.
 """
 
 from __future__ import annotations
@@ -41,7 +41,10 @@ class DecisionParams:
     #                     ESFT intent from static EP needs ~250 over 26 layers (16 free slots each)
     replay_windows: int = 3  # windows kept in the replay buffer
     expert_bytes: int = DEEPSEEK_V3_EXPERT_BYTES
-    cost_budget_s: float = 0.1  # see cost.CostModel.budget_s
+    cost_budget_s: float = 0.1  # see cost.CostModel.budget_s. 0.1 s, not 0.05: a breach-sized plan on ESFT
+    #                             (~250 copies of 17 MB, mostly NVLink) sums to ~70 ms of copy time, which
+    #                             overlaps serving and runs in parallel over ranks; at DeepSeek-V3 shape it
+    #                             bounds one plan to ~90 cross-node copies (and one decision to ~17 ms of CPU)
     band: float = 0.05  # tolerance band below theta that holds the error budget's count
     replica_budget: int | None = None  # extra replicas over all layers; None: what the slots allow
     downtime_steps: float = 1.0

@@ -11,7 +11,8 @@ still improving scores the moves off its hottest rank (most tokens over the bloc
 - where the destination is full, first drop its coldest replica of an expert held twice (a Consolidate onto
   the other holder: no bytes move, a slot frees), then replicate or migrate into the freed slot.
 
-Destinations: the `DESTS` coolest active ranks and the coolest rank on the hot rank's node (nearest first).
+Destinations: the `DESTS - 1` coolest active ranks with a free slot, the 2 coolest full ones that hold a
+droppable second replica, and the coolest free one on the hot rank's node (nearest first among equals).
 A candidate is scored by (reduction of the layer's objective, reduction of the sum of squared rank loads,
 nearer tier, generation order), lexicographically: with several ranks near the max no single move lowers
 the max, and the squares tie-break keeps moving load from hot to cool until it does. Scores use upper
