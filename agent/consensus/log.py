@@ -120,7 +120,7 @@ class CommittedLog:
 
     def catchup_reply(self, req: pb.CatchUpRequest, batch: int) -> pb.CatchUpReply:
         limit = min(int(req.limit) or batch, batch)
-        out = []
+        out: list[pb.Commit] = []
         for v in range(int(req.from_version) + 1, self.head.version + 1):
             c = self.commits.get(v)
             if c is None or len(out) >= limit:

@@ -15,6 +15,7 @@ import random
 import zlib
 from collections import deque
 from collections.abc import Callable
+from functools import partial
 
 from google.protobuf.message import Message
 
@@ -29,6 +30,8 @@ from agent.transport import Transport
 from controlplane.errors import InvalidTable
 from controlplane.table import RoutingTable
 from elasticmoe.v1 import consensus_pb2 as pb
+
+__all__ = ["CommitCallback", "ConsensusNode", "Outcome", "Verifier", "validity_verifier"]
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +93,7 @@ class ConsensusNode(ProposerMixin):
         self.transport.serve(self._handle, service="Consensus")
         for v, st in self.acceptor.states.items():
             if st.HasField("accepted"):
-                self._arm("takeover", v, self._takeover_delay(), lambda v=v: self._recover(v))
+                self._arm("takeover", v, self._takeover_delay(), partial(self._recover, v))
         self._arm_sync()
 
     def stop(self) -> None:
@@ -258,8 +261,7 @@ class ConsensusNode(ProposerMixin):
 
     def _broadcast_commit(self, c: pb.Commit) -> None:
         for dst in sorted((set(self.voters) | set(self.members())) - {self.node_id}):
-            self.transport.call(dst, "Consensus/Learn", c, self.timeout,
-                                lambda r, dst=dst: self._saw_head(dst, r))
+            self.transport.call(dst, "Consensus/Learn", c, self.timeout, partial(self._saw_head, dst))
 
     def _saw_head(self, src: str, r: Message | None) -> None:
         head = getattr(r, "committed_head", None)

@@ -6,6 +6,7 @@ import random
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING
 
 from google.protobuf.message import Message
@@ -71,11 +72,20 @@ class ProposerMixin:
     _rtt: dict[str, float]
     _accept_rest: dict[int, tuple[Attempt, pb.AcceptRequest, list[str]]]
 
-    def _check(self, p: pb.Proposal) -> tuple[bool, float, str]: ...
-    def _learned(self, c: pb.Commit, src: str | None, broadcast: bool, attempt: Attempt | None = None) -> str: ...
-    def _arm(self, kind: str, v: int, delay: float, fn: Callable[[], None]) -> None: ...
-    def _disarm(self, kind: str, v: int) -> None: ...
-    def catch_up(self, peer: str) -> None: ...
+    def _check(self, p: pb.Proposal) -> tuple[bool, float, str]:
+        raise NotImplementedError
+
+    def _learned(self, c: pb.Commit, src: str | None, broadcast: bool, attempt: Attempt | None = None) -> str:
+        raise NotImplementedError
+
+    def _arm(self, kind: str, v: int, delay: float, fn: Callable[[], None]) -> None:
+        raise NotImplementedError
+
+    def _disarm(self, kind: str, v: int) -> None:
+        raise NotImplementedError
+
+    def catch_up(self, peer: str) -> None:
+        raise NotImplementedError
 
     def _recover(self, v: int) -> None:
         """Timeout for version v: retry our own proposal, or finish one another proposer left accepted."""
@@ -167,7 +177,7 @@ class ProposerMixin:
                 for dst in self.voters:
                     if dst != self.node_id:
                         self.transport.call(dst, "Consensus/Prepare", req, self.timeout,
-                                            lambda r, dst=dst: self._on_promise(v, att, dst, r))
+                                            partial(self._on_promise, v, att, dst))
 
     def _broadcast_accept(self, v: int, att: Attempt) -> None:
         """Send the accept to just enough voters for a quorum (live ones first, fastest recently first), and
