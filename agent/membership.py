@@ -94,6 +94,8 @@ def check_states(states: Iterable[pb.MemberState]) -> None:
         if not s.node_id or s.status not in FROM_PB:
             raise InvalidArgument(f"member state {s.node_id!r} with status {s.status}: expected a node id "
                                   f"and a status in ALIVE..LEFT")
+        if s.incarnation >= 2**63:  # unbeatable, and a refutation (incarnation + 1) would overflow uint64
+            raise InvalidArgument(f"member state {s.node_id!r} with incarnation {s.incarnation}: expected < 2^63")
         if s.incarnation >= MAX_COUNTER:
             raise InvalidArgument(f"member state {s.node_id!r}: incarnation {s.incarnation} >= 2^63")
 
