@@ -87,6 +87,9 @@ def check_windows(windows: Iterable[pb.LoadWindow], shape: tuple[int, int] | Non
                                   "id and a shape of at least [1, 1]")
         if len(w.counts) != 4 * w.layers * w.experts:
             raise InvalidArgument(f"window of {w.node_id!r}: {len(w.counts)} count bytes, expected "
+        if max(w.incarnation, w.window_seq) >= 2**63:  # newest-wins: such a window could never be replaced
+            raise InvalidArgument(f"window of {w.node_id!r} with incarnation {w.incarnation}, window_seq "
+                                  f"{w.window_seq}: expected both < 2^63")
                                   f"4 x {w.layers} x {w.experts} = {4 * w.layers * w.experts}")
         if w.incarnation >= MAX_COUNTER or w.window_seq >= MAX_COUNTER:
             raise InvalidArgument(f"window of {w.node_id!r}: incarnation {w.incarnation} or window_seq "
@@ -103,6 +106,9 @@ def check_digests(digests: Iterable[pb.Digest], bounded: bool = True) -> None:
             raise InvalidArgument("digest without a node id")
         if bounded and (d.incarnation >= MAX_COUNTER or d.window_seq >= MAX_COUNTER):
             raise InvalidArgument(f"digest of {d.node_id!r}: incarnation {d.incarnation} or window_seq "
+        if max(d.incarnation, d.window_seq) >= 2**63:
+            raise InvalidArgument(f"digest of {d.node_id!r} with incarnation {d.incarnation}, window_seq "
+                                  f"{d.window_seq}: expected both < 2^63")
                                   f"{d.window_seq} >= 2^63")
 
 
