@@ -1,0 +1,126 @@
+"""Checkers for I1-I7 (DESIGN "Invariants") over the history a SimCluster recorded.
+
+- I1, I2, I3, I7 and linearizability of each version's register: chaos/checkers.py on the consensus-level
+  events (installs, durable accepts, proposals, crashes and recoveries); a linearizability failure and a
+  node's own conflict log count as I1 (two tables for one version).
+- I3 also: every committed table is valid (every expert has a replica on an active rank).
+- I4 from the shims: a token accepted by a slot whose real memory (written only by the mover) does not
+  hold its expert, or a token dispatched to a rank the sender's membership had declared dead.
+- I5: each settle() after the faults healed converged (every live agent and shim on one latest version)
+  within its bound; the times are reported.
+- I6: no committed rebalance had a verified gain below tau; a rebalance whose realised effect over the
+  next N fault-free windows is worse than its parent's (by more than `margin`) is superseded (rolled back)
+  within N + `grace` windows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from chaos.checkers import check as consensus_check
+from chaos.simcluster import CommitRecord, History, WindowRecord
+from chaos.simengine import TokenStats
+from controlplane.controller import kind_of_trigger
+from controlplane.load import table_step_imbalance
+from controlplane.table import RoutingTable
+
+INVARIANTS = ("I1", "I2", "I3", "I4", "I5", "I6", "I7")
+
+
+@dataclass
+class Report:
+    violations: dict[str, list[str]] = field(default_factory=lambda: {k: [] for k in INVARIANTS})
+    convergence_s: list[float] = field(default_factory=list)
+    i6_judged: int = 0
+
+    def counts(self) -> dict[str, int]:
+        return {k: len(v) for k, v in self.violations.items()}
+
+    @property
+    def ok(self) -> bool:
+        return not any(self.violations.values())
+
+
+def check_consensus(history: History, conflicts: Iterable[str] = ()) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {k: [] for k in INVARIANTS}
+    for msg in consensus_check(history.events):
+        key = msg.split(":", 1)[0]
+        out[key if key in out else "I1"].append(msg)
+    out["I1"] += [f"I1 conflict log: {m}" for m in conflicts]
+    for v, r in sorted(history.commits.items()):
+        if not r.table.is_valid():
+            out["I3"].append(f"I3: committed version {v} is not a valid table")
+    return out
+
+
+def check_i4(tokens: TokenStats) -> list[str]:
+    out = []
+    if tokens.i4:
+        out.append(f"I4: {tokens.i4} tokens accepted by slots whose memory does not hold their expert "
+                   f"(e.g. {tokens.i4_examples[:2]})")
+    if tokens.misrouted:
+        out.append(f"I4: {tokens.misrouted} tokens dispatched to ranks the sender had declared dead")
+    return out
+
+
+def check_i5(history: History) -> list[str]:
+    return [f"I5: settle #{i} did not converge within its bound" for i, s in enumerate(history.convergence_s)
+            if s is None]
+
+
+def check_i6(history: History, genesis: RoutingTable, tau: float, rollback_windows: int, *, grace: int = 3,
+             margin: float = 0.05) -> tuple[list[str], int]:
+    """(violations, rebalances judged on realised effect)."""
+    out: list[str] = []
+    judged = 0
+    tables = {genesis.version: genesis, **{v: r.table for v, r in history.commits.items()}}
+    wins: list[WindowRecord] = sorted(history.windows.values(), key=lambda w: w.t)
+    commits: list[CommitRecord] = sorted(history.commits.values(), key=lambda r: r.version)
+    for r in commits:
+        if kind_of_trigger(r.trigger) != "rebalance" or r.trigger.startswith(("drain", "restore")):
+            continue
+        if r.verified_gain < tau - 1e-12:
+            out.append(f"I6: version {r.version} committed a rebalance with verified gain {r.verified_gain:.4f} < "
+                       f"tau {tau}")
+        parent = tables.get(r.parent)
+        after = [w for w in wins if w.t > r.t]
+        n = rollback_windows
+        if parent is None or len(after) < n + grace or not all(w.clean for w in after[:n + grace]):
+            continue  # not enough fault-free windows after it to judge its realised effect
+        judged += 1
+        real = float(np.mean([table_step_imbalance(r.table, w.total.astype(np.int64)) for w in after[:n]]))
+        cf = float(np.mean([table_step_imbalance(parent, w.total.astype(np.int64)) for w in after[:n]]))
+        if real <= cf * (1.0 + margin):
+            continue
+        deadline = after[n + grace - 1].t
+        if not any(c.version > r.version and c.t <= deadline for c in commits):
+            out.append(f"I6: version {r.version} realised step imbalance {real:.3f} vs {cf:.3f} without it over "
+                       f"{n} windows, not rolled back within {n + grace} windows")
+    return out, judged
+
+
+def check_history(history: History, tokens: TokenStats, genesis: RoutingTable, tau: float, rollback_windows: int,
+                  conflicts: Iterable[str] = ()) -> Report:
+    rep = Report()
+    for k, v in check_consensus(history, conflicts).items():
+        rep.violations[k] += v
+    rep.violations["I4"] += check_i4(tokens)
+    rep.violations["I5"] += check_i5(history)
+    i6, rep.i6_judged = check_i6(history, genesis, tau, rollback_windows)
+    rep.violations["I6"] += i6
+    rep.convergence_s = [s for s in history.convergence_s if s is not None]
+    return rep
+
+
+def check_cluster(c: object) -> Report:
+    """check_history for a SimCluster (chaos.simcluster)."""
+    from chaos.simcluster import SimCluster
+
+    if not isinstance(c, SimCluster):
+        raise TypeError(f"expected a SimCluster, got {type(c).__name__}")
+    conflicts = [m for n in c.up() for m in c.states[n].consensus.conflicts]
+    d = c.config(c.ids[0]).decision
+    return check_history(c.history, c.tokens, c.genesis, d.tau, d.rollback_windows, conflicts)

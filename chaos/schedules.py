@@ -1,0 +1,176 @@
+"""Fault schedules in the scenario vocabulary (etcd-raft testdata style), as files and from a seeded generator.
+
+One command per line, `#` starts a comment:
+
+    add-nodes 8                      the cluster size the file was written for (checked, not applied)
+    tick 2s | tick 500ms             advance virtual time
+    partition one|minority|majority|ring|bridge     a drawn partition of that kind
+    partition n00 n01 | n02 n03      explicit groups (a node named in no group talks to everyone)
+    heal                             end partitions, rings and bridges
+    crash NODE                       kill -9: only the store's disk survives; `restart NODE` brings it back
+    rank-loss NODE                   kill -9 of the node and its ranks, for good (settle does not restart it)
+    restart NODE | restart all
+    pause NODE [2s] | resume NODE    SIGSTOP / SIGCONT (with a duration: resumed after it)
+    drop P | duplicate P | reorder P | delay 5ms | clear-link      message faults on every link
+    stabilize                        every fault ends (killed nodes restart), then settle: I5 within a bound
+
+NODE is an id (n03), `random` (an up node), `voter` (the round-0 owner of the next version, the node
+most likely to be mid-proposal) or `down` (a crashed node, for restart).
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from agent.consensus.paxos import round0_owner
+from chaos.simcluster import SimCluster
+
+DIR = Path(__file__).parent / "schedules"
+
+
+class ScheduleError(ValueError):
+    """A schedule line that cannot be parsed or applied; names the line."""
+
+
+def seconds(tok: str) -> float:
+    try:
+        if tok.endswith("ms"):
+            return float(tok[:-2]) / 1000
+        return float(tok.rstrip("s"))
+    except ValueError:
+        raise ScheduleError(f"duration {tok!r}: expected e.g. 2s or 500ms") from None
+
+
+def parse(text: str) -> list[str]:
+    """The command lines of a schedule file (comments and blank lines dropped)."""
+    out = []
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            out.append(line)
+    return out
+
+
+def load(path: str | Path) -> list[str]:
+    return parse(Path(path).read_text())
+
+
+def files() -> list[Path]:
+    return sorted(DIR.glob("*.txt"))
+
+
+def _node(c: SimCluster, tok: str, rng: random.Random) -> str | None:
+    if tok == "random":
+        up = c.up()
+        return rng.choice(up) if up else None
+    if tok == "voter":
+        heads = c.heads()
+        if not heads:
+            return None
+        owner = round0_owner(max(heads.values()) + 1, sorted(c.ids))
+        return owner if owner in heads else rng.choice(sorted(heads))
+    if tok == "down":
+        down = sorted(c.down - c.lost)
+        return rng.choice(down) if down else None
+    if tok not in c.ids:
+        raise ScheduleError(f"node {tok!r}: expected one of {c.ids[0]}..{c.ids[-1]}, random, voter or down")
+    return tok
+
+
+def apply(c: SimCluster, line: str, rng: random.Random, settle_limit_s: float = 20.0) -> str:
+    """Apply one command to the cluster; returns what it did (for the report)."""
+    cmd, *args = line.split()
+    try:
+        if cmd == "add-nodes":
+            if int(args[0]) != len(c.ids):
+                raise ScheduleError(f"{line!r}: the cluster has {len(c.ids)} nodes")
+            return line
+        if cmd == "tick":
+            c.run(seconds(args[0]))
+            return line
+        if cmd == "partition":
+            if len(args) == 1 and args[0] in ("one", "minority", "majority", "ring", "bridge"):
+                c.partition_kind(args[0], rng)
+                return c.history.faults[-1][1]
+            groups: list[list[str]] = [[]]
+            for a in args:
+                if a == "|":
+                    groups.append([])
+                else:
+                    groups[-1].append(_node(c, a, rng) or a)
+            c.partition([g for g in groups if g])
+            return line
+        if cmd == "heal":
+            c.heal()
+            return line
+        if cmd in ("crash", "rank-loss"):
+            n = _node(c, args[0], rng)
+            if n is not None:
+                c.crash(n, lost=cmd == "rank-loss")
+            return f"{cmd} {n}" if n is not None else f"{cmd} (no node up)"
+        if cmd == "restart":
+            targets = sorted(c.down) if args[0] == "all" else [_node(c, args[0], rng)]
+            for n in targets:
+                if n is not None:
+                    c.restart(n)
+            done = [t for t in targets if t is not None]
+            return f"restart {' '.join(done)}" if done else "restart (no node down)"
+        if cmd == "pause":
+            n = _node(c, args[0], rng)
+            if n is not None:
+                c.pause(n, seconds(args[1]) if len(args) > 1 else None)
+            return f"pause {n} {' '.join(args[1:])}".rstrip()
+        if cmd == "resume":
+            n = _node(c, args[0], rng)
+            if n is not None:
+                c.resume(n)
+            return f"resume {n}"
+        if cmd in ("drop", "duplicate", "reorder"):
+            key = {"drop": "loss"}.get(cmd, cmd)
+            c.link(**{key: float(args[0])})
+            return line
+        if cmd == "delay":
+            c.link(latency=seconds(args[0]))
+            return line
+        if cmd == "clear-link":
+            c.clear_link()
+            return line
+        if cmd == "stabilize":
+            c.heal_all(restart=True)
+            took = c.settle(settle_limit_s)
+            return f"stabilize: converged in {took:.2f} s" if took is not None else "stabilize: NOT converged"
+    except (IndexError, ValueError) as e:
+        if isinstance(e, ScheduleError):
+            raise
+        raise ScheduleError(f"{line!r}: {e}") from None
+    raise ScheduleError(f"{line!r}: unknown command {cmd!r}")
+
+
+FAULTS = ("partition one", "partition minority", "partition majority", "partition ring", "partition bridge",
+          "crash random", "crash voter", "rank-loss random", "pause random", "drop", "duplicate", "reorder",
+          "delay", "restart down", "heal")
+
+
+def generate(rng: random.Random, nodes: int, faults: int = 3) -> list[str]:
+    """A seeded schedule: a warm-up under load, `faults` faults each followed by a tick (overlapping faults
+    are allowed: a partition may still be in force when a node crashes), then stabilize."""
+    out = [f"add-nodes {nodes}", "tick " + rng.choice(("1500ms", "2s", "3s"))]
+    for _ in range(faults):
+        f = rng.choice(FAULTS)
+        if f == "pause random":
+            f += " " + rng.choice(("500ms", "1s", "3s"))
+        elif f == "drop":
+            f += f" {rng.choice((0.02, 0.1, 0.3))}"
+        elif f in ("duplicate", "reorder"):
+            f += f" {rng.choice((0.05, 0.2))}"
+        elif f == "delay":
+            f += " " + rng.choice(("2ms", "20ms", "100ms"))
+        out.append(f)
+        out.append("tick " + rng.choice(("300ms", "1s", "2s", "3s")))
+        if rng.random() < 0.3:
+            out.append(rng.choice(("heal", "clear-link")))
+    out.append("stabilize")
+    out.append("tick 2s")  # a little load after healing: commits resume and must keep converging
+    out.append("stabilize")
+    return out

@@ -1,0 +1,68 @@
+"""The in-process runner: one schedule against a SimCluster, checked by chaos/invariants.py."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from chaos.invariants import INVARIANTS, check_cluster
+from chaos.schedules import apply, generate
+from chaos.simcluster import Shape, SimCluster
+
+
+@dataclass
+class RunResult:
+    seed: int
+    nodes: int
+    lines: list[str]
+    done: list[str] = field(default_factory=list)
+    violations: dict[str, list[str]] = field(default_factory=dict)
+    convergence_s: list[float] = field(default_factory=list)
+    commits: int = 0
+    repairs: int = 0
+    i6_judged: int = 0
+    detect_s: list[float] = field(default_factory=list)
+    tokens: dict[str, Any] = field(default_factory=dict)
+    shims: dict[str, int] = field(default_factory=dict)
+    virtual_s: float = 0.0
+    cpu_s: float = 0.0
+
+    def counts(self) -> dict[str, int]:
+        return {k: len(self.violations.get(k, [])) for k in INVARIANTS}
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["violation_counts"] = self.counts()
+        return d
+
+
+def run_schedule(nodes: int, seed: int, lines: list[str] | None = None, shape: Shape | None = None,
+                 faults: int = 3, **cluster_kw: Any) -> RunResult:
+    """Build a cluster from `seed`, play `lines` (default: generated from the seed), check I1-I7."""
+    t0 = time.process_time()
+    rng = random.Random(seed ^ 0xC4A05)
+    lines = lines if lines is not None else generate(rng, nodes, faults)
+    c = SimCluster(nodes, shape or Shape(), seed, **cluster_kw)
+    res = RunResult(seed, nodes, list(lines))
+    for line in lines:
+        res.done.append(f"t={c.clock.now():.2f} {apply(c, line, rng)}")
+    rep = check_cluster(c)
+    res.violations = rep.violations
+    res.convergence_s = rep.convergence_s
+    res.i6_judged = rep.i6_judged
+    res.commits = len(c.history.commits)
+    res.repairs = sum(1 for r in c.history.commits.values() if r.trigger.startswith("repair"))
+    crash_t = {}
+    for t, what in c.history.faults:
+        if what.startswith("crash "):
+            crash_t.setdefault(what.split()[1], t)
+    res.detect_s = [round(t - crash_t[n], 3) for n, t in c.history.detect_s.items() if n in crash_t]
+    tk = asdict(c.tokens)
+    tk.pop("i4_examples")
+    res.tokens = tk
+    res.shims = c.shim_totals()
+    res.virtual_s = c.clock.now()
+    res.cpu_s = time.process_time() - t0
+    return res
