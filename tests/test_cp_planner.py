@@ -183,3 +183,24 @@ def test_bench_planner_prints_the_contract() -> None:
     out = json.loads(r.stdout)
     assert out["shape"] == [58, 256] and out["ranks"] == 64 and out["window"] == 100
     assert out["median_ms"] > 0 and out["p99_ms"] >= out["median_ms"] and out["outcome"] == "PROPOSED"
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_greedy_state_stays_exact(data: st.DataObject) -> None:
+    """After every move the greedy's rank loads equal a direct computation (load.rank_load) on its placement,
+    its placement is a valid table, and each recorded objective is that placement's."""
+    from controlplane import greedy
+
+    t = data.draw(tables(max_layers=3))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31 - 1)))
+    X = skewed(rng, data.draw(st.integers(1, 4)), t.layers, t.experts, 600).astype(np.int64)
+    cm = CostModel(expert_bytes=1 << 20)
+    z = np.zeros((t.layers, t.experts))
+    st_, mv, _ = greedy.search(t, X, 10, cm, z.astype(np.int8), z.astype(bool), data.draw(st.integers(1, 40)))
+    placed = t.successor(st_.phy.reshape(t.layers, -1))
+    placed.validate()
+    assert np.array_equal(st_.R, load.rank_load(placed, X))
+    assert np.array_equal(st_.obj, load.rank_load(placed, X).max(axis=-1).sum(axis=0))
+    for lay in set(mv.layer.tolist()):
+        assert int(mv.obj[mv.layer == lay][-1]) == int(st_.obj[lay])
