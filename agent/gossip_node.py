@@ -84,14 +84,14 @@ class GossipNode:
         self.membership.leave()
         peers = self.membership.live_peers()
         targets = self.rng.sample(peers, min(self.cfg.fanout, len(peers)))
-        state = {"left": len(targets)}
+        pending = [len(targets), 0]  # replies outstanding, done
 
         def acked(peer: str, reply: Message | None) -> None:
             self._on_broadcast_reply(peer, reply)
-            state["left"] -= 1
-            if on_done is not None and (reply is not None or state["left"] == 0):
-                cb, state["left"] = on_done, -1_000_000
-                cb()
+            pending[0] -= 1
+            if on_done is not None and not pending[1] and (reply is not None or pending[0] == 0):
+                pending[1] = 1
+                on_done()
 
         for p in targets:
             self._broadcast_to(p, lambda r, p=p: acked(p, r))

@@ -31,6 +31,8 @@ from elasticmoe.v1 import gossip_pb2 as pb
 
 # per-message bytes kept free of windows for the envelope, member states and digests
 _ENVELOPE = 1024
+# pulls of one window from one announcer before waiting for the next digest or push-pull
+_PULL_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -85,11 +87,11 @@ def check_windows(windows: Iterable[pb.LoadWindow], shape: tuple[int, int] | Non
         if not w.node_id or w.layers < 1 or w.experts < 1:
             raise InvalidArgument(f"window of {w.node_id!r} with shape [{w.layers}, {w.experts}]: expected a node "
                                   "id and a shape of at least [1, 1]")
-        if len(w.counts) != 4 * w.layers * w.experts:
-            raise InvalidArgument(f"window of {w.node_id!r}: {len(w.counts)} count bytes, expected "
         if max(w.incarnation, w.window_seq) >= 2**63:  # newest-wins: such a window could never be replaced
             raise InvalidArgument(f"window of {w.node_id!r} with incarnation {w.incarnation}, window_seq "
                                   f"{w.window_seq}: expected both < 2^63")
+        if len(w.counts) != 4 * w.layers * w.experts:
+            raise InvalidArgument(f"window of {w.node_id!r}: {len(w.counts)} count bytes, expected "
                                   f"4 x {w.layers} x {w.experts} = {4 * w.layers * w.experts}")
         if w.incarnation >= MAX_COUNTER or w.window_seq >= MAX_COUNTER:
             raise InvalidArgument(f"window of {w.node_id!r}: incarnation {w.incarnation} or window_seq "
@@ -104,11 +106,11 @@ def check_digests(digests: Iterable[pb.Digest], bounded: bool = True) -> None:
     for d in digests:
         if not d.node_id:
             raise InvalidArgument("digest without a node id")
-        if bounded and (d.incarnation >= MAX_COUNTER or d.window_seq >= MAX_COUNTER):
-            raise InvalidArgument(f"digest of {d.node_id!r}: incarnation {d.incarnation} or window_seq "
         if max(d.incarnation, d.window_seq) >= 2**63:
             raise InvalidArgument(f"digest of {d.node_id!r} with incarnation {d.incarnation}, window_seq "
                                   f"{d.window_seq}: expected both < 2^63")
+        if bounded and (d.incarnation >= MAX_COUNTER or d.window_seq >= MAX_COUNTER):
+            raise InvalidArgument(f"digest of {d.node_id!r}: incarnation {d.incarnation} or window_seq "
                                   f"{d.window_seq} >= 2^63")
 
 
@@ -119,10 +121,11 @@ class LoadGossip:
         self.node_id, self.cfg, self.clock, self.transport, self.rng = node_id, cfg, clock, transport, rng
         self.rumours, self.members, self.on_window = rumours, members, on_window
         self.shape = shape
-        self.timeout = 2 * cfg.probe_timeout_ms / 1e3
+        # a window is ~60 KiB, not a probe: allow more than a probe round trip before retrying elsewhere
+        self.timeout = 3 * cfg.probe_timeout_ms / 1e3
         self._w: dict[str, pb.LoadWindow] = {}
         self._np: dict[str, NodeWindow] = {}
-        self._pending: dict[str, tuple[tuple[int, int], float]] = {}  # node -> (key pulled, expiry)
+        self._pending: dict[str, tuple[tuple[int, int], float, int]] = {}  # node -> (key pulled, expiry, tries)
         self._alt: dict[str, list[str]] = {}  # node -> other members that announced its pending window
         self._view: LoadView | None = None
         self._view_live: list[str] = []
@@ -242,7 +245,7 @@ class LoadGossip:
                 if src not in alt and len(alt) < 4:
                     alt.append(src)
                 continue
-            self._pending[n] = (_key(d), now + self.timeout)
+            self._pending[n] = (_key(d), now + self.timeout, 1)
             want.append(pb.Digest(node_id=n, incarnation=d.incarnation, window_seq=d.window_seq))
         if want:
             self._pull(src, want)
@@ -271,8 +274,10 @@ class LoadGossip:
                 continue
             del self._pending[n]
             alts = [a for a in self._alt.pop(n, []) if a != src and self.members.is_live(a)]
+            if not alts and reply is None and pend[2] < _PULL_TRIES and self.members.is_live(src):
+                alts = [src]  # it has the window (it told us): a failed call is worth another try
             if alts:
-                self._pending[n] = (_key(d), self.clock.now() + self.timeout)
+                self._pending[n] = (_key(d), self.clock.now() + self.timeout, pend[2] + 1)
                 retry.setdefault(alts[0], []).append(d)
         for a, ds in retry.items():
             self._pull(a, ds)
