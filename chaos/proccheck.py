@@ -1,0 +1,194 @@
+"""Invariant checks and the engine client of the real-process chaos runner (chaos.procrunner).
+
+Histories come from the agents' own store files (`data/consensus`, agent.store framing; read-only, a torn
+tail is ignored exactly as recovery ignores it) and from what each engine's shim was streamed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import numpy as np
+
+from agent.store import parse
+from controlplane.table import RoutingTable
+from controlplane.topology import Topology
+from elasticmoe.v1 import admin_pb2 as apb
+from elasticmoe.v1 import admin_pb2_grpc
+from elasticmoe.v1 import consensus_pb2 as cpb
+
+if TYPE_CHECKING:
+    from chaos.procrunner import ProcRunner
+
+INVARIANTS = ("I1", "I2", "I3", "I5", "I7")
+
+
+def read_log(path: Path) -> list[cpb.Commit]:
+    """The committed tables in a store file, in log order ([] if there is none yet)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    return parse(data)[0].commits
+
+
+def versions(commits: list[cpb.Commit]) -> dict[int, bytes]:
+    """version -> table content hash."""
+    return {c.table.version: bytes(c.table.content_hash) for c in commits}
+
+
+async def agent_head(channel: grpc.aio.Channel, timeout: float = 1.0) -> int | None:
+    """The agent's committed version (Admin Status), None if it does not answer in time."""
+    try:
+        r = await admin_pb2_grpc.AdminStub(channel).Status(apb.StatusRequest(), timeout=timeout)
+    except (TimeoutError, grpc.aio.AioRpcError):
+        return None
+    return int(r.committed_version)
+
+
+class Checks:
+    """Violations, each counted once by a key naming it (node, version, ...)."""
+
+    def __init__(self, topo: Topology, voters: list[str]) -> None:
+        self.topo, self.voters = topo, voters
+        self.found: dict[str, set[str]] = {k: set() for k in INVARIANTS}
+        self.details: list[str] = []
+        self.max_version = 1
+        self._valid: dict[tuple[int, bytes], str] = {}  # (version, hash) -> "" or why invalid
+
+    def note(self, inv: str, key: str, detail: str = "") -> None:
+        if key not in self.found[inv]:
+            self.found[inv].add(key)
+            self.details.append(f"{inv}: {detail or key}")
+
+    def violations(self) -> dict[str, int]:
+        return {k: len(v) for k, v in self.found.items()}
+
+    def summary(self) -> str:
+        return f"violations {self.violations()}"
+
+    def table(self, commit: cpb.Commit) -> tuple[RoutingTable | None, str]:
+        """Decode, certify (voters, quorum, hash) and validate; cached per (version, hash)."""
+        from dataplane_shim.certify import table_from_commit
+
+        key = (commit.table.version, bytes(commit.table.content_hash))
+        try:
+            t = table_from_commit(commit, self.topo, self.voters)
+            t.validate()
+        except Exception as e:  # Uncertified, InvalidTable: both are I3 violations
+            self._valid[key] = str(e)
+            return None, str(e)
+        self._valid[key] = ""
+        return t, ""
+
+    def logs(self, by_node: dict[str, list[cpb.Commit]]) -> None:
+        """I1 across nodes, I2 per node, I3 per committed table."""
+        chosen: dict[int, set[bytes]] = {}
+        for node, commits in by_node.items():
+            prev: int | None = None
+            for c in commits:
+                v, h = c.table.version, bytes(c.table.content_hash)
+                chosen.setdefault(v, set()).add(h)
+                self.max_version = max(self.max_version, v)
+                if c.table.parent != v - 1 or (prev is not None and not (v > prev and c.table.parent == prev)):
+                    self.note("I2", f"{node}:{v}", f"{node} log: v{v} (parent {c.table.parent}) after v{prev}")
+                elif prev is None and c.table.parent != 1:
+                    self.note("I2", f"{node}:{v}", f"{node} log starts at v{v} (parent {c.table.parent}), not after v1")
+                prev = v
+                if (v, h) not in self._valid:
+                    self.table(c)
+                if self._valid[(v, h)]:
+                    self.note("I3", f"{v}:{h.hex()}", f"v{v}: {self._valid[(v, h)]}")
+        for v, hs in chosen.items():
+            if len(hs) > 1:
+                self.note("I1", str(v), f"v{v}: {len(hs)} different tables committed")
+
+    def restart(self, node: str, before: dict[int, bytes], acked: int | None, after: dict[int, bytes],
+                acked_after: int | None) -> None:
+        """I7: every commit on disk at the kill is there after the restart, and the head did not regress."""
+        lost = sorted(v for v, h in before.items() if after.get(v) != h)
+        if lost:
+            self.note("I7", f"{node}:{lost[0]}", f"{node}: v{lost} lost across kill -9")
+        if acked is not None and (acked_after is None or acked_after < acked):
+            self.note("I7", f"{node}:head{acked}", f"{node}: acknowledged head v{acked}, after restart {acked_after}")
+
+    def install(self, engine: str, commit: cpb.Commit, head: int) -> RoutingTable | None:
+        """An engine's shim was streamed `commit` while running `head`: I2 (in order), I3 (certified, valid)."""
+        t, why = self.table(commit)
+        v = commit.table.version
+        if t is None:
+            self.note("I3", f"{engine}:{v}", f"{engine}: streamed v{v}: {why}")
+            return None
+        if not (v > head and t.parent == head):
+            self.note("I2", f"{engine}:{v}", f"{engine}: streamed v{v} (parent {t.parent}) while at v{head}")
+        return t
+
+
+class Engine:
+    """One node's engine: a shim client that reports skewed load each window and installs what it is
+    streamed, re-connecting (bounded waits) when its agent is killed or paused."""
+
+    def __init__(self, i: int, sock: str, topo: Topology, checks: Checks, runner: ProcRunner,
+                 step_s: float = 0.01, window: int = 10) -> None:
+        self.i, self.sock, self.topo, self.checks, self.runner = i, sock, topo, checks, runner
+        self.name = f"engine{i}"
+        self.step_s, self.window = step_s, window
+        self.backlog = 64
+        self.head = 1
+        self.installs = 0
+        self.stop = False
+        self.rng = np.random.default_rng(1000 + i)
+
+    async def run(self) -> None:
+        await asyncio.gather(self._watch(), self._report())
+
+    async def _watch(self) -> None:
+        from dataplane_shim.link import ShimLink
+
+        while not self.stop:
+            link = ShimLink(self.sock, shim_id=self.name)
+            try:
+                async for commit in link.watch_tables(self.head):
+                    t = self.checks.install(self.name, commit, self.head)
+                    if t is not None and t.version > self.head:
+                        self.head = t.version
+                        self.installs += 1
+            except grpc.aio.AioRpcError:
+                pass
+            finally:
+                await link.close()
+            await asyncio.sleep(0.2)  # the agent is down or restarting: try again
+
+    async def _report(self) -> None:
+        """A report per window of `window` steps; steps follow the runner's shared clock (EP engines step in
+        lockstep, whatever their agent does), so every engine numbers a window alike. Like a real shim's
+        client stream, reports queue while the agent does not take them (paused, restarting) and go out in
+        order when it does (at most `backlog` kept)."""
+        from dataplane_shim.link import ShimLink, make_load_report
+
+        link = ShimLink(self.sock, shim_id=self.name)
+        span = self.step_s * self.window
+        done = int((time.monotonic() - self.runner.t0) / span)  # windows before this engine started: skipped
+        pending: list[Any] = []
+        try:
+            while not self.stop:
+                now_seq = int((time.monotonic() - self.runner.t0) / span)
+                await asyncio.sleep(max(0.0, self.runner.t0 + (now_seq + 1) * span - time.monotonic()))
+                now_seq += 1
+                for seq in range(done, now_seq):
+                    pending.append(make_load_report(self.name, self.i, seq * self.window, self.window, self.head,
+                                                    self.runner.counts(self.rng, self.window)))
+                done = now_seq
+                del pending[:-self.backlog]
+                try:
+                    await asyncio.wait_for(link.report_load(list(pending)), 1.0)
+                    pending.clear()
+                except (TimeoutError, grpc.aio.AioRpcError):
+                    await link.close()
+                    link = ShimLink(self.sock, shim_id=self.name)
+        finally:
+            await link.close()
