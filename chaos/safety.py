@@ -2,9 +2,10 @@
 
     python -m chaos.safety --schedules 1000 --nodes 64 --seed 1 --json
 
-Each schedule: a cluster of `--nodes` nodes of which 3, 5 or 7 vote (all learn), network loss, duplication
-and delay drawn per schedule, then a short sequence of proposals (round-0 owners, other nodes, concurrent
-duels), partitions, heals, crashes (some tearing the store's tail), restarts and waits. At the end every
+Each schedule: a cluster of `--nodes` nodes of which 3, 5 or 7 vote (all learn), network loss, duplication,
+delay and reordering drawn per schedule, then a short sequence of proposals (round-0 owners, other nodes,
+concurrent duels, proposers that crash or are cut off mid-round), partitions, heals, crashes (some tearing
+the store's tail), restarts, process stalls and waits. At the end every
 fault heals and the cluster settles; then chaos/checkers.py checks I1, I2, I3, I7 and linearizability.
 """
 
@@ -85,6 +86,11 @@ def run_schedule(seed: int, nodes: int, steps: int = 14) -> Result:
             n = rng.choice(down)
             c.restart(n)
             acts.append(f"restart {n}")
+        elif r < 0.90 and up:  # a stalled process (GC, SIGSTOP): its timers and messages wait, then run late
+            n = rng.choice([v for v in c.voters if v in up] or up)
+            secs = rng.choice((0.02, 0.1, 0.3))
+            c.net.pause_for(n, secs)
+            acts.append(f"pause {n} {secs}s")
         c.run(rng.choice((0.001, 0.005, 0.02, 0.08, 0.2)))
     # heal everything, then let anti-entropy settle and finish stragglers
     c.net.heal()
