@@ -24,7 +24,7 @@ import numpy.typing as npt
 
 from controlplane.errors import InvalidShape
 from controlplane.table import RoutingTable
-from controlplane.verify import RankLoadKernel, ReplayStats, changed_layers, layer_totals
+from controlplane.verify import RankLoadKernel, ReplayStats, changed_layers, layer_totals, same_mix
 
 I64 = npt.NDArray[np.int64]
 U32 = npt.NDArray[np.uint32]
@@ -150,21 +150,11 @@ class ReplayBuffer:
         return sum(int(w.counts.shape[0]) for w in ws)
 
     def same_mix(self, tv: float) -> int:
-        """How many trailing windows share the latest one's expert mix: walking back from the newest, a
-        window joins while its expert shares differ from the next newer one's by at most `tv` (total
-        variation per layer, mean over layers). 1 right after a drift; all in steady state."""
-        ws = list(self.windows)
-        if not ws:
+        """How many trailing windows share the latest one's expert mix (`verify.same_mix` on their totals):
+        1 right after a drift; all in steady state."""
+        if not self.windows:
             return 0
-        tot = np.stack([w.expert_totals for w in ws]).astype(np.float64)  # [nw, L, E]
-        share = tot / np.maximum(tot.sum(axis=2, keepdims=True), 1.0)
-        d = 0.5 * np.abs(share[1:] - share[:-1]).sum(axis=2).mean(axis=1)  # [nw - 1]: window i vs i + 1
-        k = 1
-        for x in d[::-1].tolist():  # a handful of windows
-            if x > tv:
-                break
-            k += 1
-        return k
+        return same_mix(np.stack([w.expert_totals for w in self.windows]), tv)
 
     def _maxima(self, table: RoutingTable, ws: list[Window], base: RoutingTable | None) -> list[I64]:
         key = content_key(table)

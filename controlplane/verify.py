@@ -201,15 +201,31 @@ def layer_gains(head: ReplayStats, new: ReplayStats, layers: I64) -> F64:
     return np.asarray(per.mean(axis=0) / head.mean_imbalance(), dtype=np.float64)
 
 
+def same_mix(totals: npt.NDArray[np.integer], tv: float) -> int:
+    """How many trailing rows of `totals [n, L, E]` (tokens per window) share the newest row's expert mix:
+    walking back from the newest, a row joins while its expert shares differ from the next newer row's by
+    at most `tv` (total variation per layer, mean over layers). 1 right after a drift; n in steady state."""
+    t = np.asarray(totals, dtype=np.float64)
+    if t.shape[0] == 0:
+        return 0
+    share = t / np.maximum(t.sum(axis=2, keepdims=True), 1.0)
+    d = 0.5 * np.abs(share[1:] - share[:-1]).sum(axis=2).mean(axis=1)  # [n - 1]: row i vs row i + 1
+    over = np.flatnonzero(d > tv)
+    return int(t.shape[0] - (over[-1] + 1)) if over.size else int(t.shape[0])
+
+
 def verify_decision(
-    head: RoutingTable, proposed: RoutingTable, replay: npt.NDArray[np.integer], tau: float
+    head: RoutingTable, proposed: RoutingTable, replay: npt.NDArray[np.integer], tau: float,
+    drift_tv: float | None = None,
 ) -> tuple[bool, float, str]:
     """A voter's independent re-verification of a proposed successor of `head`.
 
-    replay: uint32 [T, L, E] per-step counts. Returns (ok, verified_gain, reason) with reason one of OK,
-    GAIN_BELOW_TAU, PARENT_MISMATCH, INVALID_TABLE, SHAPE_MISMATCH, EMPTY_REPLAY. ok iff the proposal is
-    a valid table whose parent is head's version and whose gain on the buffer is >= tau. A rollback or a
-    repair is checked with tau = 0.0 (it must not make things worse).
+    replay: uint32 [T, L, E] per-step counts (or per-window totals). Returns (ok, verified_gain, reason) with
+    reason one of OK, GAIN_BELOW_TAU, PARENT_MISMATCH, INVALID_TABLE, SHAPE_MISMATCH, EMPTY_REPLAY. ok iff
+    the proposal is a valid table whose parent is head's version and whose gain on the buffer is >= tau. A
+    rollback or a repair is checked with tau = 0.0 (it must not make things worse). drift_tv: with rows that
+    are window totals, replay only the trailing rows that share the newest row's mix (`same_mix`), as the
+    proposer planned and verified on the windows since a drift (DecisionParams.drift_tv).
     """
     if proposed.parent != head.version or proposed.version != head.version + 1:
         return False, 0.0, PARENT_MISMATCH
@@ -224,6 +240,8 @@ def verify_decision(
         return False, 0.0, INVALID_TABLE
     if c.shape[0] == 0:
         return False, 0.0, EMPTY_REPLAY
+    if drift_tv is not None:
+        c = c[c.shape[0] - same_mix(c, drift_tv):]
     base = replay_stats(head, c)
     g = gain(base, stats_with(base, proposed, c, head))
     return (g >= tau, g, OK if g >= tau else GAIN_BELOW_TAU)

@@ -168,3 +168,18 @@ def test_verify_with_a_drained_rank() -> None:
     ok, g, _ = verify.verify_decision(head, drained, c, -10.0)
     ia, ib = load.replay_imbalance(head, c), load.replay_imbalance(drained, c)
     assert ok and g == pytest.approx((ia - ib) / ia, abs=1e-12)
+
+
+def test_a_voter_can_replay_only_the_windows_since_a_drift() -> None:
+    """Window-total rows [mix A, mix A, mix B]: with drift_tv the voter replays the B row only, as the proposer."""
+    verify_decision = verify.verify_decision
+    head = initial_table(Topology(1, 4, 2), 1, 4)  # one expert per rank, one spare slot each
+    a = np.array([[400, 100, 100, 100]], dtype=np.uint32)
+    b = np.array([[100, 100, 100, 400]], dtype=np.uint32)
+    replay = np.stack([a, a, b])
+    proposed = apply_ops(head, [Replicate(0, 3, 0)])  # helps B, and A's hot rank 0 gets busier
+    ok_all, g_all, _ = verify_decision(head, proposed, replay, 0.0)
+    ok_b, g_b, _ = verify_decision(head, proposed, replay, 0.0, drift_tv=0.05)
+    assert g_b == verify_decision(head, proposed, replay[-1:], 0.0)[1] and g_b > 0
+    assert g_all < g_b and not ok_all and ok_b
+    assert verify_decision(head, proposed, replay, 0.0, drift_tv=1.0)[1] == g_all  # one mix: every row
