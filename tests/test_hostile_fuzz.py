@@ -17,7 +17,8 @@ from elasticmoe.v1 import consensus_pb2 as pb
 EXPECTED = {"Consensus/Prepare", "Consensus/Accept", "Consensus/Learn", "Consensus/CatchUp", "Admin/Propose",
             "Admin/Drain", "Admin/Restore", "Admin/Pause", "Admin/Resume", "Admin/Status", "Admin/Placement",
             "Admin/History", "Admin/Explain", "Admin/LoadView", "DataplaneLink/ReportLoad",
-            "DataplaneLink/WatchTables", "Shim/OfferCommit"}
+            "DataplaneLink/WatchTables", "Shim/OfferCommit", "Gossip/Probe", "Gossip/IndirectProbe", "Gossip/PushPull",
+            "Gossip/Broadcast", "Gossip/Pull", "Gossip/Push"}
 
 
 @pytest.fixture(scope="module")
