@@ -67,6 +67,7 @@ class ConsensusNode(ProposerMixin):
         self.log = CommittedLog(store, self.voters, head, self._installed, max_buffered=4 * cfg.catchup_batch,
                                 ride_along=self._preburn)
         self._preburned: set[int] = set()  # versions whose round 0 this incarnation reserved durably, unused
+        self._burn_written: pb.AcceptorState | None = None
 
         self._callbacks: list[CommitCallback] = []
         self._peer_heads: dict[str, int] = {}
@@ -272,6 +273,7 @@ class ConsensusNode(ProposerMixin):
 
     def _installed(self, c: pb.Commit, table: RoutingTable) -> None:
         v = table.version
+        self._adopt_burn()
         attempt, self._last_attempt = self._last_attempt, None
         self.acceptor.prune(v)
         self._attempts.pop(v, None)

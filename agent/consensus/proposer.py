@@ -68,6 +68,7 @@ class ProposerMixin:
     _attempts: dict[int, Attempt]
     _recoveries: dict[int, int]
     _preburned: set[int]
+    _burn_written: pb.AcceptorState | None
     _peer_heads: dict[str, int]
     _rtt: dict[str, float]
     _accept_rest: dict[int, tuple[Attempt, pb.AcceptRequest, list[str]]]
@@ -110,9 +111,14 @@ class ProposerMixin:
         st = pb.AcceptorState()
         st.CopyFrom(self.acceptor.state(nxt))
         st.proposer_round = 1
-        self.acceptor.apply(st)
-        self._preburned.add(nxt)
+        self._burn_written = st  # adopted by _installed, which runs only once the write is durable
         return [st]
+
+    def _adopt_burn(self) -> None:
+        st, self._burn_written = self._burn_written, None
+        if st is not None:
+            self.acceptor.apply(st)
+            self._preburned.add(int(st.version))
 
     def _start_attempt(self, v: int, fast: bool, min_round: int = 1) -> None:
         pend = self._pending.get(v)
