@@ -13,6 +13,8 @@ still improving scores the moves off its hottest rank (most tokens over the bloc
 
 Destinations: the `DESTS - 1` coolest active ranks with a free slot, the 2 coolest full ones that hold a
 droppable second replica, and the coolest free one on the hot rank's node (nearest first among equals).
+The stability profile is the prior: a rank holding bursty_hot experts counts a quarter of the mean load per
+such expert as headroom when destinations are ordered, and a stable_cold second replica is dropped first.
 A candidate is scored by (reduction of the layer's objective, reduction of the sum of squared rank loads,
 nearer tier, generation order), lexicographically: with several ranks near the max no single move lowers
 the max, and the squares tie-break keeps moving load from hot to cool until it does. Scores use upper
@@ -140,6 +142,7 @@ class Greedy:
         self.tier_s = cost.tier_costs(topo)
         self.cm = cost
         self.cls, self.cool = classes, cool
+        self.any_bursty = bool((classes == ExpertClass.BURSTY_HOT).any())
 
     # ---- one round -------------------------------------------------------------------------
     def candidates(self, ls: I64, rep_ok: B) -> tuple[dict[str, I64], I64]:
@@ -168,9 +171,13 @@ class Greedy:
         # destinations: the coolest with a free slot, the coolest full ones with a victim, the coolest free
         # rank on the hot rank's node (nearest target first)
         kf, kv = min(DESTS - 1, G), min(2, G)
-        of = np.argsort(np.where(free, Rs, BIG), axis=1, kind="stable")[:, :kf]
-        ov = np.argsort(np.where(roomy, Rs, BIG), axis=1, kind="stable")[:, :kv]
-        near = np.argmin(np.where(same, Rs, BIG), axis=1)[:, None]
+        key = Rs  # coolest first; a rank holding bursty_hot experts keeps headroom (a quarter mean each)
+        if self.any_bursty:
+            nb_ = ((on >= 0) & (self.cls[L_, ve] == ExpertClass.BURSTY_HOT)).sum(axis=2)
+            key = Rs + nb_ * (Rs.sum(axis=1) // max(int(act.sum()), 1) // 4)[:, None]
+        of = np.argsort(np.where(free, key, BIG), axis=1, kind="stable")[:, :kf]
+        ov = np.argsort(np.where(roomy, key, BIG), axis=1, kind="stable")[:, :kv]
+        near = np.argmin(np.where(same, key, BIG), axis=1)[:, None]
         dests = np.concatenate([of, ov, near], axis=1)  # [n, D]
         dvalid = np.concatenate([np.take_along_axis(free, of, 1), np.take_along_axis(roomy, ov, 1),
                                  np.take_along_axis(same, near, 1) & ~(of == near).any(axis=1, keepdims=True)], axis=1)

@@ -204,3 +204,14 @@ def test_greedy_state_stays_exact(data: st.DataObject) -> None:
     assert np.array_equal(st_.obj, load.rank_load(placed, X).max(axis=-1).sum(axis=0))
     for lay in set(mv.layer.tolist()):
         assert int(mv.obj[mv.layer == lay][-1]) == int(st_.obj[lay])
+
+
+def test_profile_keeps_headroom_beside_bursty_hot_experts() -> None:
+    """Two equally cool destinations: the one holding a bursty_hot expert is passed over."""
+    t = initial_table(Topology(1, 3, 2), 1, 3)  # one expert per rank, one spare slot each
+    X = np.array([[[900, 100, 100]]], dtype=np.int64)
+    plain = planner.plan(t, X, 1, CostModel(expert_bytes=1 << 20), 1, 0.0)
+    assert plain.ops == (Replicate(0, 0, 1),)  # ties to the lowest rank id
+    prof = _profile_with(1, 3, {(0, 1): ExpertClass.BURSTY_HOT})
+    pl = planner.plan(t, X, 1, CostModel(expert_bytes=1 << 20), 1, 0.0, prof)
+    assert pl.ops == (Replicate(0, 0, 2),)
