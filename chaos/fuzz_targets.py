@@ -138,6 +138,8 @@ class ConsensusTarget(Target):
         self.fresh()
 
     def fresh(self) -> None:
+        if round0_owner(4, VOTERS) != "b":
+            raise RuntimeError("fixture: the seeds assume b owns round 0 of version 4")
         self.disk = MemoryDisk()
         self.disk.data += self._base_disk
         self.transport = NullTransport()
@@ -149,13 +151,13 @@ class ConsensusTarget(Target):
         t = self.TABLES
         v4 = t[3]
         if self.method == "Prepare":
-            return [pb.PrepareRequest(version=4, ballot=pb.Ballot(round=r, node_id=n), from_node=n)
-                    for r, n in ((1, "b"), (7, "c"), (2, "a"))]
+            return [pb.PrepareRequest(version=v, ballot=pb.Ballot(round=r, node_id="b"), from_node="b")
+                    for v, r in ((4, 1), (4, 7), (5, 2))]
         if self.method == "Accept":
             plan = pb.Plan(ops=[pb.Operation(kind=pb.REPLICATE, layer=0, experts=[1], dst=2, src=-1, rank=-1,
                                              source=-1)], estimated_gain=0.1, verified_gain=0.0, trigger="fuzz")
             out = []
-            for b in (pb.Ballot(round=0, node_id=round0_owner(4, VOTERS)), pb.Ballot(round=1, node_id="b")):
+            for b in (pb.Ballot(round=0, node_id="b"), pb.Ballot(round=1, node_id="b")):  # b owns round 0 of 4
                 p = pb.Proposal(version=4, ballot=b, table=table_to_pb(v4), plan=plan, proposer=b.node_id)
                 out.append(pb.AcceptRequest(proposal=p, from_node=b.node_id))
             return out

@@ -59,7 +59,15 @@ def test_prepare_version_regression(version: int) -> None:
 
 def test_prepare_round_zero_and_lower_ballot() -> None:
     refused("Prepare", prepare(rnd=0), "round 0")
-    refused("Prepare", prepare(rnd=4, node="b"), "promised", prime=[prepare(rnd=5, node="c")])
+    refused("Prepare", prepare(rnd=4, node="b"), "promised", prime=[prepare(rnd=5, node="b")])
+
+
+@pytest.mark.parametrize("node", ["a", "c", "mallory", ""])
+def test_ballot_of_someone_else(node: str) -> None:
+    """A sender may only use its own ballots: else a member could spend the round-0 owner's ballot."""
+    refused("Prepare", prepare(rnd=3, node=node), "expected the sender")
+    refused("Accept", accept(rnd=0, node=node), "expected the sender")
+    refused("Accept", accept(rnd=2, node=node), "expected the sender")
 
 
 @pytest.mark.parametrize("rnd", [2**63, 2**64 - 1])
@@ -93,8 +101,12 @@ def test_accept_version_regression_and_wrong_parent() -> None:
 
 
 def test_accept_round0_not_owned() -> None:
-    intruder = next(v for v in VOTERS if v != round0_owner(4, VOTERS))
-    refused("Accept", accept(rnd=0, node=intruder), "belongs to")
+    t = ConsensusTarget("Accept")
+    t.src = "c"  # c sends with its own ballot, but round 0 of version 4 belongs to b
+    before = t.snapshot()
+    v = t.call(accept(rnd=0, node="c"))
+    assert v.rejected and "belongs to b" in v.reason and t.snapshot() == before
+    assert round0_owner(4, VOTERS) == "b"
 
 
 @pytest.mark.parametrize("delta", [-8, -1, 1, 8])
@@ -129,7 +141,7 @@ def test_accept_non_finite_plan_numbers(field: str, value: float) -> None:
 
 
 def test_accept_empty_request() -> None:
-    refused("Accept", pb.AcceptRequest(), "already committed")
+    refused("Accept", pb.AcceptRequest(), "expected the sender")  # an empty ballot names nobody
 
 
 # ---- Learn ---------------------------------------------------------------------------------------------

@@ -199,7 +199,11 @@ class ConsensusNode(ProposerMixin):
     def _handle(self, src: str, method: str, req: Message) -> Message | None:
         if not self.running:
             return None
+        head = self.log.head.version
         if method == "Consensus/Prepare" and isinstance(req, pb.PrepareRequest):
+            if req.ballot.node_id != src:  # a proposer only ever uses its own ballots
+                return pb.Promise(ok=False, from_node=self.node_id, committed_head=head,
+                                  reason=f"ballot.node_id = {req.ballot.node_id!r}: expected the sender {src!r}")
             promise, st = self.acceptor.on_prepare(req, self.log.head.version)
             if st is not None:
                 self.store.save_acceptor(st)  # persist before the reply leaves
@@ -208,6 +212,10 @@ class ConsensusNode(ProposerMixin):
                 self.catch_up(src)
             return promise
         if method == "Consensus/Accept" and isinstance(req, pb.AcceptRequest):
+            if req.proposal.ballot.node_id != src:  # else a member could spend another's round 0 (I1)
+                return pb.Accepted(ok=False, from_node=self.node_id, committed_head=head, ballot=req.proposal.ballot,
+                                   reason=f"ballot.node_id = {req.proposal.ballot.node_id!r}: expected the sender "
+                                          f"{src!r}")
             reply, st = self.acceptor.on_accept(req, self.log.head.version, self._check)
             v = int(req.proposal.version)
             if st is not None:
