@@ -175,6 +175,10 @@ class ConsensusTarget(Target):
 
     def must_refuse(self, req: Message) -> str:
         head = self.node.head.version
+        if isinstance(req, (pb.PrepareRequest, pb.AcceptRequest)):
+            b = req.ballot if isinstance(req, pb.PrepareRequest) else req.proposal.ballot
+            if b.node_id != self.src:
+                return "a ballot that is not the sender's"
         if isinstance(req, pb.PrepareRequest):
             if req.version <= head or req.ballot.round == 0 or req.ballot.round > 2**62:
                 return "prepare for a committed version, at round 0, or at an overflowing round"
