@@ -156,3 +156,12 @@ async def test_malformed_protobuf_is_refused_before_the_handler(server: tuple[st
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value
     assert "malformed request to /elasticmoe.v1.Admin/Propose" in e.value.details()
     assert backend.mutations == [] and not backend.paused
+
+
+def test_agent_server_answers_malformed_protobufs_with_invalid_argument(tmp_path: object) -> None:
+    """The agent's gRPC server (admin, consensus, gossip on one port) carries the decode guard."""
+    from agent.config import from_dict
+    from agent.state import NodeState
+
+    cfg = from_dict({"node_id": "n1", "profile": "test", "data_dir": str(tmp_path)})
+    assert any(isinstance(i, DecodeGuardInterceptor) for i in NodeState(cfg).interceptors())
