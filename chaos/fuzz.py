@@ -2,10 +2,13 @@
 
     python -m chaos.fuzz --examples 10000 --json
 
-prints `{"examples_per_rpc": N, "rpcs": {NAME: {"examples": n, "crashes": 0, "state_changes_on_reject": 0}}}`.
+prints `{"examples_per_rpc": N, "rpcs": {NAME: {"examples": n, "crashes": 0, "state_changes_on_reject": 0,
+"accepted_hostile": 0, "rejected": r, "accepted": a, "undecodable": u, "seconds": s}}, "failures": {...}}`.
 Per example: snapshot the handler's state, call it, snapshot again. A crash is any exception other than the
 handler's typed refusal, or a refusal without a reason; a state change on reject is a refused request (or
-a query) after which the snapshot differs. An accepted request may change state; the target is then reset.
+a query) after which the snapshot differs; `accepted_hostile` counts requests the target's own oracle calls
+plainly hostile (unknown ids, wrong shapes, forged certificates, ...) that the handler nevertheless accepted.
+An accepted request may change state; the target is then reset.
 Bytes that do not parse as the request type never reach the handler (the transport's decoder refuses
 them); they are counted in `undecodable`.
 
