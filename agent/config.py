@@ -61,11 +61,15 @@ class GossipConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # memberlist: IndirectChecks 3, so one lossy path cannot cause a suspicion on its own.
     indirect_checks: int = 3
     # Lifeguard: the suspicion timeout starts at max_mult x min and shrinks (log) to
-    # min = mult x max(1, log10(N)) x probe interval as independent confirmations arrive. mult 5.5 gives
-    # min = 2.0 s at 64 nodes: longer than a 2 s stall minus the time to first suspect it, short enough to
-    # declare a crash dead within 3 s. memberlist LAN uses SuspicionMult 4 at a 1 s interval (7.2 s).
-    suspicion_mult: float = 5.5
+    # min = max(suspicion_min_ms, mult x max(1, log10(N)) x probe interval) as independent confirmations
+    # arrive. memberlist LAN: SuspicionMult 4, SuspicionMaxTimeoutMult 6 (at a 1 s interval: 7.2 s at 64
+    # nodes); at our 200 ms interval mult 4 gives 1.4 s at 64 nodes and 2.4 s at 1024.
+    suspicion_mult: float = 4.0
     suspicion_max_mult: float = 6.0
+    # ... but never below 2 s: a process stalled for up to ~2 s (GC, a busy event loop, a paused VM) is
+    # first suspected >= one probe round (200 ms) into the stall and refutes as soon as it runs again, so a
+    # 2 s floor keeps it alive at any cluster size, and a crash is still declared dead within ~2.6 s.
+    suspicion_min_ms: int = 2000
     # Lifeguard's K: confirmations that bring the timeout down to the minimum (memberlist: mult - 2).
     # Members that hear a suspicion probe the suspect themselves with probability (K + 1) / N, so K
     # independent confirmations arrive within a probe round of a real failure.
@@ -96,7 +100,7 @@ class GossipConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def validate(self) -> None:
         for f in ("interval_ms", "probe_interval_ms", "probe_timeout_ms", "indirect_checks", "retransmit_mult",
                   "fanout", "suspicion_confirmations", "piggyback_bytes", "pushpull_interval_ms",
-                  "reconnect_interval_ms", "dead_reclaim_ms", "awareness_max_mult"):
+                  "reconnect_interval_ms", "dead_reclaim_ms", "awareness_max_mult", "suspicion_min_ms"):
             v = getattr(self, f)
             _need(v >= 1, f"gossip.{f}", v, "an integer >= 1")
         _need(self.probe_timeout_ms < self.probe_interval_ms, "gossip.probe_timeout_ms", self.probe_timeout_ms,
@@ -236,16 +240,16 @@ def _check_hostport(field: str, value: str) -> None:
 PROFILES: dict[str, dict[str, dict[str, Any]]] = {
     "lan": {},
     "local": {
-        # one host: RTT ~0.1 ms and no wire to lose; but the engines share its CPUs, so keep the lan probe
-        # timeout and a slightly longer suspicion minimum (1.5 s at 2-9 nodes) against scheduling stalls.
-        "gossip": {"interval_ms": 100, "probe_interval_ms": 250, "probe_timeout_ms": 100, "suspicion_mult": 6.0,
+        # one host: RTT ~0.1 ms and no wire to lose, so rumours and repair can run twice as often; the
+        # engines share its CPUs, so probes keep the lan timeout (and the 2 s suspicion floor).
+        "gossip": {"interval_ms": 100, "probe_interval_ms": 250, "probe_timeout_ms": 100,
                    "pushpull_interval_ms": 500, "reconnect_interval_ms": 1000},
         "consensus": {"accept_timeout_ms": 150},
     },
     "test": {
         # tests on a loaded 2-core box: short intervals, generous timeouts against CPU stalls (a probe may
-        # wait 150 ms for a busy event loop; suspicion lasts >= 1.6 s, so a stalled process refutes in time)
-        "gossip": {"interval_ms": 50, "probe_interval_ms": 200, "probe_timeout_ms": 150, "suspicion_mult": 8.0,
+        # wait 150 ms for a busy event loop; suspicion lasts >= 2 s, so a stalled process refutes in time)
+        "gossip": {"interval_ms": 50, "probe_interval_ms": 200, "probe_timeout_ms": 150,
                    "pushpull_interval_ms": 500, "reconnect_interval_ms": 1000},
         "consensus": {"accept_timeout_ms": 500},
         "decision": {"window": 20, "budget_windows": 1},

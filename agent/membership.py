@@ -568,7 +568,8 @@ class Membership:
             return
         n = max(1, self.num_live())
         k = self.cfg.suspicion_confirmations if n - 2 >= self.cfg.suspicion_confirmations else 0
-        lo = self.cfg.suspicion_mult * max(1.0, math.log10(n)) * self.cfg.probe_interval_ms / 1e3
+        lo = max(self.cfg.suspicion_min_ms / 1e3,
+                 self.cfg.suspicion_mult * max(1.0, math.log10(n)) * self.cfg.probe_interval_ms / 1e3)
         hi = self.cfg.suspicion_max_mult * lo
         if sus is not None:
             sus.cancel()

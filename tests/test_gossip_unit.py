@@ -217,7 +217,7 @@ def test_messages_stay_within_max_message_bytes() -> None:
     sim.add_nodes(40)
     assert sim.stabilize(20) is not None
     rng = np.random.default_rng(0)
-    for i, n in enumerate(sim.ids()[:-1]):
+    for n in sim.ids()[:-1]:
         sim.publish_array(n, 1, rng.integers(0, 100, (58, 256), dtype=np.uint32))
     late = sim.add_nodes(1)[0]  # joins after the rumours: push-pull must carry 39 windows
     biggest = 0
