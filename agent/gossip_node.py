@@ -24,6 +24,7 @@ from agent.clock import Clock, Timer
 from agent.config import GossipConfig
 from agent.loadgossip import LoadGossip, LoadView, check_digests, check_windows
 from agent.membership import LIVE, Member, Membership, MemberStatus, check_states
+from agent.probe import Prober
 from agent.transport import Deferred, InvalidArgument, Transport
 from elasticmoe.v1 import gossip_pb2 as pb
 
@@ -48,6 +49,7 @@ class GossipNode:
         self.rumours = RumourQueue(cfg.retransmit_mult, self._size, on_put=self._kick)
         self.membership = Membership(node_id, address, ranks, cfg, clock, transport, random.Random(self.rng.random()),
                                      self.rumours, self, self._member_changed)
+        self.prober = Prober(self.membership, cfg, clock, transport, random.Random(self.rng.random()), self)
         self.load = LoadGossip(node_id, cfg, clock, transport, random.Random(self.rng.random()), self.rumours,
                                self.membership, self._window_arrived, shape=shape)
         self.timeout = 2 * cfg.probe_timeout_ms / 1e3
@@ -68,6 +70,7 @@ class GossipNode:
         for n, a in self.seeds.items():
             self.transport.add_peer(n, a)
         self.membership.start()
+        self.prober.start()
         r = self.rng.random
         self._every("gossip", self.cfg.interval_ms / 1e3, self._gossip_tick, r())
         self._every("pushpull", self.cfg.pushpull_interval_ms / 1e3, self._pushpull_tick, r())
@@ -81,6 +84,7 @@ class GossipNode:
             if on_done is not None:
                 on_done()
             return
+        self.prober.stop()
         self.membership.leave()
         peers = self.membership.live_peers()
         targets = self.rng.sample(peers, min(self.cfg.fanout, len(peers)))
@@ -106,8 +110,11 @@ class GossipNode:
         for t in self._timers.values():
             t.cancel()
         self._timers.clear()
+        self.prober.stop()
         self.membership.stop()
-        self.transport.serve(None, service="Gossip")  # type: ignore[arg-type]
+        self.load.stopped = True
+        # answer nothing (as a stopped process would); other services keep their handlers
+        self.transport.serve(lambda src, method, req: None, service="Gossip")
 
     def publish_window(self, window_seq: int, first_step: int, steps: int, counts: npt.NDArray[np.integer]) -> None:
         """This node's newest load window, uint32 [L, E]; window_seq must increase."""
@@ -212,9 +219,9 @@ class GossipNode:
         self.membership.heard(src)
         name = method.partition("/")[2]
         if name == "Probe":
-            return self.membership.handle_probe(src, req)  # type: ignore[arg-type]
+            return self.prober.handle_probe(src, req)  # type: ignore[arg-type]
         if name == "IndirectProbe":
-            return self.membership.handle_indirect(src, req)  # type: ignore[arg-type]
+            return self.prober.handle_indirect(src, req)  # type: ignore[arg-type]
         if name == "Broadcast":
             return self._handle_broadcast(src, req)  # type: ignore[arg-type]
         if name == "Pull":

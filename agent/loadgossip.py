@@ -129,6 +129,7 @@ class LoadGossip:
         self._alt: dict[str, list[str]] = {}  # node -> other members that announced its pending window
         self._view: LoadView | None = None
         self._view_live: list[str] = []
+        self.stopped = False  # set when the node stops: replies still in flight then start nothing
 
     # ---- this node's windows ------------------------------------------------------------------
     def publish(self, window_seq: int, first_step: int, steps: int, counts: npt.NDArray[np.integer]) -> None:
@@ -255,6 +256,8 @@ class LoadGossip:
         self.transport.call(src, "Gossip/Pull", req, self.timeout, lambda r: self._on_pull(src, want, r))  # type: ignore[arg-type]
 
     def _on_pull(self, src: str, want: list[pb.Digest], reply: pb.PullReply | None) -> None:
+        if self.stopped:
+            return
         if reply is None:
             self.members.report_failure(src)
         else:

@@ -1,4 +1,6 @@
-"""SWIM membership with Lifeguard, sans-IO: driven by a Clock and a Transport, randomness from a seeded rng.
+"""SWIM membership with Lifeguard, sans-IO: the member table, its merge rules, suspicion and refutation.
+Probing (the failure detector) is agent/probe.py; both are driven by a Clock and a Transport, randomness
+from a seeded rng.
 
 - Probe: each probe interval, the next member of a randomised round-robin gets a direct probe; without an
   ack within the probe timeout, `indirect_checks` members probe it for us until the round ends.
@@ -31,7 +33,7 @@ from typing import Protocol
 from agent.broadcasts import RumourQueue
 from agent.clock import Clock, Timer
 from agent.config import GossipConfig
-from agent.transport import Deferred, InvalidArgument, Transport
+from agent.transport import InvalidArgument, Transport
 from elasticmoe.v1 import gossip_pb2 as pb
 
 
@@ -151,16 +153,6 @@ class Suspicion:
             self._timer = None
 
 
-class _Probe:
-    __slots__ = ("target", "seq", "deadline", "done", "indirect", "helpers", "nacks", "stalled", "timers")
-
-    def __init__(self, target: str, seq: int, deadline: float) -> None:
-        self.target, self.seq, self.deadline = target, seq, deadline
-        self.done = self.indirect = self.stalled = False
-        self.helpers = self.nacks = 0
-        self.timers: list[Timer] = []
-
-
 class Membership:
     def __init__(self, node_id: str, address: str, ranks: Iterable[int], cfg: GossipConfig, clock: Clock,
                  transport: Transport, rng: random.Random, rumours: RumourQueue, piggyback: Piggyback,
@@ -171,19 +163,17 @@ class Membership:
         self._m: dict[str, _State] = {node_id: self.me}
         self._hash = _hash(node_id, 0, MemberStatus.ALIVE)
         self._suspicions: dict[str, Suspicion] = {}
-        self._order: list[str] = []
-        self._idx = 0
-        self._round = 0
         self._ring: list[tuple[int, str]] | None = None  # live members by hash, for _successor
         self._live: list[str] | None = None  # live members but us
         self._dead: list[str] | None = None
         self._my_ring_key = (_hash(node_id, 0, MemberStatus.ALIVE), node_id)
-        self._probing: dict[str, _Probe] = {}
-        self._seq = 0
         self.awareness = 0
         self._running = False
-        self._timer: Timer | None = None
         self._reap_timers: dict[str, Timer] = {}
+        # set by the Prober: probe a member now (on hearing it suspected), a call to it failed, a new member
+        self.probe_now: Callable[[str], None] = lambda node: None
+        self.report_failure: Callable[[str], None] = lambda node: None
+        self.on_new_member: Callable[[str], None] = lambda node: None
 
     # ---- views --------------------------------------------------------------------------------
     def members(self) -> list[Member]:
@@ -245,44 +235,13 @@ class Membership:
     def _awareness(self, delta: int) -> None:
         self.awareness = min(max(0, self.awareness + delta), self.cfg.awareness_max_mult - 1)
 
-    # ---- lifecycle ----------------------------------------------------------------------------
-    def start(self) -> None:
-        self._running = True
-        self._timer = self.clock.call_later(self.rng.random() * self.cfg.probe_interval_ms / 1e3, self._tick)
-        self.rumours.put("m", self.node_id, self.state_pb(self.node_id))
+    def heard(self, node_id: str) -> None:
+        """Any message or reply from `node_id`: it was alive just now."""
+        s = self._m.get(node_id)
+        if s is not None:
+            s.heard = self.clock.now()
 
-    def stop(self) -> None:
-        self._running = False
-        for t in [self._timer, *self._reap_timers.values()]:
-            if t is not None:
-                t.cancel()
-        for s in self._suspicions.values():
-            s.cancel()
-        for p in self._probing.values():
-            for t in p.timers:
-                t.cancel()
-        self._suspicions.clear()
-        self._probing.clear()
-        self._reap_timers.clear()
-
-    def leave(self) -> None:
-        """Say we left (a rumour: LEFT wins over every state at our incarnation) and stop probing."""
-        if self._timer is not None:
-            self._timer.cancel()
-        self._set(self.me, MemberStatus.LEFT, self.me.incarnation)
-
-    # ---- probing ------------------------------------------------------------------------------
-    def _tick(self) -> None:
-        if not self._running or self.me.status == MemberStatus.LEFT:
-            return
-        self._timer = self.clock.call_later(self.scaled(self.cfg.probe_interval_ms / 1e3), self._tick)
-        self._round += 1
-        target = self._successor() if self._round % 2 == 0 else None
-        target = target or self._next_target()
-        if target is not None:
-            self.probe(target)
-
-    def _successor(self) -> str | None:
+    def successor(self) -> str | None:
         """The next live member after us on a ring ordered by hash of node id. Probing it every other
         round means every member is probed at least every two rounds by its predecessor, so the wait for
         a crash's first probe is bounded (round-robin alone leaves it exponential: a long tail)."""
@@ -293,165 +252,25 @@ class Membership:
             return None
         i = bisect.bisect_right(ring, self._my_ring_key)
         n = ring[i % len(ring)][1]
-        return None if n == self.node_id or n in self._probing else n
+        return None if n == self.node_id else n
 
-    def _next_target(self) -> str | None:
-        for _ in range(2):
-            while self._idx < len(self._order):
-                n = self._order[self._idx]
-                self._idx += 1
-                s = self._m.get(n)
-                if s is not None and s.status in LIVE and n not in self._probing:
-                    return n
-            self._order = list(self.live_peers())
-            self.rng.shuffle(self._order)
-            self._idx = 0
-        return None
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> None:
+        self._running = True
+        self.rumours.put("m", self.node_id, self.state_pb(self.node_id))
 
-    def heard(self, node_id: str) -> None:
-        """Any message or reply from `node_id`: it was alive just now."""
-        s = self._m.get(node_id)
-        if s is not None:
-            s.heard = self.clock.now()
-
-    def report_failure(self, node_id: str) -> None:
-        """A call to `node_id` failed: probe it now unless we heard from it within a probe timeout."""
-        s = self._m.get(node_id)
-        if (self._running and s is not None and s.status in LIVE and node_id not in self._probing
-                and self.clock.now() - s.heard > self.cfg.probe_timeout_ms / 1e3):
-            self.probe(node_id)
-
-    def probe(self, target: str) -> None:
-        if not self._running or target in self._probing or target == self.node_id:
-            return
-        self._seq += 1
-        now = self.clock.now()
-        rnd = self.scaled(self.cfg.probe_interval_ms / 1e3)
-        p = _Probe(target, self._seq, now + rnd)
-        self._probing[target] = p
-        req = pb.ProbeRequest(from_node=self.node_id, seq=p.seq, target=target)
-        self.piggyback.fill(req, target)
-        # The direct probe's deadline is the probe timeout; then indirect probes until the round ends.
-        timeout = self.scaled(self.cfg.probe_timeout_ms / 1e3)
-        self.transport.call(target, "Gossip/Probe", req, timeout, lambda r: self._on_direct(p, r, now + timeout))
-        p.timers.append(self.clock.call_later(rnd, lambda: self._verdict(p)))
-
-    def _late(self, p: _Probe, due: float) -> None:
-        if self.clock.now() - due > self.cfg.probe_timeout_ms / 1e3:
-            p.stalled = True
-
-    def _on_direct(self, p: _Probe, reply: pb.ProbeAck | None, due: float) -> None:
-        if p.done:
-            return
-        if reply is None or not reply.ok:
-            self._indirect(p, due if reply is None else None)
-            return
-        self.piggyback.absorb(p.target, reply.piggyback, reply.digests)
-        self._acked(p)
-
-    def _indirect(self, p: _Probe, due: float | None) -> None:
-        if p.done or p.indirect:
-            return
-        if due is not None:
-            self._late(p, due)
-        p.indirect = True
-        helpers = self._helpers(p.target)
-        p.helpers = len(helpers)
-        remaining = max(0.0, p.deadline - self.clock.now())
-        if remaining <= 0:
-            return
-        addr = self._m[p.target].address if p.target in self._m else ""
-        for h in helpers:
-            req = pb.IndirectProbeRequest(from_node=self.node_id, seq=p.seq, target=p.target, target_address=addr,
-                                          timeout_ms=max(1, int(remaining * 1e3)))
-            self.piggyback.fill(req, h)
-            self.transport.call(h, "Gossip/IndirectProbe", req, remaining, lambda r, h=h: self._on_indirect(p, h, r))
-
-    def _helpers(self, target: str) -> list[str]:
-        """Up to indirect_checks random alive members other than `target` (without copying the list)."""
-        live, want, out = self.live_peers(), self.cfg.indirect_checks, []
-        for _ in range(4 * want if len(live) > 4 * want else 0):
-            n = live[self.rng.randrange(len(live))]
-            if n != target and n not in out and self._m[n].status == MemberStatus.ALIVE:
-                out.append(n)
-                if len(out) == want:
-                    return out
-        cands = [n for n in live if n != target and self._m[n].status == MemberStatus.ALIVE]
-        return self.rng.sample(cands, min(want, len(cands)))
-
-    def _on_indirect(self, p: _Probe, helper: str, reply: pb.ProbeAck | None) -> None:
-        if reply is None:
-            return
-        self.heard(helper)
-        self.piggyback.absorb(helper, reply.piggyback, reply.digests)
-        if p.done:
-            return
-        if reply.ok:
-            self._acked(p)
-        else:
-            p.nacks += 1
-
-    def _acked(self, p: _Probe) -> None:
-        self._finish(p)
-        self.heard(p.target)
-        self._awareness(-1)
-
-    def _finish(self, p: _Probe) -> None:
-        p.done = True
-        for t in p.timers:
+    def stop(self) -> None:
+        self._running = False
+        for t in self._reap_timers.values():
             t.cancel()
-        if self._probing.get(p.target) is p:
-            del self._probing[p.target]
+        for s in self._suspicions.values():
+            s.cancel()
+        self._suspicions.clear()
+        self._reap_timers.clear()
 
-    def _verdict(self, p: _Probe) -> None:
-        if p.done:
-            return
-        self._late(p, p.deadline)
-        self._finish(p)
-        if p.stalled or not self._running:
-            self._awareness(1)  # we were not running on time: no verdict about anyone else
-            return
-        self._awareness(p.helpers - p.nacks if p.helpers else 1)
-        s = self._m.get(p.target)
-        if s is not None and s.status in LIVE:
-            self.suspect(p.target, s.incarnation, self.node_id)
-
-    # ---- serving ------------------------------------------------------------------------------
-    def handle_probe(self, src: str, req: pb.ProbeRequest) -> pb.ProbeAck:
-        if req.target and req.target != self.node_id:
-            raise InvalidArgument(f"probe for {req.target!r} reached {self.node_id!r}")
-        check_states(req.piggyback)
-        self.piggyback.absorb(src, req.piggyback, req.digests)
-        ack = pb.ProbeAck(from_node=self.node_id, seq=req.seq, ok=True)
-        self.piggyback.fill(ack, src)
-        return ack
-
-    def handle_indirect(self, src: str, req: pb.IndirectProbeRequest) -> Deferred | pb.ProbeAck:
-        if not req.target:
-            raise InvalidArgument("indirect probe without a target")
-        check_states(req.piggyback)
-        self.piggyback.absorb(src, req.piggyback, [])
-        if req.target == self.node_id:
-            return pb.ProbeAck(from_node=self.node_id, seq=req.seq, ok=True)
-        if req.target_address and req.target not in self._m:
-            self.transport.add_peer(req.target, req.target_address)
-        wait = 0.8 * (req.timeout_ms / 1e3 if req.timeout_ms else self.cfg.probe_timeout_ms / 1e3)
-        d = Deferred()
-        self._seq += 1
-        probe = pb.ProbeRequest(from_node=self.node_id, seq=self._seq, target=req.target)
-        self.piggyback.fill(probe, req.target)
-
-        def done(r: pb.ProbeAck | None) -> None:
-            ok = r is not None and r.ok
-            if r is not None:
-                self.heard(req.target)
-                self.piggyback.absorb(req.target, r.piggyback, r.digests)
-            ack = pb.ProbeAck(from_node=self.node_id, seq=req.seq, ok=ok)  # ok=False: Lifeguard's nack
-            self.piggyback.fill(ack, src)
-            d.reply(ack)
-
-        self.transport.call(req.target, "Gossip/Probe", probe, wait, done)  # type: ignore[arg-type]
-        return d
+    def leave(self) -> None:
+        """Say we left (a rumour: LEFT wins over every state at our incarnation)."""
+        self._set(self.me, MemberStatus.LEFT, self.me.incarnation)
 
     # ---- state changes (SWIM rules) -----------------------------------------------------------
     def _set(self, s: _State, status: MemberStatus, incarnation: int, *, from_node: str = "",
@@ -546,8 +365,7 @@ class Membership:
         self._hash ^= _hash(s.node_id, s.incarnation, s.status)
         if st.address:
             self.transport.add_peer(st.node_id, st.address)
-        if self._order:  # memberlist: a new member joins the probe order at a random place
-            self._order.insert(self.rng.randrange(self._idx, len(self._order) + 1), st.node_id)
+        self.on_new_member(st.node_id)
         if status == MemberStatus.ALIVE:
             if rumour:
                 self.rumours.put("m", s.node_id, self.state_pb(s.node_id), source)
@@ -577,7 +395,7 @@ class Membership:
         self._suspicions[node] = Suspicion(self.clock, accuser, k, lo, hi, self.cfg.probe_interval_ms / 1e3,
                                            lambda: self._expire(node, incarnation))
         if accuser != self.node_id and self.rng.random() < (k + 1) / max(1, n - 2):
-            self.probe(node)  # an independent check of our own: confirms a real failure within a round
+            self.probe_now(node)  # an independent check of our own: confirms a real failure within a round
 
     def _expire(self, node: str, incarnation: int) -> None:
         s = self._m.get(node)
