@@ -31,14 +31,8 @@ from dataclasses import asdict, dataclass, field
 from google.protobuf.message import Message
 from hypothesis import HealthCheck, Phase, given, settings
 
-from chaos.fuzz_targets import (
-    ADMIN_METHODS,
-    AdminTarget,
-    ConsensusTarget,
-    LinkTarget,
-    ShimStoreTarget,
-    Target,
-)
+from chaos.fuzz_link import LinkTarget, ShimStoreTarget
+from chaos.fuzz_targets import ADMIN_METHODS, AdminTarget, ConsensusTarget, Target
 from chaos.protofuzz import hostile
 
 

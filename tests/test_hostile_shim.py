@@ -14,17 +14,8 @@ import numpy as np
 import pytest
 
 from agent.shim_link import serve_unix
-from chaos.fuzz_targets import (
-    LAYERS,
-    TOPO,
-    VOTERS,
-    Aborted,
-    FakeContext,
-    LinkTarget,
-    ShimStoreTarget,
-    certify,
-    chain,
-)
+from chaos.fuzz_link import LinkTarget, ShimStoreTarget
+from chaos.fuzz_targets import LAYERS, TOPO, VOTERS, Aborted, FakeContext, certify, chain
 from controlplane.table import RoutingTable
 from dataplane_shim.errors import BadInput, ShimError, StaleVersion, Uncertified
 from elasticmoe.v1 import consensus_pb2 as pb
