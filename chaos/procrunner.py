@@ -35,7 +35,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from agent.cluster import LocalCluster
+from agent.cluster import LocalCluster, stable_ports
 from agent.transport.faults import ENV, write_faults
 from chaos.proccheck import Checks, Engine, agent_head, read_log, versions
 from controlplane.topology import Topology
@@ -96,7 +96,7 @@ class ProcRunner:
         self.rng = random.Random(seed)
         self.faults_path = str(base / "faults.json")
         self.cluster = LocalCluster(nodes, base / "agents", {"nodes": nodes, **SHAPE}, profile="test",
-                                    sections={"decision": DECISION})
+                                    sections={"decision": DECISION}, ports=stable_ports(nodes))
         self.topo = Topology(nodes, SHAPE["ranks_per_node"], SHAPE["slots_per_rank"])
         self.checks = Checks(self.topo, self.cluster.ids)
         self.hot = np.arange(2)
@@ -106,6 +106,7 @@ class ProcRunner:
         self.t0 = time.monotonic()  # the engines' shared step clock
         self.healed_at = self.t0
         self.down: set[int] = set()
+        self.failed: set[int] = set()  # agents that did not come back after a restart (not live)
         self.convergence: list[float] = []
         self.fault_counts = {"kill": 0, "pause": 0, "partition": 0}
         self.log = log or (lambda *a: None)
@@ -160,19 +161,31 @@ class ProcRunner:
         for k in ep.kill:
             self.cluster.start(k)
         self.healed_at = time.monotonic()  # I5's clock starts when the faults are lifted (restart issued)
-        if ep.kill and not await self.wait_serving(ep.kill):
-            self.checks.note("I7", f"{[ids[k] for k in ep.kill]} not serving 30 s after restart")
         for k in ep.kill:
             self.down.discard(k)
+            if not await self.wait_serving([k]):  # counted once; the node is left out of I5 until it is back
+                self.failed.add(k)
+                self.checks.note("I7", f"{ids[k]}:restart{self.fault_counts['kill']}",
+                                 f"{ids[k]} not serving 30 s after restart: {self.log_tail(k)}")
+                continue
+            self.failed.discard(k)
             after, acked_after = versions(read_log(self.log_path(k))), await agent_head(self.channels[k])
             self.checks.restart(ids[k], before[k][0], before[k][1], after, acked_after)
+
+    def log_tail(self, k: int, lines: int = 3) -> str:
+        try:
+            text = self.cluster.log(k).read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return "(no log)"
+        return " / ".join(text[-lines:]) or "(empty log)"
 
     async def converge(self) -> float | None:
         """Seconds from the last heal until every agent and engine runs one version (None past converge_s)."""
         t0 = self.healed_at
+        live = [k for k in range(self.n) if k not in self.failed]
         while time.monotonic() - t0 < self.converge_s:
-            hs = await self.heads()
-            es = {e.head for e in self.engines}
+            hs = [h for k, h in enumerate(await self.heads()) if k in live]
+            es = {self.engines[k].head for k in live}
             if None not in hs and len(set(hs)) == 1 and es == set(hs):
                 return time.monotonic() - t0
             await asyncio.sleep(0.1)
@@ -228,6 +241,7 @@ class ProcRunner:
             "convergence_p99_s": None if np.isnan(conv).all() else round(float(np.percentile(conv, 99)), 3),
             "partition_mechanism": MECHANISM,
             "convergence_max_s": None if np.isnan(conv).all() else round(float(np.max(conv)), 3),
+            "restart_failures": sorted(self.cluster.ids[k] for k in self.failed),
             "commits": self.checks.max_version - 1, "installs_checked": sum(e.installs for e in self.engines),
             "faults": self.fault_counts, "not_checked": {"I4": "needs the shim's slot lifecycle (sim runner)",
                                                          "I6": "needs replay-verified decisions (sim runner)"},
