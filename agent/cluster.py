@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on 127.0.0.1 (bound then released)."""
+    """n distinct free TCP ports on 127.0.0.1 (bound then released; from the ephemeral range, so a process
+    restarted later may find its port taken by an outgoing connection: see stable_ports)."""
     socks, ports = [], []
     for _ in range(n):
         s = socket.socket()
@@ -48,14 +49,35 @@ def write_config(path: Path, top: dict[str, Any], sections: dict[str, dict[str, 
     path.write_text("\n".join(lines) + "\n")
 
 
+def stable_ports(n: int, lo: int = 20000, hi: int = 32000) -> list[int]:
+    """n free TCP ports on 127.0.0.1 below Linux's default ephemeral range (32768-60999), so that no
+    outgoing connection takes one while its agent is down (kill -9 then restart); random start, bounded scan."""
+    import random
+
+    out: list[int] = []
+    start = random.randrange(lo, hi)
+    for i in range(hi - lo):
+        port = lo + (start - lo + i) % (hi - lo)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        out.append(port)
+        if len(out) == n:
+            return out
+    raise OSError(f"no {n} free ports in {lo}-{hi}")
+
+
 class LocalCluster:
     """n `emoe agent` processes on 127.0.0.1 with their own data dirs under `base`."""
 
     def __init__(self, n: int, base: Path, cluster: dict[str, Any], profile: str = "test",
-                 sections: dict[str, dict[str, Any]] | None = None, log_level: str = "WARNING") -> None:
+                 sections: dict[str, dict[str, Any]] | None = None, log_level: str = "WARNING",
+                 ports: list[int] | None = None) -> None:
         self.n = n
         self.base = Path(base)
-        self.ports = free_ports(n)
+        self.ports = free_ports(n) if ports is None else list(ports)
         self.ids = [f"node{i + 1}" for i in range(n)]
         self.addresses = [f"127.0.0.1:{p}" for p in self.ports]
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * n
