@@ -97,7 +97,7 @@ class _RecordingStore(Store):
 
 class SimCluster:
     def __init__(self, nodes: int, shape: Shape | None = None, seed: int = 0, profile: str = "test", *,
-                 window: int = 4, step_s: float = 0.25, seeds: int = 3, link: LinkSpec | None = None,
+                 window: int = 2, step_s: float = 0.5, seeds: int = 3, link: LinkSpec | None = None,
                  decision: dict[str, Any] | None = None, gossip: dict[str, Any] | None = None,
                  consensus: dict[str, Any] | None = None, batch_per_rank: int = 4, skew: float = 0.8) -> None:
         if nodes < 1:

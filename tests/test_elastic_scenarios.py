@@ -1,0 +1,171 @@
+"""Issue 10 scenarios in the simulator (chaos.simcluster: full agents, shims and reference engines on a
+simulated network, virtual time): rank loss under load, drain below the minimum viable size, drain/restore
+cycles under load. Figures are printed (pytest -s) for the issue's note."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from chaos.invariants import check_cluster, check_consensus
+from chaos.simcluster import Shape, SimCluster
+from controlplane.controller import kind_of_trigger
+from controlplane.table import initial_table
+from controlplane.topology import Topology
+from dataplane_shim.counters import DeviceCounters
+from dataplane_shim.shim import Shim
+
+logging.getLogger("emoe.agent").setLevel(logging.ERROR)
+
+
+def test_shim_masks_dead_ranks_and_counts_tokens_without_a_live_replica() -> None:
+    topo = Topology(4, 1, 4)
+    t = initial_table(topo, 2, 8)  # experts 2k, 2k+1 on rank k
+    phy = t.phy2log.copy()
+    phy[0, 2] = 2  # layer 0: expert 2 also on rank 0 (its other replica is on rank 1)
+    t2 = t.successor(phy)
+    counters = DeviceCounters(4)
+    shims = [Shim(topo, r, t2, counters=counters, wait_polls=0) for r in range(4)]
+    s = shims[0]
+    ids = torch.arange(8).repeat(3).reshape(-1, 1)  # three tokens of every expert
+    plan = s.dispatch(0, ids)
+    assert set((plan.slots.reshape(-1).numpy() // 4).tolist()) == {0, 1, 2, 3}
+    s.mask_ranks([1])
+    plan = s.dispatch(0, ids)
+    slots = plan.slots.reshape(-1).numpy()
+    sent = ~plan.deferred.reshape(-1)
+    assert not (slots[sent] // 4 == 1).any()  # nothing goes to the masked rank
+    e = ids.reshape(-1).numpy()
+    assert (slots[e == 2] == 2).all() and sent[e == 2].all()  # expert 2 re-routed to its live replica
+    assert plan.no_replica is not None
+    assert (plan.no_replica.reshape(-1) == (e == 3)).all()  # expert 3 lived only on rank 1: held back
+    assert s.stats.no_replica == 3 and 4 <= s.stats.masked <= 6  # expert 3, and expert 2 tokens routed to rank 1
+    s.mask_ranks([])
+    plan = s.dispatch(0, ids)
+    assert not plan.deferred.any() and plan.no_replica is None
+
+
+def test_forced_operator_plan_is_manual_not_a_rebalance() -> None:
+    # a drain is committed as "manual --force: ..."; read as a rebalance, peers would observe it and could
+    # propose to roll it back (restoring the drained rank)
+    assert kind_of_trigger("manual --force: manual: operator proposal (forced): drain r3") == "manual"
+
+
+def _wait_all_detect(c: SimCluster, dead: str, limit_s: float = 10.0) -> float:
+    """Run until every survivor's membership holds `dead` dead; returns that time."""
+    for _ in range(int(limit_s / 0.05)):
+        if all(any(m.node_id == dead and str(m.status.value) == "dead" for m in c.states[n].gossip.members())
+               for n in c.up()):
+            return c.clock.now()
+        c.run(0.05)
+    raise AssertionError(f"{dead} not declared dead by every survivor within {limit_s} s")
+
+
+def test_kill_one_node_of_eight_under_load() -> None:
+    c = SimCluster(8, Shape(layers=4, experts=16, ranks_per_node=1, slots_per_rank=4), seed=3)
+    c.run(3.0)
+    assert len(c.history.commits) >= 2  # rebalances under load before the fault
+    victim = "n03"
+    t_kill = c.clock.now()
+    c.crash(victim, lost=True)
+    t_all = _wait_all_detect(c, victim)
+    t_first = c.history.detect_s[victim]
+    to_dead_at_detection = c.tokens.to_dead_undetected
+    c.run(3.0)  # load goes on after detection
+    repairs = [r for r in c.history.commits.values() if r.trigger.startswith("repair") and r.t > t_kill]
+    assert repairs, "no repair committed"
+    rep = repairs[0]
+    round_s = c.config("n00").consensus.accept_timeout_ms / 1000  # one commit round, takeover included
+    print(f"\nkill {victim} at {t_kill:.2f}: first DEAD verdict after {t_first - t_kill:.3f} s, all survivors "
+          f"after {t_all - t_kill:.3f} s; repair v{rep.version} committed {rep.t - t_first:.3f} s after detection "
+          f"(bound 2 rounds = {2 * round_s:.3f} s); tokens {c.tokens}; shims {c.shim_totals()}")
+    assert rep.t - t_first <= 2 * round_s
+    g = c.ranks_of[victim][0]
+    assert g not in rep.table.active_ranks and rep.table.is_valid()
+    assert not (rep.table.phy2log.reshape(4, 8, 4)[:, g] >= 0).any()
+    # after detection no token is dispatched to it: none by a sender that knew, none at all after all knew
+    assert c.tokens.misrouted == 0
+    assert c.tokens.to_dead_undetected == to_dead_at_detection
+    assert c.tokens.i4 == 0 and c.tokens.dropped == 0
+    viol = check_consensus(c.history)
+    assert viol["I1"] == [] and viol["I2"] == [] and viol["I3"] == []
+    # I3 throughout: every version any node installed is valid
+    assert all(e.valid for e in c.history.events if e.kind == "install")
+    c.heal_all()
+    assert c.settle(20.0) is not None
+    rep_all = check_cluster(c)
+    assert rep_all.ok, rep_all.violations
+
+
+def test_drain_below_minimum_viable_size_is_refused_with_the_numbers() -> None:
+    # 4 ranks x 4 slots hold 16 experts: no room anywhere for rank 0's lone replicas
+    c = SimCluster(4, Shape(layers=2, experts=16, ranks_per_node=1, slots_per_rank=4), seed=1)
+    c.run(1.0)
+    st = c.states["n00"]
+    before = st.head_version()
+    ack = asyncio.run(st.drain(0))
+    print(f"\nrefused: {ack.reason}")
+    assert not ack.ok
+    assert "replicas required: 4" in ack.reason and "0 free slots" in ack.reason
+    assert "16 experts need at least 4 ranks" in ack.reason
+    assert st.head_version() == before
+
+
+def _admin(c: SimCluster, call: Any, limit_s: float = 10.0, tries: int = 5) -> Any:
+    """Run an admin call of a NodeState while driving virtual time; retried (as an operator would) when a
+    concurrent rebalance won its version."""
+    for _ in range(tries):
+        ack = _admin_once(c, call(), limit_s)
+        if ack.ok or "committed another table" not in ack.reason:
+            return ack
+    return ack
+
+
+def _admin_once(c: SimCluster, coro: Any, limit_s: float) -> Any:
+
+    async def drive() -> Any:
+        task = asyncio.ensure_future(coro)
+        for _ in range(int(limit_s / 0.02)):
+            await asyncio.sleep(0)
+            if task.done():
+                return task.result()
+            c.run(0.02)
+        task.cancel()
+        raise AssertionError(f"admin call did not finish within {limit_s} virtual s")
+
+    return asyncio.run(drive())
+
+
+@pytest.mark.parametrize("seed", [5])
+def test_twenty_drain_restore_cycles_under_load_misroute_nothing(seed: int) -> None:
+    c = SimCluster(8, Shape(layers=4, experts=16, ranks_per_node=1, slots_per_rank=4), seed=seed)
+    c.run(2.0)
+    drained = restored = 0
+    for i in range(20):
+        rank = 1 + i % 7
+        admin = c.states[c.ids[(i + 3) % 8]]  # any node takes admin calls
+        ack = _admin(c, lambda a=admin, r=rank: a.drain(r))
+        assert ack.ok, ack.reason
+        drained += 1
+        head = c.states["n00"].head()
+        c.run(0.5)
+        assert rank not in c.states["n00"].head().active_ranks or c.states["n00"].head().version > head.version
+        ack = _admin(c, lambda a=admin, r=rank: a.restore(r))
+        assert ack.ok, ack.reason
+        restored += 1
+        c.run(0.5)
+    c.heal_all()
+    assert c.settle(20.0) is not None
+    tk = c.tokens
+    print(f"\n{drained} drains, {restored} restores, {len(c.history.commits)} commits; tokens {tk}; "
+          f"shims {c.shim_totals()}")
+    assert tk.i4 == 0 and tk.misrouted == 0 and tk.dropped == 0 and tk.to_dead_undetected == 0
+    assert tk.sent == tk.served + tk.nacked and tk.served > 0
+    rep = check_cluster(c)
+    assert rep.ok, rep.violations
+    assert np.all([e.valid for e in c.history.events if e.kind == "install"])
