@@ -68,3 +68,15 @@ def test_four_agent_processes_two_schedules_no_violations() -> None:
     assert res["convergence_p99_s"] is not None and res["convergence_p99_s"] >= 0
     assert all(res["faults"][k] >= 1 for k in ("kill", "pause", "partition")), res["faults"]
     assert res["commits"] >= 1 and res["installs_checked"] >= 4  # real plans committed and streamed
+
+
+def test_stable_ports_lie_below_the_ephemeral_range_and_are_free() -> None:
+    import socket
+
+    from agent.cluster import stable_ports
+
+    ports = stable_ports(4)
+    assert len(set(ports)) == 4 and all(20000 <= p < 32000 for p in ports)
+    for p in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))  # free: binding does not raise
