@@ -295,7 +295,9 @@ class NodeState:
         if replay is None:  # none of the windows the proposer replayed is here: validity is the whole check
             return True, plan.verified_gain, "validity only (replay span not held here)"
         tol = self.cfg.consensus.verify_tolerance
-        ok, gain, reason = verify_decision(head, proposed, replay, max(0.0, min(self.params.tau, plan.verified_gain) - tol))
+        # replay only the windows since the last change of expert mix, as the proposer planned on them
+        floor = max(0.0, min(self.params.tau, plan.verified_gain) - tol)
+        ok, gain, reason = verify_decision(head, proposed, replay, floor, drift_tv=self.params.drift_tv)
         return ok, gain, reason
 
     def _replay_span(self, lo: int, hi: int) -> np.ndarray | None:

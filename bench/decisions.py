@@ -75,7 +75,7 @@ def esft_decisions(steps: int, batch: int, window: int, seed: int) -> dict[str, 
         for d in props:
             tau = params.tau if d.kind == "rebalance" else 0.0
             replay = ctl.monitor.buffer.counts()
-            ok, vg, reason = verify_decision(ctl.head, d.table, replay, tau)
+            ok, vg, reason = verify_decision(ctl.head, d.table, replay, tau, drift_tv=ctl.params.drift_tv)
             ctl.step(TableCommitted(d.table) if ok else ProposalFailed(d.table.version, reason))
             ctl.advance()
             decisions.append({
