@@ -53,6 +53,7 @@ def run_sim(a: argparse.Namespace) -> int:
     conv: list[float] = []
     detect: list[float] = []
     commits = 0
+    cpu = 0.0
     bad: list[dict[str, Any]] = []
     out = Path(a.out) if a.out else None
     if out is not None:
@@ -69,6 +70,7 @@ def run_sim(a: argparse.Namespace) -> int:
         conv += r["convergence_s"]
         detect += r["detect_s"]
         commits += r["commits"]
+        cpu += r["cpu_s"]
         if any(r["violation_counts"].values()):
             bad.append(r)
             print(f"schedule {i} (seed {r['seed']}): {r['violation_counts']} after {r['done']}", file=sys.stderr)
@@ -80,6 +82,7 @@ def run_sim(a: argparse.Namespace) -> int:
     summary = {"runner": "sim", "nodes": a.nodes, "schedules": a.schedules, "violations": totals,
                "convergence_p99_s": round(p99(conv), 3), "convergence_max_s": round(max(conv, default=0.0), 3),
                "detection_p99_s": round(p99(detect), 3), "commits": commits, "wall_s": round(took, 1),
+               "cpu_s": round(cpu, 1), "cpu_s_per_schedule": round(cpu / max(1, a.schedules), 2),
                "shape": shape, "profile": a.profile}
     if out is not None:
         (out / "summary.json").write_text(json.dumps(summary, indent=1))

@@ -80,11 +80,15 @@ def test_kill_one_node_of_eight_under_load() -> None:
     repairs = [r for r in c.history.commits.values() if r.trigger.startswith("repair") and r.t > t_kill]
     assert repairs, "no repair committed"
     rep = repairs[0]
-    round_s = c.config("n00").consensus.accept_timeout_ms / 1000  # one commit round, takeover included
+    # one commit round: the median time from proposal to commit of the rebalances committed before
+    inv = {e.op: e.t for e in c.history.events if e.kind == "invoke" and e.t < t_kill}
+    lat = [e.t - inv[e.op] for e in c.history.events if e.kind == "respond" and e.result == "ok" and e.op in inv]
+    assert lat
+    round_s = max(float(np.median(lat)), 1e-3)
     print(f"\nkill {victim} at {t_kill:.2f}: first DEAD verdict after {t_first - t_kill:.3f} s, all survivors "
-          f"after {t_all - t_kill:.3f} s; repair v{rep.version} committed {rep.t - t_first:.3f} s after detection "
-          f"(bound 2 rounds = {2 * round_s:.3f} s); tokens {c.tokens}; shims {c.shim_totals()}")
-    assert rep.t - t_first <= 2 * round_s
+          f"after {t_all - t_kill:.3f} s; repair v{rep.version} committed {rep.t - t_first:.4f} s after the first "
+          f"verdict (commit round {round_s * 1e3:.2f} ms); tokens {c.tokens}; shims {c.shim_totals()}")
+    assert rep.t <= t_all + 2 * round_s  # detection (every survivor knows) + 2 commit rounds
     g = c.ranks_of[victim][0]
     assert g not in rep.table.active_ranks and rep.table.is_valid()
     assert not (rep.table.phy2log.reshape(4, 8, 4)[:, g] >= 0).any()
