@@ -63,32 +63,48 @@ class LocalWindows:
 
 
 class ClusterWindows:
-    """Per-node windows from gossip, summed into cluster windows once every live node has reported."""
+    """Per-node windows from gossip, summed into cluster windows.
 
-    def __init__(self, keep: int = 8) -> None:
+    Window k closes once every live node has reported it, or, so that one lagging or restarted node cannot
+    stall every decision, once some live node is `lag` windows past k: then it closes with the reports at
+    hand (a partial sum; `partial` counts how often). Windows at or before the last closed one are ignored.
+    """
+
+    def __init__(self, keep: int = 8, lag: int = 2) -> None:
         self.keep = keep
+        self.lag = lag
         self._by_node: dict[str, dict[int, U32]] = {}
         self.last_closed = -1
+        self.partial = 0
 
     def add(self, node: str, window_seq: int, counts: U32) -> None:
+        if window_seq <= self.last_closed:
+            return
         w = self._by_node.setdefault(node, {})
         w[window_seq] = counts
         for k in sorted(w)[:-self.keep]:
             del w[k]
 
     def ready(self, live_nodes: list[str]) -> list[tuple[int, npt.NDArray[np.uint64]]]:
-        """Cluster windows (seq, sum over live nodes uint64 [L, E]) newly complete, in order."""
-        if not live_nodes:
-            return []
-        # called on every window arrival: dict lookups with an early exit, no per-node sets (hot at 64+ nodes)
+        """Cluster windows (seq, sum over live nodes uint64 [L, E]) newly closed, in order."""
         by = self._by_node
-        first = by.get(live_nodes[0])
-        if not first:
+        held = [by[n] for n in live_nodes if by.get(n)]
+        if not held:
             return []
-        common = sorted(k for k in first if k > self.last_closed and all(k in by.get(n, ()) for n in live_nodes))
+        newest = max(max(w) for w in held)
+        # called on every window arrival: dict lookups with early exits, no per-node sets (hot at 64+ nodes)
+        pending = sorted({k for w in held for k in w if k > self.last_closed})
         out = []
-        for k in common:
-            total = sum(self._by_node[n][k].astype(np.uint64) for n in live_nodes)
-            out.append((k, np.asarray(total, dtype=np.uint64)))
+        for k in pending:
+            complete = len(held) == len(live_nodes) and all(k in w for w in held)
+            if not complete and newest < k + self.lag:
+                break
+            parts = [w[k] for w in held if k in w]
+            if not complete:
+                self.partial += 1
+            out.append((k, np.asarray(sum(p.astype(np.uint64) for p in parts), dtype=np.uint64)))
             self.last_closed = k
+        for w in held:
+            for k in [k for k in w if k <= self.last_closed]:
+                del w[k]
         return out

@@ -36,3 +36,20 @@ def test_cluster_window_needs_every_live_node() -> None:
     assert cw.ready(["n1", "n2"]) == []  # each window once
     cw.add("n1", 1, np.full((2, 2), 1, np.uint32))
     assert [k for k, _ in cw.ready(["n1"])] == [1]  # n2 declared dead: the survivors' sum
+
+
+def test_a_lagging_node_cannot_stall_cluster_windows() -> None:
+    cw = ClusterWindows(lag=2)
+    one = np.ones((2, 2), np.uint32)
+    cw.add("slow", 0, one)
+    for k in range(5):
+        cw.add("fast", k, one * 2)
+    ready = cw.ready(["fast", "slow"])
+    # 0 is complete; 1 and 2 close without the slow node once fast is 2 windows past them
+    assert [k for k, _ in ready] == [0, 1, 2]
+    assert (ready[0][1] == 3).all() and (ready[1][1] == 2).all()
+    assert cw.partial == 2
+    cw.add("slow", 1, one)  # too late: window 1 is closed
+    assert cw.ready(["fast", "slow"]) == []
+    cw.add("slow", 3, one)
+    assert [k for k, _ in cw.ready(["fast", "slow"])] == [3]
