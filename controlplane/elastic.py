@@ -11,7 +11,7 @@ import numpy.typing as npt
 
 from controlplane.errors import ControlPlaneError
 from controlplane.load import rank_load
-from controlplane.ops import Drain, Migrate, Operation, Repair, Restore
+from controlplane.ops import Consolidate, Drain, Migrate, Operation, Repair, Restore, apply_ops
 from controlplane.table import RoutingTable
 
 
@@ -72,6 +72,35 @@ def _rehome(
     return ops
 
 
+def _make_room(
+    table: RoutingTable, lone: list[tuple[int, int, int]], leaving: set[int], load: npt.NDArray[np.integer] | None
+) -> list[Operation]:
+    """Free survivor slots where a layer has more lone experts than free slots: drop the extra replicas of
+    the coldest replicated experts (Consolidate onto one surviving replica: no bytes copied). Lone experts
+    need a home more than hot experts need a second copy."""
+    topo = table.topology
+    S, G = topo.slots_per_rank, topo.ranks
+    phy = table.phy2log.reshape(table.layers, G, S)
+    survivors = np.array([g for g in table.active_ranks if g not in leaving], dtype=np.int64)
+    need = np.bincount([lay for lay, _, _ in lone], minlength=table.layers)
+    room = (phy[:, survivors] < 0).sum(axis=(1, 2))
+    ops: list[Operation] = []
+    for layer in np.flatnonzero(need > room).tolist():
+        deficit = int(need[layer] - room[layer])
+        held = phy[layer, survivors]  # [survivors, S]
+        cnt = np.bincount(held[held >= 0], minlength=table.experts)
+        extra = np.flatnonzero(cnt >= 2)
+        per_replica = (np.zeros(extra.size) if load is None
+                       else np.asarray(load, dtype=np.float64)[layer, extra] / cnt[extra])
+        for e in extra[np.lexsort((extra, per_replica))].tolist():  # coldest per replica first, ties by id
+            if deficit <= 0:
+                break
+            keep = int(survivors[np.flatnonzero((held == e).any(axis=1))[0]])
+            ops.append(Consolidate(layer, (e,), keep))
+            deficit -= int(cnt[e]) - 1
+    return ops
+
+
 def _lone_replicas(table: RoutingTable, ranks: set[int]) -> list[tuple[int, int, int]]:
     """(layer, expert, rank) for experts whose every replica sits on `ranks`."""
     S = table.topology.slots_per_rank
@@ -97,8 +126,11 @@ def plan_drain(table: RoutingTable, rank: int, load: npt.NDArray[np.integer] | N
         raise DrainRefused(f"rank {rank} is not active (active: {len(table.active_ranks)} ranks)")
     if len(table.active_ranks) == 1:
         raise DrainRefused(f"rank {rank} is the last active rank")
-    ops = _rehome(table, _lone_replicas(table, {rank}), {rank}, load, copy_from_host=False)
-    return (*ops, Drain(rank))
+    lone = _lone_replicas(table, {rank})
+    room = _make_room(table, lone, {rank}, load)
+    base = apply_ops(table, room) if room else table
+    ops = _rehome(base, lone, {rank}, load, copy_from_host=False)
+    return (*room, *ops, Drain(rank))
 
 
 def plan_repair(
@@ -111,8 +143,11 @@ def plan_repair(
         return ()
     if len(dead) >= len(table.active_ranks):
         raise DrainRefused(f"all {len(table.active_ranks)} active ranks are dead: nothing to repair onto")
-    ops = _rehome(table, _lone_replicas(table, dead), dead, load, copy_from_host=True)
-    return (*(Drain(g) for g in sorted(dead)), *ops)
+    lone = _lone_replicas(table, dead)
+    room = _make_room(table, lone, dead, load)
+    base = apply_ops(table, room) if room else table
+    ops = _rehome(base, lone, dead, load, copy_from_host=True)
+    return (*(Drain(g) for g in sorted(dead)), *room, *ops)
 
 
 def plan_restore(table: RoutingTable, rank: int) -> tuple[Operation, ...]:

@@ -81,3 +81,20 @@ def test_drain_restore_cycles_keep_tables_valid(nodes: int, rpn: int, slots: int
             ops = plan_restore(t, rank)
         t = apply_ops(t, ops)
         t.validate()
+
+
+def test_repair_drops_cold_extra_replicas_to_make_room() -> None:
+    from controlplane.ops import Consolidate, Replicate
+
+    topo = Topology(1, 4, 3)  # 4 ranks x 3 slots = 12 slots, 8 experts: 4 free
+    t = initial_table(topo, 1, 8)
+    # fill every free slot with second replicas: experts 0-3 get a copy on another rank
+    t = apply_ops(t, [Replicate(0, 0, 1), Replicate(0, 1, 2), Replicate(0, 2, 3), Replicate(0, 3, 0)])
+    t.validate()
+    load = np.array([[1, 50, 100, 200, 5, 5, 5, 5]])
+    ops = plan_repair(t, {3}, load)
+    cons = [o for o in ops if isinstance(o, Consolidate)]
+    assert cons and cons[0].experts == (0,)  # the coldest replicated expert gives up its second copy
+    t2 = apply_ops(t, ops)
+    t2.validate()
+    assert t2.active_ranks == (0, 1, 2)
