@@ -83,7 +83,7 @@ def write_plot(path: Path, trace: Trace, elastic: np.ndarray, base: dict[str, An
     for d in trace.drift_steps:
         ax.axvline(d, color="grey", lw=1)
         ax.text(d, ax.get_ylim()[1], " drift", va="top", color="grey")
-    for v, step in sorted(log.installed_at.items())[1:]:
+    for _, step in sorted(log.installed_at.items())[1:]:
         ax.axvline(step, color="tab:green", lw=0.5, alpha=0.5)
     ax.set_xlabel("step")
     ax.set_ylabel("step imbalance (max/mean rank load)")

@@ -16,7 +16,7 @@ from grpc_reflection.v1alpha import reflection
 from agent.admin import AdminService
 from agent.config import AgentConfig
 from agent.state import NodeState
-from elasticmoe.v1 import admin_pb2, admin_pb2_grpc, consensus_pb2, dataplane_pb2, gossip_pb2
+from elasticmoe.v1 import admin_pb2, admin_pb2_grpc, consensus_pb2, gossip_pb2
 
 log = logging.getLogger("emoe.agent")
 

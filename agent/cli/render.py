@@ -57,13 +57,13 @@ def placement_json(r: apb.PlacementReply, layer: int) -> dict[str, Any]:
     layers = range(tb.layers) if layer < 0 else [layer]
     out: dict[str, Any] = {"version": tb.version, "parent": tb.parent, "slots_per_rank": S,
                            "ranks_per_node": r.ranks_per_node, "active_ranks": list(tb.active_ranks), "layers": {}}
-    for l in layers:
-        row = phy[l]
+    for lay in layers:
+        row = phy[lay]
         counts = np.bincount(row[row >= 0], minlength=tb.experts)
-        out["layers"][str(l)] = {
+        out["layers"][str(lay)] = {
             "ranks": row.reshape(-1, S).tolist(),
             "replicas": {str(e): int(n) for e, n in enumerate(counts.tolist()) if n > 1},
-            "hot": _hot(load[l]).tolist() if load is not None else [],
+            "hot": _hot(load[lay]).tolist() if load is not None else [],
         }
     return out
 
@@ -83,11 +83,11 @@ def placement(r: apb.PlacementReply, layer: int) -> None:
     active = set(tb.active_ranks)
     c.print(f"routing table version [bold]{tb.version}[/] (parent {tb.parent}), {tb.layers} layers x {tb.experts} "
             f"experts, {tb.slots // S} ranks x {S} slots;  [bold red]E*[/] hot expert, [cyan]xN[/] replicas")
-    for l in range(tb.layers) if layer < 0 else [layer]:
-        row = phy[l]
+    for lay in range(tb.layers) if layer < 0 else [layer]:
+        row = phy[lay]
         counts = np.bincount(row[row >= 0], minlength=tb.experts)
-        hot = set(_hot(load[l]).tolist()) if load is not None else set()
-        t = Table("node", "rank", *[f"s{i}" for i in range(S)], title=f"layer {l}", title_justify="left")
+        hot = set(_hot(load[lay]).tolist()) if load is not None else set()
+        t = Table("node", "rank", *[f"s{i}" for i in range(S)], title=f"layer {lay}", title_justify="left")
         for g in range(tb.slots // S):
             cells = []
             for e in row[g * S:(g + 1) * S].tolist():
