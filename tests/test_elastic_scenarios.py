@@ -76,6 +76,8 @@ def test_kill_one_node_of_eight_under_load() -> None:
     t_all = _wait_all_detect(c, victim)
     t_first = c.history.detect_s[victim]
     to_dead_at_detection = c.tokens.to_dead_undetected
+    g = c.ranks_of[victim][0]
+    assert all(g in sh.masked for n in c.up() for sh in c.engines[n].shims.values())  # every survivor masks it
     c.run(3.0)  # load goes on after detection
     repairs = [r for r in c.history.commits.values() if r.trigger.startswith("repair") and r.t > t_kill]
     assert repairs, "no repair committed"
@@ -89,7 +91,6 @@ def test_kill_one_node_of_eight_under_load() -> None:
           f"after {t_all - t_kill:.3f} s; repair v{rep.version} committed {rep.t - t_first:.4f} s after the first "
           f"verdict (commit round {round_s * 1e3:.2f} ms); tokens {c.tokens}; shims {c.shim_totals()}")
     assert rep.t <= t_all + 2 * round_s  # detection (every survivor knows) + 2 commit rounds
-    g = c.ranks_of[victim][0]
     assert g not in rep.table.active_ranks and rep.table.is_valid()
     assert not (rep.table.phy2log.reshape(4, 8, 4)[:, g] >= 0).any()
     # after detection no token is dispatched to it: none by a sender that knew, none at all after all knew
