@@ -88,7 +88,7 @@ class GossipNode:
         self.membership.leave()
         peers = self.membership.live_peers()
         targets = self.rng.sample(peers, min(self.cfg.fanout, len(peers)))
-        pending = [len(targets), 0]  # replies outstanding, done
+        pending = [0, 0]  # replies outstanding, done
 
         def acked(peer: str, reply: Message | None) -> None:
             self._on_broadcast_reply(peer, reply)
@@ -97,9 +97,8 @@ class GossipNode:
                 pending[1] = 1
                 on_done()
 
-        for p in targets:
-            self._broadcast_to(p, lambda r, p=p: acked(p, r))
-        if not targets and on_done is not None:
+        pending[0] = sum(self._broadcast_to(p, lambda r, p=p: acked(p, r)) for p in targets)
+        if not pending[0] and on_done is not None:
             on_done()
 
     def stop(self) -> None:
@@ -117,8 +116,9 @@ class GossipNode:
         self.transport.serve(lambda src, method, req: None, service="Gossip")
 
     def publish_window(self, window_seq: int, first_step: int, steps: int, counts: npt.NDArray[np.integer]) -> None:
-        """This node's newest load window, uint32 [L, E]; window_seq must increase."""
-        self.load.publish(window_seq, first_step, steps, counts)
+        """This node's newest load window, uint32 [L, E]; window_seq must increase. Ignored once stopped."""
+        if not self.load.stopped:
+            self.load.publish(window_seq, first_step, steps, counts)
 
     def members(self) -> list[Member]:
         return self.membership.members()
