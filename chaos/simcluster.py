@@ -130,6 +130,7 @@ class SimCluster:
         self.paused: set[str] = set()
         self.cuts: set[tuple[str, str]] = set()
         self.link_faults = False
+        self.partitioned = False
         self.incarnation = dict.fromkeys(self.ids, 0)
         self._seq = 0
         self._ops = 0
@@ -224,7 +225,7 @@ class SimCluster:
         return [n for n in self.up() if n not in self.paused]
 
     def clean(self) -> bool:
-        return not (self.down or self.paused or self.cuts or self.link_faults or self.net._group)
+        return not (self.down or self.paused or self.cuts or self.link_faults or self.partitioned)
 
     # ---- time -------------------------------------------------------------------------------------
     def run(self, seconds: float) -> None:
@@ -278,6 +279,7 @@ class SimCluster:
     def partition(self, groups: list[list[str]]) -> None:
         self._fault("partition " + " | ".join(",".join(g) for g in groups))
         self.net.partition(groups)
+        self.partitioned = True
 
     def cut(self, pairs: set[tuple[str, str]]) -> None:
         """Drop every message between each pair (both directions): rings and bridges."""
@@ -319,6 +321,7 @@ class SimCluster:
     def heal(self) -> None:
         self._fault("heal")
         self.net.heal()
+        self.partitioned = False
         for a, b in self.cuts:
             self.net.set_link(a, b, None)
         self.cuts.clear()
