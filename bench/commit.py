@@ -136,12 +136,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval-ms", type=float, default=20.0,
                     help="idle time between a commit and the next proposal (plans come once per window, seconds "
                          "apart): each commit is measured on a quiet cluster; this is not a throughput test")
+    ap.add_argument("--data-dir", default="", help="where the agents' stores (and etcd's) live; default: the "
+                    "system temp dir. Put it on tmpfs (/dev/shm) to see the cost without the disk's fsync")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     if a.agents < 1 or a.versions < 1:
         ap.error(f"--agents {a.agents} --versions {a.versions}: expected both >= 1")
     out: dict[str, Any] = {"agents": a.agents, "backends": {}}
-    with tempfile.TemporaryDirectory(prefix="emoe-bench-commit-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="emoe-bench-commit-", dir=a.data_dir or None) as tmp:
         work = Path(tmp)
         etcd_proc = None
         try:
