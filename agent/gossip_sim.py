@@ -151,7 +151,7 @@ class GossipSim:
         run = self.running()
         if not run:
             return True
-        ref: dict[str, tuple[str, int]] | None = None
+        ref: tuple[dict[str, tuple[str, int]], dict[str, tuple[int, int]]] | None = None
         for nid in run:
             node = self.nodes[nid]
             view = {m.node_id: (m.status.value, m.incarnation) for m in node.members()}
@@ -167,7 +167,7 @@ class GossipSim:
             wins = {k: (w.incarnation, w.window_seq) for k, w in node.load_view().windows.items()}
             key = (live_view, wins)
             if ref is None:
-                ref = key  # type: ignore[assignment]
+                ref = key
             elif key != ref:
                 return False
         return True

@@ -31,8 +31,8 @@ from elasticmoe.v1 import gossip_pb2 as pb
 
 # per-message bytes kept free of windows for the envelope, member states and digests
 _ENVELOPE = 1024
-# pulls of one window from one announcer before waiting for the next digest or push-pull
-_PULL_TRIES = 3
+# pulls of one window (from its announcers in turn) before waiting for the next digest or push-pull
+_PULL_TRIES = 4
 
 
 @dataclass(frozen=True)
@@ -121,8 +121,9 @@ class LoadGossip:
         self.node_id, self.cfg, self.clock, self.transport, self.rng = node_id, cfg, clock, transport, rng
         self.rumours, self.members, self.on_window = rumours, members, on_window
         self.shape = shape
-        # a window is ~60 KiB, not a probe: allow more than a probe round trip before retrying elsewhere
-        self.timeout = 3 * cfg.probe_timeout_ms / 1e3
+        # a window is ~60 KiB, microseconds on a LAN: twice the probe timeout leaves room for a busy loop,
+        # and a lost pull is retried (from another announcer where there is one) within 200 ms
+        self.timeout = 2 * cfg.probe_timeout_ms / 1e3
         self._w: dict[str, pb.LoadWindow] = {}
         self._np: dict[str, NodeWindow] = {}
         self._pending: dict[str, tuple[tuple[int, int], float, int]] = {}  # node -> (key pulled, expiry, tries)
@@ -276,12 +277,18 @@ class LoadGossip:
             if self.has(n, d.incarnation, d.window_seq) or pend is None or pend[0] != _key(d):
                 continue
             del self._pending[n]
+            if pend[2] >= _PULL_TRIES:
+                self._alt.pop(n, None)
+                continue  # the next digest, or push-pull, will bring it
+            # next: another member that announced it, else (the call failed) the same one again
             alts = [a for a in self._alt.pop(n, []) if a != src and self.members.is_live(a)]
-            if not alts and reply is None and pend[2] < _PULL_TRIES and self.members.is_live(src):
-                alts = [src]  # it has the window (it told us): a failed call is worth another try
+            if reply is None and self.members.is_live(src):
+                alts.append(src)
             if alts:
                 self._pending[n] = (_key(d), self.clock.now() + self.timeout, pend[2] + 1)
                 retry.setdefault(alts[0], []).append(d)
+                if len(alts) > 1:
+                    self._alt[n] = alts[1:]
         for a, ds in retry.items():
             self._pull(a, ds)
 
