@@ -12,6 +12,8 @@ One command per line, `#` starts a comment:
     restart NODE | restart all
     pause NODE [2s] | resume NODE    SIGSTOP / SIGCONT (with a duration: resumed after it)
     drop P | duplicate P | reorder P | delay 5ms | clear-link      message faults on every link
+    drain RANK | restore RANK        operator drain / restore through a live node's admin backend (refusals
+                                     are reported, not errors)
     stabilize                        every fault ends (killed nodes restart), then settle: I5 within a bound
 
 NODE is an id (n03), `random` (an up node), `voter` (the round-0 owner of the next version, the node
@@ -136,6 +138,14 @@ def apply(c: SimCluster, line: str, rng: random.Random, settle_limit_s: float = 
         if cmd == "clear-link":
             c.clear_link()
             return line
+        if cmd in ("drain", "restore"):
+            rank = int(args[0])
+            via = sorted(c.running())
+            if not via:
+                return f"{cmd} {rank}: no running node"
+            st = c.states[rng.choice(via)]
+            ack = c.admin(lambda: st.drain(rank) if cmd == "drain" else st.restore(rank))
+            return f"{cmd} {rank}: {'ok v' + str(ack.version) if ack.ok else 'refused: ' + ack.reason}"
         if cmd == "stabilize":
             c.heal_all(restart=True)
             took = c.settle(settle_limit_s)

@@ -13,6 +13,7 @@ schedule of faults.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import tempfile
 import zlib
@@ -335,6 +336,26 @@ class SimCluster:
     def clear_link(self) -> None:
         self.net.set_default(loss=0.0, duplicate=0.0, reorder=0.0, latency=0.0005, jitter=0.0002)
         self.link_faults = False
+
+    def admin(self, call: Any, limit_s: float = 10.0, tries: int = 5) -> Any:
+        """Run an admin coroutine of a NodeState (`call()` makes it: drain, restore, propose) while driving
+        virtual time; retried, as an operator would, when a concurrent rebalance won its version."""
+        ack: Any = None
+        for _ in range(tries):
+            ack = asyncio.run(self._drive(call(), limit_s))
+            if getattr(ack, "ok", True) or "committed another table" not in str(getattr(ack, "reason", "")):
+                break
+        return ack
+
+    async def _drive(self, coro: Any, limit_s: float) -> Any:
+        task = asyncio.ensure_future(coro)
+        for _ in range(int(limit_s / 0.02)):
+            await asyncio.sleep(0)
+            if task.done():
+                return task.result()
+            self.run(0.02)
+        task.cancel()
+        raise TimeoutError(f"admin call did not finish within {limit_s} virtual seconds")
 
     # ---- settling and convergence (I5) --------------------------------------------------------------
     def heal_all(self, restart: bool = True) -> None:

@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from chaos.invariants import check_cluster, check_consensus
+from chaos.invariants import INVARIANTS, check_cluster, check_consensus
+from chaos.schedules import load
 from chaos.simcluster import Shape, SimCluster
+from chaos.simrun import run_schedule
 from controlplane.controller import kind_of_trigger
 from controlplane.table import initial_table
 from controlplane.topology import Topology
@@ -121,31 +123,6 @@ def test_drain_below_minimum_viable_size_is_refused_with_the_numbers() -> None:
     assert st.head_version() == before
 
 
-def _admin(c: SimCluster, call: Any, limit_s: float = 10.0, tries: int = 5) -> Any:
-    """Run an admin call of a NodeState while driving virtual time; retried (as an operator would) when a
-    concurrent rebalance won its version."""
-    for _ in range(tries):
-        ack = _admin_once(c, call(), limit_s)
-        if ack.ok or "committed another table" not in ack.reason:
-            return ack
-    return ack
-
-
-def _admin_once(c: SimCluster, coro: Any, limit_s: float) -> Any:
-
-    async def drive() -> Any:
-        task = asyncio.ensure_future(coro)
-        for _ in range(int(limit_s / 0.02)):
-            await asyncio.sleep(0)
-            if task.done():
-                return task.result()
-            c.run(0.02)
-        task.cancel()
-        raise AssertionError(f"admin call did not finish within {limit_s} virtual s")
-
-    return asyncio.run(drive())
-
-
 @pytest.mark.parametrize("seed", [5])
 def test_twenty_drain_restore_cycles_under_load_misroute_nothing(seed: int) -> None:
     c = SimCluster(8, Shape(layers=4, experts=16, ranks_per_node=1, slots_per_rank=4), seed=seed)
@@ -154,13 +131,13 @@ def test_twenty_drain_restore_cycles_under_load_misroute_nothing(seed: int) -> N
     for i in range(20):
         rank = 1 + i % 7
         admin = c.states[c.ids[(i + 3) % 8]]  # any node takes admin calls
-        ack = _admin(c, lambda a=admin, r=rank: a.drain(r))
+        ack = c.admin(lambda a=admin, r=rank: a.drain(r))
         assert ack.ok, ack.reason
         drained += 1
         head = c.states["n00"].head()
         c.run(0.5)
         assert rank not in c.states["n00"].head().active_ranks or c.states["n00"].head().version > head.version
-        ack = _admin(c, lambda a=admin, r=rank: a.restore(r))
+        ack = c.admin(lambda a=admin, r=rank: a.restore(r))
         assert ack.ok, ack.reason
         restored += 1
         c.run(0.5)
@@ -174,3 +151,19 @@ def test_twenty_drain_restore_cycles_under_load_misroute_nothing(seed: int) -> N
     rep = check_cluster(c)
     assert rep.ok, rep.violations
     assert np.all([e.valid for e in c.history.events if e.kind == "install"])
+
+
+SCENARIOS = sorted((Path(__file__).parent / "scenarios" / "elastic").glob("*.txt"))
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+def test_elastic_scenario_files(path: Path) -> None:
+    res = run_schedule(8, 11, load(path), Shape(layers=4, experts=16, slots_per_rank=4))
+    print("\n" + "\n".join(res.done) + f"\ntokens {res.tokens}")
+    assert res.counts() == dict.fromkeys(INVARIANTS, 0), res.violations
+    assert res.tokens["misrouted"] == 0 and res.tokens["i4"] == 0 and res.tokens["dropped"] == 0
+    if path.stem == "drain_restore":
+        drains = [d for d in res.done if " drain " in d or " restore " in d]
+        assert [("refused" in d) for d in drains] == [False, True, False, False, False], drains
+    if path.stem == "kill_one_of_eight":
+        assert res.repairs >= 1 and res.detect_s
