@@ -142,7 +142,8 @@ class NodeState:
         store = self.store = self.store or Store(self.data_dir / "consensus")
         genesis = initial_table(self.topology, c.layers, c.experts)
         self.consensus = ConsensusNode(self.node_id, self._voters, store, clock, self.transport, self.cfg.consensus,
-                                       genesis, verifier=self._verify, live_voters=self._live_voters)
+                                       genesis, verifier=self._verify, live_voters=self._live_voters,
+                                       members=lambda: self.gossip.live_nodes() if self.gossip is not None else [])
         self.consensus.on_commit(self._on_commit)
         self.controller = Controller(self.params, self.consensus.head)
         self.gossip = GossipNode(self.node_id, self.cfg.listen, self._my_ranks(), self.cfg.gossip, clock,
