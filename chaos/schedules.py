@@ -16,6 +16,7 @@ One command per line, `#` starts a comment:
                                      are reported, not errors)
     stabilize                        every fault ends (killed nodes restart), then settle: I5 within a bound
 
+RANK is a rank id or `random` (an active rank to drain, an inactive rank of an up node to restore).
 NODE is an id (n03), `random` (an up node), `voter` (the round-0 owner of the next version, the node
 most likely to be mid-proposal) or `down` (a crashed node, for restart).
 """
@@ -139,11 +140,18 @@ def apply(c: SimCluster, line: str, rng: random.Random, settle_limit_s: float = 
             c.clear_link()
             return line
         if cmd in ("drain", "restore"):
-            rank = int(args[0])
             via = sorted(c.running())
             if not via:
-                return f"{cmd} {rank}: no running node"
+                return f"{cmd}: no running node"
             st = c.states[rng.choice(via)]
+            if args[0] == "random":  # an active rank to drain, or an inactive rank of an up node to restore
+                active = set(st.head().active_ranks)
+                pool = sorted(active) if cmd == "drain" else sorted(
+                    g for n in c.up() for g in c.ranks_of[n] if g not in active)
+                if not pool:
+                    return f"{cmd} random: no candidate rank"
+                args = [str(rng.choice(pool))]
+            rank = int(args[0])
             ack = c.admin(lambda: st.drain(rank) if cmd == "drain" else st.restore(rank))
             return f"{cmd} {rank}: {'ok v' + str(ack.version) if ack.ok else 'refused: ' + ack.reason}"
         if cmd == "stabilize":
@@ -159,7 +167,7 @@ def apply(c: SimCluster, line: str, rng: random.Random, settle_limit_s: float = 
 
 FAULTS = ("partition one", "partition minority", "partition majority", "partition ring", "partition bridge",
           "crash random", "crash voter", "rank-loss random", "pause random", "drop", "duplicate", "reorder",
-          "delay", "restart down", "heal")
+          "delay", "restart down", "heal", "drain random", "restore random")
 
 
 def generate(rng: random.Random, nodes: int, faults: int = 3) -> list[str]:
