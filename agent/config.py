@@ -195,6 +195,9 @@ class TlsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     node_id: str
     listen: str = "127.0.0.1:7400"
+    # host:port that other nodes dial; empty: `listen`, or this node's own seed entry when `listen` binds a
+    # wildcard address (0.0.0.0 / [::]) that peers cannot dial
+    advertise: str = ""
     seeds: list[str] = msgspec.field(default_factory=list)  # "node_id@host:port"
     data_dir: str = "./emoe-data"
     shim_socket: str = ""  # unix socket for the local shim; empty: <data_dir>/shim.sock
@@ -210,6 +213,10 @@ class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def validate(self) -> None:
         _need(bool(self.node_id) and "@" not in self.node_id, "node_id", self.node_id, "a non-empty name without '@'")
         _check_hostport("listen", self.listen)
+        if self.advertise:
+            _check_hostport("advertise", self.advertise)
+            _need(not self.advertise.startswith(("0.0.0.0:", "[::]:")), "advertise", self.advertise,
+                  "an address peers can dial, not a wildcard")
         for i, s in enumerate(self.seeds):
             node, sep, addr = s.partition("@")
             _need(bool(sep) and bool(node), f"seeds[{i}]", s, "'node_id@host:port'")
@@ -224,6 +231,14 @@ class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         G = self.cluster.nodes * self.cluster.ranks_per_node
         for i, r in enumerate(self.ranks):
             _need(0 <= r < G, f"ranks[{i}]", r, f"a rank in 0..{G - 1}")
+
+    @property
+    def advertise_address(self) -> str:
+        if self.advertise:
+            return self.advertise
+        if self.listen.startswith(("0.0.0.0:", "[::]:")):
+            return self.seed_map.get(self.node_id, self.listen)
+        return self.listen
 
     @property
     def seed_map(self) -> dict[str, str]:

@@ -37,14 +37,15 @@ import grpc.aio
 SERVER_NAME = "emoe-agent"
 
 # Method paths by the role they need. Read-only admin calls need only a valid certificate (any CN).
-MEMBER_METHODS: frozenset[str] = frozenset(
-    f"/elasticmoe.v1.{svc}/{m}"
-    for svc, ms in {
-        "Gossip": ("Probe", "IndirectProbe", "PushPull"),
-        "Consensus": ("Prepare", "Accept", "Learn", "CatchUp"),
-    }.items()
-    for m in ms
-)
+def _member_methods() -> frozenset[str]:
+    """Every agent-to-agent method (all of Gossip and Consensus), from the transport's method table, so a
+    method added there is guarded here too."""
+    from agent.transport.methods import METHODS, grpc_path
+
+    return frozenset(grpc_path(m) for m in METHODS if m.split("/", 1)[0] in ("Gossip", "Consensus"))
+
+
+MEMBER_METHODS: frozenset[str] = _member_methods()
 ADMIN_METHODS: frozenset[str] = frozenset(
     f"/elasticmoe.v1.Admin/{m}" for m in ("Propose", "Drain", "Restore", "Pause", "Resume")
 )

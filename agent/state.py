@@ -146,7 +146,7 @@ class NodeState:
                                        members=lambda: self.gossip.live_nodes() if self.gossip is not None else [])
         self.consensus.on_commit(self._on_commit)
         self.controller = Controller(self.params, self.consensus.head)
-        self.gossip = GossipNode(self.node_id, self.cfg.listen, self._my_ranks(), self.cfg.gossip, clock,
+        self.gossip = GossipNode(self.node_id, self.cfg.advertise_address, self._my_ranks(), self.cfg.gossip, clock,
                                  self.transport, {n: a for n, a in self.cfg.seed_map.items() if n != self.node_id},
                                  rng_seed=self.rng_seed if self.rng_seed is not None else zlib.crc32(self.node_id.encode()))
         self.gossip.on_window(self._on_window)

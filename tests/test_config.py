@@ -70,3 +70,13 @@ def test_check_rejects_bad_config(tmp_path: Path) -> None:
                        cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "listen = '127.0.0.1:99999'" in r.stderr
+
+
+def test_advertise_address() -> None:
+    seeds = ["n1@10.0.0.1:7400", "n2@10.0.0.2:7400"]
+    assert from_dict({"node_id": "n1", "listen": "0.0.0.0:7400", "seeds": seeds}).advertise_address == "10.0.0.1:7400"
+    assert from_dict({"node_id": "n1", "listen": "127.0.0.1:7400"}).advertise_address == "127.0.0.1:7400"
+    cfg = from_dict({"node_id": "n1", "listen": "0.0.0.0:7400", "advertise": "host1:7400"})
+    assert cfg.advertise_address == "host1:7400"
+    with pytest.raises(ConfigError, match="advertise = '0.0.0.0:7400'"):
+        from_dict({"node_id": "n1", "advertise": "0.0.0.0:7400"})
