@@ -20,15 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from chaos.invariants import INVARIANTS
-
-
-def _one(args: tuple[int, int, list[str] | None, dict[str, Any]]) -> dict[str, Any]:
-    from chaos.simcluster import Shape
-    from chaos.simrun import run_schedule
-
-    nodes, seed, lines, kw = args
-    shape = Shape(**kw.pop("shape"))
-    return run_schedule(nodes, seed, lines, shape, **kw).to_json()
+from chaos.simrun import run_job
 
 
 def p99(xs: list[float]) -> float:
@@ -59,11 +51,13 @@ def run_sim(a: argparse.Namespace) -> int:
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
     if a.jobs > 1:
-        with ProcessPoolExecutor(a.jobs) as ex:
-            results = ex.map(_one, jobs)
+        import multiprocessing as mp
+
+        with ProcessPoolExecutor(a.jobs, mp_context=mp.get_context("spawn")) as ex:
+            results = ex.map(run_job, jobs)
             collected = list(results)
     else:
-        collected = (_one(j) for j in jobs)  # type: ignore[assignment]
+        collected = (run_job(j) for j in jobs)  # type: ignore[assignment]
     for i, r in enumerate(collected):
         for k, v in r["violation_counts"].items():
             totals[k] += v

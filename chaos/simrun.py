@@ -66,3 +66,14 @@ def run_schedule(nodes: int, seed: int, lines: list[str] | None = None, shape: S
     res.virtual_s = c.clock.now()
     res.cpu_s = time.process_time() - t0
     return res
+
+
+def run_job(args: tuple[int, int, list[str] | None, dict[str, Any]]) -> dict[str, Any]:
+    """One schedule for `python -m chaos run` (picklable for worker processes): (nodes, seed, lines, kw)."""
+    import torch
+
+    torch.set_num_threads(1)  # tiny tensors: threads only contend
+    nodes, seed, lines, kw = args
+    kw = dict(kw)
+    shape = Shape(**kw.pop("shape"))
+    return run_schedule(nodes, seed, lines, shape, **kw).to_json()
