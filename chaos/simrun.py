@@ -70,8 +70,11 @@ def run_schedule(nodes: int, seed: int, lines: list[str] | None = None, shape: S
 
 def run_job(args: tuple[int, int, list[str] | None, dict[str, Any]]) -> dict[str, Any]:
     """One schedule for `python -m chaos run` (picklable for worker processes): (nodes, seed, lines, kw)."""
+    import logging
+
     import torch
 
+    logging.getLogger("emoe.agent").setLevel(logging.ERROR)  # each agent logs every fault it sees
     torch.set_num_threads(1)  # tiny tensors: threads only contend
     nodes, seed, lines, kw = args
     kw = dict(kw)
