@@ -152,7 +152,10 @@ def apply(c: SimCluster, line: str, rng: random.Random, settle_limit_s: float = 
                     return f"{cmd} random: no candidate rank"
                 args = [str(rng.choice(pool))]
             rank = int(args[0])
-            ack = c.admin(lambda: st.drain(rank) if cmd == "drain" else st.restore(rank))
+            try:
+                ack = c.admin(lambda: st.drain(rank) if cmd == "drain" else st.restore(rank))
+            except TimeoutError as e:  # no answer (e.g. cut off from a quorum): the operator gives up
+                return f"{cmd} {rank}: {e}"
             return f"{cmd} {rank}: {'ok v' + str(ack.version) if ack.ok else 'refused: ' + ack.reason}"
         if cmd == "stabilize":
             c.heal_all(restart=True)
