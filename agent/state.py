@@ -143,9 +143,17 @@ class NodeState:
         c = self.cfg.cluster
         store = self.store = self.store or Store(self.data_dir / "consensus")
         genesis = initial_table(self.topology, c.layers, c.experts)
-        self.consensus = ConsensusNode(self.node_id, self._voters, store, clock, self.transport, self.cfg.consensus,
-                                       genesis, verifier=self._verify, live_voters=self._live_voters,
-                                       members=lambda: self.gossip.live_nodes() if self.gossip is not None else [])
+        if self.cfg.consensus.backend == "etcd":
+            # commit by etcd transaction compare(version == v) -> put(v + 1); the same interface as quorum
+            from agent.etcd_backend import EtcdBackend
+
+            self.consensus = EtcdBackend(list(self.cfg.consensus.etcd_endpoints), self.node_id, genesis,
+                                         store=store, verifier=self._verify)
+        else:
+            self.consensus = ConsensusNode(self.node_id, self._voters, store, clock, self.transport,
+                                           self.cfg.consensus, genesis, verifier=self._verify,
+                                           live_voters=self._live_voters,
+                                           members=lambda: self.gossip.live_nodes() if self.gossip is not None else [])
         self.consensus.on_commit(self._on_commit)
         self.controller = Controller(self.params, self.consensus.head)
         self.gossip = GossipNode(self.node_id, self.cfg.advertise_address, self._my_ranks(), self.cfg.gossip, clock,
@@ -169,6 +177,8 @@ class NodeState:
             self.consensus.stop()
 
     async def close(self) -> None:
+        if self.consensus is not None and hasattr(self.consensus, "close"):
+            await self.consensus.close()
         if self.transport is not None and hasattr(self.transport, "close"):
             await self.transport.close()
         if self.telemetry is not None:
