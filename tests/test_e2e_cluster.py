@@ -136,9 +136,17 @@ def test_pause_resume_and_bad_propose(cluster: LocalCluster) -> None:
     a = cluster.addresses[0]
     assert _cli("pause", "--agent", a).returncode == 0
     assert json.loads(_cli("status", "--agent", a, "--json").stdout)["paused"] is True
+    r = _cli("resume", "--agent", a, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["ok"] is True
+    r = _cli("pause", "--agent", a, "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["ok"] is True
     assert _cli("resume", "--agent", a).returncode == 0
     r = _cli("propose", "--agent", a, "replicate", "0", "99", "1")
     assert r.returncode != 0 and "expert" in r.stderr and "99" in r.stderr
+    assert r.stderr.strip().count("\n") == 0
+    r = _cli("propose", "--agent", a, "--json", "--force", "replicate", "1", "3", "0")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["committed"] is True and int(doc["version"]) >= 2, r.stderr
 
 
 def test_drain_then_restore(cluster: LocalCluster, tmp_path: Path) -> None:
