@@ -78,6 +78,29 @@ def linearizable(ops: list[Op], max_states: int = 200_000) -> bool:
     return False
 
 
+def write_once_linearizable(ops: list[Op]) -> bool:
+    """The same answer as `linearizable` for this register, in closed form (large histories: 64 nodes that
+    all propose one version give hundreds of operations, beyond the search). The register is first set by
+    the write of the chosen value c with the earliest invoke t_c; every op that observes it set (a read, a
+    successful write, a failed write) must respond at or after t_c; reads and successful writes all carry
+    c, failed writes never do."""
+    observers = [o for o in ops if o.kind == "read" or o.result in ("ok", "fail")]
+    fixed = {o.value for o in ops if o.kind == "read" or (o.kind == "write" and o.result == "ok")}
+    if len(fixed) > 1:
+        return False
+    candidates = fixed or {o.value for o in ops if o.kind == "write" and o.result != "fail"}
+    if not observers:
+        return True
+    for c in candidates:
+        if any(o.kind == "write" and o.result == "fail" and o.value == c for o in ops):
+            continue
+        t_c = min((o.invoke for o in ops if o.kind == "write" and o.result != "fail" and o.value == c),
+                  default=math.inf)
+        if all(o.response >= t_c for o in observers):
+            return True
+    return False
+
+
 def register_ops(history: Iterable[Event]) -> dict[int, list[Op]]:
     """Per version: writes from invoke/respond pairs, reads from installs."""
     by_version: dict[int, list[Op]] = defaultdict(list)
@@ -138,7 +161,7 @@ def check(history: list[Event]) -> list[str]:
                 out.append(f"I7: {e.node} recovered head {e.version} below its installed {last[e.node]}")
             last[e.node] = e.version
     for v, ops in sorted(register_ops(history).items()):
-        if not linearizable(ops):
+        if not (linearizable(ops) if len(ops) <= 12 else write_once_linearizable(ops)):
             desc = ", ".join(f"{o.kind}:{o.name}:{o.value.hex()[:6]}:{o.result}" for o in ops[:8])
             out.append(f"linearizability: version {v} register history has no linearization ({desc})")
     return out

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.consensus.simcluster import Event
 from chaos import schedules
 from chaos.__main__ import main
+from chaos.checkers import Op, linearizable, write_once_linearizable
 from chaos.invariants import INVARIANTS, check_cluster, check_history, check_i4, check_i5, check_i6
 from chaos.simcluster import CommitRecord, History, Shape, SimCluster, WindowRecord
 from chaos.simengine import TokenStats
@@ -161,3 +165,18 @@ def test_planted_faults_in_a_live_cluster_are_caught() -> None:
     rep = check_cluster(c)
     assert rep.violations["I4"], rep.violations
     assert rep.violations["I7"], rep.violations
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["read", "write"]), st.sampled_from([b"a", b"b", b"c"]),
+                          st.integers(0, 20), st.integers(0, 6), st.sampled_from(["ok", "fail", "unknown"])),
+                min_size=1, max_size=7))
+def test_write_once_closed_form_agrees_with_the_search(raw: list[tuple[str, bytes, int, int, str]]) -> None:
+    ops = []
+    for kind, value, t, d, result in raw:
+        if kind == "read":
+            ops.append(Op("read", value, float(t), float(t), "ok"))
+        else:
+            resp = math.inf if result == "unknown" else float(t + d)
+            ops.append(Op("write", value, float(t), resp, result))
+    assert write_once_linearizable(ops) == linearizable(ops)
