@@ -11,6 +11,7 @@ from typing import Any, NoReturn, Protocol
 import grpc
 import numpy as np
 
+from agent.consensus.wire import table_to_pb
 from agent.wire import WireError, ops_from_pb
 from controlplane.ops import Operation
 from controlplane.table import RoutingTable
@@ -45,14 +46,6 @@ class AdminBackend(Protocol):
 async def _fail(context: grpc.aio.ServicerContext, code: grpc.StatusCode, reason: str) -> NoReturn:
     await context.abort(code, reason)
     raise RuntimeError("unreachable: context.abort raises")
-
-
-def table_to_pb(t: RoutingTable) -> cpb.RoutingTable:
-    return cpb.RoutingTable(
-        version=t.version, parent=t.parent, layers=t.layers, slots=t.slots, experts=t.experts,
-        slots_per_rank=t.topology.slots_per_rank, phy2log=t.phy2log.astype("<i8").tobytes(),
-        active_ranks=list(t.active_ranks), content_hash=t.digest,
-    )
 
 
 def unknown_ids(head: RoutingTable, ops: tuple[Operation, ...]) -> str:
