@@ -5,25 +5,12 @@ from __future__ import annotations
 from controlplane.errors import InvalidShape, InvalidTable
 from controlplane.table import RoutingTable, table_from_bytes
 from controlplane.topology import Topology
+from dataplane_shim.certify import table_to_pb  # noqa: F401  (re-exported: one encoder, shared with the shim)
 from elasticmoe.v1 import consensus_pb2 as pb
 
 
 class TableWireError(ValueError):
     """A routing table from the network that cannot be decoded; the message names the field."""
-
-
-def table_to_pb(t: RoutingTable) -> pb.RoutingTable:
-    return pb.RoutingTable(
-        version=t.version,
-        parent=t.parent,
-        layers=t.layers,
-        slots=t.slots,
-        experts=t.experts,
-        slots_per_rank=t.topology.slots_per_rank,
-        phy2log=t.phy2log.astype("<i8", copy=False).tobytes(),
-        active_ranks=list(t.active_ranks),
-        content_hash=t.digest,
-    )
 
 
 def table_from_pb(m: pb.RoutingTable, topology: Topology | None = None) -> RoutingTable:
