@@ -18,9 +18,8 @@ import numpy as np
 import pytest
 
 from agent.cluster import LocalCluster
-from elasticmoe.v1 import admin_pb2, admin_pb2_grpc
+from elasticmoe.v1 import admin_pb2, admin_pb2_grpc, dataplane_pb2_grpc
 from elasticmoe.v1 import dataplane_pb2 as dpb
-from elasticmoe.v1 import dataplane_pb2_grpc
 
 pytestmark = pytest.mark.slow
 
