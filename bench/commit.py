@@ -17,7 +17,6 @@ import json
 import os
 import select
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,19 +24,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agent.cluster import free_ports
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_ports(n: int) -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
 
 
 def percentile(xs: list[float], q: float) -> float:

@@ -25,9 +25,9 @@ import numpy.typing as npt
 
 from agent.clock import FakeClock
 from agent.config import from_dict
-from agent.consensus.simcluster import Event
+from agent.consensus.simcluster import Event, RecordingStore
 from agent.state import NodeState
-from agent.store import MemoryDisk, Store
+from agent.store import MemoryDisk
 from agent.telemetry import Telemetry
 from agent.transport.sim import LinkSpec, SimNetwork
 from bench.synthetic import synthetic_trace
@@ -79,21 +79,6 @@ class History:
     faults: list[tuple[float, str]] = field(default_factory=list)
     convergence_s: list[float | None] = field(default_factory=list)  # one per settle(): time to converge
     detect_s: dict[str, float] = field(default_factory=dict)  # crashed node -> first DEAD verdict after it
-
-
-class _RecordingStore(Store):
-    """A Store that also records each durable accept (who accepted what at which ballot) for I1."""
-
-    def __init__(self, cluster: SimCluster, node: str, disk: MemoryDisk) -> None:
-        super().__init__(disk=disk)
-        self.cluster, self.node = cluster, node
-
-    def save_acceptor(self, state: pb.AcceptorState) -> None:
-        super().save_acceptor(state)
-        if state.HasField("accepted"):
-            b = (int(state.accepted_ballot.round), state.accepted_ballot.node_id)
-            self.cluster._ev("accept", self.node, version=int(state.version), digest=state.accepted.table.content_hash,
-                             ballot=b, quorum=len(self.cluster.ids) // 2 + 1)
 
 
 class SimCluster:
@@ -156,7 +141,7 @@ class SimCluster:
         return from_dict(raw)
 
     def _boot(self, n: str) -> None:
-        store = _RecordingStore(self, n, self.disks[n])
+        store = RecordingStore(self, n, self.disks[n], len(self.ids) // 2 + 1)
         st = NodeState(self.config(n), clock=self.net.clock(n), transport=self.net.transport(n), store=store,
                        telemetry=self._tel, rng_seed=zlib.crc32(f"{n}/{self.seed}/{self.incarnation[n]}".encode()))
         st.start()

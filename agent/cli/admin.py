@@ -121,13 +121,17 @@ def _dump(msg: Any) -> None:
                      indent=2, sort_keys=True))
 
 
-def cmd_status(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
-    r = stub.Status(apb.StatusRequest(), timeout=TIMEOUT_S)
+def _show(args: argparse.Namespace, reply: Any, human: Callable[[Any], None]) -> int:
+    """Print a read command's reply as JSON (--json) or through its human renderer."""
     if args.json:
-        _dump(r)
+        _dump(reply)
     else:
-        render.status(r)
+        human(reply)
     return 0
+
+
+def cmd_status(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
+    return _show(args, stub.Status(apb.StatusRequest(), timeout=TIMEOUT_S), render.status)
 
 
 def cmd_placement(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
@@ -140,21 +144,11 @@ def cmd_placement(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> i
 
 
 def cmd_history(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
-    r = stub.History(apb.HistoryRequest(limit=args.limit), timeout=TIMEOUT_S)
-    if args.json:
-        _dump(r)
-    else:
-        render.history(r)
-    return 0
+    return _show(args, stub.History(apb.HistoryRequest(limit=args.limit), timeout=TIMEOUT_S), render.history)
 
 
 def cmd_explain(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
-    r = stub.Explain(apb.ExplainRequest(version=args.version), timeout=TIMEOUT_S)
-    if args.json:
-        _dump(r)
-    else:
-        render.explain(r)
-    return 0
+    return _show(args, stub.Explain(apb.ExplainRequest(version=args.version), timeout=TIMEOUT_S), render.explain)
 
 
 def cmd_top(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:

@@ -103,7 +103,7 @@ class SimCluster:
         return [v for v in self.voters if v not in self.down]
 
     def _boot(self, n: str) -> None:
-        store = _RecordingStore(self, n, self.disks[n])
+        store = RecordingStore(self, n, self.disks[n], len(self.voters) // 2 + 1)
         node = ConsensusNode(n, self.voters, store, self.net.clock(n), self.net.transport(n), self.cfg,
                              self.genesis, live_voters=self.live_voters, members=lambda: self.ids,
                              rng=random.Random(self.rng.random()))
@@ -160,16 +160,17 @@ class SimCluster:
         return {n: self.nodes[n].head.version for n in self.up()}
 
 
-class _RecordingStore(Store):
-    """A Store that also records each durable accept, so the checker can see what a quorum chose."""
+class RecordingStore(Store):
+    """A Store that also records each durable accept (who accepted what at which ballot), so the checker
+    can see what a quorum chose. `cluster` is any simulated cluster with an `_ev(kind, node, **fields)`."""
 
-    def __init__(self, cluster: SimCluster, node: str, disk: MemoryDisk) -> None:
+    def __init__(self, cluster: Any, node: str, disk: MemoryDisk, quorum: int) -> None:
         super().__init__(disk=disk)
-        self.cluster, self.node = cluster, node
+        self.cluster, self.node, self.quorum = cluster, node, quorum
 
     def save_acceptor(self, state: pb.AcceptorState) -> None:
         super().save_acceptor(state)
         if state.HasField("accepted"):
             b = (int(state.accepted_ballot.round), state.accepted_ballot.node_id)
             self.cluster._ev("accept", self.node, version=int(state.version), digest=state.accepted.table.content_hash,
-                             ballot=b, quorum=len(self.cluster.voters) // 2 + 1)
+                             ballot=b, quorum=self.quorum)
