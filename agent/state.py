@@ -72,8 +72,6 @@ class NodeState:
         self._explain: dict[int, apb.ExplainReply] = {}
         self._latest_explain: apb.ExplainReply | None = None
         self._table_waiters: list[asyncio.Future[None]] = []
-        self._rejected_reports = 0
-        self._started = False
         self._health = "STARTING"
         self._voters = list(cfg.consensus.voters) or sorted(cfg.seed_map) or [cfg.node_id]
         self.gossip: Any = None
@@ -84,7 +82,6 @@ class NodeState:
         self.store: Any = store
         self.telemetry: Any = telemetry
         self.rng_seed = rng_seed
-        self.lost_ranks: set[int] = set()
 
     # ---- construction -------------------------------------------------------------------------
     def _my_ranks(self) -> list[int]:
@@ -163,7 +160,6 @@ class NodeState:
         self.gossip.on_member_change(self._on_member_change)
         self.consensus.start()
         self.gossip.start()
-        self._started = True
         self._health = "SERVING"
 
     def stop(self, graceful: bool = True) -> None:
@@ -205,7 +201,6 @@ class NodeState:
     def on_load_report(self, r: dpb.LoadReport) -> None:
         c = self.cfg.cluster
         if (r.layers, r.experts) != (c.layers, c.experts) or len(r.counts) != c.layers * c.experts * 4:
-            self._rejected_reports += 1
             raise LoadReportError(f"load report shape [{r.layers}, {r.experts}] with {len(r.counts)} bytes: "
                                   f"expected [{c.layers}, {c.experts}] with {c.layers * c.experts * 4} bytes")
         counts = np.frombuffer(r.counts, dtype="<u4").reshape(c.layers, c.experts)
@@ -233,7 +228,6 @@ class NodeState:
         lost = tuple(sorted(set(m.ranks) & set(self.head().active_ranks)))
         if not lost or self.controller is None:
             return
-        self.lost_ranks |= set(lost)
         log.warning("node %s declared dead: ranks %s lost, proposing repair", m.node_id, list(lost))
         self._perform(self.controller.step(RanksLost(lost)))
 
