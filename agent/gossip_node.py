@@ -266,11 +266,11 @@ class GossipNode:
         rep.windows.extend(self.load.newer_than(req.digests, budget))
         return rep
 
-    # ---- rumours: at once when new, then every gossip interval ----------------------------------
+    # ---- rumours: at once when new (after coalesce_ms), then every gossip interval --------------
     def _kick(self) -> None:
         if self._running and not self._flush_due:
             self._flush_due = True
-            self.clock.call_later(0.0, self._flush)
+            self.clock.call_later(self.cfg.coalesce_ms / 1e3, self._flush)
 
     def _flush(self) -> None:
         self._flush_due = False
