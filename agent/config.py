@@ -129,8 +129,14 @@ class DecisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     max_ops: int = 512
     replay_windows: int = 3      # windows kept in the replay buffer
     profile_path: str = ""       # offline stability profile (.npz); empty: none
+    # One live voter plans each window: the round-0 owner of the next version, handing over to the next
+    # live voter in the rotation after this many windows without a new head (so a planner that is stuck,
+    # cut off from a quorum, or finds nothing worth proposing yields). The others vote, replay and stand by;
+    # repairs and rollbacks are proposed by every node. 0: every node plans every window.
+    handover_windows: int = 2
 
     def validate(self) -> None:
+        _need(self.handover_windows >= 0, "decision.handover_windows", self.handover_windows, "an integer >= 0")
         for f in ("window", "budget_windows", "rollback_windows", "max_ops", "replay_windows"):
             v = getattr(self, f)
             _need(v >= 1, f"decision.{f}", v, "an integer >= 1")

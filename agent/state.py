@@ -69,6 +69,7 @@ class NodeState:
         self._replay_seqs: list[int] = []  # their window numbers
         self._imbalance: list[float] = []
         self._window_seq = -1
+        self._head_seq = -1  # the last closed window when the head was installed (the planner's turn)
         self._explain: dict[int, apb.ExplainReply] = {}
         self._latest_explain: apb.ExplainReply | None = None
         self._table_waiters: list[asyncio.Future[None]] = []
@@ -216,7 +217,9 @@ class NodeState:
 
     def _on_window(self, node: str, window_seq: int, counts: np.ndarray, *_: Any) -> None:
         self.cluster.add(node, window_seq, np.asarray(counts, dtype=np.uint32))
-        live = sorted(set(self.gossip.live_nodes()) | {self.node_id})
+        live = self.gossip.live_nodes()
+        if self.node_id not in live:  # we count ourselves live (a node declared dead still reports)
+            live = sorted([*live, self.node_id])
         for seq, total in self.cluster.ready(live):
             self._close_window(seq, total)
 
@@ -242,8 +245,26 @@ class NodeState:
         if self.paused:
             return
         steps = np.minimum(total, np.iinfo(np.uint32).max).astype(np.uint32)[None]
-        ready = self.controller.step(WindowClosed(seq, seq * self.params.window, steps))
+        ready = self.controller.step(WindowClosed(seq, seq * self.params.window, steps, self._planner(seq)))
         self._perform(ready)
+
+    def _planner(self, seq: int) -> str:
+        """The node that plans window `seq` in this node's view ('' when it is this one): the live voters in
+        round-0 order for the next version (its round-0 owner first), the turn passing on every
+        `decision.handover_windows` windows since the head was installed. Views may differ for a moment
+        (then two nodes plan, and consensus picks one); a voter always counts itself live, so its view
+        never lacks a planner. A non-voting member plans only when it sees no live voter."""
+        k = self.cfg.decision.handover_windows
+        if k == 0:
+            return ""
+        live = set(self._live_voters())
+        vs = sorted(set(self._voters))
+        v = self.consensus.head.version + 1
+        order = [x for x in (vs[(v + i) % len(vs)] for i in range(len(vs))) if x in live]
+        if not order:  # a non-voting member that sees no live voter
+            return ""
+        turn = order[(max(0, seq - self._head_seq - 1) // k) % len(order)]
+        return "" if turn == self.node_id else turn
 
     def _perform(self, ready: Any) -> None:
         """Take the Ready, advance, then send. Ready.persist holds the controller's own proposal records: its
@@ -317,6 +338,7 @@ class NodeState:
         return np.stack(picked).astype(np.uint32) if picked else None
 
     def _on_commit(self, commit: cpb.Commit, table: RoutingTable) -> None:
+        self._head_seq = self._window_seq
         self._perform(self.controller.step(TableCommitted(table, kind=kind_of_trigger(commit.plan.trigger))))
         rec = self._explain.get(table.version)
         if rec is not None:

@@ -49,11 +49,14 @@ __all__ = [
 # ---- events in ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class WindowClosed:
-    """Cluster-wide per-step counts of one window: steps uint32 [W, L, E]."""
+    """Cluster-wide per-step counts of one window: steps uint32 [W, L, E]. `planner`: the node that plans
+    this window when it is another one (this controller observes, and keeps its budget spent for when the
+    turn comes to it); empty: this controller plans."""
 
     window_seq: int
     first_step: int
     steps: npt.NDArray[np.uint32]
+    planner: str = ""
 
 
 @dataclass(frozen=True)
@@ -257,6 +260,8 @@ class Controller:
         elif self._observe is not None:
             o = self._observe
             self._note(trig, "OBSERVING", f"v{o.version} observed {o.windows}/{p.rollback_windows} windows")
+        elif ev.planner:
+            self._note(trig, "NOT_DESIGNATED", f"{ev.planner} plans this window")
         else:
             self.monitor.budget.reset()  # an attempt spends the budget, whatever its outcome
             cool = self._cool_until >= ev.window_seq

@@ -180,3 +180,35 @@ def test_write_once_closed_form_agrees_with_the_search(raw: list[tuple[str, byte
             resp = math.inf if result == "unknown" else float(t + d)
             ops.append(Op("write", value, float(t), resp, result))
     assert write_once_linearizable(ops) == linearizable(ops)
+
+
+def test_one_node_plans_each_window_and_the_turn_passes_on() -> None:
+    """Fault-free: every node agrees who plans each window (one planner, not eight); the round-0 owner of
+    the next version plans first, and the turn passes on every handover_windows windows without a commit."""
+    from agent.consensus.paxos import round0_owner
+    from controlplane.controller import WindowClosed
+
+    c = SimCluster(8, Shape(layers=4, experts=16, slots_per_rank=4), seed=3)
+    seen: dict[int, dict[str, tuple[str, int]]] = {}  # window -> node -> (planner it names, its head)
+    for n, stt in c.states.items():
+        step = stt.controller.step
+
+        def rec(ev: object, n: str = n, step: object = step, stt: object = stt) -> object:
+            if isinstance(ev, WindowClosed):
+                seen.setdefault(ev.window_seq, {})[n] = (ev.planner or n, stt.head_version())  # type: ignore[attr-defined]
+            return step(ev)  # type: ignore[operator]
+
+        stt.controller.step = rec  # type: ignore[method-assign]
+    c.run(14.0)
+    assert len(c.history.commits) >= 1
+    full = {k: v for k, v in seen.items() if len(v) == 8 and len({h for _, h in v.values()}) == 1}
+    assert len(full) >= 8
+    turns: dict[int, list[str]] = {}
+    for k in sorted(full):
+        planners = {p for p, _ in full[k].values()}
+        assert len(planners) == 1, (k, full[k])  # every node names the same planner
+        head = next(iter(full[k].values()))[1]
+        turns.setdefault(head, []).append(planners.pop())
+    for head, ps in turns.items():
+        assert ps[0] == round0_owner(head + 1, c.ids) or len(ps) > 2  # the owner first (unless mid-turn)
+    assert any(len(set(ps)) > 1 for ps in turns.values())  # a turn without a commit passes on

@@ -286,3 +286,17 @@ def test_bad_input_raises_and_changes_no_state() -> None:
     with pytest.raises(InvalidShape):
         c.step(TableCommitted(initial_table(Topology(1, 2, 8), 4, 16).with_version(9, 1)))
     assert (c.monitor.last_seq, c.monitor.budget.count, c.monitor.buffer.steps) == before and c.head is head
+
+
+def test_a_window_planned_elsewhere_keeps_the_budget_spent_for_this_controllers_turn() -> None:
+    c, head = setup()
+    ws = windows(0, 4)
+    feed(c, 0, ws[0])
+    c.advance()
+    r = c.step(WindowClosed(1, W, ws[1], planner="n7"))
+    ex = c.last_explain()
+    assert not r.proposals and ex is not None and ex.outcome == "NOT_DESIGNATED" and "n7" in ex.detail
+    assert c.monitor.budget.count >= c.params.budget_windows  # not reset: no attempt was made
+    c.advance()
+    r = feed(c, 2, ws[2])  # the turn passes to this controller: it plans at once
+    assert len(r.proposals) == 1 and r.proposals[0].table.version == head.version + 1
