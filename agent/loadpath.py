@@ -76,23 +76,40 @@ class ClusterWindows:
         self._by_node: dict[str, dict[int, U32]] = {}
         self.last_closed = -1
         self.partial = 0
+        self._count: dict[int, int] = {}  # window seq -> nodes holding it (any node, live or not)
+        self._newest = -1  # the newest window seq added (an upper bound of the live nodes' newest)
 
     def add(self, node: str, window_seq: int, counts: U32) -> None:
         if window_seq <= self.last_closed:
             return
         w = self._by_node.setdefault(node, {})
+        if window_seq not in w:
+            self._count[window_seq] = self._count.get(window_seq, 0) + 1
         w[window_seq] = counts
+        self._newest = max(self._newest, window_seq)
         for k in sorted(w)[:-self.keep]:
-            del w[k]
+            self._forget(w, k)
+
+    def _forget(self, w: dict[int, U32], k: int) -> None:
+        del w[k]
+        c = self._count[k] - 1
+        if c:
+            self._count[k] = c
+        else:
+            del self._count[k]
 
     def ready(self, live_nodes: list[str]) -> list[tuple[int, npt.NDArray[np.uint64]]]:
         """Cluster windows (seq, sum over live nodes uint64 [L, E]) newly closed, in order."""
+        # called on every window arrival: first a check that nothing can close (no window held by as many
+        # nodes as are live, and none old enough for the lag rule), without touching every node's windows
+        ks = [k for k in self._count if k > self.last_closed]
+        if not ks or (self._newest < min(ks) + self.lag and all(self._count[k] < len(live_nodes) for k in ks)):
+            return []
         by = self._by_node
         held = [by[n] for n in live_nodes if by.get(n)]
         if not held:
             return []
         newest = max(max(w) for w in held)
-        # called on every window arrival: dict lookups with early exits, no per-node sets (hot at 64+ nodes)
         pending = sorted({k for w in held for k in w if k > self.last_closed})
         out = []
         for k in pending:
@@ -106,5 +123,5 @@ class ClusterWindows:
             self.last_closed = k
         for w in held:
             for k in [k for k in w if k <= self.last_closed]:
-                del w[k]
+                self._forget(w, k)
         return out

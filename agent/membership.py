@@ -165,6 +165,7 @@ class Membership:
         self._suspicions: dict[str, Suspicion] = {}
         self._ring: list[tuple[int, str]] | None = None  # live members by hash, for _successor
         self._live: list[str] | None = None  # live members but us
+        self._live_sorted: tuple[list[str], list[str]] | None = None  # (the _live it was built from, sorted)
         self._dead: list[str] | None = None
         self._my_ring_key = (_hash(node_id, 0, MemberStatus.ALIVE), node_id)
         self.awareness = 0
@@ -195,7 +196,12 @@ class Membership:
         return s is not None and s.status in LIVE
 
     def live_nodes(self) -> list[str]:
-        return sorted(n for n, s in self._m.items() if s.status in LIVE)
+        """Alive and suspect members, us included while we are live, sorted (a cached list: do not modify)."""
+        peers = self.live_peers()
+        c = self._live_sorted
+        if c is None or c[0] is not peers:
+            c = self._live_sorted = (peers, sorted(peers + [self.node_id] if self.me.status in LIVE else peers))
+        return c[1]
 
     def live_peers(self) -> list[str]:
         """Live members other than us (a cached list: do not modify)."""

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent.loadpath import ClusterWindows, LoadReportError, LocalWindows
 
@@ -53,3 +55,57 @@ def test_a_lagging_node_cannot_stall_cluster_windows() -> None:
     assert cw.ready(["fast", "slow"]) == []
     cw.add("slow", 3, one)
     assert [k for k, _ in cw.ready(["fast", "slow"])] == [3]
+
+
+class _ReferenceClusterWindows:
+    """ClusterWindows without its fast path (the definition: every call looks at every live node)."""
+
+    def __init__(self, keep: int = 8, lag: int = 2) -> None:
+        self.keep, self.lag = keep, lag
+        self.by: dict[str, dict[int, np.ndarray]] = {}
+        self.last_closed = -1
+
+    def add(self, node: str, seq: int, counts: np.ndarray) -> None:
+        if seq <= self.last_closed:
+            return
+        w = self.by.setdefault(node, {})
+        w[seq] = counts
+        for k in sorted(w)[:-self.keep]:
+            del w[k]
+
+    def ready(self, live: list[str]) -> list[tuple[int, int]]:
+        held = [self.by[n] for n in live if self.by.get(n)]
+        if not held:
+            return []
+        newest = max(max(w) for w in held)
+        out = []
+        for k in sorted({k for w in held for k in w if k > self.last_closed}):
+            complete = len(held) == len(live) and all(k in w for w in held)
+            if not complete and newest < k + self.lag:
+                break
+            out.append((k, int(sum(int(w[k].sum()) for w in held if k in w))))
+            self.last_closed = k
+        for w in held:
+            for k in [k for k in w if k <= self.last_closed]:
+                del w[k]
+        return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 12), st.booleans(), st.integers(0, 4)), max_size=80))
+def test_cluster_windows_fast_path_agrees_with_the_definition(ops: list[tuple[int, int, bool, int]]) -> None:
+    """Windows arrive from 5 nodes in any order (restarts, gaps, late arrivals) while nodes die and return:
+    the fast path closes exactly what looking at every live node closes."""
+    cw, ref = ClusterWindows(keep=4), _ReferenceClusterWindows(keep=4)
+    nodes = [f"n{i}" for i in range(5)]
+    dead: set[str] = set()
+    for node_i, seq, toggle, dead_i in ops:
+        if toggle:
+            dead ^= {nodes[dead_i]}
+        n = nodes[node_i]
+        c = np.full((2, 2), node_i + 1, np.uint32)
+        cw.add(n, seq, c)
+        ref.add(n, seq, c)
+        live = [x for x in nodes if x not in dead] or nodes[:1]
+        got = [(k, int(t.sum())) for k, t in cw.ready(live)]
+        assert got == ref.ready(live)
