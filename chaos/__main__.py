@@ -13,6 +13,7 @@ import argparse
 import json
 import logging
 import math
+import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -28,6 +29,21 @@ def p99(xs: list[float]) -> float:
         return 0.0
     s = sorted(xs)
     return s[min(len(s) - 1, math.ceil(0.99 * len(s)) - 1)]
+
+
+def _tally(collected: Any, a: argparse.Namespace, out: Path | None, t0: float) -> Any:
+    """Write each report as it arrives (so that --resume loses at most the schedules in flight), say
+    which schedules violated what, and show progress."""
+    for i, r, old in collected:
+        if any(r["violation_counts"].values()):
+            print(f"schedule {i} (seed {r['seed']}): {r['violation_counts']} after {r['done']}", file=sys.stderr)
+        if out is not None and not old:
+            tmp = out / f".run-{i:05d}.json.tmp"
+            tmp.write_text(json.dumps(r, indent=1))
+            tmp.replace(out / f"run-{i:05d}.json")
+        if a.progress and (i + 1) % a.progress == 0:
+            print(f"{i + 1}/{a.schedules} schedules, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
+        yield r
 
 
 def run_sim(a: argparse.Namespace) -> int:
@@ -46,38 +62,58 @@ def run_sim(a: argparse.Namespace) -> int:
     detect: list[float] = []
     commits = 0
     cpu = 0.0
-    bad: list[dict[str, Any]] = []
     out = Path(a.out) if a.out else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-    if a.jobs > 1:
+    done: dict[int, dict[str, Any]] = {}
+    if a.resume:  # reports of an earlier, interrupted run of the same command: kept, not re-run
+        if out is None:
+            print("--resume needs --out DIR", file=sys.stderr)
+            return 2
+        for i, (nodes, seed, lines, kw) in enumerate(jobs):
+            f = out / f"run-{i:05d}.json"
+            try:
+                r = json.loads(f.read_text()) if f.exists() else None
+            except ValueError:
+                r = None  # cut off mid-write: run it again
+            if (r is not None and (r.get("seed"), r.get("nodes"), r.get("config")) == (seed, nodes, kw)
+                    and (lines is None or r.get("lines") == lines)):
+                done[i] = r
+        if done:
+            print(f"resuming: {len(done)} of {len(jobs)} schedules already in {out}", file=sys.stderr)
+    todo = [i for i in range(len(jobs)) if i not in done]
+    ex: ProcessPoolExecutor | None = None
+    if a.jobs > 1 and len(todo) > 1:
         import multiprocessing as mp
 
-        with ProcessPoolExecutor(a.jobs, mp_context=mp.get_context("spawn")) as ex:
-            results = ex.map(run_job, jobs)
-            collected = list(results)
+        ex = ProcessPoolExecutor(min(a.jobs, len(todo)), mp_context=mp.get_context("spawn"))
+        fresh = ex.map(run_job, [jobs[i] for i in todo])  # in order, as each finishes
     else:
-        collected = (run_job(j) for j in jobs)  # type: ignore[assignment]
-    for i, r in enumerate(collected):
+        fresh = (run_job(jobs[i]) for i in todo)
+
+    def collected() -> Any:
+        it = iter(fresh)
+        for i in range(len(jobs)):
+            yield i, done[i] if i in done else next(it), i in done
+
+    try:
+        results = list(_tally(collected(), a, out, t0))
+    finally:
+        if ex is not None:
+            ex.shutdown(cancel_futures=True)
+    for r in results:
         for k, v in r["violation_counts"].items():
             totals[k] += v
         conv += r["convergence_s"]
         detect += r["detect_s"]
         commits += r["commits"]
         cpu += r["cpu_s"]
-        if any(r["violation_counts"].values()):
-            bad.append(r)
-            print(f"schedule {i} (seed {r['seed']}): {r['violation_counts']} after {r['done']}", file=sys.stderr)
-        if out is not None:
-            (out / f"run-{i:05d}.json").write_text(json.dumps(r, indent=1))
-        if a.progress and (i + 1) % a.progress == 0:
-            print(f"{i + 1}/{a.schedules} schedules, {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     took = time.perf_counter() - t0
     summary = {"runner": "sim", "nodes": a.nodes, "schedules": a.schedules, "violations": totals,
                "convergence_p99_s": round(p99(conv), 3), "convergence_max_s": round(max(conv, default=0.0), 3),
                "detection_p99_s": round(p99(detect), 3), "commits": commits, "wall_s": round(took, 1),
                "cpu_s": round(cpu, 1), "cpu_s_per_schedule": round(cpu / max(1, a.schedules), 2),
-               "shape": shape, "profile": a.profile}
+               "shape": shape, "profile": a.profile, "resumed": len(done)}
     if out is not None:
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if a.json:
@@ -111,7 +147,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--experts", type=int, default=16)
     r.add_argument("--slots", type=int, default=0, help="slots per rank (default: room for 2x the experts)")
     r.add_argument("--profile", default="test", choices=("test", "local", "lan"))
-    r.add_argument("--jobs", type=int, default=1, help="worker processes")
+    r.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                   help="worker processes for the sim runner (default: one per CPU)")
+    r.add_argument("--resume", action="store_true",
+                   help="with --out: keep the reports an interrupted run of the same command wrote there")
     r.add_argument("--out", help="directory for one JSON report per run and summary.json")
     r.add_argument("--progress", type=int, default=0, help="print progress every N schedules (stderr)")
     r.add_argument("--json", action="store_true")

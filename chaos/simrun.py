@@ -76,7 +76,9 @@ def run_job(args: tuple[int, int, list[str] | None, dict[str, Any]]) -> dict[str
 
     logging.getLogger("emoe.agent").setLevel(logging.ERROR)  # each agent logs every fault it sees
     torch.set_num_threads(1)  # tiny tensors: threads only contend
-    nodes, seed, lines, kw = args
-    kw = dict(kw)
+    nodes, seed, lines, config = args
+    kw = dict(config)
     shape = Shape(**kw.pop("shape"))
-    return run_schedule(nodes, seed, lines, shape, **kw).to_json()
+    out = run_schedule(nodes, seed, lines, shape, **kw).to_json()
+    out["config"] = config  # what --resume compares
+    return out

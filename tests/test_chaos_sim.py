@@ -212,3 +212,20 @@ def test_one_node_plans_each_window_and_the_turn_passes_on() -> None:
     for head, ps in turns.items():
         assert ps[0] == round0_owner(head + 1, c.ids) or len(ps) > 2  # the owner first (unless mid-turn)
     assert any(len(set(ps)) > 1 for ps in turns.values())  # a turn without a commit passes on
+
+
+def test_resume_keeps_the_reports_of_an_interrupted_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["run", "--runner", "sim", "--nodes", "4", "--schedules", "3", "--seed", "5", "--json", "--jobs", "1",
+            "--out", str(tmp_path)]
+    assert main(argv) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    (tmp_path / "run-00001.json").unlink()  # "interrupted" before schedule 1 was written
+    r2 = json.loads((tmp_path / "run-00002.json").read_text())
+    r2["config"]["faults"] = 99  # written by another command: not reused
+    (tmp_path / "run-00002.json").write_text(json.dumps(r2))
+    assert main([*argv, "--resume"]) == 0
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert again["resumed"] == 1 and first["resumed"] == 0
+    assert (again["commits"], again["violations"]) == (first["commits"], first["violations"])  # seeded: same runs
+    assert json.loads((tmp_path / "run-00002.json").read_text())["config"]["faults"] == 3
+    assert main(["run", "--runner", "sim", "--schedules", "1", "--resume"]) == 2  # needs --out
