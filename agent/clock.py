@@ -125,6 +125,9 @@ class NodeClock:
 
     While paused, timers that fall due are held and run in due order at `resume` (late, as in a process
     woken from SIGSTOP); `now()` keeps advancing. After `stop`, no timer of this node runs again.
+    `set_rate(r)` skews it: from then on it counts r local seconds per real one (a fast or slow oscillator)
+    and a delay asked for in local seconds takes 1/r as long in real ones; timers already set keep their
+    real due time. The local time stays continuous across rate changes.
     """
 
     def __init__(self, base: FakeClock) -> None:
@@ -132,6 +135,21 @@ class NodeClock:
         self._paused = False
         self._stopped = False
         self._held: list[_NodeTimer] = []
+        self._rate = 1.0
+        self._anchor = (0.0, 0.0)  # (base time, local time) at the last rate change; unused at rate 1
+
+    @property
+    def rate(self) -> float:
+        return self._rate
+
+    def set_rate(self, rate: float) -> None:
+        if not rate > 0.0:
+            raise ValueError(f"clock rate {rate}: expected > 0")
+        if rate == self._rate:
+            return
+        b = self._base._now
+        self._anchor = (b, self.now())
+        self._rate = rate
 
     @property
     def paused(self) -> bool:
@@ -146,10 +164,13 @@ class NodeClock:
         return not (self._paused or self._stopped)
 
     def now(self) -> float:
-        return self._base._now
+        if self._anchor == (0.0, 0.0) and self._rate == 1.0:
+            return self._base._now
+        b, local = self._anchor
+        return local + (self._base._now - b) * self._rate
 
     def call_later(self, delay: float, fn: Callable[[], None]) -> Timer:
-        due = self._base._now + (delay if delay > 0.0 else 0.0)
+        due = self._base._now + ((delay if self._rate == 1.0 else delay / self._rate) if delay > 0.0 else 0.0)
         t = _NodeTimer(self, due, fn)
         if not self._stopped:
             self._base.schedule(due, t, t.fire)

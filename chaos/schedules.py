@@ -12,6 +12,8 @@ One command per line, `#` starts a comment:
     restart NODE | restart all
     pause NODE [2s] | resume NODE    SIGSTOP / SIGCONT (with a duration: resumed after it)
     drop P | duplicate P | reorder P | delay 5ms | clear-link      message faults on every link
+    skew NODE RATE                   NODE's clock runs RATE x real time (0.5 slow, 2 fast; 1 ends it): its
+                                     timeouts and intervals stretch or shrink, the engines stay in lockstep
     drain RANK | restore RANK        operator drain / restore through a live node's admin backend (refusals
                                      are reported, not errors)
     stabilize                        every fault ends (killed nodes restart), then settle: I5 within a bound
@@ -139,6 +141,14 @@ def apply(c: SimCluster, line: str, rng: random.Random, settle_limit_s: float = 
         if cmd == "clear-link":
             c.clear_link()
             return line
+        if cmd == "skew":
+            n = _node(c, args[0], rng)
+            rate = float(args[1])
+            if not rate > 0:
+                raise ScheduleError(f"{line!r}: rate {rate}: expected > 0")
+            if n is not None:
+                c.skew(n, rate)
+            return f"skew {n} x{rate:g}"
         if cmd in ("drain", "restore"):
             via = sorted(c.running())
             if not via:
@@ -173,12 +183,14 @@ FAULTS = ("partition one", "partition minority", "partition majority", "partitio
           "delay", "restart down", "heal", "drain random", "restore random")
 
 
-def generate(rng: random.Random, nodes: int, faults: int = 3) -> list[str]:
+def generate(rng: random.Random, nodes: int, faults: int = 3, skew: bool = False) -> list[str]:
     """A seeded schedule: a warm-up under load, `faults` faults each followed by a tick (overlapping faults
-    are allowed: a partition may still be in force when a node crashes), then stabilize."""
+    are allowed: a partition may still be in force when a node crashes), then stabilize. `skew`: clock
+    rate skew joins the faults drawn from (off by default, so that a seed keeps giving the same schedule)."""
+    menu = FAULTS + (("skew random",) if skew else ())
     out = [f"add-nodes {nodes}", "tick " + rng.choice(("1500ms", "2s", "3s"))]
     for _ in range(faults):
-        f = rng.choice(FAULTS)
+        f = rng.choice(menu)
         if f == "pause random":
             f += " " + rng.choice(("500ms", "1s", "3s"))
         elif f == "drop":
@@ -187,6 +199,8 @@ def generate(rng: random.Random, nodes: int, faults: int = 3) -> list[str]:
             f += f" {rng.choice((0.05, 0.2))}"
         elif f == "delay":
             f += " " + rng.choice(("2ms", "20ms", "100ms"))
+        elif f == "skew random":
+            f += " " + rng.choice(("0.5", "0.8", "1.25", "2"))
         out.append(f)
         out.append("tick " + rng.choice(("300ms", "1s", "2s", "3s")))
         if rng.random() < 0.3:

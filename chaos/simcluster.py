@@ -114,6 +114,7 @@ class SimCluster:
         self.down: set[str] = set()       # crashed (kill -9), not restarted
         self.lost: set[str] = set()       # crashed for good (rank loss): not restarted by settle()
         self.paused: set[str] = set()
+        self.rates: dict[str, float] = {}  # skewed node clocks: local seconds per real second
         self.cuts: set[tuple[str, str]] = set()
         self.link_faults = False
         self.partitioned = False
@@ -142,6 +143,8 @@ class SimCluster:
 
     def _boot(self, n: str) -> None:
         store = RecordingStore(self, n, self.disks[n], len(self.ids) // 2 + 1)
+        if n in self.rates:  # the skew is the machine's oscillator: it survives a restart of the process
+            self.net.clock(n).set_rate(self.rates[n])
         st = NodeState(self.config(n), clock=self.net.clock(n), transport=self.net.transport(n), store=store,
                        telemetry=self._tel, rng_seed=zlib.crc32(f"{n}/{self.seed}/{self.incarnation[n]}".encode()))
         st.start()
@@ -211,7 +214,7 @@ class SimCluster:
         return [n for n in self.up() if n not in self.paused]
 
     def clean(self) -> bool:
-        return not (self.down or self.paused or self.cuts or self.link_faults or self.partitioned)
+        return not (self.down or self.paused or self.cuts or self.link_faults or self.partitioned or self.rates)
 
     # ---- time -------------------------------------------------------------------------------------
     def run(self, seconds: float) -> None:
@@ -343,10 +346,23 @@ class SimCluster:
         raise TimeoutError(f"admin call did not finish within {limit_s} virtual seconds")
 
     # ---- settling and convergence (I5) --------------------------------------------------------------
+    def skew(self, n: str, rate: float) -> None:
+        """Node n's clock counts `rate` local seconds per real second from now on (its timeouts, gossip and
+        probe intervals stretch or shrink; the engines stay in lockstep); rate 1 ends the skew."""
+        self._fault(f"skew {n} x{rate:g}")
+        if n not in self.down:
+            self.net.clock(n).set_rate(rate)
+        if rate == 1.0:
+            self.rates.pop(n, None)
+        else:
+            self.rates[n] = rate
+
     def heal_all(self, restart: bool = True) -> None:
-        """Every fault ends: heal, clear link faults, resume, restart killed nodes (not lost ones)."""
+        """Every fault ends: heal, clear link faults, resume, restart killed nodes (not lost ones), unskew."""
         self.heal()
         self.clear_link()
+        for n in sorted(self.rates):
+            self.skew(n, 1.0)
         for n in sorted(self.paused):
             self.resume(n)
         if restart:

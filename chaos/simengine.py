@@ -84,17 +84,20 @@ class NodeEngine:
         for s in self.shims.values():
             s.mask_ranks(self.dead_ranks - set(self.ranks))
 
+    # Engines step in lockstep with the cluster (collectives), so step numbers come from the shared clock;
+    # the timer is the node's, so that a paused or crashed node's engine stops with it (a skewed node
+    # clock counts delays in its own seconds, hence the rate).
     def _arm(self) -> None:
         step_s = self.c.step_s
-        now = self.clock.now()
+        now = self.c.clock.now()
         nxt = (int(now / step_s + 1e-9) + 1) * step_s
-        self.clock.call_later(nxt - now, self._tick)
+        self.clock.call_later((nxt - now) * self.clock.rate, self._tick)
 
     def _tick(self) -> None:
         if not self.running:
             return
         self._arm()
-        k = int(round(self.clock.now() / self.c.step_s))
+        k = int(round(self.c.clock.now() / self.c.step_s))
         self.step(k)
 
     # ---- one step ---------------------------------------------------------------------------------

@@ -39,11 +39,11 @@ class RunResult:
 
 
 def run_schedule(nodes: int, seed: int, lines: list[str] | None = None, shape: Shape | None = None,
-                 faults: int = 3, **cluster_kw: Any) -> RunResult:
+                 faults: int = 3, skew: bool = False, **cluster_kw: Any) -> RunResult:
     """Build a cluster from `seed`, play `lines` (default: generated from the seed), check I1-I7."""
     t0 = time.process_time()
     rng = random.Random(seed ^ 0xC4A05)
-    lines = lines if lines is not None else generate(rng, nodes, faults)
+    lines = lines if lines is not None else generate(rng, nodes, faults, skew)
     c = SimCluster(nodes, shape or Shape(), seed, **cluster_kw)
     res = RunResult(seed, nodes, list(lines))
     for line in lines:

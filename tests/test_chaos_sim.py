@@ -229,3 +229,15 @@ def test_resume_keeps_the_reports_of_an_interrupted_run(tmp_path: Path, capsys: 
     assert (again["commits"], again["violations"]) == (first["commits"], first["violations"])  # seeded: same runs
     assert json.loads((tmp_path / "run-00002.json").read_text())["config"]["faults"] == 3
     assert main(["run", "--runner", "sim", "--schedules", "1", "--resume"]) == 2  # needs --out
+
+
+def test_skew_joins_the_generated_faults_only_when_asked() -> None:
+    plain = [schedules.generate(random.Random(s), 8, faults=6) for s in range(40)]
+    skewed = [schedules.generate(random.Random(s), 8, faults=6, skew=True) for s in range(40)]
+    assert not any(line.startswith("skew") for s in plain for line in s)
+    lines = [line for s in skewed for line in s if line.startswith("skew")]
+    assert lines and all(line.split()[1] == "random" and float(line.split()[2]) > 0 for line in lines)
+    res = run_schedule(8, 11, next(s for s in skewed if any(x.startswith("skew") for x in s)),
+                       Shape(layers=4, experts=16, slots_per_rank=4))
+    assert res.counts() == dict.fromkeys(INVARIANTS, 0), res.violations
+    assert any(" skew n" in d for d in res.done)

@@ -202,3 +202,24 @@ def test_link_spec_validation() -> None:
     net = SimNetwork(FakeClock(), 0)
     with pytest.raises(ValueError, match="latency"):
         net.set_default(latency=-1.0)
+
+
+def test_a_skewed_node_clock_stays_continuous_and_scales_its_delays() -> None:
+    base = FakeClock()
+    net = SimNetwork(base, 0)
+    fast, slow, plain = net.clock("f"), net.clock("s"), net.clock("p")
+    base.advance(1.0)
+    fast.set_rate(2.0)
+    slow.set_rate(0.5)
+    assert fast.now() == slow.now() == plain.now() == 1.0  # no jump at the change
+    fired: list[tuple[str, float]] = []
+    for name, c in (("f", fast), ("s", slow), ("p", plain)):
+        c.call_later(1.0, lambda name=name: fired.append((name, base.now())))  # one local second
+    base.advance(3.0)
+    assert fired == [("f", 1.5), ("p", 2.0), ("s", 3.0)]
+    assert (fast.now(), slow.now(), plain.now()) == (7.0, 2.5, 4.0)
+    fast.set_rate(1.0)  # back in step with real time, but 3 s ahead
+    base.advance(1.0)
+    assert fast.now() == 8.0 and plain.now() == 5.0
+    with pytest.raises(ValueError, match="rate 0"):
+        slow.set_rate(0.0)
