@@ -235,6 +235,8 @@ class NodeState:
         self._perform(self.controller.step(RanksLost(lost)))
 
     def _close_window(self, seq: int, total: np.ndarray) -> None:
+        if self._window_seq < 0:  # the first window since start: commits caught up on count from here
+            self._head_seq = max(self._head_seq, seq - 1)
         self._window_seq = seq
         self.replay = (self.replay + [total])[-self.params.replay_windows:]
         self._replay_seqs = (self._replay_seqs + [seq])[-self.params.replay_windows:]
