@@ -15,6 +15,8 @@ import grpc
 import numpy as np
 
 from agent.store import parse
+from controlplane.controller import kind_of_trigger
+from controlplane.load import table_step_imbalance
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
 from elasticmoe.v1 import admin_pb2 as apb
@@ -24,7 +26,7 @@ from elasticmoe.v1 import consensus_pb2 as cpb
 if TYPE_CHECKING:
     from chaos.procrunner import ProcRunner
 
-INVARIANTS = ("I1", "I2", "I3", "I5", "I7")
+INVARIANTS = ("I1", "I2", "I3", "I5", "I6", "I7")
 
 
 def read_log(path: Path) -> list[cpb.Commit]:
@@ -50,15 +52,24 @@ async def agent_head(channel: grpc.aio.Channel, timeout: float = 1.0) -> int | N
     return int(r.committed_version)
 
 
+def _is_rebalance(trigger: str) -> bool:
+    """A plan the decision core chose on load (not a rollback, repair, manual, drain or restore plan)."""
+    return kind_of_trigger(trigger) == "rebalance" and not trigger.startswith(("drain", "restore"))
+
+
 class Checks:
     """Violations, each counted once by a key naming it (node, version, ...)."""
 
-    def __init__(self, topo: Topology, voters: list[str]) -> None:
-        self.topo, self.voters = topo, voters
+    def __init__(self, topo: Topology, voters: list[str], tau: float = 0.02) -> None:
+        self.topo, self.voters, self.tau = topo, voters, tau
         self.found: dict[str, set[str]] = {k: set() for k in INVARIANTS}
         self.details: list[str] = []
         self.max_version = 1
         self._valid: dict[tuple[int, bytes], str] = {}  # (version, hash) -> "" or why invalid
+        self.tables: dict[int, RoutingTable] = {}  # valid committed tables by version
+        self.triggers: dict[int, tuple[str, float]] = {}  # version -> (plan trigger, verified gain)
+        self.installed_at: dict[int, float] = {}  # version -> when an engine first installed it (monotonic)
+        self.i6_judged = 0
 
     def note(self, inv: str, key: str, detail: str = "") -> None:
         if key not in self.found[inv]:
@@ -83,6 +94,7 @@ class Checks:
             self._valid[key] = str(e)
             return None, str(e)
         self._valid[key] = ""
+        self.tables[t.version] = t
         return t, ""
 
     def logs(self, by_node: dict[str, list[cpb.Commit]]) -> None:
@@ -103,9 +115,42 @@ class Checks:
                     self.table(c)
                 if self._valid[(v, h)]:
                     self.note("I3", f"{v}:{h.hex()}", f"v{v}: {self._valid[(v, h)]}")
+                trig, gain = c.plan.trigger, float(c.plan.verified_gain)
+                self.triggers[v] = (trig, gain)
+                if _is_rebalance(trig) and gain < self.tau - 1e-12:
+                    self.note("I6", f"gain:{v}", f"v{v} committed a rebalance with verified gain {gain:.4f} < tau "
+                                                 f"{self.tau} ({trig!r})")
         for v, hs in chosen.items():
             if len(hs) > 1:
                 self.note("I1", str(v), f"v{v}: {len(hs)} different tables committed")
+
+    def realised(self, genesis: RoutingTable, windows: dict[int, np.ndarray], t0: float, span: float,
+                 faulty: list[tuple[float, float]], n: int, grace: int, margin: float = 0.05) -> None:
+        """I6, realised effect: a committed rebalance whose step imbalance over the next `n` windows (the load
+        the engines reported, `windows[seq]` summed over engines; window seq starts at t0 + seq x span) is
+        worse than its parent's by more than `margin` must be superseded within `n + grace` windows of its
+        first install. Judged only when no fault was active in that span (`faulty` intervals): cut off from
+        a quorum, no rollback can commit."""
+        tables = {genesis.version: genesis, **self.tables}
+        for v in sorted(self.tables):
+            trig = self.triggers.get(v, ("", 0.0))[0]
+            t, parent = self.installed_at.get(v), tables.get(v - 1)
+            if not _is_rebalance(trig) or t is None or parent is None:
+                continue
+            first = int(np.ceil((t - t0) / span))  # the first window that starts after the install
+            deadline = t0 + (first + n + grace) * span
+            seqs = list(range(first, first + n))
+            if any(a < deadline and b > t for a, b in faulty) or not all(k in windows for k in seqs):
+                continue
+            self.i6_judged += 1
+            real = float(np.mean([float(table_step_imbalance(tables[v], windows[k].astype(np.int64))) for k in seqs]))
+            cf = float(np.mean([float(table_step_imbalance(parent, windows[k].astype(np.int64))) for k in seqs]))
+            if real <= cf * (1.0 + margin):
+                continue
+            later = [w for w, at in self.installed_at.items() if w > v and at <= deadline]
+            if not later:
+                self.note("I6", f"realised:{v}", f"v{v} realised step imbalance {real:.3f} vs {cf:.3f} without it "
+                                                 f"over {n} windows, not superseded within {n + grace} windows")
 
     def restart(self, node: str, before: dict[int, bytes], acked: int | None, after: dict[int, bytes],
                 acked_after: int | None) -> None:
@@ -125,6 +170,7 @@ class Checks:
             return None
         if not (v > head and t.parent == head):
             self.note("I2", f"{engine}:{v}", f"{engine}: streamed v{v} (parent {t.parent}) while at v{head}")
+        self.installed_at.setdefault(v, time.monotonic())
         return t
 
 
@@ -180,8 +226,12 @@ class Engine:
                 await asyncio.sleep(max(0.0, self.runner.t0 + (now_seq + 1) * span - time.monotonic()))
                 now_seq += 1
                 for seq in range(done, now_seq):
+                    counts = self.runner.counts(self.rng, self.window)
+                    total = self.runner.windows.setdefault(seq, np.zeros(counts.shape, np.uint64))
+                    total += counts
+                    self.runner.reporters[seq] = self.runner.reporters.get(seq, 0) + 1
                     pending.append(make_load_report(self.name, self.i, seq * self.window, self.window, self.head,
-                                                    self.runner.counts(self.rng, self.window)))
+                                                    counts))
                 done = now_seq
                 del pending[:-self.backlog]
                 try:

@@ -54,7 +54,7 @@ def test_checks_fire_on_conflicting_reordered_uncertified_and_lost_commits() -> 
     assert ch.violations()["I7"] == 2
     ok = Checks(Topology(2, 1, 4), ["n1", "n2"])
     ok.restart("n1", {2: b"\x01" * 32}, 2, {2: b"\x01" * 32, 3: b"\x02" * 32}, 3)
-    assert ok.violations() == {"I1": 0, "I2": 0, "I3": 0, "I5": 0, "I7": 0}
+    assert ok.violations() == {"I1": 0, "I2": 0, "I3": 0, "I5": 0, "I6": 0, "I7": 0}
 
 
 @pytest.mark.slow
@@ -63,11 +63,12 @@ def test_four_agent_processes_two_schedules_no_violations() -> None:
 
     res = run_processes(4, 2, seed=9)  # seed 9: three episodes with kill -9, SIGSTOP and partitions
     assert res["runner"] == "processes" and res["nodes"] == 4 and res["schedules"] == 2
-    assert res["violations"] == {"I1": 0, "I2": 0, "I3": 0, "I5": 0, "I7": 0}, res["details"]
+    assert res["violations"] == {"I1": 0, "I2": 0, "I3": 0, "I5": 0, "I6": 0, "I7": 0}, res["details"]
     assert res["partition_mechanism"] == MECHANISM
     assert res["convergence_p99_s"] is not None and res["convergence_p99_s"] >= 0
     assert all(res["faults"][k] >= 1 for k in ("kill", "pause", "partition")), res["faults"]
     assert res["commits"] >= 1 and res["installs_checked"] >= 4  # real plans committed and streamed
+    assert res["i6_judged"] >= 1  # rebalances judged on the load the engines reported, not vacuously
 
 
 def test_stable_ports_lie_below_the_ephemeral_range_and_are_free() -> None:
@@ -80,3 +81,48 @@ def test_stable_ports_lie_below_the_ephemeral_range_and_are_free() -> None:
     for p in ports:
         with socket.socket() as s:
             s.bind(("127.0.0.1", p))  # free: binding does not raise
+
+
+def test_i6_realised_check_fires_on_a_regression_left_in_place_only() -> None:
+    import numpy as np
+
+    from controlplane.table import initial_table
+
+    topo = Topology(2, 1, 4)  # genesis: experts 0, 1 on rank 0; 2, 3 on rank 1; two spare slots each
+    gen = initial_table(topo, 1, 4)
+    t2 = gen.successor(np.array([[0, 1, 2, 3, 0, 1, -1, -1]]))  # rank 0 takes 2 and 3 too; 0 and 1 on both
+    trig = {2: ("step imbalance 1.82 > theta 1.10 for 1 windows", 0.3)}
+    helps = {k: np.array([[100, 100, 10, 10]], np.uint64) for k in range(20)}   # 1.82 -> 1.09
+    hurts = {k: np.array([[100, 10, 100, 10]], np.uint64) for k in range(20)}   # 1.00 -> 1.50
+
+    def judge(windows: dict[int, np.ndarray], installed: dict[int, float],
+              faulty: list[tuple[float, float]] = ()) -> Checks:  # type: ignore[assignment]
+        ch = Checks(topo, ["n1", "n2"], tau=0.02)
+        ch.tables, ch.triggers, ch.installed_at = {2: t2}, dict(trig), installed
+        ch.realised(gen, windows, 0.0, 0.1, list(faulty), n=3, grace=3)
+        return ch
+
+    ch = judge(hurts, {2: 0.25})
+    assert ch.i6_judged == 1 and ch.violations()["I6"] == 1 and "1.500 vs 1.000" in ch.details[0]
+    assert judge(hurts, {2: 0.25, 3: 0.85}).violations()["I6"] == 0  # superseded within 3 + 3 windows
+    assert judge(hurts, {2: 0.25, 3: 1.05}).violations()["I6"] == 1  # ... but not later
+    faulted = judge(hurts, {2: 0.25}, [(0.5, 0.6)])  # a fault in the span: not judged
+    assert faulted.i6_judged == 0 and faulted.violations()["I6"] == 0
+    good = judge(helps, {2: 0.25})
+    assert good.i6_judged == 1 and good.violations()["I6"] == 0
+    rolled = dict(trig)
+    rolled[2] = ("rollback: v1 realised better", 0.0)  # rollbacks are not judged as rebalances
+    ch = Checks(topo, ["n1", "n2"], tau=0.02)
+    ch.tables, ch.triggers, ch.installed_at = {2: t2}, rolled, {2: 0.25}
+    ch.realised(gen, hurts, 0.0, 0.1, [], n=3, grace=3)
+    assert ch.i6_judged == 0
+
+
+def test_i6_gain_below_tau_is_read_from_the_commit_log() -> None:
+    ch = Checks(Topology(2, 1, 4), ["n1", "n2"], tau=0.02)
+    low = _commit(2, 1, 1)
+    low.plan.trigger, low.plan.verified_gain = "step imbalance 1.80 > theta 1.10 for 1 windows", 0.005
+    roll = _commit(3, 2, 1)
+    roll.plan.trigger, roll.plan.verified_gain = "rollback: v2 realised worse", 0.0  # rollbacks carry no gain
+    ch.logs({"n1": [low, roll]})
+    assert ch.violations()["I6"] == 1 and any("0.0050 < tau" in d for d in ch.details)
