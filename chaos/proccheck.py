@@ -125,12 +125,13 @@ class Checks:
                 self.note("I1", str(v), f"v{v}: {len(hs)} different tables committed")
 
     def realised(self, genesis: RoutingTable, windows: dict[int, np.ndarray], t0: float, span: float,
-                 faulty: list[tuple[float, float]], n: int, grace: int, margin: float = 0.05) -> None:
+                 faulty: list[tuple[float, float]], n: int, grace: int, margin: float = 0.05,
+                 now: float = float("inf")) -> None:
         """I6, realised effect: a committed rebalance whose step imbalance over the next `n` windows (the load
         the engines reported, `windows[seq]` summed over engines; window seq starts at t0 + seq x span) is
         worse than its parent's by more than `margin` must be superseded within `n + grace` windows of its
         first install. Judged only when no fault was active in that span (`faulty` intervals): cut off from
-        a quorum, no rollback can commit."""
+        a quorum, no rollback can commit) and once the deadline is past `now` (a rollback may still come)."""
         tables = {genesis.version: genesis, **self.tables}
         for v in sorted(self.tables):
             trig = self.triggers.get(v, ("", 0.0))[0]
@@ -140,7 +141,8 @@ class Checks:
             first = int(np.ceil((t - t0) / span))  # the first window that starts after the install
             deadline = t0 + (first + n + grace) * span
             seqs = list(range(first, first + n))
-            if any(a < deadline and b > t for a, b in faulty) or not all(k in windows for k in seqs):
+            if (deadline > now or any(a < deadline and b > t for a, b in faulty)
+                    or not all(k in windows for k in seqs)):
                 continue
             self.i6_judged += 1
             real = float(np.mean([float(table_step_imbalance(tables[v], windows[k].astype(np.int64))) for k in seqs]))

@@ -216,7 +216,7 @@ class ProcRunner:
         self.checks.i6_judged = 0
         whole = {k: w for k, w in self.windows.items() if self.reporters.get(k) == self.n}
         self.checks.realised(genesis, whole, self.t0, e.step_s * e.window, self.faulty,
-                             n=ROLLBACK_WINDOWS, grace=I6_GRACE_WINDOWS)
+                             n=ROLLBACK_WINDOWS, grace=I6_GRACE_WINDOWS, now=time.monotonic())
 
     async def run(self, schedules: int) -> dict[str, Any]:
         t_start = time.monotonic()

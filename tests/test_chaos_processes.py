@@ -106,6 +106,10 @@ def test_i6_realised_check_fires_on_a_regression_left_in_place_only() -> None:
     assert ch.i6_judged == 1 and ch.violations()["I6"] == 1 and "1.500 vs 1.000" in ch.details[0]
     assert judge(hurts, {2: 0.25, 3: 0.85}).violations()["I6"] == 0  # superseded within 3 + 3 windows
     assert judge(hurts, {2: 0.25, 3: 1.05}).violations()["I6"] == 1  # ... but not later
+    early = Checks(topo, ["n1", "n2"], tau=0.02)  # judged before its deadline: a rollback may still come
+    early.tables, early.triggers, early.installed_at = {2: t2}, dict(trig), {2: 0.25}
+    early.realised(gen, hurts, 0.0, 0.1, [], n=3, grace=3, now=0.8)
+    assert early.i6_judged == 0 and early.violations()["I6"] == 0
     faulted = judge(hurts, {2: 0.25}, [(0.5, 0.6)])  # a fault in the span: not judged
     assert faulted.i6_judged == 0 and faulted.violations()["I6"] == 0
     good = judge(helps, {2: 0.25})
