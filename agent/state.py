@@ -18,6 +18,7 @@ import grpc
 import numpy as np
 
 from agent.config import AgentConfig
+from agent.consensus.paxos import planner_turn
 from agent.loadpath import ClusterWindows, LoadReportError, LocalWindows
 from agent.wire import make_plan, op_to_pb
 from controlplane.controller import (
@@ -251,22 +252,13 @@ class NodeState:
         self._perform(ready)
 
     def _planner(self, seq: int) -> str:
-        """The node that plans window `seq` in this node's view ('' when it is this one): the live voters in
-        round-0 order for the next version (its round-0 owner first), the turn passing on every
-        `decision.handover_windows` windows since the head was installed. Views may differ for a moment
-        (then two nodes plan, and consensus picks one); a voter always counts itself live, so its view
-        never lacks a planner. A non-voting member plans only when it sees no live voter."""
+        """The node that plans window `seq` in this node's view ('' when it is this one; agent.consensus.paxos
+        .planner_turn). Views may differ for a moment (then two nodes plan, and consensus picks one); a voter
+        counts itself live, so its view never lacks a planner; a non-voter plans only if it sees no voter."""
         k = self.cfg.decision.handover_windows
-        if k == 0:
-            return ""
-        live = set(self._live_voters())
-        vs = sorted(set(self._voters))
-        v = self.consensus.head.version + 1
-        order = [x for x in (vs[(v + i) % len(vs)] for i in range(len(vs))) if x in live]
-        if not order:  # a non-voting member that sees no live voter
-            return ""
-        turn = order[(max(0, seq - self._head_seq - 1) // k) % len(order)]
-        return "" if turn == self.node_id else turn
+        turn = planner_turn(self.consensus.head.version + 1, self._voters, self._live_voters(),
+                            seq - self._head_seq - 1, k) if k else None
+        return "" if turn is None or turn == self.node_id else turn
 
     def _perform(self, ready: Any) -> None:
         """Take the Ready, advance, then send. Ready.persist holds the controller's own proposal records: its

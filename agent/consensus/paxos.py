@@ -47,6 +47,15 @@ def round0_owner(version: int, voters: Iterable[str]) -> str:
     return vs[version % len(vs)]
 
 
+def planner_turn(version: int, voters: Iterable[str], live: Iterable[str], windows_since_head: int,
+                 handover: int) -> str | None:
+    """Who plans the next window for `version`: the live voters in round-0 order (its round-0 owner first),
+    the turn passing on every `handover` windows without a new head; None if no voter is live."""
+    vs, up = sorted(set(voters)), set(live)
+    order = [x for x in (vs[(version + i) % len(vs)] for i in range(len(vs))) if x in up]
+    return order[(max(0, windows_since_head) // handover) % len(order)] if order else None
+
+
 def _state_ballot(m: pb.AcceptorState, name: str) -> Ballot:
     return ballot_of(getattr(m, name)) if m.HasField(name) else NO_BALLOT
 
