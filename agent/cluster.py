@@ -8,6 +8,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -160,6 +162,16 @@ class LocalCluster:
             if f is not None:
                 f.close()
                 self._logs[k] = None
+
+    @contextmanager
+    def running(self, timeout: float = 60.0) -> Iterator[LocalCluster]:
+        """Start every agent, wait until all of them serve, and stop them all on the way out."""
+        try:
+            self.start()
+            self.wait_healthy(timeout=timeout)
+            yield self
+        finally:
+            self.stop()
 
     def __enter__(self) -> LocalCluster:
         return self

@@ -156,15 +156,11 @@ def run_demo(spec: DemoSpec, as_json: bool = False) -> dict[str, Any]:
         f"trace {trace.source} ({T} steps, {L} layers x {E} experts, {trace.step_model}), drift at {trace.drift_steps}")
     with tempfile.TemporaryDirectory(prefix="emoe-demo-") as tmp:
         cluster = LocalCluster(spec.agents, Path(tmp), cluster_cfg, profile="local", sections=sections)
-        try:
-            say("  starting agents ...")
-            cluster.start()
-            cluster.wait_healthy(timeout=60)
+        say("  starting agents ...")
+        with cluster.running(timeout=60):
             say(f"  agents serving on {', '.join(cluster.addresses)}")
             logs = asyncio.run(_drive(cluster, trace, spec, topo))
             placement = _placement_text(cluster.addresses[0])
-        finally:
-            cluster.stop()
     log = logs[0]
     elastic = imbalance_timeline(trace, log)
     ordered = [log.tables[v] for v in sorted(log.tables)]

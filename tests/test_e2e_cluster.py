@@ -10,6 +10,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import numpy as np
@@ -30,12 +31,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     base = tmp_path_factory.mktemp("cluster")
     c = LocalCluster(3, base, SHAPE, profile="test",
                      sections={"decision": {"window": W, "budget_windows": 1, "theta": 1.05, "tau": 0.01}})
-    c.start()
-    try:
-        c.wait_healthy(timeout=60)
+    with c.running(timeout=60):
         yield c
-    finally:
-        c.stop()
 
 
 def skewed_counts(rng: np.random.Generator) -> np.ndarray:
@@ -77,21 +74,28 @@ async def _drive(cluster: LocalCluster, windows: int) -> dict[int, list[dpb.Tabl
     return seen
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60)
-
-
-def test_commit_reaches_every_shim_and_cli(cluster: LocalCluster) -> None:
+def first_commit_on_every_shim(cluster: LocalCluster) -> Any:
+    """Drive skewed load for 30 windows: every shim is streamed the same first new table, v2 after v1,
+    and it replicates the hot expert 0. Returns that commit."""
     seen = asyncio.run(_drive(cluster, windows=30))
     firsts = {i: seen[i][0].commit for i in seen if seen[i]}
     assert len(firsts) == cluster.n, f"not every shim got a new version: {[len(v) for v in seen.values()]}"
     assert len({c.table.content_hash for c in firsts.values()}) == 1
     c = firsts[0]
     assert c.table.version == 2 and c.table.parent == 1
-    assert len(c.qc.voters) >= 2 and c.qc.quorum == 2
     phy = np.frombuffer(c.table.phy2log, "<i8").reshape(L, -1)
     assert (phy == 0).sum(axis=1).max() >= 2, "the hot expert 0 was not replicated"
+    return c
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agent.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=60)
+
+
+def test_commit_reaches_every_shim_and_cli(cluster: LocalCluster) -> None:
+    c = first_commit_on_every_shim(cluster)
+    assert len(c.qc.voters) >= 2 and c.qc.quorum == 2
 
     r = _cli("placement", "--agent", cluster.addresses[1], "--json", "--layer", "-1")
     assert r.returncode == 0, r.stderr

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,16 +18,8 @@ from elasticmoe.v1 import consensus_pb2 as pb
 
 
 @pytest.fixture(scope="module")
-def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    binary = shutil.which("etcd")
-    if binary is None:
-        pytest.skip("etcd binary not found (Debian: apt-get install etcd-server, or `make etcd`)")
-    p = EtcdProcess(binary, str(tmp_path_factory.mktemp("etcd")))
-    try:
-        p.wait_ready()
-        yield p.endpoint
-    finally:
-        p.stop()
+def etcd(etcd_server: EtcdProcess) -> str:
+    return etcd_server.endpoint
 
 
 def genesis() -> RoutingTable:

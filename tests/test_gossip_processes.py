@@ -32,12 +32,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     shape = {"nodes": N, "ranks_per_node": 1, "slots_per_rank": 4, "layers": L, "experts": E, "top_k": 2}
     c = LocalCluster(N, tmp_path_factory.mktemp("gossip8"), shape, profile="lan",
                      sections={"decision": {"window": W, "theta": 10.0}})  # never rebalance: the view is the test
-    c.start()
-    try:
-        c.wait_healthy(timeout=90)
+    with c.running(timeout=90):
         yield c
-    finally:
-        c.stop()
 
 
 async def _views(stubs: list[admin_pb2_grpc.AdminStub]) -> list[admin_pb2.LoadViewReply]:
