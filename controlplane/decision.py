@@ -20,7 +20,7 @@ from controlplane.monitor import ReplayBuffer
 from controlplane.ops import Consolidate, Migrate, Operation, Replicate, apply_ops, describe
 from controlplane.planner import Reason, Refused, plan
 from controlplane.profile import StabilityProfile
-from controlplane.table import RoutingTable
+from controlplane.table import RoutingTable, check_no_new_rank_duplicates
 from controlplane.verify import gain, layer_gains
 
 
@@ -143,6 +143,7 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
     ops, op_layers = list(pl.ops), np.asarray(pl.op_layers, dtype=np.int64)
     table = apply_ops(head, ops)
     table.validate()  # a planner that builds an invalid table is a bug: fail loudly
+    check_no_new_rank_duplicates(head, table)  # ... and so is one that stacks replicas on one rank
     new = buf.stats(table, base=head, last=k)
     ls = np.unique(op_layers)
     lg = layer_gains(base, new, ls)
@@ -258,6 +259,7 @@ def rollback(head: RoutingTable, target: RoutingTable, buf: ReplayBuffer, p: Dec
     if not same_ranks(table, target):
         return Attempt(None, "ROLLBACK_NOT_EXPRESSIBLE", "operations do not reproduce the parent's placement")
     table.validate()
+    check_no_new_rank_duplicates(head, table)
     vg = gain(buf.stats(head), buf.stats(table, base=head))
     cm = p.cost_model()
     cost = change_cost(cm, head, table, _tokens_per_step(buf))
@@ -279,6 +281,7 @@ def repair(head: RoutingTable, lost: list[int], buf: ReplayBuffer, p: DecisionPa
         return Attempt(None, "NOTHING_TO_REPAIR", f"ranks {lost} are not active")
     table = apply_ops(head, ops)
     table.validate()
+    check_no_new_rank_duplicates(head, table)
     vg = gain(buf.stats(head), buf.stats(table)) if buf.steps else 0.0
     cm = p.cost_model()
     cost = change_cost(cm, head, table, _tokens_per_step(buf))

@@ -161,11 +161,32 @@ class RoutingTable:
         return True
 
 
+def rank_duplicates(phy2log: I64, topo: Topology) -> npt.NDArray[np.int64]:
+    """[L, G] number of slots of each rank that repeat an expert the rank already holds in that layer."""
+    L = phy2log.shape[0]
+    srt = np.sort(phy2log.reshape(L, topo.ranks, topo.slots_per_rank), axis=2)
+    dup = (srt[:, :, 1:] == srt[:, :, :-1]) & (srt[:, :, 1:] >= 0)
+    out: npt.NDArray[np.int64] = dup.sum(axis=2).astype(np.int64)
+    return out
+
+
+def check_no_new_rank_duplicates(head: RoutingTable, table: RoutingTable) -> None:
+    """The planner's rule (stricter than a valid table): no (layer, rank) of `table` repeats an expert more
+    often than `head` did. Imported tables may hold same-rank duplicates; plans never add any."""
+    more = rank_duplicates(table.phy2log, table.topology) > rank_duplicates(head.phy2log, head.topology)
+    if more.any():
+        layer, rank = (int(x) for x in np.argwhere(more)[0])
+        raise InvalidTable(f"layer {layer} rank {rank} holds two replicas of one expert: "
+                           f"{table.phy2log.reshape(table.layers, table.topology.ranks, -1)[layer, rank].tolist()}")
+
+
 def validate_phy2log(
     phy2log: I64, experts: int, topo: Topology, active_mask: npt.NDArray[np.bool_] | None = None
 ) -> None:
-    """Check a [L, P] placement: ids in range, inactive ranks empty, at most one replica of an expert per
-    rank, every expert has a replica on an active rank. Vectorised; raises InvalidTable with the location."""
+    """Check a [L, P] placement: ids in range, inactive ranks empty, every expert has a replica on an active
+    rank. Two replicas of one expert on one rank are valid (DeepSeek EPLB and vLLM's boot placement produce
+    them); the planner avoids them by its own rule (`check_no_new_rank_duplicates`). Vectorised; raises
+    InvalidTable with the location."""
     L, P = phy2log.shape
     G, S = topo.ranks, topo.slots_per_rank
     if P != G * S:
@@ -182,11 +203,6 @@ def validate_phy2log(
     if on_inactive.any():
         layer, rank, _ = (int(x) for x in np.argwhere(on_inactive)[0])
         raise InvalidTable(f"layer {layer} rank {rank} is not active but holds experts {per_rank[layer, rank].tolist()}")
-    srt = np.sort(per_rank, axis=2)
-    dup = (srt[:, :, 1:] == srt[:, :, :-1]) & (srt[:, :, 1:] >= 0)
-    if dup.any():
-        layer, rank, k = (int(x) for x in np.argwhere(dup)[0])
-        raise InvalidTable(f"layer {layer} rank {rank} holds two replicas of expert {int(srt[layer, rank, k])}")
     cnt = np.zeros((L, experts), dtype=np.int64)
     rows, cols = np.nonzero(phy2log >= 0)
     np.add.at(cnt, (rows, phy2log[rows, cols]), 1)
