@@ -166,6 +166,8 @@ class ConsensusConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # let a peer that lags by up to 1024 versions catch up by CatchUp. 0 never compacts.
     log_compact_bytes: int = 64 << 20
     log_retain: int = 1024
+    # after a failed write (disk full, I/O error) the node stops voting and checks the disk this often
+    disk_retry_ms: int = 1000
 
     def validate(self) -> None:
         _need(self.accept_timeout_ms >= 1, "consensus.accept_timeout_ms", self.accept_timeout_ms, "an integer >= 1")
@@ -175,6 +177,7 @@ class ConsensusConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         _need(self.thrifty_ms >= 0, "consensus.thrifty_ms", self.thrifty_ms, "an integer >= 0")
         _need(self.log_compact_bytes >= 0, "consensus.log_compact_bytes", self.log_compact_bytes, "an integer >= 0")
         _need(self.log_retain >= 1, "consensus.log_retain", self.log_retain, "an integer >= 1")
+        _need(self.disk_retry_ms >= 1, "consensus.disk_retry_ms", self.disk_retry_ms, "an integer >= 1")
         _need(0.0 <= self.verify_tolerance <= 1.0, "consensus.verify_tolerance", self.verify_tolerance, "in [0, 1]")
         if self.backend == "etcd":
             _need(bool(self.etcd_endpoints), "consensus.etcd_endpoints", self.etcd_endpoints,

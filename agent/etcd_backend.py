@@ -24,7 +24,7 @@ import aetcd
 
 from agent.consensus.node import CommitCallback, Outcome, Verifier, validity_verifier
 from agent.consensus.wire import TableWireError, table_from_pb, table_to_pb
-from agent.store import Store
+from agent.store import Store, StoreFailed
 from controlplane.table import RoutingTable
 from elasticmoe.v1 import consensus_pb2 as pb
 
@@ -137,6 +137,11 @@ class EtcdBackend:
 
     # ---- the ConsensusNode interface -----------------------------------------------------------------
     @property
+    def failure(self) -> str:
+        """Why commits are held back here ("" while the local store works)."""
+        return f"store failed: {self.store.failed}" if self.store is not None and self.store.failed else ""
+
+    @property
     def head(self) -> RoutingTable:
         return self._head
 
@@ -215,7 +220,13 @@ class EtcdBackend:
             log.error("etcd commit %d unreadable: %s", v, e)
             return
         if persist and self.store is not None:
-            self.store.append_commit(c)  # commit (durably, here) before install
+            try:  # commit (durably, here) before install; a failed disk holds it back until the disk works
+                if self.store.failed and not self.store.resume():
+                    raise StoreFailed(self.store.failed)
+                self.store.append_commit(c)
+            except StoreFailed:
+                self._future[v] = c  # retried with the next commit etcd reports
+                return
         self._commits[v] = c
         self._head = table
         for cb in self._callbacks:

@@ -2,9 +2,18 @@
 
 Records are framed `<u32 length><u32 crc32><u8 kind><payload>` (little-endian; the crc covers kind and
 payload). Every append is written and fsync'd before it returns, so a reply or a send that follows it
-never outruns the disk. Recovery reads records in order and stops at the first short or corrupt one: that
-is the tail a `kill -9` tore mid-write, never a record that was acknowledged. The torn tail is truncated
-so that later appends follow the last whole record.
+never outruns the disk.
+
+Recovery reads records in order. A record that is cut short by the end of the file (or whose missing part
+is all zeros) is the tail a `kill -9` tore mid-write: never acknowledged, so it is truncated (and logged)
+and later appends follow the last whole record. Any other bad record is corruption of data that may have
+been acknowledged: `open()` raises `StoreCorrupt` naming the offset and changes nothing on disk; the
+operator's repair (`emoe store repair`) moves the log aside, and the node then rebuilds from its peers
+as a learner (it does not vote until it has caught up).
+
+A write that fails (ENOSPC, EIO) fail-stops the store: the partial record is cut off, every later write
+raises `StoreFailed` until `resume()` finds the disk writable again, so nothing more is acknowledged
+meanwhile. The consensus node stops voting while the store is failed and reports why.
 
 The bytes live on a `Disk`: `FileDisk` (a real file, write + fsync) or `MemoryDisk` (the simulator's
 disk, which survives a simulated crash just as the file survives `kill -9`). The framing and the
@@ -13,6 +22,8 @@ recovery code are the same for both.
 
 from __future__ import annotations
 
+import errno
+import logging
 import os
 import struct
 import zlib
@@ -24,6 +35,8 @@ from google.protobuf.message import DecodeError
 
 from elasticmoe.v1 import consensus_pb2 as pb
 
+log = logging.getLogger(__name__)
+
 _HEADER = struct.Struct("<IIB")
 KIND_COMMIT = 1
 KIND_ACCEPTOR = 2
@@ -34,7 +47,24 @@ class StoreError(RuntimeError):
     """The store cannot be used (closed, or not opened)."""
 
 
+class StoreCorrupt(StoreError):
+    """A bad record with whole records after it: acknowledged data is damaged. Nothing was changed on disk."""
+
+    def __init__(self, where: str, offset: int, reason: str, size: int) -> None:
+        self.where, self.offset, self.reason, self.size = where, offset, reason, size
+        super().__init__(f"{where}: corrupt record at offset {offset} of {size} bytes ({reason}), with whole "
+                         f"records after it; refusing to start. The log is left as it is. To rebuild this node "
+                         f"from its peers, stop it and run `emoe store repair --config <agent.toml>` (moves the "
+                         f"log aside; the node rejoins as a learner and votes again once it has caught up)")
+
+
+class StoreFailed(StoreError):
+    """A write failed (ENOSPC, EIO): the store is fail-stopped until `resume()` succeeds."""
+
+
 class Disk(Protocol):
+    where: str
+
     def read_all(self) -> bytes: ...
     def append(self, data: bytes) -> None:
         """Write `data` at the end and make it durable before returning."""
@@ -42,6 +72,9 @@ class Disk(Protocol):
     def truncate(self, size: int) -> None: ...
     def replace(self, data: bytes) -> None:
         """Atomically make `data` the whole content, durably (compaction)."""
+        ...
+    def probe(self, nbytes: int) -> None:
+        """Raise OSError unless `nbytes` can be written and made durable beside the log (the disk recovered)."""
         ...
     def close(self) -> None: ...
 
@@ -51,6 +84,7 @@ class FileDisk:
 
     def __init__(self, path: str | Path, sync: bool = True) -> None:
         self.path = Path(path)
+        self.where = str(self.path)
         self.sync = sync
         self.path.parent.mkdir(parents=True, exist_ok=True)
         created = not self.path.exists()
@@ -88,17 +122,34 @@ class FileDisk:
                 view = view[os.write(fd, view):]
             if self.sync:
                 os.fsync(fd)
-        finally:
+        except OSError:
             os.close(fd)
+            tmp.unlink(missing_ok=True)  # the old log is untouched
+            raise
+        os.close(fd)
         os.replace(tmp, self.path)
+        self.close()  # from here on, appends go to the new file
+        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
         if self.sync:
             dfd = os.open(self.path.parent, os.O_RDONLY)
             try:
                 os.fsync(dfd)
             finally:
                 os.close(dfd)
-        self.close()
-        self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
+
+    def probe(self, nbytes: int) -> None:
+        tmp = self.path.with_name(self.path.name + ".probe")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                view = memoryview(bytes(nbytes))
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -110,15 +161,24 @@ class MemoryDisk:
     """The simulator's disk: bytes that outlive the node object, as a file outlives `kill -9`."""
 
     def __init__(self) -> None:
+        self.where = "memory disk"
         self.data = bytearray()
         self.appends = 0
+        self.capacity: int | None = None  # bytes the disk holds; a write past it is cut short with ENOSPC
 
     def read_all(self) -> bytes:
         return bytes(self.data)
 
     def append(self, data: bytes) -> None:
+        if self.capacity is not None and len(self.data) + len(data) > self.capacity:
+            self.data += data[:max(0, self.capacity - len(self.data))]  # a short write, as a full disk gives
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         self.data += data
         self.appends += 1
+
+    def probe(self, nbytes: int) -> None:
+        if self.capacity is not None and len(self.data) + nbytes > self.capacity:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     def truncate(self, size: int) -> None:
         del self.data[size:]
@@ -147,29 +207,48 @@ class Recovered:
     acceptor: dict[int, pb.AcceptorState] = field(default_factory=dict)
     records: int = 0
     torn_bytes: int = 0
+    bad_offset: int = -1  # where the first bad record starts (-1: none)
+    bad_reason: str = ""
+
+
+def _decode(kind: int, payload: bytes, rec: Recovered) -> str:
+    """Add one record's content to `rec`; returns why it cannot be decoded, or ""."""
+    try:
+        if kind == KIND_COMMIT:
+            rec.commits.append(pb.Commit.FromString(payload))
+        elif kind == KIND_ACCEPTOR:
+            st = pb.AcceptorState.FromString(payload)
+            rec.acceptor[st.version] = st
+        else:
+            return f"unknown record kind {kind}"
+    except DecodeError as e:
+        return f"kind {kind} payload does not decode: {e}"
+    return ""
 
 
 def parse(data: bytes) -> tuple[Recovered, int]:
-    """Decode whole records from `data`; returns what they hold and the offset just after the last one."""
+    """Decode whole records from `data`; returns what they hold and the offset just after the last one
+    (`rec.bad_offset` and `rec.bad_reason` say what stopped it, if anything did before the end)."""
     rec = Recovered()
     off = 0
-    while off + _HEADER.size <= len(data):
-        length, crc, kind = _HEADER.unpack_from(data, off)
-        end = off + _HEADER.size + length
-        if length > MAX_RECORD or end > len(data):
-            break
-        payload = data[off + _HEADER.size:end]
-        if zlib.crc32(bytes([kind]) + payload) != crc:
-            break
-        try:
-            if kind == KIND_COMMIT:
-                rec.commits.append(pb.Commit.FromString(payload))
-            elif kind == KIND_ACCEPTOR:
-                st = pb.AcceptorState.FromString(payload)
-                rec.acceptor[st.version] = st
+    while off < len(data):
+        why = ""
+        if off + _HEADER.size > len(data):
+            why = f"header cut short: {len(data) - off} of {_HEADER.size} bytes"
+        else:
+            length, crc, kind = _HEADER.unpack_from(data, off)
+            end = off + _HEADER.size + length
+            payload = data[off + _HEADER.size:end]
+            if length > MAX_RECORD:
+                why = f"length {length} exceeds {MAX_RECORD}"
+            elif end > len(data):
+                why = f"record cut short: {len(data) - off} of {end - off} bytes"
+            elif zlib.crc32(bytes([kind]) + payload) != crc:
+                why = "crc mismatch"
             else:
-                break
-        except DecodeError:
+                why = _decode(kind, payload, rec)  # adds nothing when it fails
+        if why:
+            rec.bad_offset, rec.bad_reason = off, why
             break
         rec.records += 1
         off = end
@@ -177,8 +256,39 @@ def parse(data: bytes) -> tuple[Recovered, int]:
     return rec, off
 
 
+def _whole_record_after(data: bytes, start: int) -> int:
+    """The offset of the first whole, decodable record that starts after `start`, or -1. Used only when
+    recovery stopped early, to tell a torn tail (nothing whole after it) from corruption in the middle."""
+    for off in range(start + 1, len(data) - _HEADER.size + 1):
+        length, crc, kind = _HEADER.unpack_from(data, off)
+        if kind not in (KIND_COMMIT, KIND_ACCEPTOR) or length > len(data) - off - _HEADER.size:
+            continue
+        payload = data[off + _HEADER.size:off + _HEADER.size + length]
+        if zlib.crc32(bytes([kind]) + payload) == crc and not _decode(kind, payload, Recovered()):
+            return off
+    return -1
+
+
+def torn_tail(data: bytes, rec: Recovered) -> bool:
+    """Whether the bytes after the last whole record are a tail torn by a crash: the last record, cut short
+    by the end of the file (a write that did not finish) or zero-filled to its end (a file extended before
+    its data reached the disk), with no whole record after it. Anything else is corruption."""
+    off = rec.bad_offset
+    if off < 0:
+        return True
+    if off + _HEADER.size <= len(data):
+        length, _, _ = _HEADER.unpack_from(data, off)
+        end = off + _HEADER.size + length
+        cut_short = end > len(data)
+        zero_filled = not any(data[off + _HEADER.size:])
+        if not (cut_short or zero_filled):
+            return False
+    return _whole_record_after(data, off) < 0
+
+
 class Store:
-    """The node's durable consensus state. `open()` recovers; every `save_*`/`append_*` is durable on return."""
+    """The node's durable consensus state. `open()` recovers; every `save_*`/`append_*` is durable on return,
+    or raises `StoreFailed` (then nothing was acknowledged, and the store refuses writes until `resume()`)."""
 
     def __init__(self, path: str | Path | None = None, *, disk: Disk | None = None, sync: bool = True) -> None:
         if (path is None) == (disk is None):
@@ -187,15 +297,28 @@ class Store:
         self._opened = False
         self.appends = 0
         self.size = 0  # bytes in the log: what compaction watches
+        self.failed = ""  # why the store is fail-stopped ("" while it works)
+        self.truncated = 0  # bytes of torn tail cut off by the last open()
+
+    @property
+    def where(self) -> str:
+        return self._disk.where
 
     def open(self) -> Recovered:
-        """Read the log, truncate a torn tail, and return the committed tables and acceptor state."""
+        """Read the log, truncate a torn tail, and return the committed tables and acceptor state.
+        Raises `StoreCorrupt` (changing nothing) when a bad record has whole records after it."""
         data = self._disk.read_all()
         rec, end = parse(data)
         if end < len(data):
+            if not torn_tail(data, rec):
+                raise StoreCorrupt(self.where, rec.bad_offset, rec.bad_reason, len(data))
+            log.warning("%s: torn tail of %d bytes at offset %d (%s): a write cut short by a crash, never "
+                        "acknowledged; truncated", self.where, len(data) - end, end, rec.bad_reason)
             self._disk.truncate(end)
+        self.truncated = len(data) - end
         self._opened = True
         self.size = end
+        self.failed = ""
         return rec
 
     recover = open
@@ -203,9 +326,37 @@ class Store:
     def _append(self, data: bytes) -> None:
         if not self._opened:
             raise StoreError("store not opened: call open() (recovery) before writing")
-        self._disk.append(data)
+        if self.failed:
+            raise StoreFailed(self.failed)
+        try:
+            self._disk.append(data)
+        except OSError as e:
+            self._fail(f"write of {len(data)} bytes at offset {self.size} failed: {e.strerror or e}", e)
         self.appends += 1
         self.size += len(data)
+
+    def _fail(self, what: str, e: OSError) -> None:
+        self.failed = f"{self.where}: {what}"
+        log.error("store fail-stopped: %s; refusing writes (and votes) until the disk recovers", self.failed)
+        try:  # cut the partial record now, so that nothing can ever be appended after it
+            self._disk.truncate(self.size)
+        except OSError:
+            pass  # resume() cuts it before anything else is written
+        raise StoreFailed(self.failed) from e
+
+    def resume(self, probe_bytes: int = 1 << 16) -> bool:
+        """After a failed write: cut the log back to its last whole record and check that the disk takes
+        `probe_bytes` again. True when the store works (again)."""
+        if not self.failed:
+            return True
+        try:
+            self._disk.truncate(self.size)
+            self._disk.probe(probe_bytes)
+        except OSError:
+            return False
+        log.warning("store resumed: %s is writable again (was: %s)", self.where, self.failed)
+        self.failed = ""
+        return True
 
     def append_commit(self, commit: pb.Commit, also: list[pb.AcceptorState] | None = None) -> None:
         """Append a commit, and any acceptor states riding along, with one write and one fsync."""
@@ -217,15 +368,24 @@ class Store:
     def save_acceptor(self, state: pb.AcceptorState) -> None:
         self._append(frame(KIND_ACCEPTOR, state.SerializeToString()))
 
-    def compact(self, commits: list[pb.Commit], acceptor: list[pb.AcceptorState]) -> None:
+    def compact(self, commits: list[pb.Commit], acceptor: list[pb.AcceptorState]) -> bool:
         """Replace the log by just these records (the commits still to keep, in order, and the acceptor state
-        of undecided versions), atomically: a crash leaves either the old log or the new one."""
+        of undecided versions), atomically: a crash leaves either the old log or the new one. A compaction
+        that cannot be written leaves the old log in place (False); nothing is lost by skipping it."""
         if not self._opened:
             raise StoreError("store not opened: call open() (recovery) before compacting")
+        if self.failed:
+            return False
         data = b"".join([frame(KIND_COMMIT, c.SerializeToString()) for c in commits]
                         + [frame(KIND_ACCEPTOR, st.SerializeToString()) for st in acceptor])
-        self._disk.replace(data)
+        try:
+            self._disk.replace(data)
+        except OSError as e:
+            log.warning("%s: compaction skipped (%s); the log keeps growing until it can be written", self.where,
+                        e.strerror or e)
+            return False
         self.size = len(data)
+        return True
 
     def close(self) -> None:
         self._disk.close()

@@ -164,3 +164,31 @@ def test_compaction_keeps_the_newest_commits_across_restarts() -> None:
     c.run(1.0)
     assert c.nodes[n].head.version == 27
     assert check(c.history) == []
+
+
+def test_a_full_disk_stops_the_votes_and_the_node_catches_up_when_it_recovers() -> None:
+    c = cluster(voters=3, nodes=3, sync_interval_ms=200, disk_retry_ms=100)
+    commit_next(c)
+    full = c.ids[2]
+    disk = c.disks[full]
+    disk.capacity = len(disk.data)  # nothing more fits
+    for _ in range(4):  # the other two keep committing without it
+        commit_next(c)
+        c.run(0.3)
+    node = c.nodes[full]
+    assert node.failure.startswith("store failed") and "No space left" in node.failure
+    assert node.head.version < c.nodes[c.ids[0]].head.version
+    reply = node._handle(c.ids[0], "Consensus/Prepare", pb.PrepareRequest(
+        version=node.head.version + 1, ballot=pb.Ballot(round=9, node_id=c.ids[0]), from_node=c.ids[0]))
+    assert isinstance(reply, pb.Promise) and not reply.ok and "UNAVAILABLE" in reply.reason
+    outcomes: list[Outcome] = []
+    node.propose(successor_table(node.head, c.rng), pb.Plan(), outcomes.append)
+    assert outcomes and not outcomes[0].committed and "store failed" in outcomes[0].reason
+    assert len(disk.data) == node.store.size  # no partial record left behind
+    disk.capacity = None  # space returns: the node resumes and catches up
+    c.run(2.0)
+    assert node.failure == "" and node.head.version == c.nodes[c.ids[0]].head.version
+    assert check(c.history) == []
+    c.crash(full)
+    c.restart(full)  # and every record it wrote is there after a restart
+    assert c.nodes[full].head.version == c.nodes[c.ids[0]].head.version

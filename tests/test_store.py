@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.store import FileDisk, MemoryDisk, Store, StoreError, frame, parse
+from agent.store import FileDisk, MemoryDisk, Store, StoreCorrupt, StoreError, StoreFailed, frame, parse
 from elasticmoe.v1 import consensus_pb2 as pb
 
 
@@ -100,3 +100,82 @@ def test_compaction_replaces_the_log_atomically(tmp_path: Path) -> None:
     rec = Store(p).open()
     assert [c.table.version for c in rec.commits] == [10, 11, 12]
     assert list(rec.acceptor) == [12] and rec.acceptor[12].proposer_round == 1
+
+
+# ---- torn tail or corruption: only a tail a crash tore is cut; anything else refuses to start ----------
+def _log_of(n: int) -> tuple[MemoryDisk, list[int]]:
+    d = MemoryDisk()
+    s = Store(disk=d)
+    s.open()
+    offsets = []
+    for v in range(2, 2 + n):
+        offsets.append(len(d.data))
+        s.append_commit(commit(v))
+    return d, offsets
+
+
+def test_mid_file_corruption_refuses_to_start_and_names_the_offset() -> None:
+    d, offsets = _log_of(4)
+    d.data[offsets[1] + 12] ^= 0xFF  # a payload byte of the second record
+    before = bytes(d.data)
+    with pytest.raises(StoreCorrupt) as e:
+        Store(disk=d).open()
+    assert e.value.offset == offsets[1] and "crc mismatch" in e.value.reason
+    assert f"offset {offsets[1]}" in str(e.value) and "emoe store repair" in str(e.value)
+    assert bytes(d.data) == before  # nothing was truncated
+
+
+@pytest.mark.parametrize("where", ["length", "kind", "crc"])
+def test_a_bad_header_mid_file_is_corruption(where: str) -> None:
+    d, offsets = _log_of(3)
+    d.data[offsets[1] + {"length": 0, "kind": 8, "crc": 5}[where]] ^= 0x40
+    with pytest.raises(StoreCorrupt) as e:
+        Store(disk=d).open()
+    assert e.value.offset == offsets[1]
+
+
+def test_a_flipped_byte_in_the_last_whole_record_is_corruption_not_a_torn_tail() -> None:
+    d, offsets = _log_of(3)
+    d.data[-3] ^= 0x01  # the record has its full length: no crash tears a write that way
+    with pytest.raises(StoreCorrupt) as e:
+        Store(disk=d).open()
+    assert e.value.offset == offsets[2]
+
+
+def test_a_zero_filled_tail_is_torn() -> None:
+    d, offsets = _log_of(3)
+    rec_len = len(d.data) - offsets[2]
+    d.data[offsets[2] + 9:] = bytes(rec_len - 9)  # the file grew before the record's data reached the disk
+    s = Store(disk=d)
+    rec = s.open()
+    assert [c.table.version for c in rec.commits] == [2, 3] and s.truncated == rec_len
+
+
+# ---- fail-stop on write errors ---------------------------------------------------------------------
+def test_disk_full_fail_stops_then_resumes_without_losing_a_record() -> None:
+    d, _ = _log_of(2)
+    s = Store(disk=d)
+    s.open()
+    d.capacity = len(d.data) + 20  # room for part of the next record only
+    with pytest.raises(StoreFailed, match="No space left"):
+        s.append_commit(commit(4))
+    assert s.failed and len(d.data) == s.size  # the partial record was cut at once
+    with pytest.raises(StoreFailed):  # nothing more is written (nor acknowledged) while failed
+        s.save_acceptor(pb.AcceptorState(version=5))
+    assert not s.resume()  # still full
+    d.capacity = None  # space returns
+    assert s.resume() and not s.failed
+    s.append_commit(commit(4))
+    rec = Store(disk=d).open()
+    assert [c.table.version for c in rec.commits] == [2, 3, 4] and rec.torn_bytes == 0
+
+
+def test_compaction_that_cannot_be_written_keeps_the_old_log(tmp_path: Path) -> None:
+    p = tmp_path / "log"
+    s = Store(p)
+    s.open()
+    s.append_commit(commit(2))
+    (tmp_path / "log.compact").mkdir()  # the temp file cannot be created
+    assert not s.compact([commit(2)], [])
+    s.append_commit(commit(3))
+    assert [c.table.version for c in Store(p).open().commits] == [2, 3]

@@ -25,7 +25,7 @@ from agent.consensus.log import CommittedLog, shape_mismatch
 from agent.consensus.paxos import Acceptor, Attempt, quorum_size, round0_owner
 from agent.consensus.proposer import Outcome, Pending, ProposerMixin
 from agent.consensus.wire import TableWireError, table_from_pb, table_to_pb
-from agent.store import Store
+from agent.store import Store, StoreFailed
 from agent.transport import Transport
 from controlplane.errors import InvalidTable
 from controlplane.table import RoutingTable
@@ -97,6 +97,38 @@ class ConsensusNode(ProposerMixin):
                 self._arm("takeover", v, self._takeover_delay(), partial(self._recover, v))
         self._arm_sync()
 
+    # ---- fail-stop on a store that cannot be written ---------------------------------------------
+    @property
+    def failure(self) -> str:
+        """Why this node neither votes nor proposes now ("" while its store works)."""
+        return f"store failed: {self.store.failed}" if self.store.failed else ""
+
+    def _persist(self, st: pb.AcceptorState) -> bool:
+        """Make acceptor state durable; False (and fail-stop until the disk recovers) when it cannot be."""
+        try:
+            self.store.save_acceptor(st)
+        except StoreFailed:
+            self._store_failed()
+            return False
+        return True
+
+    def _store_failed(self) -> None:
+        """Stop voting and proposing (every handler checks `store.failed`) and try the disk again every
+        `disk_retry_ms`; catch-up fetches whatever was committed meanwhile once it works again."""
+        if ("disk", 0) in self._timers:
+            return
+
+        def retry() -> None:
+            if self.store.resume():
+                for peer in sorted(self._peer_heads, key=lambda n: -self._peer_heads[n]):
+                    if peer != self.node_id:
+                        self.catch_up(peer)
+                        break
+            else:
+                self._arm("disk", 0, self.cfg.disk_retry_ms / 1000.0, retry)
+
+        self._arm("disk", 0, self.cfg.disk_retry_ms / 1000.0, retry)
+
     def stop(self) -> None:
         self.running = False
         for t in self._timers.values():
@@ -139,6 +171,8 @@ class ConsensusNode(ProposerMixin):
             why = f"table version {v} parent {table.parent}: expected version {self.log.head.version + 1} parent {self.log.head.version}"
         elif v in self._pending:
             why = f"a proposal for version {v} is already in flight here"
+        elif self.store.failed:
+            why = f"UNAVAILABLE: {self.failure}"
         if why:
             on_done(Outcome(False, v, why))
             return
@@ -200,13 +234,23 @@ class ConsensusNode(ProposerMixin):
         if not self.running:
             return None
         head = self.log.head.version
+        if self.store.failed and method in ("Consensus/Prepare", "Consensus/Accept"):
+            # fail-stop: a vote that cannot be made durable is never given
+            why = f"UNAVAILABLE: {self.node_id}'s {self.failure}"
+            if isinstance(req, pb.PrepareRequest):
+                return pb.Promise(ok=False, from_node=self.node_id, committed_head=head, reason=why)
+            if isinstance(req, pb.AcceptRequest):
+                return pb.Accepted(ok=False, from_node=self.node_id, committed_head=head,
+                                   ballot=req.proposal.ballot, reason=why)
         if method == "Consensus/Prepare" and isinstance(req, pb.PrepareRequest):
             if req.ballot.node_id != src:  # a proposer only ever uses its own ballots
                 return pb.Promise(ok=False, from_node=self.node_id, committed_head=head,
                                   reason=f"ballot.node_id = {req.ballot.node_id!r}: expected the sender {src!r}")
             promise, st = self.acceptor.on_prepare(req, self.log.head.version)
             if st is not None:
-                self.store.save_acceptor(st)  # persist before the reply leaves
+                if not self._persist(st):  # persist before the reply leaves
+                    return pb.Promise(ok=False, from_node=self.node_id, committed_head=head,
+                                      reason=f"UNAVAILABLE: {self.failure}")
                 self.acceptor.apply(st)
             elif req.version > self.log.head.version + 1:
                 self.catch_up(src)
@@ -219,7 +263,9 @@ class ConsensusNode(ProposerMixin):
             reply, st = self.acceptor.on_accept(req, self.log.head.version, self._check)
             v = int(req.proposal.version)
             if st is not None:
-                self.store.save_acceptor(st)
+                if not self._persist(st):
+                    return pb.Accepted(ok=False, from_node=self.node_id, committed_head=head,
+                                       ballot=req.proposal.ballot, reason=f"UNAVAILABLE: {self.failure}")
                 self.acceptor.apply(st)
                 self._recoveries.pop(v, None)
                 if v not in self._attempts:  # finish it ourselves if its proposer goes quiet
@@ -263,7 +309,11 @@ class ConsensusNode(ProposerMixin):
     def _learned(self, c: pb.Commit, src: str | None, broadcast: bool, attempt: Attempt | None = None) -> str:
         """Offer a certified commit to the log; as its proposer, send it on between persist and install."""
         self._last_attempt = attempt
-        why, behind = self.log.offer(c, self._broadcast_commit if broadcast else None)
+        try:
+            why, behind = self.log.offer(c, self._broadcast_commit if broadcast else None)
+        except StoreFailed:
+            self._store_failed()
+            return f"UNAVAILABLE: {self.failure}"
         if behind and src is not None:
             self.catch_up(src)
         return why

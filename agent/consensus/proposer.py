@@ -79,6 +79,9 @@ class ProposerMixin:
     def _learned(self, c: pb.Commit, src: str | None, broadcast: bool, attempt: Attempt | None = None) -> str:
         raise NotImplementedError
 
+    def _persist(self, st: pb.AcceptorState) -> bool:
+        raise NotImplementedError
+
     def _arm(self, kind: str, v: int, delay: float, fn: Callable[[], None]) -> None:
         raise NotImplementedError
 
@@ -162,7 +165,9 @@ class ProposerMixin:
                     return
                 cur = self.acceptor.state(v)
                 if cur is new:
-                    self.store.save_acceptor(new)
+                    if not self._persist(new):
+                        self._attempt_failed(v, att, f"UNAVAILABLE: {self.store.failed}", retry=False)
+                        return
                 elif not (cur.HasField("accepted") and ballot_of(cur.accepted_ballot) == att.ballot):
                     return  # a higher ballot replaced our accept before it was durable: no vote from us
                 self._step(v, att, att.on_accepted(self.node_id, reply))
@@ -170,7 +175,9 @@ class ProposerMixin:
             self.clock.call_later(0.0, own_vote)
             return
         self._preburned.discard(v)
-        self.store.save_acceptor(new)  # persist the ballot (and our own promise/accept) before sending
+        if not self._persist(new):  # persist the ballot (and our own promise/accept) before sending
+            self._attempt_failed(v, att, f"UNAVAILABLE: {self.store.failed}", retry=False)
+            return
         self.acceptor.apply(new)
         if rnd == 0:
             self._step(v, att, att.on_accepted(self.node_id, reply))
@@ -248,7 +255,9 @@ class ProposerMixin:
                 reply, st = self.acceptor.on_accept(att.accept_request(), self.log.head.version, self._check)
                 if st is not None:
                     st.proposer_round = max(int(st.proposer_round), int(self.acceptor.state(v).proposer_round))
-                    self.store.save_acceptor(st)
+                    if not self._persist(st):
+                        self._attempt_failed(v, att, f"UNAVAILABLE: {self.store.failed}", retry=False)
+                        return
                     self.acceptor.apply(st)
                 elif not att.recovered_from and "promised" not in reply.reason:
                     # our own fresh value fails our own check: send nothing (a value phase 1 adopted from
