@@ -154,13 +154,13 @@ class NodeState:
                                            live_voters=self._live_voters,
                                            members=lambda: self.gossip.live_nodes() if self.gossip is not None else [])
         self.consensus.on_commit(self._on_commit)
+        self.consensus.start()  # recovers the committed log: the controller plans from the recovered head
         self.controller = Controller(self.params, self.consensus.head)
         self.gossip = GossipNode(self.node_id, self.cfg.advertise_address, self._my_ranks(), self.cfg.gossip, clock,
                                  self.transport, {n: a for n, a in self.cfg.seed_map.items() if n != self.node_id},
                                  rng_seed=self.rng_seed if self.rng_seed is not None else zlib.crc32(self.node_id.encode()))
         self.gossip.on_window(self._on_window)
         self.gossip.on_member_change(self._on_member_change)
-        self.consensus.start()
         self.gossip.start()
         self._health = "SERVING"
 
@@ -371,7 +371,9 @@ class NodeState:
         return dict(pv()) if callable(pv) else {self.node_id: self.head().version}
 
     def health(self) -> str:
-        return self._health
+        """SERVING, or NOT_SERVING / STARTING with the reason after a colon (a failed store, say)."""
+        failure = getattr(self.consensus, "failure", "") if self._health == "SERVING" else ""
+        return f"NOT_SERVING: {failure}" if failure else self._health
 
     def window_seq(self) -> int:
         return max(0, self._window_seq)

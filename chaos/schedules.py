@@ -10,6 +10,9 @@ One command per line, `#` starts a comment:
     crash NODE                       kill -9: only the store's disk survives; `restart NODE` brings it back
     rank-loss NODE                   kill -9 of the node and its ranks, for good (settle does not restart it)
     restart NODE | restart all
+    restart-cluster                  kill -9 of every node at once, then all restart from their disks (a power
+                                     cut, an upgrade of an idle cluster): I7, and commits resume
+    restart-cluster rolling          each node in turn: kill -9, 300 ms down, restart, 1 s before the next
     pause NODE [2s] | resume NODE    SIGSTOP / SIGCONT (with a duration: resumed after it)
     drop P | duplicate P | reorder P | delay 5ms | clear-link      message faults on every link
     skew NODE RATE                   NODE's clock runs RATE x real time (0.5 slow, 2 fast; 1 ends it): its
@@ -121,6 +124,22 @@ def apply(c: SimCluster, line: str, rng: random.Random, settle_limit_s: float = 
                     c.restart(n)
             done = [t for t in targets if t is not None]
             return f"restart {' '.join(done)}" if done else "restart (no node down)"
+        if cmd == "restart-cluster":
+            if args and args[0] != "rolling":
+                raise ScheduleError(f"{line!r}: expected restart-cluster [rolling]")
+            ids = [n for n in c.ids if n not in c.lost]
+            if args:
+                for n in ids:
+                    c.crash(n)
+                    c.run(0.3)
+                    c.restart(n)
+                    c.run(1.0)
+            else:
+                for n in ids:
+                    c.crash(n)
+                for n in ids:
+                    c.restart(n)
+            return line
         if cmd == "pause":
             n = _node(c, args[0], rng)
             if n is not None:
@@ -180,7 +199,8 @@ def apply(c: SimCluster, line: str, rng: random.Random, settle_limit_s: float = 
 
 FAULTS = ("partition one", "partition minority", "partition majority", "partition ring", "partition bridge",
           "crash random", "crash voter", "rank-loss random", "pause random", "drop", "duplicate", "reorder",
-          "delay", "restart down", "heal", "drain random", "restore random")
+          "delay", "restart down", "heal", "drain random", "restore random", "restart-cluster",
+          "restart-cluster rolling")
 
 
 def generate(rng: random.Random, nodes: int, faults: int = 3, skew: bool = False) -> list[str]:
