@@ -7,6 +7,8 @@ import asyncio
 import logging
 import os
 import signal
+import socket
+import sys
 from pathlib import Path
 
 import grpc
@@ -15,7 +17,9 @@ from grpc_reflection.v1alpha import reflection
 
 from agent.admin import AdminService
 from agent.config import AgentConfig
+from agent.datadir import DataDirError, DataDirLock
 from agent.state import NodeState
+from agent.store import StoreCorrupt
 from elasticmoe.v1 import admin_pb2, admin_pb2_grpc, consensus_pb2, gossip_pb2
 
 log = logging.getLogger("emoe.agent")
@@ -29,6 +33,16 @@ SERVICE_NAMES = (
 )
 
 
+# No SO_REUSEPORT: with it, a second agent on the same port starts without error and the kernel splits
+# connections between the two (two clusters merged into one). Without it, the second bind fails.
+SERVER_OPTIONS = [("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 64 << 20),
+                  ("grpc.max_send_message_length", 64 << 20)]
+
+
+class StartupError(RuntimeError):
+    """The agent cannot start: a message for the operator (no traceback), naming what to fix."""
+
+
 class AgentProcess:
     """The gRPC servers around a NodeState, with graceful shutdown."""
 
@@ -40,31 +54,63 @@ class AgentProcess:
         self.health_server: grpc.aio.Server | None = None
         self.health = health.aio.HealthServicer()
         self.port = 0
+        self.lock = DataDirLock(cfg.data_dir)
+        self._watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
-        server = grpc.aio.server(interceptors=self.state.interceptors(), options=[("grpc.max_receive_message_length", 64 << 20),
-                                          ("grpc.max_send_message_length", 64 << 20)])
+        """Lock the data_dir, bind, recover the store, then serve. Raises StartupError with the reason."""
+        try:
+            self.lock = DataDirLock(self.cfg.data_dir).acquire()
+        except DataDirError as e:
+            raise StartupError(str(e)) from None
+        try:
+            await self._start()
+        except BaseException:
+            await self._abort()
+            raise
+
+    async def _abort(self) -> None:
+        for srv in (self.shim_server, self.health_server, self.server):
+            if srv is not None:
+                await srv.stop(0)
+        self.lock.release()
+
+    async def _start(self) -> None:
+        server = grpc.aio.server(interceptors=self.state.interceptors(), options=SERVER_OPTIONS)
         admin_pb2_grpc.add_AdminServicer_to_server(AdminService(self.state), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(SERVICE_NAMES, server)
         self.state.attach(server)
         creds = self.state.server_credentials()
-        if creds is None:
-            self.port = server.add_insecure_port(self.cfg.listen)
-        else:
-            self.port = server.add_secure_port(self.cfg.listen, creds)
+        try:
+            if creds is None:
+                self.port = server.add_insecure_port(self.cfg.listen)
+            else:
+                self.port = server.add_secure_port(self.cfg.listen, creds)
+        except RuntimeError:  # grpc raises when the address cannot be bound
+            self.port = 0
         if self.port == 0:
-            raise OSError(f"cannot listen on {self.cfg.listen}")
+            raise StartupError(f"listen = {self.cfg.listen!r}: cannot bind (in use by another process, or not an "
+                               f"address of this host)")
         await server.start()
         self.server = server
-        self.state.start()
+        try:
+            self.state.start()
+        except StoreCorrupt as e:
+            raise StartupError(str(e)) from None
         sock = self.cfg.shim_socket or str(Path(self.cfg.data_dir) / "shim.sock")
+        if _socket_answers(sock):  # binding would silently take the socket from the agent behind it
+            raise StartupError(f"shim_socket = {sock!r} is in use by another process: give each agent its own")
         self.shim_server = await self.state.serve_shim(sock)
         if self.cfg.tls.health_listen:
             from agent.security import serve_plaintext_health
 
-            self.health_server, _ = await serve_plaintext_health(self.cfg.tls.health_listen, self.health)
+            try:
+                self.health_server, _ = await serve_plaintext_health(self.cfg.tls.health_listen, self.health)
+            except OSError as e:
+                raise StartupError(str(e)) from None
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        self._watch = asyncio.get_running_loop().create_task(self._watch_health())
         log.info("agent %s serving on %s (shim link %s)", self.cfg.node_id, self.cfg.listen, sock)
 
     async def _set_health(self, status: int) -> None:
@@ -73,8 +119,21 @@ class AgentProcess:
             if asyncio.iscoroutine(res):
                 await res
 
+    async def _watch_health(self, every: float = 0.25) -> None:
+        """Follow the node's health (a failed store makes it NOT_SERVING until the disk recovers)."""
+        serving = True
+        while True:
+            await asyncio.sleep(every)
+            now = self.state.health() == "SERVING"
+            if now != serving:
+                serving = now
+                await self._set_health(health_pb2.HealthCheckResponse.SERVING if now
+                                       else health_pb2.HealthCheckResponse.NOT_SERVING)
+
     async def stop(self, grace: float = 2.0) -> None:
         """SIGTERM path: stop serving new work, leave the cluster gracefully, then close."""
+        if self._watch is not None:
+            self._watch.cancel()
         await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
         self.state.stop()
         await asyncio.sleep(0.1)  # let the leave broadcast go out
@@ -82,11 +141,29 @@ class AgentProcess:
         for srv in (self.shim_server, self.health_server, self.server):
             if srv is not None:
                 await srv.stop(grace)
+        self.lock.release()
+
+
+def _socket_answers(path: str) -> bool:
+    """Whether a process accepts connections on the unix socket at `path`."""
+    if not os.path.exists(path):
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(path)
+        except OSError:
+            return False  # a stale socket file left by a crash
+    return True
 
 
 async def _main(cfg: AgentConfig) -> int:
     proc = AgentProcess(cfg)
-    await proc.start()
+    try:
+        await proc.start()
+    except StartupError as e:
+        log.error("agent %s cannot start: %s", cfg.node_id, e)
+        print(f"emoe agent: error: {e}", file=sys.stderr)
+        return 2
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

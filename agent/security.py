@@ -108,9 +108,12 @@ async def serve_plaintext_health(listen: str, servicer: Any) -> tuple[grpc.aio.S
     started server and its port."""
     from grpc_health.v1 import health_pb2_grpc
 
-    server = grpc.aio.server()
+    server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])  # a second agent's bind fails, not shares
     health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    port = server.add_insecure_port(listen)
+    try:
+        port = server.add_insecure_port(listen)
+    except RuntimeError:
+        port = 0
     if port == 0:
         raise OSError(f"tls.health_listen = {listen!r}: cannot listen there")
     await server.start()

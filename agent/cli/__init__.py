@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "agent.cli.certs",
     "agent.cli.bench",
     "agent.cli.profile",
+    "agent.cli.store",
 )
 
 
