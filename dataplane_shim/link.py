@@ -1,8 +1,8 @@
 """The shim's client of its node agent's local link (gRPC over a unix socket): tables in, loads out.
 
 `ShimLink` is the asyncio client; `LinkThread` runs one on a background thread for engines whose step
-loop is synchronous: `drain()` returns the commits that arrived since the last call (pass them to
-`Shim.begin_step`), `report()` queues a load report. No torch here: the agent imports `check_load_report`.
+loop is synchronous: `drain()` returns the commits that arrived since the last call, `offer()` queues a
+load report without ever blocking the step. No torch here: the agent imports `check_load_report`.
 """
 
 from __future__ import annotations
@@ -92,13 +92,25 @@ class ShimLink:
 
 
 class LinkThread:
-    """A ShimLink on its own thread and event loop, for a synchronous engine loop."""
+    """A ShimLink on its own thread and event loop, for a synchronous engine loop.
 
-    def __init__(self, socket_path: str, from_version: int, *, shim_id: str = "", ranks: Sequence[int] = ()) -> None:
+    `drain()` returns the certified commits that arrived since the last call; `offer(report)` hands a load
+    report to the sender and returns at once: when `queue_size` reports already wait (a slow agent) or the
+    send fails (an absent one) the report is dropped and counted in `dropped`, and the next report that
+    goes through carries that count in `dropped_reports`. The watch reconnects with backoff and resumes
+    after the last version it delivered. A step never waits on the agent."""
+
+    def __init__(self, socket_path: str, from_version: int, *, shim_id: str = "", ranks: Sequence[int] = (),
+                 queue_size: int = 64, retry_s: tuple[float, float] = (0.05, 2.0)) -> None:
         self._commits: queue.SimpleQueue[cpb.Commit] = queue.SimpleQueue()
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
-        self.errors: list[BaseException] = []
+        self.errors: list[BaseException] = []  # the last few link errors (bounded), for diagnostics
+        self.sent = 0
+        self.dropped = 0
+        self.delivered_version = from_version
+        self._reported_drops = 0
+        self._queue_size, self._retry_s = queue_size, retry_s
         self._args = (socket_path, from_version, shim_id, list(ranks))
         self._thread = threading.Thread(target=self._run, name=f"shim-link-{shim_id}", daemon=True)
         self._thread.start()
@@ -108,17 +120,44 @@ class LinkThread:
         asyncio.set_event_loop(self._loop)
         path, v, shim_id, ranks = self._args
         self.link = ShimLink(path, shim_id=shim_id, ranks=ranks)
+        self._outbox: asyncio.Queue[dpb.LoadReport] = asyncio.Queue()
         self._watch = self._loop.create_task(self._pump(v))
+        self._sender = self._loop.create_task(self._send())
         self._ready.set()
         self._loop.run_forever()
 
+    def _error(self, exc: BaseException) -> None:
+        self.errors = [*self.errors[-7:], exc]
+
     async def _pump(self, v: int) -> None:
-        try:
-            async for c in self.link.watch_tables(v):
-                self._commits.put(c)
-        except (grpc.aio.AioRpcError, asyncio.CancelledError) as exc:
-            if not isinstance(exc, asyncio.CancelledError):
-                self.errors.append(exc)
+        delay = self._retry_s[0]
+        while True:
+            try:
+                async for c in self.link.watch_tables(v):
+                    self._commits.put(c)
+                    v = self.delivered_version = c.table.version
+                    delay = self._retry_s[0]
+            except grpc.aio.AioRpcError as exc:
+                self._error(exc)
+            await asyncio.sleep(delay)  # the stream ended (agent restarting): resume after v
+            delay = min(self._retry_s[1], delay * 2)
+
+    async def _send(self) -> None:
+        while True:
+            r = await self._outbox.get()
+            r.dropped_reports = self.dropped
+            try:
+                await self.link.report_load(r)
+                self.sent += 1
+            except grpc.aio.AioRpcError as exc:
+                self.dropped += 1
+                self._error(exc)
+
+    def _enqueue(self, report: dpb.LoadReport) -> None:  # on the loop's thread
+        if self._outbox.qsize() >= self._queue_size:
+            self.dropped += 1
+        else:
+            self._outbox.put_nowait(report)
 
     def drain(self) -> list[cpb.Commit]:
         out: list[cpb.Commit] = []
@@ -128,14 +167,20 @@ class LinkThread:
             except queue.Empty:
                 return out
 
+    def offer(self, report: dpb.LoadReport) -> None:
+        """Queue `report` for the agent without waiting (dropped and counted if the agent lags)."""
+        self._loop.call_soon_threadsafe(self._enqueue, report)
+
     def report(self, report: dpb.LoadReport, timeout: float = 5.0) -> dpb.ReportLoadAck:
+        """Send `report` and wait for the agent's ack (tests and tools; an engine step uses `offer`)."""
         fut = asyncio.run_coroutine_threadsafe(self.link.report_load(report), self._loop)
         return fut.result(timeout)
 
     def close(self) -> None:
         async def stop() -> None:
-            self._watch.cancel()
-            await asyncio.gather(self._watch, return_exceptions=True)
+            for task in (self._watch, self._sender):
+                task.cancel()
+            await asyncio.gather(self._watch, self._sender, return_exceptions=True)
             await self.link.close()
 
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5.0)

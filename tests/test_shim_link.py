@@ -113,6 +113,48 @@ async def test_link_thread_serves_a_synchronous_engine(served: tuple[str, Source
     assert not lt.errors
 
 
+@pytest.mark.asyncio
+async def test_offer_never_blocks_and_counts_what_it_drops(served: tuple[str, Source, list]) -> None:
+    """An absent agent: offers return at once and are counted as dropped; once the agent is there, the next
+    report goes through carrying the count."""
+    path, _, got = served
+    d = tempfile.mkdtemp(prefix="emoe-")
+    absent = await asyncio.to_thread(LinkThread, os.path.join(d, "nobody.sock"), 0, shim_id="r0")
+    try:
+        t0 = asyncio.get_running_loop().time()
+        for step in range(5):
+            absent.offer(make_load_report("r0", 0, step, 1, 1, np.ones((2, 4), np.uint32)))
+        assert asyncio.get_running_loop().time() - t0 < 0.05  # the step did not wait
+        for _ in range(500):
+            if absent.dropped == 5:
+                break
+            await asyncio.sleep(0.01)
+        assert absent.dropped == 5 and absent.sent == 0 and absent.errors
+    finally:
+        await asyncio.to_thread(absent.close)
+        os.rmdir(d)
+    lt = await asyncio.to_thread(LinkThread, path, 0, shim_id="r1", queue_size=2)
+    try:
+        lt.dropped = 3  # as if three earlier reports had been lost
+        lt.offer(make_load_report("r1", 1, 0, 1, 1, np.ones((2, 4), np.uint32)))
+        for _ in range(500):
+            if got:
+                break
+            await asyncio.sleep(0.01)
+        assert got[-1].dropped_reports == 3 and lt.sent == 1
+        # a full outbox drops at once instead of waiting: stop the sender, then offer more than it holds
+        lt._loop.call_soon_threadsafe(lt._sender.cancel)
+        for step in range(5):
+            lt.offer(make_load_report("r1", 1, step, 1, 1, np.ones((2, 4), np.uint32)))
+        for _ in range(500):
+            if lt.dropped == 3 + 3:
+                break
+            await asyncio.sleep(0.01)
+        assert lt.dropped == 6
+    finally:
+        await asyncio.to_thread(lt.close)
+
+
 def test_what_the_agent_imports_needs_no_torch() -> None:
     import subprocess
     import sys
