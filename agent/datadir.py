@@ -15,6 +15,7 @@ from pathlib import Path
 
 LOCK_NAME = "LOCK"
 LOG_NAME = "consensus"
+IDENTITY_NAME = "IDENTITY"  # the node id that owns this data_dir, written once its store first opened
 
 
 class DataDirError(RuntimeError):
@@ -59,6 +60,44 @@ class DataDirLock:
         self.release()
 
 
+def _fsync_dir(d: Path) -> None:
+    dfd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def owner(data_dir: str | Path, node_id: str) -> bool:
+    """Whether this node ran on `data_dir` before (its identity marker is there). Raises DataDirError when
+    the data_dir belongs to another node id."""
+    path = Path(data_dir) / IDENTITY_NAME
+    try:
+        found = path.read_text().strip()
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        raise DataDirError(f"data_dir = {str(data_dir)!r}: cannot read {IDENTITY_NAME}: {e.strerror or e}") from e
+    if found != node_id:
+        raise DataDirError(f"data_dir = {str(data_dir)!r} belongs to node {found!r}, not {node_id!r}: give each "
+                           f"node its own data_dir")
+    return True
+
+
+def mark_owner(data_dir: str | Path, node_id: str) -> None:
+    """Record durably that `node_id` runs on `data_dir` (an empty store found later was lost, not new)."""
+    d = Path(data_dir)
+    tmp = d / (IDENTITY_NAME + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, f"{node_id}\n".encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, d / IDENTITY_NAME)
+    _fsync_dir(d)
+
+
 def repair(data_dir: str | Path) -> Path | None:
     """Move the consensus log aside (kept for inspection, never deleted) so that the node rebuilds its state
     from its peers at the next start, as a learner. Refuses while an agent holds the data_dir. Returns where
@@ -69,9 +108,5 @@ def repair(data_dir: str | Path) -> Path | None:
             return None
         aside = log_path.with_name(f"{LOG_NAME}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
         os.replace(log_path, aside)
-        dfd = os.open(Path(data_dir), os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        _fsync_dir(Path(data_dir))
         return aside

@@ -96,7 +96,7 @@ class AgentProcess:
         self.server = server
         try:
             self.state.start()
-        except StoreCorrupt as e:
+        except (StoreCorrupt, DataDirError) as e:
             raise StartupError(str(e)) from None
         sock = self.cfg.shim_socket or str(Path(self.cfg.data_dir) / "shim.sock")
         if _socket_answers(sock):  # binding would silently take the socket from the agent behind it

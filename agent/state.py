@@ -50,7 +50,7 @@ class NodeState:
     in-process simulator injects a FakeClock-driven clock, a SimTransport and an in-memory Store."""
 
     def __init__(self, cfg: AgentConfig, *, clock: Any = None, transport: Any = None, store: Any = None,
-                 telemetry: Any = None, rng_seed: int | None = None) -> None:
+                 telemetry: Any = None, rng_seed: int | None = None, had_store: bool | None = None) -> None:
         self.cfg = cfg
         self.node_id = cfg.node_id
         self.paused = False
@@ -84,6 +84,8 @@ class NodeState:
         self.store: Any = store
         self.telemetry: Any = telemetry
         self.rng_seed = rng_seed
+        # whether this node ran before (then an empty store was lost): from the data_dir's marker unless given
+        self.had_store = had_store
 
     # ---- construction -------------------------------------------------------------------------
     def _my_ranks(self) -> list[int]:
@@ -132,6 +134,7 @@ class NodeState:
     def start(self) -> None:
         from agent.clock import RealClock
         from agent.consensus.node import ConsensusNode
+        from agent.datadir import mark_owner, owner
         from agent.gossip_node import GossipNode
         from agent.store import Store
         from agent.telemetry import Telemetry
@@ -141,6 +144,8 @@ class NodeState:
         clock = self.clock = self.clock or RealClock()
         c = self.cfg.cluster
         store = self.store = self.store or Store(self.data_dir / "consensus")
+        marked = self.had_store is None
+        had_store = owner(self.data_dir, self.node_id) if marked else bool(self.had_store)
         genesis = initial_table(self.topology, c.layers, c.experts)
         if self.cfg.consensus.backend == "etcd":
             # commit by etcd transaction compare(version == v) -> put(v + 1); the same interface as quorum
@@ -152,9 +157,12 @@ class NodeState:
             self.consensus = ConsensusNode(self.node_id, self._voters, store, clock, self.transport,
                                            self.cfg.consensus, genesis, verifier=self._verify,
                                            live_voters=self._live_voters,
-                                           members=lambda: self.gossip.live_nodes() if self.gossip is not None else [])
+                                           members=lambda: self.gossip.live_nodes() if self.gossip is not None else [],
+                                           had_store=had_store)
         self.consensus.on_commit(self._on_commit)
         self.consensus.start()  # recovers the committed log: the controller plans from the recovered head
+        if marked and not had_store:
+            mark_owner(self.data_dir, self.node_id)
         self.controller = Controller(self.params, self.consensus.head)
         self.gossip = GossipNode(self.node_id, self.cfg.advertise_address, self._my_ranks(), self.cfg.gossip, clock,
                                  self.transport, {n: a for n, a in self.cfg.seed_map.items() if n != self.node_id},
@@ -369,6 +377,10 @@ class NodeState:
     def peer_versions(self) -> dict[str, int]:
         pv = getattr(self.consensus, "peer_heads", None)
         return dict(pv()) if callable(pv) else {self.node_id: self.head().version}
+
+    def role(self) -> str:
+        """voter, non-voter, or learner (rebuilding after store loss) with what it waits for."""
+        return str(getattr(self.consensus, "role", "voter"))
 
     def health(self) -> str:
         """SERVING, or NOT_SERVING / STARTING with the reason after a colon (a failed store, say)."""

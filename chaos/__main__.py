@@ -58,6 +58,8 @@ def run_sim(a: argparse.Namespace) -> int:
         kw: dict[str, Any] = dict(shape=dict(shape), faults=a.faults, profile=a.profile)
         if a.skew:
             kw["skew"] = True
+        if a.disks:
+            kw["disks"] = True
         jobs.append((a.nodes, seed, lines, kw))
     t0 = time.perf_counter()
     totals = dict.fromkeys(INVARIANTS, 0)
@@ -116,7 +118,7 @@ def run_sim(a: argparse.Namespace) -> int:
                "convergence_p99_s": round(p99(conv), 3), "convergence_max_s": round(max(conv, default=0.0), 3),
                "detection_p99_s": round(p99(detect), 3), "commits": commits, "wall_s": round(took, 1),
                "cpu_s": round(cpu, 1), "cpu_s_per_schedule": round(cpu / max(1, a.schedules), 2),
-               "shape": shape, "profile": a.profile, "skew": a.skew, "resumed": len(done)}
+               "shape": shape, "profile": a.profile, "skew": a.skew, "disks": a.disks, "resumed": len(done)}
     if out is not None:
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if a.json:
@@ -146,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--seed", type=int, default=1)
     r.add_argument("--faults", type=int, default=3, help="faults per generated schedule")
     r.add_argument("--skew", action="store_true", help="generated schedules may also skew node clocks")
+    r.add_argument("--disks", action="store_true",
+                   help="generated schedules may also restart the whole cluster (at once or rolling), lose or "
+                        "corrupt a node's store, and fill its disk")
     r.add_argument("--schedule", action="append", help="scenario file(s) to play instead of generated ones")
     r.add_argument("--layers", type=int, default=4)
     r.add_argument("--experts", type=int, default=16)

@@ -153,6 +153,9 @@ def check(history: list[Event]) -> list[str]:
                 out.append(f"I1: version {e.version} reported committed as {e.digest.hex()[:8]}, chosen {prev.hex()[:8]}")
         elif e.kind == "crash":
             had[e.node] = e.versions
+        elif e.kind == "wipe":  # the node's store was lost: it rebuilds from genesis, nothing to recover
+            had[e.node] = ()
+            last.pop(e.node, None)
         elif e.kind == "recover":
             lost = sorted(set(had.get(e.node, ())) - set(e.versions))
             if lost:

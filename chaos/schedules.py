@@ -13,6 +13,10 @@ One command per line, `#` starts a comment:
     restart-cluster                  kill -9 of every node at once, then all restart from their disks (a power
                                      cut, an upgrade of an idle cluster): I7, and commits resume
     restart-cluster rolling          each node in turn: kill -9, 300 ms down, restart, 1 s before the next
+    lose-store NODE                  kill -9, the disk replaced (an empty store), restart: it rebuilds as a learner
+    corrupt NODE                     kill -9, a byte flipped mid-log: the restart must refuse (naming the offset);
+                                     then the operator's repair and a restart that rebuilds from the peers
+    disk-full NODE 2s                the node's disk takes nothing more for a while (ENOSPC): votes fail-stop
     pause NODE [2s] | resume NODE    SIGSTOP / SIGCONT (with a duration: resumed after it)
     drop P | duplicate P | reorder P | delay 5ms | clear-link      message faults on every link
     skew NODE RATE                   NODE's clock runs RATE x real time (0.5 slow, 2 fast; 1 ends it): its
@@ -140,6 +144,19 @@ def apply(c: SimCluster, line: str, rng: random.Random, settle_limit_s: float = 
                 for n in ids:
                     c.restart(n)
             return line
+        if cmd in ("lose-store", "corrupt"):
+            n = _node(c, args[0], rng)
+            if n is None:
+                return f"{cmd} (no node up)"
+            if cmd == "corrupt":
+                return c.corrupt(n, rng)
+            c.lose_store(n)
+            return f"lose-store {n}"
+        if cmd == "disk-full":
+            n = _node(c, args[0], rng)
+            if n is not None:
+                c.disk_full(n, seconds(args[1]))
+            return f"disk-full {n} {args[1]}"
         if cmd == "pause":
             n = _node(c, args[0], rng)
             if n is not None:
@@ -199,15 +216,19 @@ def apply(c: SimCluster, line: str, rng: random.Random, settle_limit_s: float = 
 
 FAULTS = ("partition one", "partition minority", "partition majority", "partition ring", "partition bridge",
           "crash random", "crash voter", "rank-loss random", "pause random", "drop", "duplicate", "reorder",
-          "delay", "restart down", "heal", "drain random", "restore random", "restart-cluster",
-          "restart-cluster rolling")
+          "delay", "restart down", "heal", "drain random", "restore random")
+# whole-cluster and rolling restarts, lost and corrupt stores, full disks: drawn too with `disks=True` (off by
+# default, so that a seed keeps giving the schedule it gave before they existed)
+DISK_FAULTS = ("restart-cluster", "restart-cluster rolling", "lose-store random", "corrupt random",
+               "disk-full random")
 
 
-def generate(rng: random.Random, nodes: int, faults: int = 3, skew: bool = False) -> list[str]:
+def generate(rng: random.Random, nodes: int, faults: int = 3, skew: bool = False, disks: bool = False) -> list[str]:
     """A seeded schedule: a warm-up under load, `faults` faults each followed by a tick (overlapping faults
     are allowed: a partition may still be in force when a node crashes), then stabilize. `skew`: clock
-    rate skew joins the faults drawn from (off by default, so that a seed keeps giving the same schedule)."""
-    menu = FAULTS + (("skew random",) if skew else ())
+    rate skew joins the faults drawn from, `disks` the DISK_FAULTS (both off by default, so that a seed keeps
+    giving the same schedule)."""
+    menu = FAULTS + (("skew random",) if skew else ()) + (DISK_FAULTS if disks else ())
     out = [f"add-nodes {nodes}", "tick " + rng.choice(("1500ms", "2s", "3s"))]
     for _ in range(faults):
         f = rng.choice(menu)
@@ -219,6 +240,8 @@ def generate(rng: random.Random, nodes: int, faults: int = 3, skew: bool = False
             f += f" {rng.choice((0.05, 0.2))}"
         elif f == "delay":
             f += " " + rng.choice(("2ms", "20ms", "100ms"))
+        elif f == "disk-full random":
+            f += " " + rng.choice(("500ms", "2s"))
         elif f == "skew random":
             f += " " + rng.choice(("0.5", "0.8", "1.25", "2"))
         out.append(f)

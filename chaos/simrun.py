@@ -39,11 +39,11 @@ class RunResult:
 
 
 def run_schedule(nodes: int, seed: int, lines: list[str] | None = None, shape: Shape | None = None,
-                 faults: int = 3, skew: bool = False, **cluster_kw: Any) -> RunResult:
+                 faults: int = 3, skew: bool = False, disks: bool = False, **cluster_kw: Any) -> RunResult:
     """Build a cluster from `seed`, play `lines` (default: generated from the seed), check I1-I7."""
     t0 = time.process_time()
     rng = random.Random(seed ^ 0xC4A05)
-    lines = lines if lines is not None else generate(rng, nodes, faults, skew)
+    lines = lines if lines is not None else generate(rng, nodes, faults, skew, disks)
     c = SimCluster(nodes, shape or Shape(), seed, **cluster_kw)
     res = RunResult(seed, nodes, list(lines))
     for line in lines:
@@ -74,7 +74,8 @@ def run_job(args: tuple[int, int, list[str] | None, dict[str, Any]]) -> dict[str
 
     import torch
 
-    logging.getLogger("emoe.agent").setLevel(logging.ERROR)  # each agent logs every fault it sees
+    for name in ("emoe.agent", "agent"):  # each agent logs every fault it sees
+        logging.getLogger(name).setLevel(logging.ERROR)
     torch.set_num_threads(1)  # tiny tensors: threads only contend
     nodes, seed, lines, config = args
     kw = dict(config)

@@ -192,3 +192,69 @@ def test_a_full_disk_stops_the_votes_and_the_node_catches_up_when_it_recovers() 
     c.crash(full)
     c.restart(full)  # and every record it wrote is there after a restart
     assert c.nodes[full].head.version == c.nodes[c.ids[0]].head.version
+
+
+def _amnesia(c: SimCluster) -> tuple[str, str, str]:
+    """Version 2 chosen by {owner, b} alone; then b loses its store while the owner is down, and the third
+    voter, which never heard of version 2, proposes another table for it through b."""
+    owner = round0_owner(2, c.voters)
+    b, third = [v for v in c.voters if v != owner]
+    c.net.partition([[owner, b], [third]])
+    c.propose(owner)
+    c.run(0.3)
+    assert c.nodes[owner].head.version == 2 and c.nodes[b].head.version == 2
+    c.crash(owner)
+    c.crash(b, lose_store=True)
+    c.restart(b)
+    c.net.heal()
+    c.propose(third)
+    c.run(2.0)
+    return owner, b, third
+
+
+def test_store_loss_cannot_choose_two_tables_for_one_version() -> None:
+    c = cluster(voters=3, nodes=3, sync_interval_ms=200)
+    owner, b, third = _amnesia(c)
+    assert check(c.history) == []
+    assert "learner" in c.nodes[b].role and c.nodes[third].head.version == 1  # no quorum without the owner
+    c.restart(owner)
+    c.run(2.0)
+    assert check(c.history) == [] and set(c.heads().values()) == {2}
+    assert "votes again once it holds version 3" in c.nodes[b].role
+    c.propose(third)  # the owner and the third commit version 3 without b; b learns it and votes again
+    c.run(1.0)
+    assert set(c.heads().values()) == {3} and c.nodes[b].role == "voter"
+    c.crash(owner)  # now b's vote is needed, and given
+    c.propose(b)
+    c.run(1.0)
+    assert set(c.heads().values()) == {4} and check(c.history) == []
+    assert all(c.nodes[n].rebuild is None for n in c.up())
+
+
+def test_without_the_rebuild_the_same_loss_chooses_two_tables(monkeypatch: object) -> None:
+    """The schedule above is a real hazard: a node that votes again at once makes the checker report I1."""
+    import agent.consensus.node as node_mod
+
+    class Amnesiac:  # decides at once, as the old code did
+        def __init__(self, *a: object) -> None:
+            self.decided, self.strict, self.abstain_through = True, False, 0
+
+        def may_vote(self, head: int) -> bool:
+            return True
+
+        def report(self, *a: object) -> None: ...
+
+        def describe(self, head: int) -> str:
+            return "voter"
+
+    monkeypatch.setattr(node_mod, "Rebuild", Amnesiac)  # type: ignore[attr-defined]
+    c = cluster(voters=3, nodes=3, sync_interval_ms=200)
+    _amnesia(c)
+    assert any(v.startswith("I1") for v in check(c.history))
+
+
+def test_a_new_cluster_votes_at_once() -> None:
+    c = cluster(voters=3, nodes=3)
+    assert all(c.nodes[n].rebuild is not None for n in c.ids)  # new stores: each asks first
+    commit_next(c)
+    assert set(c.heads().values()) == {2} and all(c.nodes[n].role == "voter" for n in c.ids)

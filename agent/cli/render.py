@@ -31,6 +31,8 @@ def status(r: apb.StatusReply) -> None:
     c.print(f"agent [bold]{r.node_id}[/]  committed version [bold]{r.committed_version}[/]  health {r.health}"
             f"  {'[yellow]paused[/]' if r.paused else 'rebalancing on'}  step imbalance {r.step_imbalance:.3f}"
             f"  window {r.window_seq}")
+    if r.role and r.role != "voter":
+        c.print(f"role: [yellow]{r.role}[/]")
     t = Table("member", "address", "status", "incarnation", "ranks", "version")
     for m in sorted(r.members, key=lambda m: m.node_id):
         st = gpb.MemberStatus.Name(m.status).lower()

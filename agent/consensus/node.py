@@ -24,6 +24,7 @@ from agent.config import ConsensusConfig
 from agent.consensus.log import CommittedLog, shape_mismatch
 from agent.consensus.paxos import Acceptor, Attempt, quorum_size, round0_owner
 from agent.consensus.proposer import Outcome, Pending, ProposerMixin
+from agent.consensus.rebuild import Rebuild
 from agent.consensus.wire import TableWireError, table_from_pb, table_to_pb
 from agent.store import Store, StoreFailed
 from agent.transport import Transport
@@ -52,7 +53,8 @@ class ConsensusNode(ProposerMixin):
     def __init__(self, node_id: str, voters: list[str], store: Store, clock: Clock, transport: Transport,
                  cfg: ConsensusConfig, head: RoutingTable, verifier: Verifier = validity_verifier,
                  live_voters: Callable[[], list[str]] | None = None,
-                 members: Callable[[], list[str]] | None = None, rng: random.Random | None = None) -> None:
+                 members: Callable[[], list[str]] | None = None, rng: random.Random | None = None,
+                 had_store: bool = False) -> None:
         if not voters:
             raise ValueError("voters is empty: expected at least one configured voter")
         self.node_id = node_id
@@ -80,6 +82,10 @@ class ConsensusNode(ProposerMixin):
         self._catching_up = ""
         self._recoveries: dict[int, int] = {}
         self.acceptor = Acceptor(node_id, self.voters)
+        self.had_store = had_store  # this node ran before (its data_dir says so): an empty store was lost
+        self.rebuild: Rebuild | None = None  # set while a node with an empty store may not vote yet
+        # proposals made before a new node heard whether it may vote (right after start): run once it knows
+        self._deferred: list[tuple[float, RoutingTable, pb.Plan, Callable[[Outcome], None]]] = []
         self.running = False
         # (version, voter, reason) of recent refusals, for explain
         self.rejections: deque[tuple[int, str, str]] = deque(maxlen=256)
@@ -90,12 +96,77 @@ class ConsensusNode(ProposerMixin):
         self.log.recover(rec)
         self.acceptor = Acceptor(self.node_id, self.voters, rec.acceptor)
         self.acceptor.prune(self.log.head.version)
+        if rec.records == 0 and self.node_id in self.voters and len(self.voters) > 1:
+            self.rebuild = Rebuild(self.node_id, self.voters, self.log.head.version, self.had_store)
+            if self.had_store:
+                log.warning("%s: store is empty but this node ran before: rebuilding from the other voters as a "
+                            "learner", self.node_id)
         self.running = True
         self.transport.serve(self._handle, service="Consensus")
+        if self.rebuild is not None:
+            self._ask_rebuild()
         for v, st in self.acceptor.states.items():
             if st.HasField("accepted"):
                 self._arm("takeover", v, self._takeover_delay(), partial(self._recover, v))
         self._arm_sync()
+
+    # ---- rebuild after store loss (agent.consensus.rebuild) ----------------------------------------
+    @property
+    def role(self) -> str:
+        if self.node_id not in self.voters:
+            return "non-voter"
+        self._abstains()  # a learner that has caught up becomes a voter here too
+        return "voter" if self.rebuild is None else self.rebuild.describe(self.log.head.version)
+
+    def _abstains(self) -> str:
+        """Why this node may not vote now ("" when it may)."""
+        if self.store.failed:
+            return f"{self.node_id}'s {self.failure}"
+        if self.rebuild is not None:
+            if not self.rebuild.may_vote(self.log.head.version):
+                return f"{self.node_id} is a {self.rebuild.describe(self.log.head.version)}"
+            if self.rebuild.strict:
+                log.warning("%s: rebuilt (head %d): voting again", self.node_id, self.log.head.version)
+            self.rebuild = None
+        return ""
+
+    def _ask_rebuild(self) -> None:
+        rb = self.rebuild
+        if rb is None or not self.running:
+            return
+        if rb.decided:
+            self._rebuild_decided()
+            return
+        deferred, self._deferred = self._deferred, []  # proposals made at start wait at most this long
+        for t0, table, plan, on_done in deferred:
+            if self.clock.now() - t0 < 4 * self.timeout:
+                self._deferred.append((t0, table, plan, on_done))
+            else:
+                on_done(Outcome(False, table.version, f"UNAVAILABLE: {self._abstains()}"))
+        req = pb.CatchUpRequest(from_version=self.log.head.version, from_node=self.node_id, limit=self.cfg.catchup_batch)
+        for dst in rb.others:
+            self.transport.call(dst, "Consensus/CatchUp", req, self.timeout, partial(self._on_rebuild_reply, dst))
+        self._arm("rebuild", 0, self.timeout, self._ask_rebuild)
+
+    def _on_rebuild_reply(self, peer: str, r: Message | None) -> None:
+        rb = self.rebuild
+        if rb is None or not self.running or not isinstance(r, pb.CatchUpReply):
+            return
+        rb.report(peer, int(r.committed_head), int(r.acceptor_high), bool(r.rebuilding))
+        for c in r.commits:
+            if c.table.version == self.log.head.version + 1 and self._learned(c, None, broadcast=False):
+                break
+        if r.committed_head > self.log.head.version:
+            self.catch_up(peer)
+        if rb.decided:
+            self._disarm("rebuild", 0)
+            self._rebuild_decided()
+
+    def _rebuild_decided(self) -> None:
+        self._abstains()
+        deferred, self._deferred = self._deferred, []
+        for _, table, plan, on_done in deferred:
+            self.propose(table, plan, on_done)
 
     # ---- fail-stop on a store that cannot be written ---------------------------------------------
     @property
@@ -171,8 +242,11 @@ class ConsensusNode(ProposerMixin):
             why = f"table version {v} parent {table.parent}: expected version {self.log.head.version + 1} parent {self.log.head.version}"
         elif v in self._pending:
             why = f"a proposal for version {v} is already in flight here"
-        elif self.store.failed:
-            why = f"UNAVAILABLE: {self.failure}"
+        elif self.rebuild is not None and not self.rebuild.decided and not self.store.failed:
+            self._deferred.append((now, table, plan, on_done))  # just started: it knows within a round trip
+            return
+        elif self._abstains():
+            why = f"UNAVAILABLE: {self._abstains()}"
         if why:
             on_done(Outcome(False, v, why))
             return
@@ -234,9 +308,10 @@ class ConsensusNode(ProposerMixin):
         if not self.running:
             return None
         head = self.log.head.version
-        if self.store.failed and method in ("Consensus/Prepare", "Consensus/Accept"):
-            # fail-stop: a vote that cannot be made durable is never given
-            why = f"UNAVAILABLE: {self.node_id}'s {self.failure}"
+        abstains = self._abstains() if method in ("Consensus/Prepare", "Consensus/Accept") else ""
+        if abstains:
+            # fail-stop (a vote that cannot be made durable is never given), or rebuilding after store loss
+            why = f"UNAVAILABLE: {abstains}"
             if isinstance(req, pb.PrepareRequest):
                 return pb.Promise(ok=False, from_node=self.node_id, committed_head=head, reason=why)
             if isinstance(req, pb.AcceptRequest):
@@ -277,7 +352,10 @@ class ConsensusNode(ProposerMixin):
             why = self._learned(req, src, broadcast=False)
             return pb.CommitAck(ok=not why, from_node=self.node_id, committed_head=self.log.head.version, reason=why)
         if method == "Consensus/CatchUp" and isinstance(req, pb.CatchUpRequest):
-            return self.log.catchup_reply(req, self.cfg.catchup_batch)
+            reply = self.log.catchup_reply(req, self.cfg.catchup_batch)
+            reply.acceptor_high = max(self.acceptor.states, default=0)
+            reply.rebuilding = self.rebuild is not None
+            return reply
         return None
 
     def _check(self, p: pb.Proposal) -> tuple[bool, float, str]:

@@ -28,7 +28,8 @@ class Event:
     kind: "install" (a node installed a commit), "accept" (a voter durably accepted `digest` at `ballot`;
     `quorum` voters accepting one ballot choose it), "invoke"/"respond" (a proposal and its outcome;
     `result` is "ok", "fail" (another table was chosen) or "unknown"), "crash" (versions: what the node
-    had installed), "recover" (versions: what the restarted node recovered from its store).
+    had installed), "recover" (versions: what the restarted node recovered from its store), "wipe" (the
+    node's store was lost while it was down: it restarts from genesis and rebuilds).
     """
 
     kind: str
@@ -106,7 +107,7 @@ class SimCluster:
         store = RecordingStore(self, n, self.disks[n], len(self.voters) // 2 + 1)
         node = ConsensusNode(n, self.voters, store, self.net.clock(n), self.net.transport(n), self.cfg,
                              self.genesis, live_voters=self.live_voters, members=lambda: self.ids,
-                             rng=random.Random(self.rng.random()))
+                             rng=random.Random(self.rng.random()), had_store=self.incarnation[n] > 0)
 
         def installed(c: pb.Commit, t: RoutingTable, n: str = n) -> None:
             self._ev("install", n, version=t.version, parent=t.parent, digest=t.digest, valid=t.is_valid())
@@ -118,7 +119,7 @@ class SimCluster:
     def up(self) -> list[str]:
         return [n for n in self.ids if n not in self.down]
 
-    def crash(self, n: str, tear: bool = False) -> None:
+    def crash(self, n: str, tear: bool = False, lose_store: bool = False) -> None:
         node = self.nodes[n]
         if n in self.down:
             return
@@ -128,6 +129,9 @@ class SimCluster:
         node.stop()
         if tear:  # a record torn mid-write: a header promising more bytes than follow
             self.disks[n].tear(bytes([200, 0, 0, 0, 1, 2, 3, 4, 1, 9]))
+        if lose_store:  # a replaced disk: the node restarts with an empty store
+            self.disks[n] = MemoryDisk()
+            self._ev("wipe", n)
 
     def restart(self, n: str) -> None:
         if n not in self.down:

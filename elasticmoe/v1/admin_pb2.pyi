@@ -13,7 +13,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("node_id", "committed_version", "members", "paused", "health", "step_imbalance", "window_seq", "peer_versions")
+    __slots__ = ("node_id", "committed_version", "members", "paused", "health", "step_imbalance", "window_seq", "peer_versions", "role")
     class PeerVersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +29,7 @@ class StatusReply(_message.Message):
     STEP_IMBALANCE_FIELD_NUMBER: _ClassVar[int]
     WINDOW_SEQ_FIELD_NUMBER: _ClassVar[int]
     PEER_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    ROLE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     committed_version: int
     members: _containers.RepeatedCompositeFieldContainer[_gossip_pb2.MemberState]
@@ -37,7 +38,8 @@ class StatusReply(_message.Message):
     step_imbalance: float
     window_seq: int
     peer_versions: _containers.ScalarMap[str, int]
-    def __init__(self, node_id: _Optional[str] = ..., committed_version: _Optional[int] = ..., members: _Optional[_Iterable[_Union[_gossip_pb2.MemberState, _Mapping]]] = ..., paused: _Optional[bool] = ..., health: _Optional[str] = ..., step_imbalance: _Optional[float] = ..., window_seq: _Optional[int] = ..., peer_versions: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    role: str
+    def __init__(self, node_id: _Optional[str] = ..., committed_version: _Optional[int] = ..., members: _Optional[_Iterable[_Union[_gossip_pb2.MemberState, _Mapping]]] = ..., paused: _Optional[bool] = ..., health: _Optional[str] = ..., step_imbalance: _Optional[float] = ..., window_seq: _Optional[int] = ..., peer_versions: _Optional[_Mapping[str, int]] = ..., role: _Optional[str] = ...) -> None: ...
 
 class PlacementRequest(_message.Message):
     __slots__ = ("layer", "version")
