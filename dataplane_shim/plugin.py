@@ -1,0 +1,169 @@
+"""Engine-independent core of the plugin that runs in every EP rank of a collective engine (vLLM, SGLang).
+
+Per rank, at each step boundary the engine glue calls, in this order:
+
+    core.add_load(counts, steps)     # int [L, E] logical load of the last `steps` steps (folded by the glue)
+    core.maybe_report()              # every `report_every` steps: one LoadReport offered to the link
+    vec = core.agreement_vector()    # int64 [2] (newest certified version held, -oldest held)
+    red = <all-reduce MIN of vec over the EP CPU group>
+    target = core.decide(red)        # the table every rank holds and should install now, or None
+    ... the engine's own path moves weights and installs target.phy2log on every rank ...
+    core.installed(target.version)   # once the engine's maps equal it
+
+`decide` is the collective form of the version counters: one MIN all-reduce gives the newest version every
+rank has received (`-MIN(-oldest)` the newest base any rank started from); a version is installed only
+when every rank holds it, and all ranks decide the same thing from the same reduced vector. numpy only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from controlplane.table import RoutingTable
+from controlplane.topology import Topology
+from dataplane_shim.certify import table_from_commit
+from dataplane_shim.errors import BadInput, ShimError
+from dataplane_shim.genesis import content_hex, genesis_table
+from dataplane_shim.link import make_load_report
+from elasticmoe.v1 import consensus_pb2 as cpb
+from elasticmoe.v1 import dataplane_pb2 as dpb
+
+I64 = npt.NDArray[np.int64]
+
+
+class GenesisMismatch(ShimError):
+    """The engine booted with a placement other than the agents' genesis: the plugin refuses to run."""
+
+    code = "GENESIS_MISMATCH"
+
+
+class Link(Protocol):
+    """What the core needs of `dataplane_shim.link.LinkThread` (a fake in unit tests)."""
+
+    dropped: int
+
+    def drain(self) -> list[cpb.Commit]: ...
+
+    def offer(self, report: dpb.LoadReport) -> None: ...
+
+
+@dataclass
+class PluginStats:
+    steps: int = 0
+    reports: int = 0            # load reports offered to the link
+    refused: int = 0            # commits refused (uncertified, wrong shape, not newer)
+    agreed: int = 0             # the last agreed version (MIN over the EP ranks)
+    installs: int = 0           # versions installed through the engine's path
+    waits: int = 0              # steps where this rank held a newer version than a peer
+
+
+class PluginCore:
+    """One EP rank's view: the certified tables received, the version installed, the load to report."""
+
+    def __init__(self, link: Link, topo: Topology, layers: int, experts: int, rank: int, boot_phy2log: I64,
+                 *, genesis: str = "vllm", report_every: int = 1, shim_id: str = "") -> None:
+        if report_every < 1:
+            raise BadInput(f"report_every={report_every}: expected >= 1")
+        if not 0 <= rank < topo.ranks:
+            raise BadInput(f"rank={rank}: expected 0..{topo.ranks - 1}")
+        self.link, self.topo, self.rank, self.report_every = link, topo, rank, report_every
+        self.shim_id = shim_id or f"rank{rank}"
+        boot = np.asarray(boot_phy2log, dtype=np.int64)
+        if boot.shape != (layers, topo.slots):
+            raise BadInput(f"the engine's physical_to_logical_map has shape {boot.shape}: expected "
+                           f"[{layers}, {topo.slots}]")
+        want = genesis_table(genesis, topo, layers, experts)
+        engine = RoutingTable(topo, experts, boot, version=1, parent=0)
+        if not engine.content_equal(want):
+            layer, slot = (int(x) for x in np.argwhere(engine.phy2log != want.phy2log)[0])
+            raise GenesisMismatch(
+                f"the engine booted with placement {content_hex(engine)}, the agents' genesis {genesis!r} is "
+                f"{content_hex(want)} (first difference: layer {layer} slot {slot}: engine expert "
+                f"{int(engine.phy2log[layer, slot])}, genesis expert {int(want.phy2log[layer, slot])})")
+        self.current: RoutingTable = want
+        self.tables: dict[int, RoutingTable] = {}
+        self.stats = PluginStats()
+        self._load = np.zeros((layers, experts), dtype=np.int64)
+        self._first_step = 0
+        self._steps = 0
+
+    # ---- tables in ---------------------------------------------------------------------------------
+    def receive(self, commits: Iterable[cpb.Commit] | None = None) -> int:
+        """Verify and keep the commits newer than the installed version; returns how many were kept."""
+        kept = 0
+        for c in self.link.drain() if commits is None else commits:
+            try:
+                t = table_from_commit(c, self.topo)
+            except ShimError:
+                self.stats.refused += 1
+                continue
+            if (t.layers, t.experts) != (self.current.layers, self.current.experts) or t.version <= self.version:
+                self.stats.refused += 1
+                continue
+            self.tables[t.version] = t
+            kept += 1
+        return kept
+
+    @property
+    def version(self) -> int:
+        return self.current.version
+
+    def agreement_vector(self) -> I64:
+        """int64 [2]: (newest version held, -oldest version held newer than the installed one); a rank that
+        holds nothing newer contributes (installed, -installed)."""
+        self.receive()
+        newest = max(self.tables, default=self.version)
+        oldest = min(self.tables, default=self.version)
+        return np.array([newest, -oldest], dtype=np.int64)
+
+    def decide(self, reduced: npt.ArrayLike) -> RoutingTable | None:
+        """From the MIN-reduced agreement vector: the table to install now, the same on every rank, or None.
+
+        agreed = min over ranks of the newest held; floor = max over ranks of the oldest held. Streams
+        deliver versions in order, so every rank holds every version in [floor, agreed] when agreed >= floor."""
+        red = np.asarray(reduced, dtype=np.int64).reshape(-1)
+        agreed, floor = int(red[0]), int(-red[1])
+        self.stats.agreed = agreed
+        mine = max(self.tables, default=self.version)
+        if mine > agreed:
+            self.stats.waits += 1
+        if agreed <= self.version or agreed < floor:
+            return None
+        if agreed not in self.tables:  # a stream that skipped a version: a broken invariant, fail loudly
+            raise ShimError(f"rank {self.rank}: agreed version {agreed} is not among the versions held "
+                            f"{sorted(self.tables)}")
+        return self.tables[agreed]
+
+    def installed(self, version: int) -> None:
+        """The engine now runs `version`: forget it and everything older."""
+        self.current = self.tables[version]
+        self.tables = {v: t for v, t in self.tables.items() if v > version}
+        self.stats.installs += 1
+
+    # ---- load out ----------------------------------------------------------------------------------
+    def add_load(self, counts: npt.ArrayLike, steps: int = 1) -> None:
+        """Add the logical load of `steps` steps, int [L, E]."""
+        c = np.asarray(counts)
+        if c.shape != self._load.shape or steps < 1:
+            raise BadInput(f"load shape {c.shape} over {steps} steps: expected {self._load.shape} over >= 1")
+        self._load += c
+        self._steps += steps
+        self.stats.steps += steps
+
+    def maybe_report(self) -> bool:
+        """Once `report_every` steps of load are in, offer them to the link as one report (never blocks)."""
+        if self._steps < self.report_every:
+            return False
+        counts = np.minimum(self._load, np.iinfo(np.uint32).max).astype(np.uint32)
+        report = make_load_report(self.shim_id, self.rank, self._first_step, self._steps, self.version, counts)
+        self.link.offer(report)
+        self.stats.reports += 1
+        self._first_step += self._steps
+        self._steps = 0
+        self._load[:] = 0
+        return True

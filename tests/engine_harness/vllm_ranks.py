@@ -1,0 +1,219 @@
+"""Two EP ranks of vLLM's real EPLB machinery on CPU (gloo), with the plugin loaded through vLLM's own
+`load_general_plugins()`, beside real agents. Run by tests/test_engine_vllm.py with the engine virtualenv:
+
+    python tests/engine_harness/vllm_ranks.py --out DIR --sockets S0,S1 [--port P] [--hold-rank 1]
+
+Each rank builds vLLM's `EplbState` for a toy model with vLLM's `MixtureOfExperts` attributes (expert
+weights encode `layer * 100 + expert`), then runs steps until DIR/stop exists: it writes load into
+`expert_load_pass` (logical expert 0 hot), calls `EplbState.step()`, checks that every local slot's weights
+are those of the expert `physical_to_logical_map` names, and writes DIR/rank{r}.json. The rank named by
+`--hold-rank` withholds the commits its link delivers until DIR/release exists (a version only one rank
+has received). Test-only CPU stand-ins: `torch.accelerator.current_stream` and `torch.Event`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+L, E, R, H = 2, 8, 2, 16
+WS = 2
+P = E + R
+NL = P // WS
+INTERVAL = 8
+HOT = 50
+
+
+def cpu_stand_ins() -> None:
+    torch.accelerator.current_stream = lambda *a, **k: types.SimpleNamespace(synchronize=lambda: None)
+
+    class Event:  # torch.Event(...).record() raises on the CPU backend
+        def __init__(self, *a: Any, **k: Any) -> None:
+            self.t = 0.0
+
+        def record(self, *a: Any, **k: Any) -> None:
+            self.t = time.perf_counter()
+
+        def synchronize(self) -> None:
+            pass
+
+        def elapsed_time(self, other: Event) -> float:
+            return (other.t - self.t) * 1000.0
+
+    torch.Event = Event
+
+
+class HeldLink:
+    """Wraps the plugin's link: commits stay back until `release` exists."""
+
+    def __init__(self, inner: Any, release: Path) -> None:
+        self.inner, self.release = inner, release
+        self.held: list[Any] = []
+
+    @property
+    def dropped(self) -> int:
+        return int(self.inner.dropped)
+
+    def drain(self) -> list[Any]:
+        self.held += self.inner.drain()
+        if not self.release.exists():
+            return []
+        out, self.held = self.held, []
+        return out
+
+    def offer(self, report: Any) -> None:
+        self.inner.offer(report)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class Toy:
+    """vLLM's MixtureOfExperts surface, no layers: EplbState reads these and moves `expert_weights`."""
+
+    num_moe_layers = L
+    num_expert_groups = 1
+    num_logical_experts = E
+    num_routed_experts = E
+    num_redundant_experts = R
+    num_physical_experts = P
+    num_local_physical_experts = NL
+    num_shared_experts = 0
+    moe_layers: list[Any] = []
+
+    def __init__(self, rank: int, p2l: list[int]) -> None:
+        w = torch.tensor([[float(layer * 100 + p2l[rank * NL + i]) for i in range(NL)] for layer in range(L)])
+        self.expert_weights = [[w[layer][:, None].repeat(1, H).contiguous(),
+                                (2 * w[layer])[:, None].repeat(1, 2 * H).contiguous()] for layer in range(L)]
+
+    def set_eplb_state(self, expert_load_view: Any, logical_to_physical_map: Any, logical_replica_count: Any) -> None:
+        self.load_view, self.l2p, self.rc = expert_load_view, logical_to_physical_map, logical_replica_count
+
+    def update_physical_experts_metadata(self, *a: Any) -> None:
+        pass
+
+
+def weights_match(model: Toy, p2l: torch.Tensor, rank: int) -> bool:
+    """Every filled local slot holds the weights of the expert the map names (empty slots: anything)."""
+    for layer in range(L):
+        want = p2l[layer, rank * NL : (rank + 1) * NL]
+        filled = want >= 0
+        got0, got1 = model.expert_weights[layer][0][:, 0], model.expert_weights[layer][1][:, 0]
+        exp = (layer * 100 + want).float()
+        if not (torch.equal(got0[filled], exp[filled]) and torch.equal(got1[filled], 2 * exp[filled])):
+            return False
+    return True
+
+
+def bench(plugin: Any, ms: Any, n: int) -> dict[str, float]:
+    """Medians (us) of the plugin's per-step work with both ranks in lockstep: one version-agreement
+    all-reduce (the int64 pair over the EP CPU group, with the decision) and one step's load out (fold
+    expert_load_pass to logical, copy to host, build and offer the report)."""
+    import numpy as np
+
+    group = plugin.group
+    torch.distributed.barrier(group=group)
+    agree, load = [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        plugin.core.decide(plugin._agree(plugin.core.agreement_vector()))
+        agree.append((time.perf_counter() - t0) * 1e6)
+    for _ in range(n):
+        ms.expert_load_pass.fill_(1)
+        t0 = time.perf_counter()
+        plugin._fold_load()
+        plugin.core.add_load(plugin._acc.cpu().numpy(), 1)
+        plugin.core.maybe_report()
+        plugin._acc.zero_()
+        load.append((time.perf_counter() - t0) * 1e6)
+    return {"agree_us": float(np.median(agree)), "load_us": float(np.median(load)), "n": n}
+
+
+def write(path: Path, doc: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(doc))
+    os.replace(tmp, path)
+
+
+def worker(rank: int, args: argparse.Namespace) -> None:
+    cpu_stand_ins()
+    out = Path(args.out)
+    os.environ["EMOE_SOCKET"] = args.sockets.split(",")[rank]
+    os.environ.setdefault("EMOE_REPORT_EVERY", "1")
+    from vllm.config import ParallelConfig, VllmConfig, set_current_vllm_config
+    from vllm.config.parallel import EPLBConfig
+    from vllm.distributed.eplb.eplb_state import EplbState
+    from vllm.distributed.parallel_state import (
+        destroy_distributed_environment,
+        destroy_model_parallel,
+        init_distributed_environment,
+        initialize_model_parallel,
+    )
+    from vllm.plugins import load_general_plugins
+
+    load_general_plugins()  # our entry point: patches EplbState.add_model
+    from dataplane_shim import vllm_plugin
+
+    vc = VllmConfig(parallel_config=ParallelConfig(tensor_parallel_size=WS, enable_expert_parallel=True))
+    pc = vc.parallel_config
+    pc.enable_eplb = True  # refused by ParallelConfig's validation on CPU: set after construction
+    pc.eplb_config = EPLBConfig(window_size=2, step_interval=INTERVAL, num_redundant_experts=R, use_async=False,
+                                communicator="torch_gloo")
+    with set_current_vllm_config(vc):
+        init_distributed_environment(WS, rank, f"tcp://127.0.0.1:{args.port}", rank, "gloo")
+        initialize_model_parallel(tensor_model_parallel_size=WS)
+        model = Toy(rank, list(EplbState.build_initial_global_physical_to_logical_map(E, R)))
+        mc = types.SimpleNamespace(model="toy", compute_hash=lambda: "toyhash")
+        st = EplbState(pc, torch.device("cpu"))
+        st.add_model(model, mc)
+        plugin = st.elasticmoe
+        ms = st.model_states["toyhash"]
+        if rank == args.hold_rank:
+            plugin.link = plugin.core.link = HeldLink(plugin.link, out / "release")
+        step, deadline = 0, time.monotonic() + args.max_s
+        ok = True
+        while not (out / "stop").exists() and time.monotonic() < deadline:
+            p2l = ms.physical_to_logical_map
+            ms.expert_load_pass.copy_(torch.where(p2l == 0, HOT, 1).to(ms.expert_load_pass.dtype))
+            st.step()
+            step += 1
+            ok = ok and weights_match(model, ms.physical_to_logical_map, rank)
+            write(out / f"rank{rank}.json", {
+                "rank": rank, "step": step, "version": plugin.core.version, "held": sorted(plugin.core.tables),
+                "p2l": ms.physical_to_logical_map.tolist(), "l2p_width": int(ms.logical_to_physical_map.shape[-1]),
+                "replica_count": ms.logical_replica_count.tolist(), "weights_ok": ok,
+                "installs": plugin.core.stats.installs, "reports": plugin.core.stats.reports,
+                "sent": int(getattr(plugin.link, "inner", plugin.link).sent), "dropped": int(plugin.link.dropped),
+                "timings": plugin.timings.medians(), "status": vllm_plugin.status(),
+                "policy": st.policy.__name__,
+            })
+            time.sleep(args.step_s)
+        if args.bench:
+            write(out / f"bench{rank}.json", bench(plugin, ms, args.bench))
+        plugin.close()
+        destroy_model_parallel()
+        destroy_distributed_environment()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--sockets", required=True, help="the agent socket of rank 0 and of rank 1, comma-separated")
+    ap.add_argument("--port", type=int, default=29533)
+    ap.add_argument("--hold-rank", type=int, default=-1)
+    ap.add_argument("--step-s", type=float, default=0.02)
+    ap.add_argument("--max-s", type=float, default=240.0)
+    ap.add_argument("--bench", type=int, default=0, help="after the run: time this many agreements and reports")
+    a = ap.parse_args()
+    mp.spawn(worker, args=(a,), nprocs=WS, join=True)
+    print("RANKS_DONE", flush=True)
+    sys.exit(0)
