@@ -105,7 +105,9 @@ def _run(args: argparse.Namespace, func: Callable[[argparse.Namespace, admin_pb2
     except grpc.RpcError as e:
         code = e.code() if hasattr(e, "code") else None
         detail = e.details() if hasattr(e, "details") else str(e)
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        if code == grpc.StatusCode.UNAVAILABLE and detail.startswith("agent "):  # the agent's own answer
+            reason = f"UNAVAILABLE: {detail}"
+        elif code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             reason = f"unreachable ({code.name.lower()})"
         else:
             reason = f"{code.name if code else 'error'}: {detail}"
