@@ -6,6 +6,7 @@
    both ranks with the moved weights equal to the expected experts'; a version only one rank has received
    is not installed until both have it.
 2. A real `vllm.LLM` on CPU with a tiny Qwen3-MoE loads the plugin in its worker process and generates.
+3. The adapters round-trip through vLLM's own map functions and import its DeepSeek EPLB placements.
 """
 
 from __future__ import annotations
@@ -161,3 +162,14 @@ def test_vllm_llm_loads_the_plugin_in_its_worker(tmp_path: Path) -> None:
     (worker,) = doc["workers"]
     assert worker["patched"] and worker["pid"] == worker["pid_now"] != doc["driver"]["pid"]
     assert worker["eplb_state"] is False  # vLLM on CPU builds no EplbState: nothing to attach to
+
+
+def test_formats_round_trip_through_vllms_own_functions() -> None:
+    py = engine_python()
+    r = subprocess.run([py, str(HARNESS / "vllm_formats.py")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert r.returncode == 0 and lines, (r.stdout + r.stderr)[-3000:]
+    doc = json.loads(lines[-1][len("RESULT "):])
+    assert doc["round_trips"] == 50
+    # DeepSeek EPLB (vLLM's default policy) stacks replicas on one rank in most layers at DeepSeek-V3 shape
+    assert doc["dsv3_layers_with_same_rank_duplicates"] > 0
