@@ -142,7 +142,7 @@ def check(history: list[Event]) -> list[str]:
             prev = chosen.setdefault(e.version, e.digest)
             if prev != e.digest:
                 out.append(f"I1: version {e.version} installed as {prev.hex()[:8]} and as {e.digest.hex()[:8]} (at {e.node})")
-            if e.node in last and (e.version <= last[e.node] or e.parent != last[e.node]):
+            if e.node in last and (e.version <= last[e.node] or (e.parent != last[e.node] and not e.snapshot)):
                 out.append(f"I2: {e.node} installed version {e.version} (parent {e.parent}) after {last[e.node]}")
             last[e.node] = e.version
             if not e.valid:

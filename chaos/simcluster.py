@@ -185,7 +185,9 @@ class SimCluster:
         return e
 
     def _installed(self, n: str, c: pb.Commit, t: RoutingTable) -> None:
-        self._ev("install", n, version=t.version, parent=t.parent, digest=t.digest, valid=t.is_valid())
+        snapshot = n in self.states and self.states[n].consensus.log.base == t.version
+        self._ev("install", n, version=t.version, parent=t.parent, digest=t.digest, valid=t.is_valid(),
+                 snapshot=snapshot)
         if t.version not in self.history.commits:
             self.history.commits[t.version] = CommitRecord(t.version, t.parent, self.clock.now(), c.plan.trigger,
                                                            float(c.plan.verified_gain), t)

@@ -258,3 +258,44 @@ def test_a_new_cluster_votes_at_once() -> None:
     assert all(c.nodes[n].rebuild is not None for n in c.ids)  # new stores: each asks first
     commit_next(c)
     assert set(c.heads().values()) == {2} and all(c.nodes[n].role == "voter" for n in c.ids)
+
+
+def test_a_node_5000_commits_behind_the_compaction_horizon_catches_up_by_snapshot() -> None:
+    c = cluster(voters=3, nodes=3, sync_interval_ms=200, log_compact_bytes=16384, log_retain=8)
+    commit_next(c)
+    late = c.voters[2]
+    c.crash(late)
+    owner = c.voters[0]
+    for _ in range(5000):  # the other two commit on; their logs compact to the newest 8
+        v = c.nodes[owner].head.version + 1
+        c.propose(owner)
+        for _ in range(50):
+            c.run(0.01)
+            if c.nodes[owner].head.version == v:
+                break
+        assert c.nodes[owner].head.version == v
+    head = c.nodes[owner].head.version
+    assert min(c.nodes[owner].log.commits) > 3  # version 3 is gone: CatchUp alone could never reach the head
+    c.restart(late)
+    c.run(2.0)
+    node = c.nodes[late]
+    assert node.head.version == head and node.log.snapshots == 1 and node.log.base >= head - 8
+    assert check(c.history) == []
+    c.crash(late)  # the snapshot is its durable base now
+    c.restart(late)
+    assert c.nodes[late].head.version == head
+    c.propose(late)
+    c.run(1.0)
+    assert set(c.heads().values()) == {head + 1} and check(c.history) == []
+
+
+def test_a_lost_store_rebuilds_from_a_snapshot() -> None:
+    c = cluster(voters=3, nodes=3, sync_interval_ms=200, log_compact_bytes=4096, log_retain=4)
+    for _ in range(40):
+        commit_next(c)
+    head = c.nodes[c.voters[0]].head.version
+    c.crash(c.voters[1], lose_store=True)
+    c.restart(c.voters[1])
+    c.run(2.0)
+    node = c.nodes[c.voters[1]]
+    assert node.head.version == head and node.log.snapshots == 1 and check(c.history) == []

@@ -35,12 +35,15 @@ class CommittedLog:
         self.store = store
         self.voters = sorted(set(voters))
         self.head = genesis
+        self.genesis_version = genesis.version
         self.commits: dict[int, pb.Commit] = {}
         self.future: dict[int, pb.Commit] = {}
         self.on_install = on_install
         self.max_buffered = max_buffered
         self.ride_along = ride_along  # acceptor states to make durable with the commit of a version
         self.conflicts: list[str] = []  # a certified commit that disagrees with ours: a broken invariant
+        self.base = 0  # the version last installed as a snapshot (its parent is not the previous head)
+        self.snapshots = 0  # how many snapshots this incarnation installed
 
     def recover(self, rec: Recovered) -> None:
         """Adopt the commits the store recovered (already durable: no callbacks, no re-append)."""
@@ -108,6 +111,38 @@ class CommittedLog:
             self.offer(nxt)
         return "", False
 
+    def install_snapshot(self, c: pb.Commit, acceptor: list[pb.AcceptorState]) -> str:
+        """Install `c`, a certified commit beyond head + 1 whose predecessors the peers compacted away, as the new
+        base of the log. The store is rewritten to just `c` and the acceptor state still open (`acceptor`),
+        atomically, before the head moves. Returns why it was refused, or ""."""
+        v = int(c.table.version)
+        if v <= self.head.version + 1:
+            return f"version {v} is not beyond head {self.head.version} + 1: not a snapshot"
+        why = check_certificate(c, self.voters)
+        if why:
+            return f"INVALID_ARGUMENT: {why}"
+        try:
+            table = table_from_pb(c.table, self.head.topology)
+        except TableWireError as e:
+            return f"INVALID_ARGUMENT: {e}"
+        shape = shape_mismatch(table, self.head)
+        if shape:
+            return f"INVALID_ARGUMENT: {shape}"
+        if not self.store.compact([c], acceptor):  # 1. persist (the whole log is now this base)
+            return f"UNAVAILABLE: could not write the snapshot of version {v} to {self.store.where}"
+        log.warning("installed a snapshot of version %d (head was %d; the peers compacted the versions between)",
+                    v, self.head.version)
+        self.commits = {v: c}
+        self.base = v
+        self.snapshots += 1
+        self.head = table  # 3. install
+        self.future = {k: x for k, x in self.future.items() if k > v}
+        self.on_install(c, table)
+        nxt = self.future.pop(v + 1, None)
+        if nxt is not None:
+            self.offer(nxt)
+        return ""
+
     def trim(self, keep: int) -> list[pb.Commit]:
         """Forget all but the newest `keep` commits (after compaction); returns those kept, in order."""
         versions = sorted(self.commits)
@@ -119,6 +154,12 @@ class CommittedLog:
         return [self.commits[v] for v in sorted(self.commits) if v > version]
 
     def catchup_reply(self, req: pb.CatchUpRequest, batch: int) -> pb.CatchUpReply:
+        first = int(req.from_version) + 1
+        if (self.genesis_version < first <= self.head.version and first not in self.commits
+                and self.head.version in self.commits):
+            # compacted away here: send the head with its certificate, to be installed as a snapshot
+            return pb.CatchUpReply(commits=[self.commits[self.head.version]], committed_head=self.head.version,
+                                   snapshot=True)
         limit = min(int(req.limit) or batch, batch)
         out: list[pb.Commit] = []
         for v in range(int(req.from_version) + 1, self.head.version + 1):

@@ -153,7 +153,8 @@ class ConsensusNode(ProposerMixin):
         if rb is None or not self.running or not isinstance(r, pb.CatchUpReply):
             return
         rb.report(peer, int(r.committed_head), int(r.acceptor_high), bool(r.rebuilding))
-        for c in r.commits:
+        snap = self._snapshot(peer, r)
+        for c in [] if snap else r.commits:
             if c.table.version == self.log.head.version + 1 and self._learned(c, None, broadcast=False):
                 break
         if r.committed_head > self.log.head.version:
@@ -161,6 +162,24 @@ class ConsensusNode(ProposerMixin):
         if rb.decided:
             self._disarm("rebuild", 0)
             self._rebuild_decided()
+
+    def _snapshot(self, peer: str, r: pb.CatchUpReply) -> bool:
+        """Install the head a peer sent because it compacted the versions we lack. True if one was installed."""
+        if not (r.snapshot and len(r.commits) == 1 and r.commits[0].table.version > self.log.head.version + 1):
+            return False
+        v = int(r.commits[0].table.version)
+        try:
+            why = self.log.install_snapshot(r.commits[0], [st for k, st in sorted(self.acceptor.states.items())
+                                                           if k > v])
+        except StoreFailed:
+            self._store_failed()
+            return False
+        if why:
+            log.warning("%s: snapshot of version %d from %s refused: %s", self.node_id, v, peer, why)
+            return False
+        if r.committed_head > self.log.head.version:
+            self.catch_up(peer)
+        return True
 
     def _rebuild_decided(self) -> None:
         self._abstains()
@@ -436,6 +455,8 @@ class ConsensusNode(ProposerMixin):
             return
         self._peer_heads[peer] = int(r.committed_head)
         before = self.log.head.version
+        if self._snapshot(peer, r):
+            return
         for c in r.commits:
             if c.table.version == self.log.head.version + 1 and self._learned(c, None, broadcast=False):
                 break

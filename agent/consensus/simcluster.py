@@ -44,6 +44,7 @@ class Event:
     op: int = -1
     versions: tuple[int, ...] = ()
     incarnation: int = 0
+    snapshot: bool = False  # an install of a snapshot: its parent is not the node's previous version
     ballot: tuple[int, str] = (0, "")
     quorum: int = 0
 
@@ -110,7 +111,8 @@ class SimCluster:
                              rng=random.Random(self.rng.random()), had_store=self.incarnation[n] > 0)
 
         def installed(c: pb.Commit, t: RoutingTable, n: str = n) -> None:
-            self._ev("install", n, version=t.version, parent=t.parent, digest=t.digest, valid=t.is_valid())
+            self._ev("install", n, version=t.version, parent=t.parent, digest=t.digest, valid=t.is_valid(),
+                     snapshot=node.log.base == t.version)
 
         node.on_commit(installed)
         node.start()

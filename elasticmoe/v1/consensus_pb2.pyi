@@ -223,16 +223,18 @@ class CatchUpRequest(_message.Message):
     def __init__(self, from_version: _Optional[int] = ..., from_node: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class CatchUpReply(_message.Message):
-    __slots__ = ("commits", "committed_head", "acceptor_high", "rebuilding")
+    __slots__ = ("commits", "committed_head", "acceptor_high", "rebuilding", "snapshot")
     COMMITS_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_HEAD_FIELD_NUMBER: _ClassVar[int]
     ACCEPTOR_HIGH_FIELD_NUMBER: _ClassVar[int]
     REBUILDING_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     commits: _containers.RepeatedCompositeFieldContainer[Commit]
     committed_head: int
     acceptor_high: int
     rebuilding: bool
-    def __init__(self, commits: _Optional[_Iterable[_Union[Commit, _Mapping]]] = ..., committed_head: _Optional[int] = ..., acceptor_high: _Optional[int] = ..., rebuilding: _Optional[bool] = ...) -> None: ...
+    snapshot: bool
+    def __init__(self, commits: _Optional[_Iterable[_Union[Commit, _Mapping]]] = ..., committed_head: _Optional[int] = ..., acceptor_high: _Optional[int] = ..., rebuilding: _Optional[bool] = ..., snapshot: _Optional[bool] = ...) -> None: ...
 
 class AcceptorState(_message.Message):
     __slots__ = ("version", "promised", "accepted_ballot", "accepted", "proposer_round")
