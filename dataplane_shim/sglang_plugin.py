@@ -45,7 +45,7 @@ def manager_class() -> type:
 
     settings = Settings.from_env()
 
-    class ElasticMoeEplbManager(EPLBManager):  # type: ignore[misc, valid-type]
+    class ElasticMoeEplbManager(EPLBManager):  # type: ignore[misc]
         def __init__(self, **kw: Any) -> None:
             super().__init__(**kw)
             self._core: PluginCore | None = None

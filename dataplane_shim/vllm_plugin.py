@@ -86,6 +86,7 @@ class VllmPlugin:
         self._acc_steps = 0
         self.target: torch.Tensor | None = None
         self.pending: int = 0
+        self.failed = 0  # sync rearrangements that did not leave vLLM's map equal to the agreed table
         self.timings = Timings()
         plugin = self
 
@@ -133,15 +134,22 @@ class VllmPlugin:
         t2 = time.perf_counter()
         self.timings.load_us.append((t1 - t0) * 1e6)
         self.timings.agree_us.append((t2 - t1) * 1e6)
-        if target is not None and target.version != self.pending:
+        if target is not None and self.target is None:  # one rearrangement in flight at a time
             self.target = torch.from_numpy(np.array(target.phy2log))
             self.pending = target.version
             self.es.expert_rearrangement_step = self.interval - 1  # vLLM's step increments and rearranges
         self._orig_step(is_dummy=is_dummy, is_profile=False, log_stats=log_stats)
-        if self.target is not None and torch.equal(self.ms.physical_to_logical_map.cpu(), self.target):
-            self.core.installed(self.pending)
-            log.info("rank %d installed version %d through vLLM's rearrange", self.rank, self.pending)
-            self.target = None
+        if self.target is not None:
+            if torch.equal(self.ms.physical_to_logical_map.cpu(), self.target):
+                self.core.installed(self.pending)
+                log.info("rank %d installed version %d through vLLM's rearrange", self.rank, self.pending)
+                self.target = None
+            elif not self.es.is_async:  # sync mode commits within the step: it did not; retry next step
+                log.warning("rank %d: vLLM's rearrange did not install version %d; retrying", self.rank,
+                            self.pending)
+                self.failed += 1
+                self.target = None
+            # async mode: vLLM commits layer by layer over the next steps; installed once all are in
         self._hold()
 
     # ---- pieces ----------------------------------------------------------------------------------
