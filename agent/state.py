@@ -118,6 +118,14 @@ class NodeState:
 
         return channel_credentials(self.cfg.tls.cert_dir, self.node_id)
 
+    def _signer(self) -> Any:
+        """Under mTLS, this node's vote signer (agent.consensus.signing); None in plaintext."""
+        if not self.cfg.tls.cert_dir:
+            return None
+        from agent.consensus.signing import VoteSigner
+
+        return VoteSigner.from_cert_dir(self.cfg.tls.cert_dir, self.node_id)
+
     def interceptors(self) -> list[Any]:
         """mTLS authorisation: consensus and gossip only from members, mutating admin calls only from admins;
         then malformed protobufs answered with INVALID_ARGUMENT (agent.decode_guard)."""
@@ -158,7 +166,7 @@ class NodeState:
                                            self.cfg.consensus, genesis, verifier=self._verify,
                                            live_voters=self._live_voters,
                                            members=lambda: self.gossip.live_nodes() if self.gossip is not None else [],
-                                           had_store=had_store)
+                                           had_store=had_store, signer=self._signer())
         self.consensus.on_commit(self._on_commit)
         self.consensus.start()  # recovers the committed log: the controller plans from the recovered head
         if marked and not had_store:
@@ -237,7 +245,16 @@ class NodeState:
         reload experts left without a replica from the host tier); shims mask the ranks meanwhile."""
         if str(getattr(m.status, "value", m.status)).lower() != "dead" or m.node_id == self.node_id:
             return
-        lost = tuple(sorted(set(m.ranks) & set(self.head().active_ranks)))
+        # a rank another live member (or this node) also claims is not lost: a member that claims someone else's
+        # rank and then "dies" (a forged or misconfigured member) must not drain a healthy rank
+        held = set(self._my_ranks()) | {int(g) for o in self.gossip.members() if o.node_id != m.node_id
+                                        and str(getattr(o.status, "value", o.status)).lower() == "alive"
+                                        for g in o.ranks}
+        claimed = set(m.ranks) & set(self.head().active_ranks)
+        if claimed & held:
+            log.warning("node %s declared dead claimed ranks %s that live members hold: not lost", m.node_id,
+                        sorted(claimed & held))
+        lost = tuple(sorted(claimed - held))
         if not lost or self.controller is None:
             return
         log.warning("node %s declared dead: ranks %s lost, proposing repair", m.node_id, list(lost))

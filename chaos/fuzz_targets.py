@@ -257,6 +257,9 @@ class FakeAdminBackend:
     def health(self) -> str:
         return "SERVING"
 
+    def role(self) -> str:
+        return "voter"
+
     def window_seq(self) -> int:
         return 3
 

@@ -47,3 +47,23 @@ def test_one_restarted_node_proposes_at_once() -> None:
     c.restart("n02")
     ok, why = _drain_restore(c, "n02", 1)
     assert ok, why
+
+
+def test_a_forged_member_claiming_a_live_nodes_rank_cannot_get_it_drained() -> None:
+    """A member that claims another node's rank and then 'dies' (forged in plaintext, or misconfigured)
+    drains nothing: that rank is held by a live member."""
+    from elasticmoe.v1 import gossip_pb2 as gpb
+
+    c = SimCluster(3, Shape(ranks_per_node=2, slots_per_rank=4), seed=5)
+    c.run(2.0)
+    victim = c.ranks_of["n01"][0]
+    for n in c.up():
+        c.states[n].gossip.absorb("n02", [gpb.MemberState(node_id="mallory", address="10.9.9.9:7400",
+                                                          status=gpb.ALIVE, incarnation=1, ranks=[victim])], [])
+    c.run(0.5)
+    for n in c.up():
+        c.states[n].gossip.absorb("n02", [gpb.MemberState(node_id="mallory", address="10.9.9.9:7400",
+                                                          status=gpb.DEAD, incarnation=2, ranks=[victim])], [])
+    c.run(3.0)
+    for n in c.up():
+        assert victim in c.states[n].head().active_ranks, f"{n} drained rank {victim} of a live node"

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from agent.consensus.paxos import check_certificate
 from agent.consensus.wire import TableWireError, table_from_pb
 from agent.store import Recovered, Store
+from controlplane.errors import ControlPlaneError
 from controlplane.table import RoutingTable
 from elasticmoe.v1 import consensus_pb2 as pb
 
@@ -31,7 +32,8 @@ def shape_mismatch(table: RoutingTable, head: RoutingTable) -> str:
 
 class CommittedLog:
     def __init__(self, store: Store, voters: list[str], genesis: RoutingTable, on_install: InstallHook,
-                 max_buffered: int = 64, ride_along: Callable[[int], list[pb.AcceptorState]] | None = None) -> None:
+                 max_buffered: int = 64, ride_along: Callable[[int], list[pb.AcceptorState]] | None = None,
+                 verify_qc: Callable[[pb.Commit, list[str]], str] | None = None) -> None:
         self.store = store
         self.voters = sorted(set(voters))
         self.head = genesis
@@ -41,6 +43,7 @@ class CommittedLog:
         self.on_install = on_install
         self.max_buffered = max_buffered
         self.ride_along = ride_along  # acceptor states to make durable with the commit of a version
+        self.verify_qc = verify_qc  # under mTLS: every named voter's signature (agent.consensus.signing)
         self.conflicts: list[str] = []  # a certified commit that disagrees with ours: a broken invariant
         self.base = 0  # the version last installed as a snapshot (its parent is not the previous head)
         self.snapshots = 0  # how many snapshots this incarnation installed
@@ -64,6 +67,27 @@ class CommittedLog:
             self.commits[v] = c
             self.head = t
 
+    def _certified(self, c: pb.Commit) -> str:
+        """Why `c` is not a certified commit of our voters (who signed, when signatures are checked), or ""."""
+        why = check_certificate(c, self.voters)
+        if not why and self.verify_qc is not None:
+            why = self.verify_qc(c, self.voters)
+        return why
+
+    def _decode(self, c: pb.Commit) -> tuple[RoutingTable | None, str]:
+        """The commit's table, decoded and checked (byte lengths, content hash, shape, validity), or why not."""
+        try:
+            table = table_from_pb(c.table, self.head.topology)
+        except TableWireError as e:
+            return None, f"INVALID_ARGUMENT: {e}"
+        why = shape_mismatch(table, self.head)
+        if not why:
+            try:
+                table.validate()  # a certified but invalid table is refused too (I3): never installed
+            except ControlPlaneError as e:
+                why = f"invalid table: {e}"
+        return (None, f"INVALID_ARGUMENT: {why}") if why else (table, "")
+
     def offer(self, c: pb.Commit, before_install: Callable[[pb.Commit], None] | None = None) -> tuple[str, bool]:
         """Validate `c` and install it (and any buffered successors) if it extends the head.
 
@@ -74,7 +98,7 @@ class CommittedLog:
         if v <= self.head.version:
             mine = self.commits.get(v)
             if mine is not None and mine.qc.table_hash != c.qc.table_hash:
-                why = check_certificate(c, self.voters)  # only a certified rival is a broken invariant
+                why = self._certified(c)  # only a certified rival is a broken invariant
                 if why:
                     return f"INVALID_ARGUMENT: {why}", False
                 msg = (f"version {v}: certified table {c.qc.table_hash.hex()[:12]} differs from ours "
@@ -83,16 +107,12 @@ class CommittedLog:
                 self.conflicts.append(msg)
                 return msg, False
             return "", False
-        why = check_certificate(c, self.voters)
+        why = self._certified(c)
         if why:
             return f"INVALID_ARGUMENT: {why}", False
-        try:  # decoded (byte lengths, content hash, shape) before it is buffered or installed
-            table = table_from_pb(c.table, self.head.topology)
-        except TableWireError as e:
-            return f"INVALID_ARGUMENT: {e}", False
-        shape = shape_mismatch(table, self.head)
-        if shape:
-            return f"INVALID_ARGUMENT: {shape}", False
+        table, why = self._decode(c)  # decoded and validated before it is buffered or installed
+        if table is None:
+            return why, False
         if v > self.head.version + 1:
             if len(self.future) < self.max_buffered:
                 self.future[v] = c
@@ -118,16 +138,12 @@ class CommittedLog:
         v = int(c.table.version)
         if v <= self.head.version + 1:
             return f"version {v} is not beyond head {self.head.version} + 1: not a snapshot"
-        why = check_certificate(c, self.voters)
+        why = self._certified(c)
         if why:
             return f"INVALID_ARGUMENT: {why}"
-        try:
-            table = table_from_pb(c.table, self.head.topology)
-        except TableWireError as e:
-            return f"INVALID_ARGUMENT: {e}"
-        shape = shape_mismatch(table, self.head)
-        if shape:
-            return f"INVALID_ARGUMENT: {shape}"
+        table, why = self._decode(c)
+        if table is None:
+            return why
         if not self.store.compact([c], acceptor):  # 1. persist (the whole log is now this base)
             return f"UNAVAILABLE: could not write the snapshot of version {v} to {self.store.where}"
         log.warning("installed a snapshot of version %d (head was %d; the peers compacted the versions between)",

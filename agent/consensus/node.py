@@ -25,6 +25,7 @@ from agent.consensus.log import CommittedLog, shape_mismatch
 from agent.consensus.paxos import Acceptor, Attempt, quorum_size, round0_owner
 from agent.consensus.proposer import Outcome, Pending, ProposerMixin
 from agent.consensus.rebuild import Rebuild
+from agent.consensus.signing import VoteSigner
 from agent.consensus.wire import TableWireError, table_from_pb, table_to_pb
 from agent.store import Store, StoreFailed
 from agent.transport import Transport
@@ -54,7 +55,7 @@ class ConsensusNode(ProposerMixin):
                  cfg: ConsensusConfig, head: RoutingTable, verifier: Verifier = validity_verifier,
                  live_voters: Callable[[], list[str]] | None = None,
                  members: Callable[[], list[str]] | None = None, rng: random.Random | None = None,
-                 had_store: bool = False) -> None:
+                 had_store: bool = False, signer: VoteSigner | None = None) -> None:
         if not voters:
             raise ValueError("voters is empty: expected at least one configured voter")
         self.node_id = node_id
@@ -66,8 +67,10 @@ class ConsensusNode(ProposerMixin):
         self.members = members or (lambda: [])  # non-voting learners that should receive commits
         self.rng = rng or random.Random(zlib.crc32(node_id.encode()))
         self.timeout = cfg.accept_timeout_ms / 1000.0
+        self.signer = signer  # under mTLS: votes are signed, and certificates checked for every signature
         self.log = CommittedLog(store, self.voters, head, self._installed, max_buffered=4 * cfg.catchup_batch,
-                                ride_along=self._preburn)
+                                ride_along=self._preburn,
+                                verify_qc=signer.check_certificate if signer is not None else None)
         self._preburned: set[int] = set()  # versions whose round 0 this incarnation reserved durably, unused
         self._burn_written: pb.AcceptorState | None = None
 
@@ -201,6 +204,14 @@ class ConsensusNode(ProposerMixin):
             self._store_failed()
             return False
         return True
+
+    def _sign(self, reply: pb.Accepted, p: pb.Proposal) -> pb.Accepted:
+        """Under mTLS, sign an accept (version, ballot, table hash) with this node's key, for the certificate."""
+        if self.signer is not None and reply.ok:
+            reply.signature = self.signer.sign(int(p.version), (int(p.ballot.round), p.ballot.node_id),
+                                               p.table.content_hash)
+            reply.certificate = self.signer.cert_der
+        return reply
 
     def _store_failed(self) -> None:
         """Stop voting and proposing (every handler checks `store.failed`) and try the disk again every
@@ -361,6 +372,7 @@ class ConsensusNode(ProposerMixin):
                     return pb.Accepted(ok=False, from_node=self.node_id, committed_head=head,
                                        ballot=req.proposal.ballot, reason=f"UNAVAILABLE: {self.failure}")
                 self.acceptor.apply(st)
+                self._sign(reply, req.proposal)
                 self._recoveries.pop(v, None)
                 if v not in self._attempts:  # finish it ourselves if its proposer goes quiet
                     self._arm("takeover", v, self._takeover_delay(), lambda: self._recover(v))

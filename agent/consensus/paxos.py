@@ -23,6 +23,10 @@ NO_BALLOT: Ballot = (0, "")  # below every real ballot: "" sorts before any node
 # Rounds grow by one per attempt, so a real proposer never gets near this; a ballot above it (say 2^64 - 1
 # from a hostile or corrupt peer) would be unbeatable and make the next proposer's round overflow uint64.
 MAX_ROUND = 2**62
+# ... and a ballot may lead the highest round this acceptor has seen for the version by at most this much: an
+# honest proposer moves one round past the highest it has heard of, so a forged round near MAX_ROUND (which
+# would leave the version unproposable, durably) is refused, and pushing rounds up takes 2^46 messages.
+MAX_ROUND_STEP = 2**16
 
 # (proposal) -> (accept?, the voter's own verified gain, reason when not)
 ProposalCheck = Callable[[pb.Proposal], tuple[bool, float, str]]
@@ -105,6 +109,10 @@ class Acceptor:
             return no, None
         st = self.state(v)
         promised = _state_ballot(st, "promised")
+        ceiling = _round_ceiling(st)
+        if b[0] > ceiling:
+            no.reason = f"ballot.round = {b[0]}: expected <= {ceiling} (the highest round seen here + {MAX_ROUND_STEP})"
+            return no, None
         if b <= promised:
             no.reason = f"promised {promised} >= {b}"
             no.promised.CopyFrom(ballot_pb(promised))
@@ -136,6 +144,10 @@ class Acceptor:
             return no, None
         st = self.state(v)
         promised = _state_ballot(st, "promised")
+        ceiling = _round_ceiling(st)
+        if b[0] > ceiling:
+            no.reason = f"ballot.round = {b[0]}: expected <= {ceiling} (the highest round seen here + {MAX_ROUND_STEP})"
+            return no, None
         if b < promised:
             no.reason = f"promised {promised} > {b}"
             return no, None
@@ -279,9 +291,17 @@ class Attempt:
             table_hash=self.value.table.content_hash,
             voters=sorted(self.accepts),
             quorum=self.quorum,
+            signatures=[pb.VoteSignature(voter=k, certificate=a.certificate, signature=a.signature)
+                        for k, a in sorted(self.accepts.items()) if a.signature],
         )
         return pb.Commit(table=self.value.table, qc=qc, plan=self.value.plan, votes=self.votes(),
                          proposer=self.value.proposer, committed_at_ms=committed_at_ms)
+
+
+def _round_ceiling(st: pb.AcceptorState) -> int:
+    """The highest ballot round an acceptor with state `st` takes for its version."""
+    seen = max(_state_ballot(st, "promised")[0], int(st.accepted_ballot.round) if st.HasField("accepted") else 0)
+    return min(MAX_ROUND, seen + MAX_ROUND_STEP)
 
 
 def check_certificate(c: pb.Commit, voters: Iterable[str]) -> str:

@@ -82,6 +82,9 @@ class ProposerMixin:
     def _persist(self, st: pb.AcceptorState) -> bool:
         raise NotImplementedError
 
+    def _sign(self, reply: pb.Accepted, p: pb.Proposal) -> pb.Accepted:
+        raise NotImplementedError
+
     def _arm(self, kind: str, v: int, delay: float, fn: Callable[[], None]) -> None:
         raise NotImplementedError
 
@@ -138,7 +141,9 @@ class ProposerMixin:
         me_voter = self.node_id in self.voters
         new = pb.AcceptorState()
         if rnd == 0:
-            reply, new_st = self.acceptor.on_accept(att.accept_request(), self.log.head.version, self._check)
+            req0 = att.accept_request()
+            reply, new_st = self.acceptor.on_accept(req0, self.log.head.version, self._check)
+            self._sign(reply, req0.proposal)
             if new_st is None:
                 att.rejects[self.node_id] = reply.reason
                 self._attempt_failed(v, att, f"own check: {reply.reason}", retry=False)
@@ -252,7 +257,9 @@ class ProposerMixin:
     def _step(self, v: int, att: Attempt, ev: str) -> None:
         if ev == "accept":
             if self.node_id in self.voters:  # accept our own value first, durably
-                reply, st = self.acceptor.on_accept(att.accept_request(), self.log.head.version, self._check)
+                req = att.accept_request()
+                reply, st = self.acceptor.on_accept(req, self.log.head.version, self._check)
+                self._sign(reply, req.proposal)
                 if st is not None:
                     st.proposer_round = max(int(st.proposer_round), int(self.acceptor.state(v).proposer_round))
                     if not self._persist(st):

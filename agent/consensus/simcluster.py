@@ -74,7 +74,7 @@ class SimCluster:
     each with a MemoryDisk that survives crashes, recording a history for the checkers."""
 
     def __init__(self, nodes: int, voters: int, seed: int, cfg: ConsensusConfig | None = None,
-                 genesis: RoutingTable | None = None) -> None:
+                 genesis: RoutingTable | None = None, signers: dict[str, Any] | None = None) -> None:
         if not 1 <= voters <= nodes:
             raise ValueError(f"voters = {voters}: expected 1..nodes = {nodes}")
         self.rng = random.Random(seed)
@@ -86,6 +86,7 @@ class SimCluster:
         self.ids = [f"n{i:02d}" for i in range(nodes)]
         self.voters = sorted(self.rng.sample(self.ids, voters))
         self.disks = {n: MemoryDisk() for n in self.ids}
+        self.signers = signers or {}  # node id -> agent.consensus.signing.VoteSigner (mTLS clusters)
         self.nodes: dict[str, ConsensusNode] = {}
         self.incarnation = dict.fromkeys(self.ids, 0)
         self.history: list[Event] = []
@@ -108,7 +109,8 @@ class SimCluster:
         store = RecordingStore(self, n, self.disks[n], len(self.voters) // 2 + 1)
         node = ConsensusNode(n, self.voters, store, self.net.clock(n), self.net.transport(n), self.cfg,
                              self.genesis, live_voters=self.live_voters, members=lambda: self.ids,
-                             rng=random.Random(self.rng.random()), had_store=self.incarnation[n] > 0)
+                             rng=random.Random(self.rng.random()), had_store=self.incarnation[n] > 0,
+                             signer=self.signers.get(n))
 
         def installed(c: pb.Commit, t: RoutingTable, n: str = n) -> None:
             self._ev("install", n, version=t.version, parent=t.parent, digest=t.digest, valid=t.is_valid(),

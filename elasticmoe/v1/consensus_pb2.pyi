@@ -143,20 +143,34 @@ class AcceptRequest(_message.Message):
     def __init__(self, proposal: _Optional[_Union[Proposal, _Mapping]] = ..., from_node: _Optional[str] = ...) -> None: ...
 
 class Accepted(_message.Message):
-    __slots__ = ("ok", "from_node", "ballot", "reason", "committed_head", "verified_gain")
+    __slots__ = ("ok", "from_node", "ballot", "reason", "committed_head", "verified_gain", "signature", "certificate")
     OK_FIELD_NUMBER: _ClassVar[int]
     FROM_NODE_FIELD_NUMBER: _ClassVar[int]
     BALLOT_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_HEAD_FIELD_NUMBER: _ClassVar[int]
     VERIFIED_GAIN_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     from_node: str
     ballot: Ballot
     reason: str
     committed_head: int
     verified_gain: float
-    def __init__(self, ok: _Optional[bool] = ..., from_node: _Optional[str] = ..., ballot: _Optional[_Union[Ballot, _Mapping]] = ..., reason: _Optional[str] = ..., committed_head: _Optional[int] = ..., verified_gain: _Optional[float] = ...) -> None: ...
+    signature: bytes
+    certificate: bytes
+    def __init__(self, ok: _Optional[bool] = ..., from_node: _Optional[str] = ..., ballot: _Optional[_Union[Ballot, _Mapping]] = ..., reason: _Optional[str] = ..., committed_head: _Optional[int] = ..., verified_gain: _Optional[float] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ...) -> None: ...
+
+class VoteSignature(_message.Message):
+    __slots__ = ("voter", "certificate", "signature")
+    VOTER_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    voter: str
+    certificate: bytes
+    signature: bytes
+    def __init__(self, voter: _Optional[str] = ..., certificate: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class Vote(_message.Message):
     __slots__ = ("voter", "accept", "reason", "verified_gain")
@@ -171,18 +185,20 @@ class Vote(_message.Message):
     def __init__(self, voter: _Optional[str] = ..., accept: _Optional[bool] = ..., reason: _Optional[str] = ..., verified_gain: _Optional[float] = ...) -> None: ...
 
 class QuorumCertificate(_message.Message):
-    __slots__ = ("version", "ballot", "table_hash", "voters", "quorum")
+    __slots__ = ("version", "ballot", "table_hash", "voters", "quorum", "signatures")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     BALLOT_FIELD_NUMBER: _ClassVar[int]
     TABLE_HASH_FIELD_NUMBER: _ClassVar[int]
     VOTERS_FIELD_NUMBER: _ClassVar[int]
     QUORUM_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURES_FIELD_NUMBER: _ClassVar[int]
     version: int
     ballot: Ballot
     table_hash: bytes
     voters: _containers.RepeatedScalarFieldContainer[str]
     quorum: int
-    def __init__(self, version: _Optional[int] = ..., ballot: _Optional[_Union[Ballot, _Mapping]] = ..., table_hash: _Optional[bytes] = ..., voters: _Optional[_Iterable[str]] = ..., quorum: _Optional[int] = ...) -> None: ...
+    signatures: _containers.RepeatedCompositeFieldContainer[VoteSignature]
+    def __init__(self, version: _Optional[int] = ..., ballot: _Optional[_Union[Ballot, _Mapping]] = ..., table_hash: _Optional[bytes] = ..., voters: _Optional[_Iterable[str]] = ..., quorum: _Optional[int] = ..., signatures: _Optional[_Iterable[_Union[VoteSignature, _Mapping]]] = ...) -> None: ...
 
 class Commit(_message.Message):
     __slots__ = ("table", "qc", "plan", "votes", "proposer", "committed_at_ms")

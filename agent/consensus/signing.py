@@ -1,0 +1,116 @@
+"""Signed votes: under mTLS a quorum certificate carries every signer's signature, checked by every node.
+
+Without signatures a certificate is a list of voter names: one forged `Learn` (or a member's) could make an
+arbitrary table the head everywhere. With them, each voter signs `accept_digest(version, ballot,
+table_hash)` with its node key (the mTLS key pair of `emoe certs`, ECDSA P-256) when it accepts, and sends its
+node certificate with the signature. A certificate is valid only if a quorum of the named voters each has a
+signature that verifies under a certificate the cluster CA issued to that voter's name. Plaintext clusters
+have no keys, so their certificates stay unsigned (and `emoe agent --check` refuses plaintext off loopback).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterable
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from elasticmoe.v1 import consensus_pb2 as pb
+
+_DOMAIN = b"elasticmoe/v1 accept\x00"
+
+
+def accept_digest(version: int, ballot: tuple[int, str], table_hash: bytes) -> bytes:
+    """The bytes a voter signs when it accepts `table_hash` for `version` at `ballot`."""
+    return _DOMAIN + struct.pack("<QQ", version, ballot[0]) + ballot[1].encode() + b"\x00" + table_hash
+
+
+class SignatureError(ValueError):
+    """A signature or certificate that does not verify; the message says which and why."""
+
+
+class VoteSigner:
+    """This node's signing key and certificate, and the cluster CA that vouches for every voter's."""
+
+    def __init__(self, node_id: str, key: ec.EllipticCurvePrivateKey, cert_der: bytes, ca: x509.Certificate) -> None:
+        self.node_id = node_id
+        self._key = key
+        self.cert_der = cert_der
+        self._ca = ca
+        self._known: dict[bytes, tuple[str, ec.EllipticCurvePublicKey]] = {}  # sha256(DER) -> (CN, key)
+
+    @classmethod
+    def from_cert_dir(cls, cert_dir: str | Path, node_id: str) -> VoteSigner:
+        d = Path(cert_dir)
+        key = serialization.load_pem_private_key((d / f"{node_id}-key.pem").read_bytes(), password=None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise SignatureError(f"{d / (node_id + '-key.pem')}: expected an EC private key (emoe certs makes P-256)")
+        cert = x509.load_pem_x509_certificate((d / f"{node_id}.pem").read_bytes())
+        ca = x509.load_pem_x509_certificate((d / "ca.pem").read_bytes())
+        return cls(node_id, key, cert.public_bytes(serialization.Encoding.DER), ca)
+
+    def sign(self, version: int, ballot: tuple[int, str], table_hash: bytes) -> bytes:
+        return self._key.sign(accept_digest(version, ballot, table_hash), ec.ECDSA(hashes.SHA256()))
+
+    def _voter_key(self, cert_der: bytes) -> tuple[str, ec.EllipticCurvePublicKey]:
+        """(CN, public key) of a certificate the cluster CA issued; cached by its DER bytes."""
+        h = hashlib.sha256(cert_der).digest()
+        hit = self._known.get(h)
+        if hit is not None:
+            return hit
+        try:
+            cert = x509.load_der_x509_certificate(cert_der)
+            ca_key = self._ca.public_key()
+            if not isinstance(ca_key, ec.EllipticCurvePublicKey) or cert.signature_hash_algorithm is None:
+                raise SignatureError("the cluster CA is not an EC key")
+            ca_key.verify(cert.signature, cert.tbs_certificate_bytes, ec.ECDSA(cert.signature_hash_algorithm))
+        except InvalidSignature:
+            raise SignatureError("certificate not issued by the cluster CA") from None
+        except ValueError as e:
+            raise SignatureError(f"certificate unreadable: {e}") from None
+        cns = cert.subject.get_attributes_for_oid(NameOID.COMMON_NAME)
+        pub = cert.public_key()
+        if not cns or not isinstance(pub, ec.EllipticCurvePublicKey):
+            raise SignatureError("certificate has no CN or no EC key")
+        out = (str(cns[0].value), pub)
+        if len(self._known) > 4096:  # bounded: a hostile peer cannot grow it without end
+            self._known.clear()
+        self._known[h] = out
+        return out
+
+    def check_vote(self, voter: str, version: int, ballot: tuple[int, str], table_hash: bytes, cert_der: bytes,
+                   signature: bytes) -> str:
+        """Why this vote's signature does not verify, or ""."""
+        try:
+            cn, pub = self._voter_key(cert_der)
+        except SignatureError as e:
+            return f"{voter}: {e}"
+        if cn != voter:
+            return f"{voter}: signed with the certificate of {cn!r}"
+        try:
+            pub.verify(signature, accept_digest(version, ballot, table_hash), ec.ECDSA(hashes.SHA256()))
+        except InvalidSignature:
+            return f"{voter}: signature does not verify"
+        return ""
+
+    def check_certificate(self, c: pb.Commit, voters: Iterable[str]) -> str:
+        """Why `c`'s quorum certificate lacks verifiable signatures of the voters it names, or "". (Which voters
+        and how many is `paxos.check_certificate`; this checks that each named voter really signed.)"""
+        qc = c.qc
+        ballot = (int(qc.ballot.round), qc.ballot.node_id)
+        sigs = {s.voter: s for s in qc.signatures}
+        vs = set(voters)
+        for voter in qc.voters:
+            s = sigs.get(voter)
+            if s is None or voter not in vs:
+                return f"qc.signatures: no signature of {voter}"
+            why = self.check_vote(voter, int(qc.version), ballot, qc.table_hash, s.certificate, s.signature)
+            if why:
+                return f"qc.signatures: {why}"
+        return ""

@@ -1,0 +1,118 @@
+"""Forged messages change nothing: under mTLS a quorum certificate must carry a verifiable signature of
+every voter it names; in any mode a learned table is validated before it is installed, and ballot rounds
+cannot be pushed out of reach."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.config import ConsensusConfig
+from agent.consensus.paxos import MAX_ROUND, round0_owner
+from agent.consensus.signing import VoteSigner
+from agent.consensus.simcluster import SimCluster
+from agent.consensus.wire import table_to_pb
+from agent.security import write_dev_certs
+from chaos.checkers import check
+from controlplane.table import RoutingTable
+from elasticmoe.v1 import consensus_pb2 as pb
+
+IDS = ["n00", "n01", "n02"]
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    d = tmp_path_factory.mktemp("tls")
+    write_dev_certs(d, [*IDS, "mallory"])
+    other = tmp_path_factory.mktemp("other-ca")
+    write_dev_certs(other, ["n00"])  # same name, another CA
+    return d, other
+
+
+def _cluster(certs: tuple[Path, Path] | None) -> SimCluster:
+    signers = {n: VoteSigner.from_cert_dir(certs[0], n) for n in IDS} if certs else None
+    c = SimCluster(3, 3, 5, ConsensusConfig(accept_timeout_ms=50, sync_interval_ms=0), signers=signers)
+    c.run(0.1)
+    c.propose(round0_owner(2, c.voters))
+    c.run(0.3)
+    assert set(c.heads().values()) == {2}
+    return c
+
+
+def _forge(c: SimCluster, phy_fill: int | None = None) -> pb.Commit:
+    """A commit of version 3 that no quorum voted for, naming two voters in its certificate."""
+    head = c.nodes["n00"].head
+    phy = head.phy2log.copy()
+    if phy_fill is None:
+        phy[0, [0, 1]] = phy[0, [1, 0]]  # a valid table
+    else:
+        phy[0, :] = phy_fill  # every slot of layer 0 holds one expert: invalid
+    t = RoutingTable(head.topology, head.experts, phy, 3, 2, head.active_ranks)
+    qc = pb.QuorumCertificate(version=3, ballot=pb.Ballot(round=0, node_id=round0_owner(3, IDS)),
+                              table_hash=t.digest, voters=["n00", "n01"], quorum=2)
+    return pb.Commit(table=table_to_pb(t), qc=qc, proposer="n00")
+
+
+def _learn(c: SimCluster, commit: pb.Commit, to: str = "n02") -> pb.CommitAck:
+    r = c.nodes[to]._handle("mallory", "Consensus/Learn", commit)
+    assert isinstance(r, pb.CommitAck)
+    return r
+
+
+def test_plaintext_forged_learn_of_an_invalid_table_is_refused() -> None:
+    c = _cluster(None)
+    r = _learn(c, _forge(c, phy_fill=0))
+    assert not r.ok and "invalid table" in r.reason
+    assert c.nodes["n02"].head.version == 2
+
+
+def test_signed_commit_carries_a_verifiable_signature_per_voter(certs: tuple[Path, Path]) -> None:
+    c = _cluster(certs)
+    commit = c.nodes["n02"].log.commits[2]
+    assert sorted(s.voter for s in commit.qc.signatures) == sorted(commit.qc.voters)
+    assert VoteSigner.from_cert_dir(certs[0], "n01").check_certificate(commit, IDS) == ""
+    c.propose("n01")  # and the cluster keeps committing with signatures
+    c.run(0.5)
+    assert set(c.heads().values()) == {3} and check(c.history) == []
+
+
+def test_forged_certificates_are_refused_under_mtls(certs: tuple[Path, Path]) -> None:
+    c = _cluster(certs)
+    good = c.nodes["n02"].log.commits[2]
+    forged = _forge(c)
+    r = _learn(c, forged)  # names voters, carries no signature (the old certificate)
+    assert not r.ok and "no signature of n00" in r.reason
+
+    def signed_by(cert_dir: Path, name: str, as_voter: str) -> pb.VoteSignature:
+        s = VoteSigner.from_cert_dir(cert_dir, name)
+        qc = forged.qc
+        sig = s.sign(3, (int(qc.ballot.round), qc.ballot.node_id), qc.table_hash)
+        return pb.VoteSignature(voter=as_voter, certificate=s.cert_der, signature=sig)
+
+    forged.qc.signatures.extend([signed_by(certs[0], "mallory", "n00"), signed_by(certs[0], "mallory", "n01")])
+    r = _learn(c, forged)  # a member's (or any CA-issued) key cannot sign for a voter
+    assert not r.ok and "signed with the certificate of 'mallory'" in r.reason
+    del forged.qc.signatures[:]
+    forged.qc.signatures.extend([signed_by(certs[1], "n00", "n00"), signed_by(certs[1], "n00", "n01")])
+    r = _learn(c, forged)  # a certificate with the right name from another CA
+    assert not r.ok and "not issued by the cluster CA" in r.reason
+    del forged.qc.signatures[:]
+    forged.qc.signatures.extend(good.qc.signatures)  # genuine signatures, replayed onto another table
+    forged.qc.voters[:] = list(good.qc.voters)
+    r = _learn(c, forged)
+    assert not r.ok and "signature does not verify" in r.reason
+    assert all(c.nodes[n].head.version == 2 for n in IDS) and check(c.history) == []
+
+
+def test_a_prepare_far_beyond_any_round_seen_is_refused() -> None:
+    c = _cluster(None)
+    node = c.nodes["n02"]
+    for rnd in (MAX_ROUND, 2**20):
+        r = node._handle("n00", "Consensus/Prepare", pb.PrepareRequest(
+            version=3, ballot=pb.Ballot(round=rnd, node_id="n00"), from_node="n00"))
+        assert isinstance(r, pb.Promise) and not r.ok and "the highest round seen here" in r.reason
+    assert node.acceptor.state(3).promised.round == 0  # nothing durable changed
+    c.propose("n01")  # the next version stays proposable
+    c.run(0.5)
+    assert set(c.heads().values()) == {3}
