@@ -7,6 +7,9 @@ the value and what was expected.
 
 from __future__ import annotations
 
+import ipaddress
+import math
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +26,52 @@ def _need(cond: bool, field: str, value: object, expected: str) -> None:
         raise ConfigError(f"{field} = {value!r}: expected {expected}")
 
 
+def _bounded(section: str, obj: object, bounds: dict[str, tuple[int, int]]) -> None:
+    """Each named int field of `obj` within its inclusive [lo, hi]. The upper bounds are far above any real
+    deployment and low enough that a typo cannot make the agent allocate the host away or overflow a timer."""
+    for f, (lo, hi) in bounds.items():
+        v = getattr(obj, f)
+        _need(lo <= v <= hi, f"{section}.{f}", v, f"an integer in {lo}..{hi}")
+
+
+# timers: one day is far beyond any sane interval and far below what asyncio's timers overflow on
+DAY_MS = 86_400_000
+# shape bounds (the largest MoE models today: 61 layers, 384 experts, 8 of them per token)
+MAX_NODES, MAX_RANKS_PER_NODE, MAX_SLOTS_PER_RANK = 4096, 1024, 1024
+MAX_LAYERS, MAX_EXPERTS, MAX_TOP_K = 4096, 65536, 1024
+MAX_RANKS = 65536                # nodes x ranks_per_node
+MAX_EXPERT_BYTES = 1 << 40       # 1 TiB per expert
+# one routing table (layers x slots int64) travels whole in a consensus Accept and a catch-up reply, under the
+# agent's 64 MiB gRPC message limit; 32 MiB leaves room for the certificate and the plan beside it
+MAX_TABLE_BYTES = 32 << 20
+# a load window (layers x experts uint32) travels whole in a gossip message; this much is the envelope
+WINDOW_ENVELOPE_BYTES = 2048
+# node ids are certificate names (`emoe certs`), DNS labels on Kubernetes, and keys in every message
+NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
+NODE_ID_EXPECTED = "a name of letters, digits, '.', '_' or '-' (1 to 253, starting with a letter or digit)"
+
+
+def _check_finite(section: str, obj: msgspec.Struct) -> None:
+    """No NaN or infinity in any float field: every comparison with one is False, so a bound cannot catch it."""
+    for f in obj.__struct_fields__:
+        v = getattr(obj, f)
+        if isinstance(v, float):
+            _need(math.isfinite(v), f"{section}{f}", v, "a finite number")
+        elif isinstance(v, msgspec.Struct):
+            _check_finite(f"{section}{f}.", v)
+
+
+def is_loopback(hostport: str) -> bool:
+    """Whether 'host:port' names a loopback address (127.0.0.0/8, ::1 or localhost)."""
+    host = hostport.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 class ClusterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Shape of the decode pool and of the model."""
 
@@ -35,12 +84,20 @@ class ClusterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     expert_bytes: int = 3 * 2048 * 1408 * 2  # DeepSeek-V2-Lite expert: 3 bf16 matrices 2048x1408
 
     def validate(self) -> None:
-        for f in ("nodes", "ranks_per_node", "slots_per_rank", "layers", "experts", "top_k", "expert_bytes"):
-            v = getattr(self, f)
-            _need(v >= 1, f"cluster.{f}", v, "an integer >= 1")
-        slots = self.nodes * self.ranks_per_node * self.slots_per_rank
+        _bounded("cluster", self, {
+            "nodes": (1, MAX_NODES), "ranks_per_node": (1, MAX_RANKS_PER_NODE), "slots_per_rank": (1, MAX_SLOTS_PER_RANK),
+            "layers": (1, MAX_LAYERS), "experts": (1, MAX_EXPERTS), "top_k": (1, MAX_TOP_K),
+            "expert_bytes": (1, MAX_EXPERT_BYTES)})
+        ranks = self.nodes * self.ranks_per_node
+        _need(ranks <= MAX_RANKS, "cluster.ranks_per_node", self.ranks_per_node,
+              f"nodes x ranks_per_node <= {MAX_RANKS} (nodes = {self.nodes})")
+        slots = ranks * self.slots_per_rank
         _need(self.experts <= slots, "cluster.experts", self.experts, f"<= nodes x ranks_per_node x slots_per_rank = {slots}")
         _need(self.top_k <= self.experts, "cluster.top_k", self.top_k, f"<= experts = {self.experts}")
+        table = self.layers * slots * 8
+        _need(table <= MAX_TABLE_BYTES, "cluster.layers", self.layers,
+              f"a routing table of layers x {slots} slots x 8 bytes <= {MAX_TABLE_BYTES >> 20} MiB "
+              f"(this one: {table / (1 << 20):.0f} MiB)")
 
 
 class GossipConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -102,18 +159,21 @@ class GossipConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     awareness_max_mult: int = 8
 
     def validate(self) -> None:
-        for f in ("interval_ms", "probe_interval_ms", "probe_timeout_ms", "indirect_checks", "retransmit_mult",
-                  "fanout", "suspicion_confirmations", "piggyback_bytes", "pushpull_interval_ms",
-                  "reconnect_interval_ms", "dead_reclaim_ms", "awareness_max_mult", "suspicion_min_ms"):
-            v = getattr(self, f)
-            _need(v >= 1, f"gossip.{f}", v, "an integer >= 1")
+        _bounded("gossip", self, {
+            **{f: (1, DAY_MS) for f in ("interval_ms", "probe_interval_ms", "probe_timeout_ms", "pushpull_interval_ms",
+                                        "reconnect_interval_ms", "dead_reclaim_ms", "suspicion_min_ms")},
+            **{f: (1, 64) for f in ("indirect_checks", "retransmit_mult", "fanout", "suspicion_confirmations",
+                                    "awareness_max_mult")},
+            "piggyback_bytes": (1, 64 << 20)})
         _need(0 <= self.coalesce_ms < self.interval_ms, "gossip.coalesce_ms", self.coalesce_ms,
               f"an integer in [0, gossip.interval_ms = {self.interval_ms})")
         _need(self.probe_timeout_ms < self.probe_interval_ms, "gossip.probe_timeout_ms", self.probe_timeout_ms,
               f"< gossip.probe_interval_ms = {self.probe_interval_ms}")
-        _need(self.suspicion_mult > 0, "gossip.suspicion_mult", self.suspicion_mult, "> 0")
-        _need(self.suspicion_max_mult >= 1, "gossip.suspicion_max_mult", self.suspicion_max_mult, ">= 1")
-        _need(self.max_message_bytes >= 65536, "gossip.max_message_bytes", self.max_message_bytes, ">= 65536")
+        _need(0 < self.suspicion_mult <= 100, "gossip.suspicion_mult", self.suspicion_mult, "in (0, 100]")
+        _need(1 <= self.suspicion_max_mult <= 100, "gossip.suspicion_max_mult", self.suspicion_max_mult, "in [1, 100]")
+        # the agent's gRPC message limit is 64 MiB
+        _need(65536 <= self.max_message_bytes <= 64 << 20, "gossip.max_message_bytes", self.max_message_bytes,
+              f"an integer in 65536..{64 << 20}")
         _need(self.piggyback_bytes < self.max_message_bytes, "gossip.piggyback_bytes", self.piggyback_bytes,
               f"< gossip.max_message_bytes = {self.max_message_bytes}")
 
@@ -136,10 +196,10 @@ class DecisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     handover_windows: int = 2
 
     def validate(self) -> None:
-        _need(self.handover_windows >= 0, "decision.handover_windows", self.handover_windows, "an integer >= 0")
-        for f in ("window", "budget_windows", "rollback_windows", "max_ops", "replay_windows"):
-            v = getattr(self, f)
-            _need(v >= 1, f"decision.{f}", v, "an integer >= 1")
+        # replay_windows keeps that many [layers, experts] windows in memory
+        _bounded("decision", self, {"handover_windows": (0, 10_000), "window": (1, 1_000_000),
+                                    "budget_windows": (1, 10_000), "rollback_windows": (1, 10_000),
+                                    "max_ops": (1, 65_536), "replay_windows": (1, 1000)})
         _need(self.theta >= 1.0, "decision.theta", self.theta, "a ratio >= 1.0")
         _need(0.0 <= self.tau < 1.0, "decision.tau", self.tau, "a fraction in [0, 1)")
 
@@ -170,14 +230,15 @@ class ConsensusConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     disk_retry_ms: int = 1000
 
     def validate(self) -> None:
-        _need(self.accept_timeout_ms >= 1, "consensus.accept_timeout_ms", self.accept_timeout_ms, "an integer >= 1")
-        _need(self.max_attempts >= 1, "consensus.max_attempts", self.max_attempts, "an integer >= 1")
-        _need(self.catchup_batch >= 1, "consensus.catchup_batch", self.catchup_batch, "an integer >= 1")
-        _need(self.sync_interval_ms >= 0, "consensus.sync_interval_ms", self.sync_interval_ms, "an integer >= 0")
-        _need(self.thrifty_ms >= 0, "consensus.thrifty_ms", self.thrifty_ms, "an integer >= 0")
-        _need(self.log_compact_bytes >= 0, "consensus.log_compact_bytes", self.log_compact_bytes, "an integer >= 0")
-        _need(self.log_retain >= 1, "consensus.log_retain", self.log_retain, "an integer >= 1")
-        _need(self.disk_retry_ms >= 1, "consensus.disk_retry_ms", self.disk_retry_ms, "an integer >= 1")
+        _bounded("consensus", self, {"accept_timeout_ms": (1, DAY_MS), "max_attempts": (1, 1000),
+                                     "catchup_batch": (1, 1024), "sync_interval_ms": (0, DAY_MS),
+                                     "thrifty_ms": (0, DAY_MS), "log_compact_bytes": (0, 1 << 40),
+                                     "log_retain": (1, 1_000_000), "disk_retry_ms": (1, DAY_MS)})
+        seen: dict[str, int] = {}
+        for i, v in enumerate(self.voters):
+            _need(bool(NODE_ID_RE.match(v)), f"consensus.voters[{i}]", v, NODE_ID_EXPECTED)
+            _need(v not in seen, f"consensus.voters[{i}]", v, f"a node id listed once (also voters[{seen.get(v)}])")
+            seen[v] = i
         _need(0.0 <= self.verify_tolerance <= 1.0, "consensus.verify_tolerance", self.verify_tolerance, "in [0, 1]")
         if self.backend == "etcd":
             _need(bool(self.etcd_endpoints), "consensus.etcd_endpoints", self.etcd_endpoints,
@@ -198,6 +259,9 @@ class TlsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # a plaintext listener serving only grpc.health.v1, for probes that cannot present a client
     # certificate (Kubernetes gRPC probes); empty: none
     health_listen: str = ""
+    # plaintext on a non-loopback `listen` is refused unless this is set (an isolated test network): then
+    # anyone who reaches the port can join the cluster, vote and drain ranks, and every start warns so
+    insecure: bool = False
 
     def validate(self) -> None:
         for i, a in enumerate(self.admins):
@@ -226,17 +290,15 @@ class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     tls: TlsConfig = msgspec.field(default_factory=TlsConfig)
 
     def validate(self) -> None:
-        _need(bool(self.node_id) and "@" not in self.node_id, "node_id", self.node_id, "a non-empty name without '@'")
+        _check_finite("", self)
+        _need(bool(NODE_ID_RE.match(self.node_id)), "node_id", self.node_id, NODE_ID_EXPECTED)
         _check_hostport("listen", self.listen)
         if self.advertise:
             _check_hostport("advertise", self.advertise)
             _need(not self.advertise.startswith(("0.0.0.0:", "[::]:")), "advertise", self.advertise,
                   "an address peers can dial, not a wildcard")
-        for i, s in enumerate(self.seeds):
-            node, sep, addr = s.partition("@")
-            _need(bool(sep) and bool(node), f"seeds[{i}]", s, "'node_id@host:port'")
-            _check_hostport(f"seeds[{i}]", addr)
         self.cluster.validate()
+        self._validate_members()
         self.gossip.validate()
         self.decision.validate()
         self.consensus.validate()
@@ -246,6 +308,40 @@ class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         G = self.cluster.nodes * self.cluster.ranks_per_node
         for i, r in enumerate(self.ranks):
             _need(0 <= r < G, f"ranks[{i}]", r, f"a rank in 0..{G - 1}")
+            _need(r not in self.ranks[:i], f"ranks[{i}]", r, "a rank listed once")
+        c = self.cluster
+        window = c.layers * c.experts * 4 + WINDOW_ENVELOPE_BYTES
+        _need(window <= self.gossip.max_message_bytes, "gossip.max_message_bytes", self.gossip.max_message_bytes,
+              f">= one load window of cluster.layers x cluster.experts x 4 bytes + {WINDOW_ENVELOPE_BYTES} = {window}")
+
+    def _validate_members(self) -> None:
+        """Seeds name distinct nodes at distinct addresses, no more than cluster.nodes; voters are nodes of the
+        cluster. When the seeds name every node, each voter must be one of them; with fewer seeds the rest are
+        found by gossip, and the seeds, the voters and this node together may name at most cluster.nodes."""
+        ids: dict[str, int] = {}
+        addrs: dict[str, int] = {}
+        nodes = self.cluster.nodes
+        for i, s in enumerate(self.seeds):
+            node, sep, addr = s.partition("@")
+            _need(bool(sep) and bool(node), f"seeds[{i}]", s, "'node_id@host:port'")
+            _need(bool(NODE_ID_RE.match(node)), f"seeds[{i}]", s, f"a node id that is {NODE_ID_EXPECTED}")
+            _check_hostport(f"seeds[{i}]", addr)
+            _need(node not in ids, f"seeds[{i}]", s, f"each node id once (node {node!r} is also seeds[{ids.get(node)}])")
+            _need(addr not in addrs, f"seeds[{i}]", s, f"each address once (also in seeds[{addrs.get(addr)}])")
+            _need(i < nodes, f"seeds[{i}]", s, f"at most cluster.nodes = {nodes} seeds")
+            ids[node], addrs[addr] = i, i
+        complete = len(ids) == nodes
+        known = set(ids)
+        for i, v in enumerate(self.consensus.voters):
+            _need(not complete or v in ids, f"consensus.voters[{i}]", v,
+                  f"one of the seeds' node ids {sorted(ids)} (they name all cluster.nodes = {nodes})")
+            known.add(v)
+            _need(len(known) <= nodes, f"consensus.voters[{i}]", v,
+                  f"a node of the cluster: seeds and voters would name more than cluster.nodes = {nodes}")
+        _need(not complete or self.node_id in ids, "node_id", self.node_id,
+              f"one of the seeds' node ids {sorted(ids)} (they name all cluster.nodes = {nodes})")
+        _need(len(known | {self.node_id}) <= nodes, "node_id", self.node_id,
+              f"a node of the cluster: seeds, voters and node_id would name more than cluster.nodes = {nodes}")
 
     @property
     def advertise_address(self) -> str:

@@ -1,14 +1,34 @@
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
+from agent.cli import main
 from agent.config import ConfigError, from_dict, load
+from agent.security import write_dev_certs
 
 ROOT = Path(__file__).resolve().parent.parent
+SEEDS = ["a@127.0.0.1:7401", "b@127.0.0.1:7402", "c@127.0.0.1:7403"]
+
+
+def on_this_host(path: Path, tmp: Path) -> Path:
+    """A copy of the deploy config `path` whose data_dir and tls.cert_dir (with development certificates for
+    its node) are under `tmp`: what an operator provides on the host before `--check`."""
+    text = path.read_text()
+    raw = tomllib.loads(text)
+    text = re.sub(r"^data_dir = .*$", f'data_dir = "{tmp / "data"}"', text, flags=re.M)
+    if raw.get("tls", {}).get("cert_dir"):
+        write_dev_certs(tmp / "tls", [raw["node_id"]])
+        text = re.sub(r"^cert_dir = .*$", f'cert_dir = "{tmp / "tls"}"', text, flags=re.M)
+    out = tmp / path.name
+    out.write_text(text)
+    return out
 
 
 def test_profiles_fill_defaults_and_fields_override() -> None:
@@ -31,6 +51,43 @@ def test_profiles_fill_defaults_and_fields_override() -> None:
         ({"node_id": "n", "bogus": 1}, "bogus"),
         ({"node_id": "n", "consensus": {"backend": "etcd"}}, "consensus.etcd_endpoints"),
         ({}, "node_id"),
+        # issue 17 item 8: each of these was accepted by --check
+        ({"node_id": "a", "seeds": [SEEDS[0], "a@127.0.0.1:7409"], "cluster": {"nodes": 3}},
+         "seeds[1] = 'a@127.0.0.1:7409': expected each node id once"),
+        ({"node_id": "a", "seeds": [SEEDS[0], "b@127.0.0.1:7401"], "cluster": {"nodes": 3}}, "each address once"),
+        ({"node_id": "a", "seeds": SEEDS, "cluster": {"nodes": 2}}, "seeds[2] = 'c@127.0.0.1:7403': expected at most"),
+        ({"node_id": "a", "seeds": SEEDS, "cluster": {"nodes": 3}, "consensus": {"voters": ["a", "b", "a"]}},
+         "consensus.voters[2] = 'a': expected a node id listed once"),
+        ({"node_id": "a", "seeds": SEEDS, "cluster": {"nodes": 3}, "consensus": {"voters": ["a", "b", "d"]}},
+         "consensus.voters[2] = 'd': expected one of the seeds' node ids"),
+        ({"node_id": "a", "seeds": SEEDS[:2], "cluster": {"nodes": 3}, "consensus": {"voters": ["a", "x", "y"]}},
+         "consensus.voters[2] = 'y'"),
+        ({"node_id": "z", "seeds": SEEDS, "cluster": {"nodes": 3}}, "node_id = 'z': expected one of the seeds'"),
+        ({"node_id": " "}, "node_id = ' '"),
+        ({"node_id": "a b"}, "node_id = 'a b'"),
+        ({"node_id": ""}, "node_id = ''"),
+        ({"node_id": "a", "seeds": [" @127.0.0.1:7401"]}, "seeds[0] = ' @127.0.0.1:7401'"),
+        ({"node_id": "a", "consensus": {"voters": [" "]}}, "consensus.voters[0] = ' '"),
+        ({"node_id": "n", "decision": {"theta": float("inf")}}, "decision.theta = inf: expected a finite number"),
+        ({"node_id": "n", "decision": {"theta": float("nan")}}, "decision.theta = nan: expected a finite number"),
+        ({"node_id": "n", "decision": {"tau": float("nan")}}, "decision.tau = nan"),
+        ({"node_id": "n", "gossip": {"suspicion_mult": float("inf")}}, "gossip.suspicion_mult = inf"),
+        ({"node_id": "n", "consensus": {"verify_tolerance": float("-inf")}}, "consensus.verify_tolerance = -inf"),
+        ({"node_id": "n", "cluster": {"layers": 10**23}}, "cluster.layers = 100000000000000000000000: expected an "
+                                                          "integer in 1..4096"),
+        ({"node_id": "n", "cluster": {"experts": 2**40}}, "cluster.experts = 1099511627776"),
+        ({"node_id": "n", "cluster": {"nodes": 10**9}}, "cluster.nodes = 1000000000"),
+        ({"node_id": "n", "cluster": {"layers": 4096, "nodes": 64}}, "cluster.layers = 4096: expected a routing table"),
+        ({"node_id": "n", "cluster": {"nodes": 4096, "ranks_per_node": 1024}}, "cluster.ranks_per_node = 1024"),
+        ({"node_id": "n", "cluster": {"layers": 512, "experts": 1024, "nodes": 16, "slots_per_rank": 8}},
+         "gossip.max_message_bytes = 1048576: expected >= one load window"),
+        ({"node_id": "n", "gossip": {"interval_ms": 2**62}}, "gossip.interval_ms = 4611686018427387904"),
+        ({"node_id": "n", "gossip": {"fanout": 10**6}}, "gossip.fanout = 1000000"),
+        ({"node_id": "n", "gossip": {"max_message_bytes": 2**40}}, "gossip.max_message_bytes = 1099511627776"),
+        ({"node_id": "n", "consensus": {"catchup_batch": 10**7}}, "consensus.catchup_batch = 10000000"),
+        ({"node_id": "n", "consensus": {"accept_timeout_ms": 10**12}}, "consensus.accept_timeout_ms"),
+        ({"node_id": "n", "decision": {"replay_windows": 10**6}}, "decision.replay_windows = 1000000"),
+        ({"node_id": "n", "ranks": [1, 1]}, "ranks[1] = 1: expected a rank listed once"),
     ],
 )
 def test_errors_name_field_and_value(raw: dict[str, object], needle: str) -> None:
@@ -56,11 +113,12 @@ def test_load_names_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "deploy" / "configs").glob("*.toml")), ids=lambda p: p.name)
-def test_deploy_configs_pass_check(path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "agent", "--config", str(path), "--check"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=60)
+def test_deploy_configs_pass_check(path: Path, tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "agent.cli", "agent", "--config", str(on_this_host(path, tmp_path)),
+                        "--check"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert ": ok" in r.stdout
+    assert not (tmp_path / "data").exists(), "--check left the data_dir behind"
 
 
 def test_check_rejects_bad_config(tmp_path: Path) -> None:
@@ -72,8 +130,103 @@ def test_check_rejects_bad_config(tmp_path: Path) -> None:
     assert "listen = '127.0.0.1:99999'" in r.stderr
 
 
+def check(tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, *, start: bool = False) -> tuple[int, str]:
+    """`emoe agent --config F --check` (or a start with `start`) in process: (exit status, stderr)."""
+    p = tmp_path / "agent.toml"
+    p.write_text(body)
+    rc = main(["agent", "--config", str(p), *([] if start else ["--check"])])
+    return rc, capsys.readouterr().err
+
+
+def one_line(err: str) -> str:
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("toml, needle", [
+    ('node_id = "n"\nseeds = ["a@127.0.0.1:1", "a@127.0.0.1:2"]\n[cluster]\nnodes = 3\n', "seeds[1]"),
+    ('node_id = "n"\n[decision]\ntheta = inf\n', "decision.theta = inf"),
+    ('node_id = "n"\n[decision]\ntheta = nan\n', "decision.theta = nan"),
+    ('node_id = "n"\n[cluster]\nlayers = 100000000000000000000000\n', "cluster.layers = 1000000"),
+    ('node_id = "n"\n[cluster]\nlayers = 1e23\n', "cluster.layers"),
+    ('node_id = " "\n', "node_id = ' '"),
+])
+def test_check_is_one_line_for_bad_values(tmp_path: Path, capsys: pytest.CaptureFixture[str], toml: str,
+                                          needle: str) -> None:
+    rc, err = check(tmp_path, capsys, f'data_dir = "{tmp_path / "d"}"\n' + toml)
+    assert rc == 2 and needle in one_line(err)
+
+
+def test_check_tries_the_data_dir_and_leaves_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fresh = tmp_path / "new" / "deeper"
+    rc, err = check(tmp_path, capsys, f'node_id = "n"\ndata_dir = "{fresh}"\n')
+    assert rc == 0 and not (tmp_path / "new").exists(), err
+    (tmp_path / "existing").mkdir()
+    rc, err = check(tmp_path, capsys, f'node_id = "n"\ndata_dir = "{tmp_path / "existing"}"\n')
+    assert rc == 0 and list((tmp_path / "existing").iterdir()) == [], err
+    (tmp_path / "file").write_text("")
+    rc, err = check(tmp_path, capsys, f'node_id = "n"\ndata_dir = "{tmp_path / "file" / "d"}"\n')
+    assert rc == 2 and "data_dir = " in one_line(err) and "is not a directory" in err
+    rc, err = check(tmp_path, capsys, 'node_id = "n"\ndata_dir = "/proc/emoe-data"\n')  # no entries can be made
+    assert rc == 2 and "data_dir = '/proc/emoe-data': cannot be created" in one_line(err)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through directory permissions")
+def test_check_refuses_a_read_only_data_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    rc, err = check(tmp_path, capsys, f'node_id = "n"\ndata_dir = "{ro}"\n')
+    assert rc == 2 and "cannot be written" in one_line(err)
+
+
+def test_check_needs_the_tls_files_of_this_node(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    base = f'node_id = "node1"\ndata_dir = "{tmp_path / "d"}"\n[tls]\n'
+    rc, err = check(tmp_path, capsys, base + f'cert_dir = "{tmp_path / "missing"}"\n')
+    assert rc == 2 and f"tls.cert_dir = '{tmp_path / 'missing'}': no such directory" in one_line(err)
+    write_dev_certs(tmp_path / "tls", ["node2"])
+    rc, err = check(tmp_path, capsys, base + f'cert_dir = "{tmp_path / "tls"}"\n')
+    assert rc == 2 and "node1.pem: no such file" in one_line(err)
+    (tmp_path / "tls" / "node1.pem").write_bytes((tmp_path / "tls" / "node2.pem").read_bytes())
+    (tmp_path / "tls" / "node1-key.pem").write_bytes((tmp_path / "tls" / "node2-key.pem").read_bytes())
+    rc, err = check(tmp_path, capsys, base + f'cert_dir = "{tmp_path / "tls"}"\n')
+    assert rc == 2 and "issued to ['node2']" in one_line(err)
+    write_dev_certs(tmp_path / "tls", ["node1"])
+    rc, err = check(tmp_path, capsys, base + f'cert_dir = "{tmp_path / "tls"}"\n')
+    assert rc == 0, err
+    # starting (not only --check) refuses the same way, before anything binds: one line, no traceback
+    rc, err = check(tmp_path, capsys, base + f'cert_dir = "{tmp_path / "missing"}"\n', start=True)
+    assert rc == 2 and "tls.cert_dir" in one_line(err)
+
+
+@pytest.mark.parametrize("listen", ["0.0.0.0:7400", "[::]:7400", "10.0.0.1:7400", "gpu-node-1:7400"])
+def test_plaintext_off_loopback_needs_insecure(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               listen: str) -> None:
+    base = f'node_id = "n"\nlisten = "{listen}"\ndata_dir = "{tmp_path / "d"}"\n'
+    rc, err = check(tmp_path, capsys, base)
+    assert rc == 2 and f"listen = '{listen}': plaintext on a non-loopback address" in one_line(err)
+    assert "tls.insecure = true" in err
+    rc, err = check(tmp_path, capsys, base + "[tls]\ninsecure = true\n")
+    assert rc == 0 and "warning:" in one_line(err) and "tls.insecure = true" in err
+
+
+@pytest.mark.parametrize("listen", ["127.0.0.1:7400", "127.0.0.2:7400", "[::1]:7400", "localhost:7400"])
+def test_plaintext_on_loopback_is_fine(tmp_path: Path, capsys: pytest.CaptureFixture[str], listen: str) -> None:
+    rc, err = check(tmp_path, capsys, f'node_id = "n"\nlisten = "{listen}"\ndata_dir = "{tmp_path / "d"}"\n')
+    assert rc == 0 and err == ""
+
+
+def test_lan_config_without_its_certificates_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The shipped LAN config uses TLS: on a host without its cert_dir, --check says so (it said "ok")."""
+    text = re.sub(r"^data_dir = .*$", f'data_dir = "{tmp_path / "d"}"', (ROOT / "deploy/configs/lan.toml").read_text(),
+                  flags=re.M)
+    raw = tomllib.loads(text)
+    assert raw["tls"]["cert_dir"] and not raw["tls"].get("insecure")
+    rc, err = check(tmp_path, capsys, text.replace("/etc/emoe/tls", str(tmp_path / "none")))
+    assert rc == 2 and "tls.cert_dir" in one_line(err)
+
+
 def test_advertise_address() -> None:
-    seeds = ["n1@10.0.0.1:7400", "n2@10.0.0.2:7400"]
+    seeds = ["n1@10.0.0.1:7400", "n2@10.0.0.2:7400"]  # from_dict does not judge exposure: emoe agent does
     assert from_dict({"node_id": "n1", "listen": "0.0.0.0:7400", "seeds": seeds}).advertise_address == "10.0.0.1:7400"
     assert from_dict({"node_id": "n1", "listen": "127.0.0.1:7400"}).advertise_address == "127.0.0.1:7400"
     cfg = from_dict({"node_id": "n1", "listen": "0.0.0.0:7400", "advertise": "host1:7400"})

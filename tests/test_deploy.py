@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 import yaml
+from test_config import on_this_host
 
 from agent.cli import build_parser, main
-from agent.config import from_dict
+from agent.config import from_dict, is_loopback
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -164,13 +165,15 @@ def test_deploy_has_the_expected_files() -> None:
 
 
 @pytest.mark.parametrize("path", TOMLS, ids=lambda p: p.relative_to(DEPLOY).as_posix())
-def test_config_passes_check(path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["agent", "--config", str(path), "--check"]) == 0, capsys.readouterr().err
+def test_config_passes_check(path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # --check also tries the data_dir and reads the TLS files: give it a host that has them
+    assert main(["agent", "--config", str(on_this_host(path, tmp_path)), "--check"]) == 0, capsys.readouterr().err
 
 
-def test_check_through_the_module_entry_point() -> None:
-    r = subprocess.run([sys.executable, "-m", "agent.cli", "agent", "--config", str(DEPLOY / "configs/k8s.toml"),
-                        "--check"], capture_output=True, text=True, cwd=ROOT, timeout=60)
+def test_check_through_the_module_entry_point(tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "agent.cli", "agent", "--config",
+                        str(on_this_host(DEPLOY / "configs/k8s.toml", tmp_path)), "--check"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert r.returncode == 0 and ": ok (node gpu-node-1" in r.stdout, r.stderr
 
 
@@ -262,6 +265,30 @@ def test_k8s_manifests_are_consistent() -> None:
     assert int(cfg.listen.rsplit(":", 1)[1]) in ports and probe_port in ports
     assert {p["port"] for p in svc["spec"]["ports"]} == {int(cfg.listen.rsplit(":", 1)[1])}
     assert cfg.data_dir == vols["data"]["hostPath"]["path"]
+
+
+@pytest.mark.parametrize("name", ["lan.toml", "k8s.toml"])
+def test_network_configs_use_tls(name: str) -> None:
+    """The example LAN and Kubernetes configs listen off loopback, so they must use mutual TLS."""
+    import tomllib
+
+    cfg = from_dict(tomllib.loads((DEPLOY / "configs" / name).read_text()))
+    assert not is_loopback(cfg.listen) and cfg.tls.cert_dir and not cfg.tls.insecure
+
+
+def test_k8s_check_sees_what_the_agent_uses() -> None:
+    """The init container's `--check` tries the data dir and reads the TLS files: it mounts both where the
+    agent container does."""
+    init = next(c for c in _daemonset()["spec"]["template"]["spec"]["initContainers"] if k8s_commands_of(c))
+    agent = _daemonset()["spec"]["template"]["spec"]["containers"][0]
+    mounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
+    for m in agent["volumeMounts"]:
+        if m["name"] in ("data", "tls"):
+            assert mounts.get(m["name"]) == m["mountPath"], m
+
+
+def k8s_commands_of(ctr: dict[str, Any]) -> list[list[str]]:
+    return [a for a in emoe_commands_in_argv([*ctr.get("command", []), *ctr.get("args", [])]) if "--check" in a]
 
 
 def test_compose_references_existing_configs() -> None:
