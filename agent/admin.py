@@ -6,6 +6,7 @@ Bad input gets INVALID_ARGUMENT with the reason and changes nothing.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, NoReturn, Protocol
 
 import grpc
@@ -19,6 +20,16 @@ from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import admin_pb2_grpc
 from elasticmoe.v1 import consensus_pb2 as cpb
 from elasticmoe.v1 import gossip_pb2 as gpb
+
+# Per-call bounds on Propose, checked before anything that scales with the request: a manual proposal is
+# a handful of operations (ESFT intent from static EP needs ~250 over 26 layers; decision.max_ops defaults
+# to 512). Without them one call of 1,000,000 operations held the event loop for seconds (peers declared
+# the node dead). The agent's gRPC limit (64 MiB, for consensus catch-up) is far above any admin request.
+MAX_PROPOSE_OPS = 4096
+MAX_PROPOSE_EXPERTS = 65536     # expert ids over all operations (a consolidate lists several)
+MAX_PROPOSE_BYTES = 1 << 20     # encoded request size
+# above this many operations, decoding and checking them runs in a worker thread, not on the event loop
+OFFLOAD_OPS = 64
 
 
 class AdminBackend(Protocol):
@@ -61,6 +72,31 @@ def unknown_ids(head: RoutingTable, ops: tuple[Operation, ...]) -> str:
                 if not lo <= x < hi:
                     return f"ops[{i}].{name} = {x}: expected {lo}..{hi - 1} (unknown {name.rstrip('s')})"
     return ""
+
+
+def propose_bounds(request: apb.ProposeRequest) -> str:
+    """Why `request` is over the per-call bounds, or "". Costs O(1) per operation in C, before any decoding."""
+    n = len(request.ops)
+    if n > MAX_PROPOSE_OPS:
+        return f"ops: {n} operations: expected at most {MAX_PROPOSE_OPS} per Propose (propose in several steps)"
+    size = request.ByteSize()
+    if size > MAX_PROPOSE_BYTES:
+        return f"request of {size} bytes: expected at most {MAX_PROPOSE_BYTES} per Propose"
+    experts = sum(len(o.experts) for o in request.ops)
+    if experts > MAX_PROPOSE_EXPERTS:
+        return f"ops: {experts} expert ids in all: expected at most {MAX_PROPOSE_EXPERTS} per Propose"
+    return ""
+
+
+def _decode_and_check(request: apb.ProposeRequest, head: RoutingTable) -> tuple[tuple[Operation, ...], str]:
+    """The request's operations, and why they cannot be proposed against `head` (or "")."""
+    try:
+        ops = ops_from_pb(request.ops)
+    except WireError as e:
+        return (), str(e)
+    if not ops:
+        return (), "ops is empty: expected at least one operation"
+    return ops, unknown_ids(head, ops)
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):
@@ -111,6 +147,12 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         r = self.node.explain(request.version)
         if r is None:
             head = self.node.head().version
+            if request.version == 0:
+                why = ("no load has arrived from an engine's shim; the planner decides when a load window "
+                       "closes" if self.node.cluster_load() is None else
+                       f"the planner has not decided since this agent started (load window {self.node.window_seq()})")
+                await _fail(context, grpc.StatusCode.NOT_FOUND,
+                            f"no decision yet on agent {self.node.node_id} (head is version {head}): {why}")
             await _fail(context, grpc.StatusCode.NOT_FOUND,
                                 f"no decision recorded for version {request.version} (head is {head})")
         return r
@@ -132,15 +174,16 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 
     async def Propose(self, request: apb.ProposeRequest, context: grpc.aio.ServicerContext) -> apb.ProposeReply:
         await self._mutating(context)
-        try:
-            ops = ops_from_pb(request.ops)
-        except WireError as e:
-            await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        if not ops:
-            await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, "ops is empty: expected at least one operation")
-        unknown = unknown_ids(self.node.head(), ops)
-        if unknown:
-            await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, unknown)
+        too_big = propose_bounds(request)
+        if too_big:
+            await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, too_big)
+        head = self.node.head()
+        if len(request.ops) > OFFLOAD_OPS:
+            ops, bad = await asyncio.to_thread(_decode_and_check, request, head)
+        else:
+            ops, bad = _decode_and_check(request, head)
+        if bad:
+            await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, bad)
         return await self.node.propose_manual(ops, request.force)
 
     async def Drain(self, request: apb.RankRequest, context: grpc.aio.ServicerContext) -> apb.AdminAck:

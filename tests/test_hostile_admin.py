@@ -4,6 +4,7 @@ and the backend sees no mutation (FakeAdminBackend records every call that would
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import grpc
@@ -11,7 +12,7 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 
-from agent.admin import AdminService
+from agent.admin import MAX_PROPOSE_OPS, OFFLOAD_OPS, AdminService
 from agent.decode_guard import DecodeGuardInterceptor
 from agent.security import AuthzPolicy
 from chaos.fuzz_targets import Aborted, AdminTarget, FakeAdminBackend, FakeContext
@@ -165,3 +166,72 @@ def test_agent_server_answers_malformed_protobufs_with_invalid_argument(tmp_path
 
     cfg = from_dict({"node_id": "n1", "profile": "test", "data_dir": str(tmp_path)})
     assert any(isinstance(i, DecodeGuardInterceptor) for i in NodeState(cfg).interceptors())
+
+
+# ---- bounded input: huge proposals are refused at once (issue 17 item 7) ------------------------------
+def _million() -> apb.ProposeRequest:
+    return apb.ProposeRequest(ops=[op(pb.REPLICATE)] * 1_000_000, force=True)
+
+
+def test_a_million_operations_are_refused_at_once(loop: asyncio.AbstractEventLoop) -> None:
+    req = _million()
+    t0 = time.perf_counter()
+    refused(loop, "Propose", req, grpc.StatusCode.INVALID_ARGUMENT,
+            f"1000000 operations: expected at most {MAX_PROPOSE_OPS}")
+    assert time.perf_counter() - t0 < 0.5  # decoding them all took 2.2 s, checking them more
+
+
+@pytest.mark.parametrize("req, expect", [
+    (apb.ProposeRequest(ops=[op(pb.CONSOLIDATE, experts=tuple(range(600_000)), dst=1)]), "bytes: expected at most"),
+    (apb.ProposeRequest(ops=[op(pb.CONSOLIDATE, experts=tuple(range(20)), dst=1)] * 4000), "expert ids in all"),
+])
+def test_propose_size_bounds(loop: asyncio.AbstractEventLoop, req: apb.ProposeRequest, expect: str) -> None:
+    refused(loop, "Propose", req, grpc.StatusCode.INVALID_ARGUMENT, expect)
+
+
+def test_large_valid_request_is_checked_off_the_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """Within the bounds but above OFFLOAD_OPS: decoded and checked in a worker thread, same answers."""
+    ops = [op(pb.REPLICATE)] * (OFFLOAD_OPS * 4) + [op(pb.REPLICATE, experts=(E,))]
+    refused(loop, "Propose", apb.ProposeRequest(ops=ops), grpc.StatusCode.INVALID_ARGUMENT, f"ops[{OFFLOAD_OPS * 4}]")
+    t = AdminTarget("Propose", loop)
+    assert not t.call(apb.ProposeRequest(ops=ops[:-1])).rejected and t.backend.mutations[0][0] == "propose"
+
+
+@pytest_asyncio.fixture
+async def agent_server() -> AsyncIterator[tuple[str, FakeAdminBackend]]:
+    """The admin service as the agent serves it: its message limit (64 MiB) and interceptors."""
+    from agent.node import SERVER_OPTIONS
+
+    backend = FakeAdminBackend()
+    srv = grpc.aio.server(interceptors=[DecodeGuardInterceptor()], options=SERVER_OPTIONS)
+    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(backend), srv)
+    port = srv.add_insecure_port("127.0.0.1:0")
+    await srv.start()
+    yield f"127.0.0.1:{port}", backend
+    await srv.stop(None)
+
+
+@pytest.mark.asyncio
+async def test_a_million_operations_do_not_stall_the_server(agent_server: tuple[str, FakeAdminBackend]) -> None:
+    addr, backend = agent_server
+    raw = _million().SerializeToString()  # ~42 MB, serialized before the clock starts
+    big = [("grpc.max_send_message_length", 64 << 20)]
+    async with grpc.aio.insecure_channel(addr, options=big) as ch, grpc.aio.insecure_channel(addr) as ch2:
+        propose = ch.unary_unary("/elasticmoe.v1.Admin/Propose", request_serializer=None,
+                                 response_deserializer=apb.ProposeReply.FromString)
+        stub = admin_pb2_grpc.AdminStub(ch2)
+        await stub.Status(apb.StatusRequest(), timeout=5)
+        t0 = time.perf_counter()
+        call = asyncio.ensure_future(propose(raw, timeout=30))
+        worst = 0.0
+        while not call.done():
+            s = time.perf_counter()
+            await stub.Status(apb.StatusRequest(), timeout=10)
+            worst = max(worst, time.perf_counter() - s)
+        with pytest.raises(grpc.aio.AioRpcError) as e:
+            await call
+        took = time.perf_counter() - t0
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and str(MAX_PROPOSE_OPS) in e.value.details()
+    assert backend.mutations == []
+    print(f"1,000,000-op Propose refused in {took:.3f} s; slowest concurrent Status {worst * 1000:.0f} ms")
+    assert took < 2.0 and worst < 1.0, (took, worst)

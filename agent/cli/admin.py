@@ -16,12 +16,14 @@ import grpc
 from google.protobuf.json_format import MessageToDict
 
 from agent.cli import render
+from agent.cli.argtypes import INT32_MAX, UINT64_MAX, float_in, int_in
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import admin_pb2_grpc
 from elasticmoe.v1 import consensus_pb2 as cpb
 
 DEFAULT_AGENT = "127.0.0.1:7400"
 TIMEOUT_S = 5.0
+HISTORY_MAX = 10_000
 
 
 class CliError(Exception):
@@ -45,15 +47,20 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
     add("status", "members, committed versions and health", cmd_status)
     p = add("placement", "the routing table as a ranks x slots grid", cmd_placement)
-    p.add_argument("--layer", type=int, default=0, help="layer to show (-1: all)")
-    p.add_argument("--version", type=int, default=0, help="table version (default: latest committed)")
+    p.add_argument("--layer", type=int_in(-1, INT32_MAX), default=0, help="layer to show (-1: all)")
+    p.add_argument("--version", type=int_in(0, UINT64_MAX), default=0,
+                   help="table version (default: latest committed)")
     p = add("history", "committed versions with their operations, gains, votes", cmd_history)
-    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--limit", type=int_in(1, HISTORY_MAX), default=20,
+                   help=f"newest commits to show, 1..{HISTORY_MAX} (default 20)")
     p = add("explain", "why a version was (or was not) committed", cmd_explain)
-    p.add_argument("version", type=int, nargs="?", default=0, help="version (default: the latest decision)")
+    p.add_argument("version", type=int_in(0, UINT64_MAX), nargs="?", default=0,
+                   help="version (default: the latest decision)")
     p = add("top", "live view: per-rank load, imbalance, recent commits", cmd_top)
-    p.add_argument("--interval", type=float, default=1.0, help="refresh period in seconds")
-    p.add_argument("--iterations", type=int, default=0, help="stop after this many refreshes (0: until Ctrl-C)")
+    p.add_argument("--interval", type=float_in(0.0, 3600.0, lo_open=True), default=1.0,
+                   help="refresh period in seconds")
+    p.add_argument("--iterations", type=int_in(0, 10**9), default=0,
+                   help="stop after this many refreshes (0: until Ctrl-C)")
     p = add("propose", "propose operations (through estimate-verify-commit unless --force)", cmd_propose, read=False)
     p.add_argument("op", nargs="+", help="replicate L E DST | migrate L E SRC DST | consolidate L E1,E2 DST "
                    "(several operations separated by ';')")
@@ -62,7 +69,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     for name, help in (("drain", "move a rank's experts away, then take it out of service"),
                        ("restore", "return a drained rank to service")):
         p = add(name, help, cmd_drain if name == "drain" else cmd_restore, read=False)
-        p.add_argument("rank", type=int)
+        p.add_argument("rank", type=int_in(0, INT32_MAX))
         p.add_argument("--json", action="store_true")
     for name in ("pause", "resume"):
         p = add(name, f"{name} automatic rebalancing on this agent", cmd_pause if name == "pause" else cmd_resume,
@@ -93,7 +100,30 @@ def _channel(address: str) -> grpc.Channel:
     return grpc.insecure_channel(address)
 
 
+def unavailable_reason(code: grpc.StatusCode | None, detail: str, tls: bool) -> str:
+    """What an operator can act on, from a failed call's code and gRPC's transport detail (presentation only:
+    the agent's own UNAVAILABLE answers start with "agent " and are shown as they are)."""
+    if code == grpc.StatusCode.UNAVAILABLE and detail.startswith("agent "):  # the agent's own answer
+        return f"UNAVAILABLE: {detail}"
+    if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return f"{code.name if code else 'error'}: {detail}"
+    low = detail.lower()
+    if "connection refused" in low:
+        return "unreachable (connection refused: is an agent listening there?)"
+    if tls and ("handshake" in low or "ssl" in low or "certificate" in low):
+        return ("unreachable (TLS handshake failed: the agent may not use TLS, or its certificate is not from "
+                "the CA in $EMOE_CERT_DIR; unset EMOE_CERT_DIR for a plaintext agent)")
+    if not tls and ("socket closed" in low or "connection reset" in low or "eof" in low):
+        return ("unreachable (the agent closed the connection: it may require TLS; set EMOE_CERT_DIR to a "
+                "directory with ca.pem, admin.pem and admin-key.pem)")
+    if not tls and code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return "unreachable (deadline_exceeded; if the agent requires TLS, set EMOE_CERT_DIR)"
+    return f"unreachable ({code.name.lower()})"
+
+
 def _run(args: argparse.Namespace, func: Callable[[argparse.Namespace, admin_pb2_grpc.AdminStub], int]) -> int:
+    from agent.security import TlsFilesError
+
     try:
         address = _address(args)
     except CliError as e:
@@ -102,15 +132,13 @@ def _run(args: argparse.Namespace, func: Callable[[argparse.Namespace, admin_pb2
     try:
         with _channel(address) as ch:
             return func(args, admin_pb2_grpc.AdminStub(ch))
+    except TlsFilesError as e:
+        print(f"emoe {args.command}: EMOE_CERT_DIR: {e}", file=sys.stderr)
+        return 2
     except grpc.RpcError as e:
         code = e.code() if hasattr(e, "code") else None
         detail = e.details() if hasattr(e, "details") else str(e)
-        if code == grpc.StatusCode.UNAVAILABLE and detail.startswith("agent "):  # the agent's own answer
-            reason = f"UNAVAILABLE: {detail}"
-        elif code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            reason = f"unreachable ({code.name.lower()})"
-        else:
-            reason = f"{code.name if code else 'error'}: {detail}"
+        reason = unavailable_reason(code, detail or "", tls=bool(os.environ.get("EMOE_CERT_DIR")))
         print(f"emoe {args.command}: agent {address}: {reason}", file=sys.stderr)
         return 1
     except CliError as e:
@@ -150,7 +178,15 @@ def cmd_history(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int
 
 
 def cmd_explain(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
-    return _show(args, stub.Explain(apb.ExplainRequest(version=args.version), timeout=TIMEOUT_S), render.explain)
+    try:
+        r = stub.Explain(apb.ExplainRequest(version=args.version), timeout=TIMEOUT_S)
+    except grpc.RpcError as e:
+        # no decision at all yet is not an error of the read: say plainly what it waits for
+        if args.version == 0 and not args.json and e.code() == grpc.StatusCode.NOT_FOUND:
+            print(e.details())
+            return 0
+        raise
+    return _show(args, r, render.explain)
 
 
 def cmd_top(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
@@ -169,6 +205,16 @@ def cmd_top(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
         time.sleep(max(0.05, args.interval))
 
 
+def _num(kind: str, rest: list[str], word: str) -> int:
+    try:
+        v = int(word)
+    except ValueError:
+        raise CliError(f"{kind} {' '.join(rest)}: arguments must be integers, got {word!r}") from None
+    if not 0 <= v <= INT32_MAX:
+        raise CliError(f"{kind} {' '.join(rest)}: {word} is out of range (expected 0..{INT32_MAX})")
+    return v
+
+
 def parse_ops(words: list[str]) -> list[cpb.Operation]:
     """'replicate 3 17 5 ; migrate 0 4 1 2' -> operations; raises CliError naming the bad word."""
     text = " ".join(words).replace(";", " ; ")
@@ -182,21 +228,18 @@ def parse_ops(words: list[str]) -> list[cpb.Operation]:
             raise CliError(f"operation {kind!r}: expected replicate, migrate or consolidate")
         if len(rest) != want[kind]:
             raise CliError(f"{kind} takes {want[kind]} arguments, got {len(rest)}: {' '.join(rest)!r}")
-        try:
-            if kind == "consolidate":
-                experts = [int(e) for e in rest[1].split(",")]
-                out.append(cpb.Operation(kind=cpb.CONSOLIDATE, layer=int(rest[0]), experts=experts,
-                                         dst=int(rest[2]), src=-1, rank=-1, source=-1))
-            else:
-                nums = [int(x) for x in rest]
-                if kind == "replicate":
-                    out.append(cpb.Operation(kind=cpb.REPLICATE, layer=nums[0], experts=[nums[1]], dst=nums[2],
-                                             src=-1, rank=-1, source=-1))
-                else:
-                    out.append(cpb.Operation(kind=cpb.MIGRATE, layer=nums[0], experts=[nums[1]], src=nums[2],
-                                             dst=nums[3], rank=-1, source=-1))
-        except ValueError:
-            raise CliError(f"{kind} {' '.join(rest)}: arguments must be integers") from None
+        if kind == "consolidate":
+            experts = [_num(kind, rest, e) for e in rest[1].split(",")]
+            out.append(cpb.Operation(kind=cpb.CONSOLIDATE, layer=_num(kind, rest, rest[0]), experts=experts,
+                                     dst=_num(kind, rest, rest[2]), src=-1, rank=-1, source=-1))
+            continue
+        nums = [_num(kind, rest, x) for x in rest]
+        if kind == "replicate":
+            out.append(cpb.Operation(kind=cpb.REPLICATE, layer=nums[0], experts=[nums[1]], dst=nums[2],
+                                     src=-1, rank=-1, source=-1))
+        else:
+            out.append(cpb.Operation(kind=cpb.MIGRATE, layer=nums[0], experts=[nums[1]], src=nums[2],
+                                     dst=nums[3], rank=-1, source=-1))
     if not out:
         raise CliError("no operation given")
     return out

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from agent.wire import describe_pb
 from elasticmoe.v1 import admin_pb2 as apb
@@ -18,6 +18,13 @@ SPARK = "▁▂▃▄▅▆▇█"
 
 def _console() -> Console:
     return Console(highlight=False, soft_wrap=True)
+
+
+def _table(*headers: str, **kw: Any) -> Table:
+    """A table whose column names are never shortened ("versi…"): each column is at least as wide as its
+    name; the last column takes the remaining width and folds long values."""
+    cols = [Column(h, min_width=len(h), no_wrap=i < len(headers) - 1) for i, h in enumerate(headers[:-1])]
+    return Table(*cols, Column(headers[-1], min_width=len(headers[-1]), overflow="fold", ratio=1), **kw)
 
 
 def _when(ms: int) -> str:
@@ -33,7 +40,7 @@ def status(r: apb.StatusReply) -> None:
             f"  window {r.window_seq}")
     if r.role and r.role != "voter":
         c.print(f"role: [yellow]{r.role}[/]")
-    t = Table("member", "address", "status", "incarnation", "ranks", "version")
+    t = _table("member", "address", "status", "incarnation", "ranks", "version")
     for m in sorted(r.members, key=lambda m: m.node_id):
         st = gpb.MemberStatus.Name(m.status).lower()
         colour = {"alive": "green", "suspect": "yellow", "dead": "red", "left": "dim"}.get(st, "white")
@@ -108,15 +115,21 @@ def placement(r: apb.PlacementReply, layer: int) -> None:
 
 
 def history(r: apb.HistoryReply) -> None:
+    """One block per commit, newest first: no column headers to shorten on a narrow terminal, and long
+    operation lists wrap under their version."""
     c = _console()
-    t = Table("version", "parent", "time", "proposer", "operations", "est. gain", "verified", "cost (s)", "votes")
+    if all(e.parent == 0 and not e.plan.ops for e in r.entries):
+        c.print("no commits since the initial table: nothing has been rebalanced yet")
+        return
     for e in r.entries:
-        ops = "; ".join(describe_pb(o) for o in e.plan.ops) or "(initial)"
+        if e.parent == 0 and not e.plan.ops:
+            c.print(f"[bold]v{e.version}[/]  the initial table (genesis)")
+            continue
         yes = sum(1 for v in e.votes if v.accept)
-        t.add_row(str(e.version), str(e.parent), _when(e.committed_at_ms), e.proposer or "-", ops,
-                  f"{e.plan.estimated_gain:+.3f}", f"{e.plan.verified_gain:+.3f}", f"{e.plan.cost:.3f}",
-                  f"{yes}/{len(e.votes)}")
-    c.print(t)
+        c.print(f"[bold]v{e.version}[/]  parent {e.parent}  {_when(e.committed_at_ms)}  proposer {e.proposer or '-'}"
+                f"  votes {yes}/{len(e.votes)}  est. gain {e.plan.estimated_gain:+.3f}"
+                f"  verified {e.plan.verified_gain:+.3f}  cost {e.plan.cost:.3f} s")
+        c.print("    " + ("; ".join(describe_pb(o) for o in e.plan.ops) or "(no operations)"))
 
 
 def explain(r: apb.ExplainReply) -> None:
@@ -128,13 +141,13 @@ def explain(r: apb.ExplainReply) -> None:
     for o in p.ops:
         c.print(f"  chosen: {describe_pb(o)}")
     if r.refused:
-        t = Table("refused candidate", "reason", "gain", "cost (s)", title="not taken", title_justify="left")
+        t = _table("refused candidate", "gain", "cost (s)", "reason", title="not taken", title_justify="left")
         for cand in r.refused:
-            t.add_row(describe_pb(cand.op) if cand.HasField("op") else "-", cand.reason, f"{cand.gain:+.4f}",
-                      f"{cand.cost:.4f}")
+            t.add_row(describe_pb(cand.op) if cand.HasField("op") else "-", f"{cand.gain:+.4f}", f"{cand.cost:.4f}",
+                      cand.reason)
         c.print(t)
     if r.votes:
-        t = Table("voter", "vote", "verified gain", "reason", title="votes", title_justify="left")
+        t = _table("voter", "vote", "verified gain", "reason", title="votes", title_justify="left")
         for v in r.votes:
             t.add_row(v.voter, "[green]yes[/]" if v.accept else "[red]no[/]", f"{v.verified_gain:+.4f}", v.reason)
         c.print(t)
@@ -148,9 +161,19 @@ def _spark(xs: list[float]) -> str:
     return "".join(SPARK[min(7, int((x - lo) / span * 7.999))] for x in xs)
 
 
+def _members(s: apb.StatusReply) -> list[dict[str, str]]:
+    return [{"node": m.node_id, "status": gpb.MemberStatus.Name(m.status).lower()}
+            for m in sorted(s.members, key=lambda m: m.node_id)]
+
+
+NO_LOAD = ("no load has arrived yet: no engine's shim has reported a load window to the agents "
+           "(start the engines with the shim attached)")
+
+
 def top_json(s: apb.StatusReply, v: apb.LoadViewReply, h: apb.HistoryReply) -> dict[str, Any]:
     rank_load = np.frombuffer(v.rank_load, dtype="<u8").tolist() if v.rank_load else []
     return {"node": s.node_id, "version": s.committed_version, "step_imbalance": v.step_imbalance,
+            "members": _members(s), "load_arrived": bool(v.rank_load),
             "rank_load": rank_load, "imbalance_history": list(v.imbalance_history),
             "recent": [{"version": e.version, "ops": [describe_pb(o) for o in e.plan.ops]} for e in h.entries]}
 
@@ -161,7 +184,10 @@ def top(s: apb.StatusReply, v: apb.LoadViewReply, h: apb.HistoryReply, clear: bo
         c.clear()
     c.print(f"[bold]emoe top[/]  agent {s.node_id}  version {s.committed_version}  "
             f"step imbalance {v.step_imbalance:.3f}  {_spark(list(v.imbalance_history)[-40:])}")
+    c.print("members: " + (", ".join(f"{m['node']} ({m['status']})" for m in _members(s)) or "none known yet"))
     loads = np.frombuffer(v.rank_load, dtype="<u8") if v.rank_load else np.zeros(0, dtype=np.uint64)
+    if not loads.size:
+        c.print(NO_LOAD)
     peak = float(loads.max()) if loads.size else 0.0
     for g, x in enumerate(loads.tolist()):
         bar = "█" * int(40 * x / peak) if peak else ""
