@@ -176,3 +176,19 @@ def test_top_without_load_says_so_and_shows_members(capsys: pytest.CaptureFixtur
     assert "no load has arrived yet" in out and "members: node1 (alive), node2 (alive)" in out
     doc = render.top_json(s, apb.LoadViewReply(), apb.HistoryReply())
     assert doc["load_arrived"] is False and [m["node"] for m in doc["members"]] == ["node1", "node2"]
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["certs", "--out", "x", "--nodes", "n1", "--days", "99999999999"], "argument --days: 99999999999"),
+    (["certs", "--out", "x", "--nodes", "n1", "--days", "0"], "argument --days: 0"),
+    # (cases that the old code refused too, in its own way: it started a demo for any larger count)
+    (["demo", "--agents", "2"], "argument --agents: 2: expected an integer in 3..64"),
+    (["demo", "--window", "0"], "argument --window: 0"),
+])
+def test_offline_tools_bound_their_numbers(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str],
+                                           tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and needle in err and "Traceback" not in err, err

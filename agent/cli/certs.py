@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from agent.cli.argtypes import int_in
+
 
 def _names(value: str) -> list[str]:
     return [n.strip() for n in value.split(",") if n.strip()]
@@ -22,7 +24,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="node ids (the node_id of each agent's config)")
     p.add_argument("--clients", type=_names, default=["admin"], metavar="NAME,...",
                    help="client identities for the admin CLI (default: admin)")
-    p.add_argument("--days", type=int, default=365, help="validity in days (default 365)")
+    p.add_argument("--days", type=int_in(1, 36_500), default=365, help="validity in days, 1..36500 (default 365)")
     p.set_defaults(func=run)
 
 
