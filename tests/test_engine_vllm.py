@@ -95,7 +95,7 @@ def test_vllm_eplb_installs_what_the_agents_commit(tmp_path: Path) -> None:
                            sections={"decision": {"window": 5, "budget_windows": 1}})
     out = tmp_path / "ranks"
     out.mkdir()
-    with cluster.running(timeout=60), open(tmp_path / "ranks.log", "wb") as log:
+    with cluster.running(timeout=120), open(tmp_path / "ranks.log", "wb") as log:
         for a in cluster.addresses:  # only the forced proposals below change the table
             assert _cli("pause", "--agent", a).returncode == 0
         proc = subprocess.Popen(
@@ -119,36 +119,95 @@ def test_vllm_eplb_installs_what_the_agents_commit(tmp_path: Path) -> None:
 
 
 def _run(cluster: LocalCluster, out: Path, proc: subprocess.Popen[bytes]) -> None:
-    first = _wait("both ranks stepping", lambda: (r := _ranks(out)) and all(x["sent"] > 0 for x in r) and r,
-                  180, proc)
+    _wait("both ranks stepping", lambda: (r := _ranks(out)) and all(x["sent"] > 0 for x in r) and r, 180, proc)
+    # load out: the hot logical expert 0 shows in what the agents beside ranks 0 and 1 hold
+    for i in (0, 1):
+        (load,) = _wait(f"load at agent {i}", lambda i=i: (c := _agent_load(cluster.addresses[i])).sum() and (c,), 90)
+        assert (load.argmax(axis=1) == 0).all(), load
+
+    def v2_to_rank0() -> None:  # the agents commit; the harness holds it back from rank 1
+        r = _cli("propose", "--agent", cluster.addresses[0], "--json", "--force",
+                 "consolidate", "0", "0", "0", ";", "replicate", "0", "2", "1")
+        assert r.returncode == 0 and json.loads(r.stdout)["committed"], r.stdout + r.stderr
+
+    def v3_to_both() -> None:
+        r = _cli("propose", "--agent", cluster.addresses[1], "--json", "--force", "consolidate", "1", "1", "1")
+        assert r.returncode == 0 and json.loads(r.stdout)["committed"], r.stdout + r.stderr
+
+    _install(out, proc, v2_to_rank0, lambda: (out / "release").touch(), v3_to_both)
+
+
+def _install(out: Path, proc: subprocess.Popen[bytes], v2_to_rank0: Callable[[], None],
+             v2_to_rank1: Callable[[], None], v3_to_both: Callable[[], None]) -> None:
+    """v2 (free a redundant slot of expert 0 in layer 0, fill it with expert 2) reaches rank 0 only: neither
+    installs it; once rank 1 has it, both install it through vLLM's rearrange with the weights moved; v3
+    empties a slot (expert 1 of layer 1 consolidated onto rank 1): vLLM takes -1 as an idle slot."""
+    first = _wait("both ranks stepping", lambda: (r := _ranks(out)) and r, 180, proc)
     assert all(r["policy"] == "ElasticMoePolicy" and r["l2p_width"] == 1024 for r in first)
     assert all(r["status"]["patched"] and r["status"]["attached"] == 1 for r in first)
-    # 1. load out: the hot logical expert 0 shows in what the agents beside ranks 0 and 1 hold
-    for i in (0, 1):
-        (load,) = _wait(f"load at agent {i}", lambda i=i: (c := _agent_load(cluster.addresses[i])).sum() and (c,), 30)
-        assert (load.argmax(axis=1) == 0).all(), load
-    # 2. a forced commit, held back from rank 1: rank 0 holds it, neither installs it
-    r = _cli("propose", "--agent", cluster.addresses[0], "--json", "--force",
-             "consolidate", "0", "0", "0", ";", "replicate", "0", "2", "1")
-    assert r.returncode == 0 and json.loads(r.stdout)["committed"], r.stdout + r.stderr
-    held = _wait("rank 0 to receive v2", lambda: (x := _ranks(out)) and 2 in x[0]["held"] and x, 30, proc)
+    v2_to_rank0()
+    held = _wait("rank 0 to receive v2", lambda: (x := _ranks(out)) and 2 in x[0]["held"] and x, 90, proc)
     step0 = held[0]["step"]
-    later = _wait("30 more steps", lambda: (x := _ranks(out)) and x[0]["step"] >= step0 + 30 and x, 30, proc)
+    later = _wait("30 more steps", lambda: (x := _ranks(out)) and x[0]["step"] >= step0 + 30 and x, 90, proc)
     assert [x["version"] for x in later] == [1, 1] and later[1]["held"] == []
     assert all(x["p2l"][0] == [0, 1, 2, 3, 4, 5, 6, 7, 0, 1] for x in later)
-    # 3. released: both install v2 through vLLM's rearrange, weights moved with it
-    (out / "release").touch()
-    done = _wait("both ranks on v2", lambda: (x := _ranks(out)) and all(r["version"] == 2 for r in x) and x, 30, proc)
+    v2_to_rank1()
+    done = _wait("both ranks on v2", lambda: (x := _ranks(out)) and all(r["version"] == 2 for r in x) and x, 90, proc)
     for x in done:
         assert x["p2l"][0] == [0, 1, 2, 3, 4, 5, 6, 7, 2, 1] and x["p2l"][1] == [0, 1, 2, 3, 4, 5, 6, 7, 0, 1]
         assert x["replica_count"][0] == [1, 2, 2, 1, 1, 1, 1, 1] and x["weights_ok"] and x["installs"] == 1
-    # 4. an emptied slot: vLLM takes -1 as an idle slot
-    r = _cli("propose", "--agent", cluster.addresses[1], "--json", "--force", "consolidate", "1", "1", "1")
-    assert r.returncode == 0 and json.loads(r.stdout)["committed"], r.stdout + r.stderr
-    done = _wait("both ranks on v3", lambda: (x := _ranks(out)) and all(r["version"] == 3 for r in x) and x, 30, proc)
+    v3_to_both()
+    done = _wait("both ranks on v3", lambda: (x := _ranks(out)) and all(r["version"] == 3 for r in x) and x, 90, proc)
     for x in done:
         assert x["p2l"][1] == [0, -1, 2, 3, 4, 5, 6, 7, 0, 1] and x["replica_count"][1][:2] == [2, 1]
         assert x["weights_ok"] and x["dropped"] == 0
+
+
+def test_vllm_eplb_agrees_and_installs_without_agents(tmp_path: Path) -> None:
+    """The same through certified commits handed to each rank's link directly (no agents, so no dependence
+    on the agents' genesis): also checks the folded load exactly."""
+    from controlplane.ops import Consolidate, Replicate, apply_ops
+    from controlplane.topology import Topology
+    from dataplane_shim.certify import certified_commit
+    from dataplane_shim.genesis import genesis_table
+
+    py = engine_python()
+    g = genesis_table("vllm", Topology(1, 2, 5), L, E)
+    v2 = apply_ops(g, [Consolidate(0, (0,), 0), Replicate(0, 2, 1)])
+    v3 = apply_ops(v2, [Consolidate(1, (1,), 1)])
+    out, cdir = tmp_path / "ranks", tmp_path / "commits"
+    for d in (out, cdir / "rank0", cdir / "rank1"):
+        d.mkdir(parents=True)
+
+    def deliver(t: Any, *ranks: int) -> Callable[[], None]:
+        def go() -> None:
+            for r in ranks:
+                (cdir / f"rank{r}" / f"v{t.version}.commit").write_bytes(
+                    certified_commit(t, ["a", "b"], 2).SerializeToString())
+        return go
+
+    with open(tmp_path / "ranks.log", "wb") as log:
+        proc = subprocess.Popen(
+            [py, str(HARNESS / "vllm_ranks.py"), "--out", str(out), "--port", str(free_ports(1)[0]),
+             "--sockets", f"{tmp_path}/none0.sock,{tmp_path}/none1.sock", "--commits", str(cdir)],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            first = _wait("reports", lambda: (r := _ranks(out)) and all(x["last_report"] for x in r) and r, 180, proc)
+            for x in first:  # per step: expert 0 has 2 slots x 50 tokens, expert 1 2 slots x 1, others 1
+                assert x["last_report"] == [[100, 2, 1, 1, 1, 1, 1, 1]] * 2
+            _install(out, proc, deliver(v2, 0), deliver(v2, 1), deliver(v3, 0, 1))
+            after = _wait("a report under v3", lambda: (r := _ranks(out)) and r[0]["reports"] > first[0]["reports"] + 5
+                          and r, 30, proc)
+            assert after[0]["last_report"] == [[50, 2, 2, 1, 1, 1, 1, 1], [100, 1, 1, 1, 1, 1, 1, 1]]
+        finally:
+            (out / "stop").touch()
+            try:
+                proc.wait(120)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+    assert proc.returncode == 0, (tmp_path / "ranks.log").read_text()[-3000:]
 
 
 def test_vllm_llm_loads_the_plugin_in_its_worker(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 `load_general_plugins()`, beside real agents. Run by tests/test_engine_vllm.py with the engine virtualenv:
 
     python tests/engine_harness/vllm_ranks.py --out DIR --sockets S0,S1 [--port P] [--hold-rank 1]
+    python tests/engine_harness/vllm_ranks.py --out DIR --sockets X,Y --commits CDIR   # no agents
 
 Each rank builds vLLM's `EplbState` for a toy model with vLLM's `MixtureOfExperts` attributes (expert
 weights encode `layer * 100 + expert`), then runs steps until DIR/stop exists: it writes load into
@@ -77,6 +78,31 @@ class HeldLink:
         self.inner.close()
 
 
+class DirLink:
+    """A link without an agent: certified commits are files DIR/v{version}.commit (serialized `Commit`s)
+    that the test writes; offered load reports are kept, the last one shown in the status file."""
+
+    def __init__(self, d: Path) -> None:
+        self.dir, self.seen, self.dropped, self.sent = d, 0, 0, 0
+        self.last: Any = None
+
+    def drain(self) -> list[Any]:
+        from elasticmoe.v1 import consensus_pb2 as cpb
+
+        out = []
+        for f in sorted(self.dir.glob("v*.commit"), key=lambda f: int(f.stem[1:])):
+            if int(f.stem[1:]) > self.seen:
+                out.append(cpb.Commit.FromString(f.read_bytes()))
+                self.seen = int(f.stem[1:])
+        return out
+
+    def offer(self, report: Any) -> None:
+        self.last, self.sent = report, self.sent + 1
+
+    def close(self) -> None:
+        pass
+
+
 class Toy:
     """vLLM's MixtureOfExperts surface, no layers: EplbState reads these and moves `expert_weights`."""
 
@@ -138,6 +164,14 @@ def bench(plugin: Any, ms: Any, n: int) -> dict[str, float]:
     return {"agree_us": float(np.median(agree)), "load_us": float(np.median(load)), "n": n}
 
 
+def _counts(report: Any) -> list[list[int]] | None:
+    import numpy as np
+
+    if report is None:
+        return None
+    return np.frombuffer(report.counts, "<u4").reshape(report.layers, report.experts).tolist()
+
+
 def write(path: Path, doc: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc))
@@ -177,6 +211,9 @@ def worker(rank: int, args: argparse.Namespace) -> None:
         st.add_model(model, mc)
         plugin = st.elasticmoe
         ms = st.model_states["toyhash"]
+        if args.commits:
+            plugin.link.close()
+            plugin.link = plugin.core.link = DirLink(Path(args.commits) / f"rank{rank}")
         if rank == args.hold_rank:
             plugin.link = plugin.core.link = HeldLink(plugin.link, out / "release")
         step, deadline = 0, time.monotonic() + args.max_s
@@ -195,6 +232,7 @@ def worker(rank: int, args: argparse.Namespace) -> None:
                 "sent": int(getattr(plugin.link, "inner", plugin.link).sent), "dropped": int(plugin.link.dropped),
                 "timings": plugin.timings.medians(), "status": vllm_plugin.status(),
                 "policy": st.policy.__name__,
+                "last_report": _counts(getattr(plugin.link, "last", None)),
             })
             time.sleep(args.step_s)
         if args.bench:
@@ -210,6 +248,7 @@ if __name__ == "__main__":
     ap.add_argument("--sockets", required=True, help="the agent socket of rank 0 and of rank 1, comma-separated")
     ap.add_argument("--port", type=int, default=29533)
     ap.add_argument("--hold-rank", type=int, default=-1)
+    ap.add_argument("--commits", default="", help="no agents: read certified commits from DIR/rank{r}/")
     ap.add_argument("--step-s", type=float, default=0.02)
     ap.add_argument("--max-s", type=float, default=240.0)
     ap.add_argument("--bench", type=int, default=0, help="after the run: time this many agreements and reports")
