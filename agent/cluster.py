@@ -76,12 +76,17 @@ class LocalCluster:
 
     def __init__(self, n: int, base: Path, cluster: dict[str, Any], profile: str = "test",
                  sections: dict[str, dict[str, Any]] | None = None, log_level: str = "WARNING",
-                 ports: list[int] | None = None) -> None:
+                 ports: list[int] | None = None, hosts: list[str] | None = None,
+                 wrap: list[list[str]] | None = None) -> None:
+        """`hosts`: each agent's address (default 127.0.0.1); `wrap`: a command prefix per agent (say
+        `ip netns exec NS`, to run it in a network namespace of its own)."""
         self.n = n
         self.base = Path(base)
         self.ports = free_ports(n) if ports is None else list(ports)
         self.ids = [f"node{i + 1}" for i in range(n)]
-        self.addresses = [f"127.0.0.1:{p}" for p in self.ports]
+        self.hosts = list(hosts) if hosts is not None else ["127.0.0.1"] * n
+        self.wrap = list(wrap) if wrap is not None else [[] for _ in range(n)]
+        self.addresses = [f"{h}:{p}" for h, p in zip(self.hosts, self.ports, strict=True)]
         self.procs: list[subprocess.Popen[bytes] | None] = [None] * n
         self._logs: list[Any] = [None] * n
         self.configs: list[Path] = []
@@ -106,7 +111,7 @@ class LocalCluster:
             log = self._logs[k] = open(self.base / self.ids[k] / "agent.log", "ab")  # noqa: SIM115 - closed in stop()
             env = {**os.environ, "EMOE_LOG": self.log_level, "PYTHONUNBUFFERED": "1"}
             self.procs[k] = subprocess.Popen(
-                [sys.executable, "-m", "agent.cli", "agent", "--config", str(self.configs[k])],
+                [*self.wrap[k], sys.executable, "-m", "agent.cli", "agent", "--config", str(self.configs[k])],
                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
             )
 

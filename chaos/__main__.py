@@ -150,7 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--skew", action="store_true", help="generated schedules may also skew node clocks")
     r.add_argument("--disks", action="store_true",
                    help="generated schedules may also restart the whole cluster (at once or rolling), lose or "
-                        "corrupt a node's store, and fill its disk")
+                        "corrupt a node's store, and fill its disk (processes: data_dirs on tmpfs, needs root)")
+    r.add_argument("--no-netns", action="store_true",
+                   help="processes runner: agents on loopback, partitions through the transport's fault file "
+                        "(the default, as root with nftables, puts each agent in a network namespace)")
     r.add_argument("--schedule", action="append", help="scenario file(s) to play instead of generated ones")
     r.add_argument("--layers", type=int, default=4)
     r.add_argument("--experts", type=int, default=16)

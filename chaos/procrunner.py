@@ -5,11 +5,16 @@
   (`dataplane_shim.link.ShimLink`): it reports skewed load every window (the hot experts move at each
   schedule, so real plans are proposed, voted and committed), installs every certified table it is
   streamed (re-connecting after its agent restarts) and checks each one;
+- network: as root with nftables, each agent in a network namespace of its own on one bridge
+  (chaos/netns.py), and partitions and packet loss are kernel rules in those namespaces; elsewhere the
+  agents share loopback and partitions go through the transport's test-only fault file
+  (`agent.transport.faults`, EMOE_FAULTS_FILE); `partition_mechanism` in the result says which;
 - faults, from a seeded generator, one to three episodes per schedule, each holding 0.8-2.5 s: kill -9
-  then restart, SIGSTOP then SIGCONT, partitions (isolate one node, minority | majority, halves) through
-  the transport's test-only fault file (`agent.transport.faults`, EMOE_FAULTS_FILE): network namespaces
-  with veth pairs need iptables/tc rules per agent and an address per namespace, which this loopback-only
-  runner does not use; `partition_mechanism` in the result says so;
+  then restart, SIGSTOP then SIGCONT, partitions (isolate one node, minority | majority, halves), packet
+  loss (namespaces only), and with `disks` (root: each data_dir a tmpfs of its own, chaos/procfaults.py)
+  a whole-cluster kill -9 and restart, a lost log (the node rebuilds as a learner), a full disk (the node
+  fail-stops, then resumes), and a byte flipped mid-log (the restart must refuse, naming the offset; then
+  `emoe store repair` and a restart that rebuilds);
 - checks (chaos.proccheck): I1 one table per version across every agent's store log; I2 each log and each
   engine strictly increasing with parent = previous; I3 every committed table certified and valid; I5
   after the last heal of a schedule every live agent and engine reach one version within `converge_s`
@@ -37,8 +42,10 @@ from typing import Any
 import grpc
 import numpy as np
 
-from agent.cluster import LocalCluster, stable_ports
+from agent.cluster import ROOT, LocalCluster, stable_ports
 from agent.transport.faults import ENV, write_faults
+from chaos import procfaults
+from chaos.netns import NetLab, unavailable
 from chaos.proccheck import Checks, Engine, agent_head, read_log, versions
 from controlplane.topology import Topology
 
@@ -49,7 +56,9 @@ ROLLBACK_WINDOWS = 3  # decision.rollback_windows (the default)
 # and their gossip compete for a few cores, so wider than the simulator's 3
 I6_GRACE_WINDOWS = 10
 MECHANISM = ("transport fault file (EMOE_FAULTS_FILE, agent/transport/faults.py): each agent drops gRPC "
-             "calls to and from the listed peers; network namespaces unused (loopback-only runner)")
+             "calls to and from the listed peers; network namespaces unused ({why})")
+NETNS_MECHANISM = ("kernel: each agent in its own network namespace on one bridge; partitions and packet loss are "
+                   "nftables drop rules on each namespace's input (chaos/netns.py)")
 
 
 @dataclass
@@ -57,23 +66,45 @@ class Episode:
     kill: list[int] = field(default_factory=list)
     pause: list[int] = field(default_factory=list)
     groups: list[list[int]] = field(default_factory=list)  # partition: no traffic between groups
+    loss: float = 0.0  # packet loss on every node's input (namespaces only)
+    restart_all: bool = False  # kill -9 of every agent, all restarted at the end of the hold
+    lose_store: list[int] = field(default_factory=list)  # kill -9, log lost, restart: rebuild as a learner
+    corrupt: list[int] = field(default_factory=list)  # kill -9, a byte flipped mid-log; restart must refuse
+    disk_full: list[int] = field(default_factory=list)  # the data_dir's tmpfs full for the hold
     hold_s: float = 1.0
 
     def describe(self, ids: list[str]) -> str:
         parts = [f"kill -9 {ids[k]}" for k in self.kill] + [f"SIGSTOP {ids[k]}" for k in self.pause]
         if self.groups:
             parts.append("partition " + " | ".join(",".join(ids[k] for k in g) for g in self.groups))
+        if self.loss:
+            parts.append(f"loss {self.loss:.0%}")
+        parts += ["kill -9 every agent"] if self.restart_all else []
+        parts += [f"lose the log of {ids[k]}" for k in self.lose_store]
+        parts += [f"corrupt the log of {ids[k]}" for k in self.corrupt]
+        parts += [f"fill the disk of {ids[k]}" for k in self.disk_full]
         return f"{'; '.join(parts)} for {self.hold_s:.1f} s"
 
 
-def make_schedule(rng: random.Random, n: int) -> list[Episode]:
-    """One to three episodes; each a partition and/or a kill and/or a pause, on distinct nodes."""
+def make_schedule(rng: random.Random, n: int, loss: bool = False, disks: bool = False) -> list[Episode]:
+    """One to three episodes; each one or two fault kinds on distinct nodes (`loss` and `disks` add kinds)."""
     out = []
+    menu = ["partition", "kill", "pause"] + (["loss"] if loss else [])
+    menu += ["restart-all", "lose-store", "corrupt", "disk-full"] if disks else []
     for _ in range(rng.randint(1, 3)):
         ep = Episode(hold_s=round(rng.uniform(0.8, 2.5), 2))
         nodes = list(range(n))
         rng.shuffle(nodes)
-        kinds = rng.sample(["partition", "kill", "pause"], rng.randint(1, 2))
+        kinds = rng.sample(menu, rng.randint(1, 2))
+        if "restart-all" in kinds:  # alone: nothing else can happen to a cluster that is all down
+            ep.restart_all = True
+            out.append(ep)
+            continue
+        if "loss" in kinds:
+            ep.loss = rng.choice((0.05, 0.2, 0.4))
+        for kind, lst in (("lose-store", ep.lose_store), ("corrupt", ep.corrupt), ("disk-full", ep.disk_full)):
+            if kind in kinds:
+                lst.append(nodes.pop())
         if "partition" in kinds:
             shape = rng.choice(["isolate", "minority", "halves"])
             cut = {"isolate": 1, "minority": (n - 1) // 2, "halves": n // 2}[shape]
@@ -97,12 +128,33 @@ def _drop_map(ids: list[str], groups: list[list[int]]) -> dict[str, list[str]]:
 
 class ProcRunner:
     def __init__(self, nodes: int, base: Path, seed: int, converge_s: float = 30.0, warm_s: float = 1.0,
-                 log: Any = None) -> None:
+                 log: Any = None, netns: bool = True, disks: bool = False) -> None:
         self.n, self.base, self.seed, self.converge_s, self.warm_s = nodes, base, seed, converge_s, warm_s
         self.rng = random.Random(seed)
         self.faults_path = str(base / "faults.json")
-        self.cluster = LocalCluster(nodes, base / "agents", {"nodes": nodes, **SHAPE}, profile="test",
-                                    sections={"decision": DECISION}, ports=stable_ports(nodes))
+        why = unavailable() if netns else "not asked for"
+        self.lab = NetLab(nodes) if not why else None
+        self.mechanism = NETNS_MECHANISM if self.lab is not None else MECHANISM.format(why=why)
+        sections: dict[str, dict[str, Any]] = {"decision": DECISION}
+        if self.lab is not None:  # an isolated network of namespaces this runner made: plaintext is fine there
+            sections["tls"] = {"insecure": True}
+            self.cluster = LocalCluster(nodes, base / "agents", {"nodes": nodes, **SHAPE}, profile="test",
+                                        sections=sections, ports=[7400] * nodes,
+                                        hosts=[self.lab.addr(k) for k in range(nodes)],
+                                        wrap=[self.lab.wrap(k) for k in range(nodes)])
+        else:
+            self.cluster = LocalCluster(nodes, base / "agents", {"nodes": nodes, **SHAPE}, profile="test",
+                                        sections=sections, ports=stable_ports(nodes))
+        self.disks = ""
+        if disks:  # each data_dir a tmpfs of its own, so that one can fill up
+            for k in range(nodes):
+                why = procfaults.mount_tmpfs(self.data_dir(k))
+                if why:
+                    self.disks = f"disk faults left out: {why}"
+                    break
+        else:
+            self.disks = "disk faults not asked for"
+        self.fault_kinds = {"loss": self.lab is not None, "disks": disks and not self.disks}
         self.topo = Topology(nodes, SHAPE["ranks_per_node"], SHAPE["slots_per_rank"])
         self.checks = Checks(self.topo, self.cluster.ids, tau=DECISION["tau"])
         self.windows: dict[int, np.ndarray] = {}  # window seq -> load the engines reported, summed [L, E]
@@ -117,11 +169,15 @@ class ProcRunner:
         self.down: set[int] = set()
         self.failed: set[int] = set()  # agents that did not come back after a restart (not live)
         self.convergence: list[float] = []
-        self.fault_counts = {"kill": 0, "pause": 0, "partition": 0}
+        self.fault_counts = {"kill": 0, "pause": 0, "partition": 0, "loss": 0, "restart_all": 0, "lose_store": 0,
+                             "corrupt": 0, "disk_full": 0}
         self.log = log or (lambda *a: None)
 
+    def data_dir(self, k: int) -> Path:
+        return self.base / "agents" / f"node{k + 1}" / "data"
+
     def log_path(self, k: int) -> Path:
-        return Path(self.cluster.configs[k]).parent / "data" / "consensus"
+        return self.data_dir(k) / "consensus"
 
     def counts(self, rng: np.random.Generator, steps: int) -> np.ndarray:
         """Skewed load [L, E] for one window: the current hot experts take most tokens."""
@@ -154,23 +210,44 @@ class ProcRunner:
         ids = self.cluster.ids
         before: dict[int, tuple[dict[int, bytes], int | None]] = {}  # node -> (version -> hash on disk, acked head)
         if ep.groups:
-            write_faults(self.faults_path, _drop_map(ids, ep.groups))
+            if self.lab is not None:
+                self.lab.partition(ep.groups)
+            else:
+                write_faults(self.faults_path, _drop_map(ids, ep.groups))
             self.fault_counts["partition"] += 1
+        if ep.loss and self.lab is not None:
+            self.lab.loss(ep.loss)
+            self.fault_counts["loss"] += 1
+        if ep.restart_all:
+            ep.kill = list(range(self.n))
+            self.fault_counts["restart_all"] += 1
+        for k in ep.disk_full if self.fault_kinds["disks"] else []:
+            procfaults.fill(self.data_dir(k))
+            self.fault_counts["disk_full"] += 1
         for k in ep.pause:
             self.cluster.signal(k, signal.SIGSTOP)
             self.paused.add(k)
             self.fault_counts["pause"] += 1
         for k in ep.kill:
-            acked = await agent_head(self.channels[k])
-            self.cluster.signal(k, signal.SIGKILL)
-            proc = self.cluster.procs[k]
-            if proc is not None:
-                await asyncio.to_thread(proc.wait, 10)
-            before[k] = (versions(read_log(self.log_path(k))), acked)  # what was on disk at the kill
-            self.down.add(k)
+            before[k] = await self._kill(k)
             self.fault_counts["kill"] += 1
+        wiped = set()  # nodes whose log is gone: nothing of theirs to find after the restart
+        for k in (ep.lose_store + ep.corrupt) if self.fault_kinds["disks"] else []:
+            if k not in ep.kill:
+                await self._kill(k)
+                ep.kill.append(k)
+            if k in ep.lose_store:
+                procfaults.lose_log(self.log_path(k))
+                self.fault_counts["lose_store"] += 1
+            elif await self._corrupt(k):
+                self.fault_counts["corrupt"] += 1
+            wiped.add(k)
         await asyncio.sleep(ep.hold_s)
         write_faults(self.faults_path, {})
+        if self.lab is not None:
+            self.lab.heal()
+        for k in ep.disk_full if self.fault_kinds["disks"] else []:
+            procfaults.unfill(self.data_dir(k))
         for k in ep.pause:
             self.cluster.signal(k, signal.SIGCONT)
             self.paused.discard(k)
@@ -185,8 +262,45 @@ class ProcRunner:
                                  f"{ids[k]} not serving 30 s after restart: {self.log_tail(k)}")
                 continue
             self.failed.discard(k)
+            if k in wiped or k not in before:
+                continue  # a lost or repaired log: the node rebuilds from its peers (I1 is what is at stake)
             after, acked_after = versions(read_log(self.log_path(k))), await agent_head(self.channels[k])
             self.checks.restart(ids[k], before[k][0], before[k][1], after, acked_after)
+
+    async def _kill(self, k: int) -> tuple[dict[int, bytes], int | None]:
+        """kill -9 of agent k; returns what it had on disk and the head it acknowledged."""
+        acked = await agent_head(self.channels[k])
+        self.cluster.signal(k, signal.SIGKILL)
+        proc = self.cluster.procs[k]
+        if proc is not None:
+            await asyncio.to_thread(proc.wait, 10)
+        self.down.add(k)
+        return versions(read_log(self.log_path(k))), acked
+
+    async def _corrupt(self, k: int) -> bool:
+        """A byte flipped mid-log of the (killed) agent k: its restart must refuse, naming the offset (else I7
+        is noted), then the operator's repair moves the log aside. False if the log was too short."""
+        ids = self.cluster.ids
+        at = procfaults.flip_mid_log(self.log_path(k), self.rng.randrange(1 << 30))
+        if at is None:
+            return False
+        self.cluster.start(k)
+        proc = self.cluster.procs[k]
+        code = await asyncio.to_thread(proc.wait, 30) if proc is not None else None
+        if code != 2 or "corrupt record at offset" not in self.log_tail(k, 5):
+            self.checks.note("I7", f"{ids[k]}:corrupt{at}", f"{ids[k]}: a byte flipped at {at} mid-log, restart "
+                                                          f"exited {code}: {self.log_tail(k)}")
+            if proc is not None and proc.poll() is None:
+                self.cluster.signal(k, signal.SIGKILL)
+                await asyncio.to_thread(proc.wait, 10)
+        import subprocess
+
+        r = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "agent.cli", "store", "repair", "--config",
+                                                     str(self.cluster.configs[k])], cwd=ROOT, capture_output=True,
+                                    text=True, timeout=60)
+        if r.returncode != 0:
+            self.checks.note("I7", f"{ids[k]}:repair{at}", f"{ids[k]}: emoe store repair failed: {r.stderr.strip()}")
+        return True
 
     def log_tail(self, k: int, lines: int = 3) -> str:
         try:
@@ -226,13 +340,15 @@ class ProcRunner:
         tasks: list[asyncio.Task[None]] = []
         self.channels = [grpc.aio.insecure_channel(a) for a in self.cluster.addresses]
         try:
+            if self.lab is not None:
+                self.lab.up()
             self.cluster.start()
             if not await self.wait_serving(list(range(self.n)), 90.0):
                 raise RuntimeError(f"agents not serving after 90 s: see {self.cluster.base}")
             tasks = [asyncio.create_task(e.run()) for e in self.engines]
             for s in range(schedules):
                 self.hot = np.array(self.rng.sample(range(SHAPE["experts"]), 2))  # drift: new hot experts
-                eps = make_schedule(self.rng, self.n)
+                eps = make_schedule(self.rng, self.n, **self.fault_kinds)
                 await asyncio.sleep(self.warm_s)  # unfaulted load: plans for the new hot set start committing
                 for ep in eps:
                     self.log(f"schedule {s}: {ep.describe(self.cluster.ids)}")
@@ -263,6 +379,10 @@ class ProcRunner:
             await asyncio.to_thread(self.cluster.stop)
             for ch in self.channels:
                 await ch.close()
+            if self.lab is not None:
+                self.lab.close()
+            for k in range(self.n):
+                procfaults.umount(self.data_dir(k))
             if old is None:
                 os.environ.pop(ENV, None)
             else:
@@ -272,7 +392,7 @@ class ProcRunner:
             "runner": "processes", "nodes": self.n, "schedules": schedules,
             "violations": self.checks.violations(),
             "convergence_p99_s": None if np.isnan(conv).all() else round(float(np.percentile(conv, 99)), 3),
-            "partition_mechanism": MECHANISM,
+            "partition_mechanism": self.mechanism, "disk_faults": self.disks or "on",
             "convergence_max_s": None if np.isnan(conv).all() else round(float(np.max(conv)), 3),
             "restart_failures": sorted(self.cluster.ids[k] for k in self.failed),
             "commits": self.checks.max_version - 1, "installs_checked": sum(e.installs for e in self.engines),
@@ -284,7 +404,8 @@ class ProcRunner:
         }
 
 
-def run_processes(nodes: int, schedules: int, seed: int, out: Path | None = None, progress: bool = False) -> dict[str, Any]:
+def run_processes(nodes: int, schedules: int, seed: int, out: Path | None = None, progress: bool = False,
+                  netns: bool = True, disks: bool = False) -> dict[str, Any]:
     """Run `schedules` fault schedules against `nodes` agent processes; the JSON report as a dict (also
     written to out/report.json when `out` is given)."""
     import json
@@ -293,7 +414,7 @@ def run_processes(nodes: int, schedules: int, seed: int, out: Path | None = None
         raise ValueError(f"--nodes {nodes}: expected >= 3 (a quorum must survive one fault)")
     say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else None
     with tempfile.TemporaryDirectory(prefix="emoe-chaos-") as tmp:
-        runner = ProcRunner(nodes, Path(tmp), seed, log=say)
+        runner = ProcRunner(nodes, Path(tmp), seed, log=say, netns=netns, disks=disks)
         result = asyncio.run(runner.run(schedules))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -309,7 +430,8 @@ def main(a: argparse.Namespace) -> int:
 
     try:
         res = run_processes(a.nodes, a.schedules, a.seed, Path(a.out) if a.out else None,
-                            progress=not a.json or bool(getattr(a, "progress", 0)))
+                            progress=not a.json or bool(getattr(a, "progress", 0)),
+                            netns=not getattr(a, "no_netns", False), disks=bool(getattr(a, "disks", False)))
     except (ValueError, RuntimeError) as e:
         print(f"chaos run --runner processes: {e}", file=sys.stderr)
         return 2
