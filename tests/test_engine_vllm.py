@@ -232,3 +232,19 @@ def test_formats_round_trip_through_vllms_own_functions() -> None:
     assert doc["round_trips"] == 50
     # DeepSeek EPLB (vLLM's default policy) stacks replicas on one rank in most layers at DeepSeek-V3 shape
     assert doc["dsv3_layers_with_same_rank_duplicates"] > 0
+
+
+def test_vllm_plugin_refuses_an_engine_that_booted_off_genesis(tmp_path: Path) -> None:
+    """The agents' genesis is declared 'static' (blocks with empty slots); vLLM boots with arange(P) % E: the
+    plugin stops the worker at add_model, naming both placements' digests."""
+    import os
+
+    py = engine_python()
+    out = tmp_path / "ranks"
+    out.mkdir()
+    r = subprocess.run([py, str(HARNESS / "vllm_ranks.py"), "--out", str(out), "--port", str(free_ports(1)[0]),
+                        "--sockets", f"{tmp_path}/a.sock,{tmp_path}/b.sock", "--max-s", "5"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "EMOE_GENESIS": "static"})
+    assert r.returncode != 0
+    assert "GENESIS_MISMATCH: the engine booted with placement" in r.stderr and "genesis 'static' is" in r.stderr
+    assert not list(out.glob("rank*.json"))  # no step ran
