@@ -7,7 +7,9 @@ Bad input gets INVALID_ARGUMENT with the reason and changes nothing.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from typing import Any, NoReturn, Protocol
+from urllib.parse import unquote
 
 import grpc
 import numpy as np
@@ -97,6 +99,31 @@ def _decode_and_check(request: apb.ProposeRequest, head: RoutingTable) -> tuple[
     if not ops:
         return (), "ops is empty: expected at least one operation"
     return ops, unknown_ids(head, ops)
+
+
+def is_local_peer(peer: str) -> bool:
+    """Whether a gRPC peer ('ipv4:127.0.0.1:5000', 'ipv6:%5B::1%5D:5000', 'unix:/run/x.sock') is on this host."""
+    kind, _, rest = peer.partition(":")
+    if kind == "unix":
+        return True
+    host = unquote(rest).rpartition(":")[0].strip("[]")  # gRPC writes ipv6:%5B::1%5D:port
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1
+    return kind in ("ipv4", "ipv6") and (ip.is_loopback or (mapped is not None and mapped.is_loopback))
+
+
+async def local_callers_only(context: grpc.aio.ServicerContext) -> None:
+    """An `authorize` for an agent without TLS: no caller has a verified identity, so mutating calls are
+    accepted only from this host (loopback or a unix socket); others get PERMISSION_DENIED with the reason.
+    With TLS, `agent.security.AuthzInterceptor` requires an admin certificate instead."""
+    peer = context.peer()
+    if not is_local_peer(peer):
+        await _fail(context, grpc.StatusCode.PERMISSION_DENIED,
+                    f"caller {peer}: without TLS, mutating admin calls are accepted only from this host; "
+                    f"set [tls] cert_dir to administer the agent remotely")
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):

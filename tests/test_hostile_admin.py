@@ -12,7 +12,7 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 
-from agent.admin import MAX_PROPOSE_OPS, OFFLOAD_OPS, AdminService
+from agent.admin import MAX_PROPOSE_OPS, OFFLOAD_OPS, AdminService, is_local_peer, local_callers_only
 from agent.decode_guard import DecodeGuardInterceptor
 from agent.security import AuthzPolicy
 from chaos.fuzz_targets import Aborted, AdminTarget, FakeAdminBackend, FakeContext
@@ -235,3 +235,54 @@ async def test_a_million_operations_do_not_stall_the_server(agent_server: tuple[
     assert backend.mutations == []
     print(f"1,000,000-op Propose refused in {took:.3f} s; slowest concurrent Status {worst * 1000:.0f} ms")
     assert took < 2.0 and worst < 1.0, (took, worst)
+
+
+# ---- without TLS, only callers on this host may mutate (local_callers_only) ---------------------------
+@pytest.mark.parametrize("peer, local", [
+    ("ipv4:127.0.0.1:5000", True), ("ipv4:127.8.0.1:1", True), ("ipv6:[::1]:5000", True), ("unix:/run/a.sock", True),
+    ("ipv6:%5B::1%5D:41594", True), ("ipv6:%5B::ffff:127.0.0.1%5D:1", True),  # how gRPC writes IPv6 peers
+    ("ipv4:10.0.0.2:5000", False), ("ipv6:[fd00::2]:1", False), ("ipv6:%5Bfd00::2%5D:1", False),
+    ("ipv6:%5B::ffff:10.0.0.1%5D:1", False), ("ipv4:0.0.0.0:1", False), ("", False), ("garbage", False),
+])
+def test_is_local_peer(peer: str, local: bool) -> None:
+    assert is_local_peer(peer) is local
+
+
+def _this_hosts_address() -> str | None:
+    """A non-loopback IPv4 address of this host, or None (no packet is sent)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))
+            ip = str(s.getsockname()[0])
+        except OSError:
+            return None
+    return None if ip.startswith("127.") else ip
+
+
+@pytest.mark.asyncio
+async def test_plaintext_mutations_only_from_this_host() -> None:
+    ip = _this_hosts_address()
+    if ip is None:
+        pytest.skip("this host has no non-loopback IPv4 address")
+    backend = FakeAdminBackend()
+    srv = grpc.aio.server(interceptors=[DecodeGuardInterceptor()])
+    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(backend, authorize=local_callers_only), srv)
+    port = srv.add_insecure_port("0.0.0.0:0")
+    await srv.start()
+    try:
+        async with grpc.aio.insecure_channel(f"{ip}:{port}") as ch:
+            stub = admin_pb2_grpc.AdminStub(ch)
+            assert (await stub.Status(apb.StatusRequest(), timeout=5)).node_id == "a"  # reads stay open
+            for call, req in ((stub.Pause, apb.Empty()), (stub.Drain, apb.RankRequest(rank=1)),
+                              (stub.Propose, apb.ProposeRequest(ops=[op(pb.REPLICATE)]))):
+                with pytest.raises(grpc.aio.AioRpcError) as e:
+                    await call(req, timeout=5)
+                assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
+                assert f"caller ipv4:{ip}:" in e.value.details() and "[tls] cert_dir" in e.value.details()
+        assert backend.mutations == [] and not backend.paused
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
+            assert (await admin_pb2_grpc.AdminStub(ch).Pause(apb.Empty(), timeout=5)).ok and backend.paused
+    finally:
+        await srv.stop(None)
