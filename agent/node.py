@@ -17,6 +17,7 @@ from grpc_reflection.v1alpha import reflection
 
 from agent.admin import AdminService
 from agent.config import AgentConfig
+from agent.credentials import interceptors, server_credentials
 from agent.datadir import DataDirError, DataDirLock
 from agent.state import NodeState
 from agent.store import StoreCorrupt
@@ -76,12 +77,12 @@ class AgentProcess:
         self.lock.release()
 
     async def _start(self) -> None:
-        server = grpc.aio.server(interceptors=self.state.interceptors(), options=SERVER_OPTIONS)
+        server = grpc.aio.server(interceptors=interceptors(self.cfg), options=SERVER_OPTIONS)
         admin_pb2_grpc.add_AdminServicer_to_server(AdminService(self.state), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(SERVICE_NAMES, server)
         self.state.attach(server)
-        creds = self.state.server_credentials()
+        creds = server_credentials(self.cfg)
         try:
             if creds is None:
                 self.port = server.add_insecure_port(self.cfg.listen)

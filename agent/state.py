@@ -97,51 +97,23 @@ class NodeState:
         return list(range(idx * rpn, (idx + 1) * rpn))
 
     def attach(self, server: grpc.aio.Server) -> None:
+        from agent.credentials import channel_credentials
         from agent.transport.grpc import GrpcTransport
 
         addresses = {n: a for n, a in self.cfg.seed_map.items() if n != self.node_id}
         if self.transport is None:
-            self.transport = GrpcTransport(self.node_id, addresses, credentials=self.channel_credentials())
+            self.transport = GrpcTransport(self.node_id, addresses, credentials=channel_credentials(self.cfg))
         self.transport.attach(server)
 
-    def server_credentials(self) -> grpc.ServerCredentials | None:
-        if not self.cfg.tls.cert_dir:
-            return None
-        from agent.security import server_credentials
-
-        return server_credentials(self.cfg.tls.cert_dir, self.node_id)
-
-    def channel_credentials(self) -> grpc.ChannelCredentials | None:
-        if not self.cfg.tls.cert_dir:
-            return None
-        from agent.security import channel_credentials
-
-        return channel_credentials(self.cfg.tls.cert_dir, self.node_id)
-
-    def _signer(self) -> Any:
-        """Under mTLS, this node's vote signer (agent.consensus.signing); None in plaintext."""
-        if not self.cfg.tls.cert_dir:
-            return None
-        from agent.consensus.signing import VoteSigner
-
-        return VoteSigner.from_cert_dir(self.cfg.tls.cert_dir, self.node_id)
-
     def interceptors(self) -> list[Any]:
-        """mTLS authorisation: consensus and gossip only from members, mutating admin calls only from admins;
-        then malformed protobufs answered with INVALID_ARGUMENT (agent.decode_guard)."""
-        from agent.decode_guard import DecodeGuardInterceptor
+        from agent.credentials import interceptors
 
-        guard: list[Any] = [DecodeGuardInterceptor()]
-        if not self.cfg.tls.cert_dir:
-            return guard
-        from agent.security import AuthzInterceptor, policy_from_config
-
-        policy = policy_from_config(self.cfg)
-        return guard if policy is None else [AuthzInterceptor(policy), *guard]
+        return interceptors(self.cfg)
 
     def start(self) -> None:
         from agent.clock import RealClock
         from agent.consensus.node import ConsensusNode
+        from agent.credentials import vote_signer
         from agent.datadir import mark_owner, owner
         from agent.gossip_node import GossipNode
         from agent.store import Store
@@ -166,7 +138,7 @@ class NodeState:
                                            self.cfg.consensus, genesis, verifier=self._verify,
                                            live_voters=self._live_voters,
                                            members=lambda: self.gossip.live_nodes() if self.gossip is not None else [],
-                                           had_store=had_store, signer=self._signer())
+                                           had_store=had_store, signer=vote_signer(self.cfg))
         self.consensus.on_commit(self._on_commit)
         self.consensus.start()  # recovers the committed log: the controller plans from the recovered head
         if marked and not had_store:
@@ -241,19 +213,15 @@ class NodeState:
             self._close_window(seq, total)
 
     def _on_member_change(self, m: Any) -> None:
-        """A node declared dead: its ranks are lost. The controller proposes the repair (drain the ranks,
-        reload experts left without a replica from the host tier); shims mask the ranks meanwhile."""
+        """A node declared dead: its ranks are lost, except those a live member (or this node) holds (a member
+        that claims another's rank and "dies", forged or misconfigured, drains nothing). The controller proposes
+        the repair (drain the ranks, reload experts left without a replica); shims mask the ranks meanwhile."""
         if str(getattr(m.status, "value", m.status)).lower() != "dead" or m.node_id == self.node_id:
             return
-        # a rank another live member (or this node) also claims is not lost: a member that claims someone else's
-        # rank and then "dies" (a forged or misconfigured member) must not drain a healthy rank
         held = set(self._my_ranks()) | {int(g) for o in self.gossip.members() if o.node_id != m.node_id
                                         and str(getattr(o.status, "value", o.status)).lower() == "alive"
                                         for g in o.ranks}
         claimed = set(m.ranks) & set(self.head().active_ranks)
-        if claimed & held:
-            log.warning("node %s declared dead claimed ranks %s that live members hold: not lost", m.node_id,
-                        sorted(claimed & held))
         lost = tuple(sorted(claimed - held))
         if not lost or self.controller is None:
             return

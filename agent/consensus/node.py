@@ -25,6 +25,7 @@ from agent.consensus.log import CommittedLog, shape_mismatch
 from agent.consensus.paxos import Acceptor, Attempt, quorum_size, round0_owner
 from agent.consensus.proposer import Outcome, Pending, ProposerMixin
 from agent.consensus.rebuild import Rebuild
+from agent.consensus.recovery import RecoveryMixin
 from agent.consensus.signing import VoteSigner
 from agent.consensus.wire import TableWireError, table_from_pb, table_to_pb
 from agent.store import Store, StoreFailed
@@ -50,7 +51,7 @@ def validity_verifier(head: RoutingTable, proposed: RoutingTable, plan: pb.Plan)
     return True, plan.verified_gain, ""
 
 
-class ConsensusNode(ProposerMixin):
+class ConsensusNode(RecoveryMixin, ProposerMixin):
     def __init__(self, node_id: str, voters: list[str], store: Store, clock: Clock, transport: Transport,
                  cfg: ConsensusConfig, head: RoutingTable, verifier: Verifier = validity_verifier,
                  live_voters: Callable[[], list[str]] | None = None,
@@ -112,123 +113,6 @@ class ConsensusNode(ProposerMixin):
             if st.HasField("accepted"):
                 self._arm("takeover", v, self._takeover_delay(), partial(self._recover, v))
         self._arm_sync()
-
-    # ---- rebuild after store loss (agent.consensus.rebuild) ----------------------------------------
-    @property
-    def role(self) -> str:
-        if self.node_id not in self.voters:
-            return "non-voter"
-        self._abstains()  # a learner that has caught up becomes a voter here too
-        return "voter" if self.rebuild is None else self.rebuild.describe(self.log.head.version)
-
-    def _abstains(self) -> str:
-        """Why this node may not vote now ("" when it may)."""
-        if self.store.failed:
-            return f"{self.node_id}'s {self.failure}"
-        if self.rebuild is not None:
-            if not self.rebuild.may_vote(self.log.head.version):
-                return f"{self.node_id} is a {self.rebuild.describe(self.log.head.version)}"
-            if self.rebuild.strict:
-                log.warning("%s: rebuilt (head %d): voting again", self.node_id, self.log.head.version)
-            self.rebuild = None
-        return ""
-
-    def _ask_rebuild(self) -> None:
-        rb = self.rebuild
-        if rb is None or not self.running:
-            return
-        if rb.decided:
-            self._rebuild_decided()
-            return
-        deferred, self._deferred = self._deferred, []  # proposals made at start wait at most this long
-        for t0, table, plan, on_done in deferred:
-            if self.clock.now() - t0 < 4 * self.timeout:
-                self._deferred.append((t0, table, plan, on_done))
-            else:
-                on_done(Outcome(False, table.version, f"UNAVAILABLE: {self._abstains()}"))
-        req = pb.CatchUpRequest(from_version=self.log.head.version, from_node=self.node_id, limit=self.cfg.catchup_batch)
-        for dst in rb.others:
-            self.transport.call(dst, "Consensus/CatchUp", req, self.timeout, partial(self._on_rebuild_reply, dst))
-        self._arm("rebuild", 0, self.timeout, self._ask_rebuild)
-
-    def _on_rebuild_reply(self, peer: str, r: Message | None) -> None:
-        rb = self.rebuild
-        if rb is None or not self.running or not isinstance(r, pb.CatchUpReply):
-            return
-        rb.report(peer, int(r.committed_head), int(r.acceptor_high), bool(r.rebuilding))
-        snap = self._snapshot(peer, r)
-        for c in [] if snap else r.commits:
-            if c.table.version == self.log.head.version + 1 and self._learned(c, None, broadcast=False):
-                break
-        if r.committed_head > self.log.head.version:
-            self.catch_up(peer)
-        if rb.decided:
-            self._disarm("rebuild", 0)
-            self._rebuild_decided()
-
-    def _snapshot(self, peer: str, r: pb.CatchUpReply) -> bool:
-        """Install the head a peer sent because it compacted the versions we lack. True if one was installed."""
-        if not (r.snapshot and len(r.commits) == 1 and r.commits[0].table.version > self.log.head.version + 1):
-            return False
-        v = int(r.commits[0].table.version)
-        try:
-            why = self.log.install_snapshot(r.commits[0], [st for k, st in sorted(self.acceptor.states.items())
-                                                           if k > v])
-        except StoreFailed:
-            self._store_failed()
-            return False
-        if why:
-            log.warning("%s: snapshot of version %d from %s refused: %s", self.node_id, v, peer, why)
-            return False
-        if r.committed_head > self.log.head.version:
-            self.catch_up(peer)
-        return True
-
-    def _rebuild_decided(self) -> None:
-        self._abstains()
-        deferred, self._deferred = self._deferred, []
-        for _, table, plan, on_done in deferred:
-            self.propose(table, plan, on_done)
-
-    # ---- fail-stop on a store that cannot be written ---------------------------------------------
-    @property
-    def failure(self) -> str:
-        """Why this node neither votes nor proposes now ("" while its store works)."""
-        return f"store failed: {self.store.failed}" if self.store.failed else ""
-
-    def _persist(self, st: pb.AcceptorState) -> bool:
-        """Make acceptor state durable; False (and fail-stop until the disk recovers) when it cannot be."""
-        try:
-            self.store.save_acceptor(st)
-        except StoreFailed:
-            self._store_failed()
-            return False
-        return True
-
-    def _sign(self, reply: pb.Accepted, p: pb.Proposal) -> pb.Accepted:
-        """Under mTLS, sign an accept (version, ballot, table hash) with this node's key, for the certificate."""
-        if self.signer is not None and reply.ok:
-            reply.signature = self.signer.sign(int(p.version), (int(p.ballot.round), p.ballot.node_id),
-                                               p.table.content_hash)
-            reply.certificate = self.signer.cert_der
-        return reply
-
-    def _store_failed(self) -> None:
-        """Stop voting and proposing (every handler checks `store.failed`) and try the disk again every
-        `disk_retry_ms`; catch-up fetches whatever was committed meanwhile once it works again."""
-        if ("disk", 0) in self._timers:
-            return
-
-        def retry() -> None:
-            if self.store.resume():
-                for peer in sorted(self._peer_heads, key=lambda n: -self._peer_heads[n]):
-                    if peer != self.node_id:
-                        self.catch_up(peer)
-                        break
-            else:
-                self._arm("disk", 0, self.cfg.disk_retry_ms / 1000.0, retry)
-
-        self._arm("disk", 0, self.cfg.disk_retry_ms / 1000.0, retry)
 
     def stop(self) -> None:
         self.running = False
