@@ -417,6 +417,10 @@ def load(path: str | Path) -> AgentConfig:
         raw = tomllib.loads(p.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{p}: no such file") from None
+    except OSError as e:  # a directory, no permission, an I/O error
+        raise ConfigError(f"{p}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not valid TOML: not UTF-8 text (byte {e.start})") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{p}: not valid TOML: {e}") from None
     try:

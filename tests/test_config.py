@@ -171,6 +171,15 @@ def test_check_tries_the_data_dir_and_leaves_nothing(tmp_path: Path, capsys: pyt
     assert rc == 2 and "data_dir = '/proc/emoe-data': cannot be created" in one_line(err)
 
 
+def test_unreadable_config_files_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "dir.toml").mkdir()
+    (tmp_path / "binary.toml").write_bytes(b"node_id = \"\xff\xfe\"\n")
+    for name, needle in (("dir.toml", "cannot read: Is a directory"), ("binary.toml", "not UTF-8 text"),
+                         ("missing.toml", "no such file")):
+        assert main(["agent", "--config", str(tmp_path / name), "--check"]) == 2
+        assert needle in one_line(capsys.readouterr().err)
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes through directory permissions")
 def test_check_refuses_a_read_only_data_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ro = tmp_path / "ro"
