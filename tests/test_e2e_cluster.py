@@ -224,5 +224,7 @@ def test_million_op_propose_is_refused_at_once_and_the_agent_keeps_answering(clu
     assert f"expected at most {MAX_PROPOSE_OPS}" in err.details()
     print(f"\n1,000,000-op Propose ({len(raw)} bytes) refused in {took:.3f} s; {n} concurrent Status calls, "
           f"slowest {worst * 1000:.0f} ms")
-    assert took < 3.0 and worst < 1.0, (took, worst)
+    # before the bounds: answered after 17.9 s, one Status call waiting 17.5 s. Now typically ~0.6 s and
+    # < 0.5 s (receiving and parsing 42 MB); the margins are for a loaded 2-core machine
+    assert took < 5.0 and worst < 2.5, (took, worst)
     assert cluster.healthy(0) and json.loads(_cli("status", "--agent", a, "--json").stdout)["health"] == "SERVING"
