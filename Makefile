@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml | $(PY)
 	touch $(STAMP)
 
 $(ENGINE)/.installed: pyproject.toml
-	test -x $(ENGINE)/bin/python || $(PYTHON) -m venv $(ENGINE)
+	test -x $(ENGINE)/bin/python || { $(PYTHON) -m venv $(ENGINE) && $(ENGINE)/bin/pip install -q --upgrade pip; }
 	$(ENGINE)/bin/python -c "import vllm" 2>/dev/null || $(ENGINE)/bin/pip install -q $(VLLM) \
 	  || echo "warning: could not install $(VLLM); the engine tests will skip"
 	$(ENGINE)/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
