@@ -46,6 +46,8 @@ MAX_EXPERT_BYTES = 1 << 40       # 1 TiB per expert
 MAX_TABLE_BYTES = 32 << 20
 # a load window (layers x experts uint32) travels whole in a gossip message; this much is the envelope
 WINDOW_ENVELOPE_BYTES = 2048
+# the planner keeps decision.replay_windows windows in memory (DeepSeek-V3 shape: 59 KiB each)
+MAX_REPLAY_BYTES = 1 << 30
 # node ids are certificate names (`emoe certs`), DNS labels on Kubernetes, and keys in every message
 NODE_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 NODE_ID_EXPECTED = "a name of letters, digits, '.', '_' or '-' (1 to 253, starting with a letter or digit)"
@@ -313,6 +315,10 @@ class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         window = c.layers * c.experts * 4 + WINDOW_ENVELOPE_BYTES
         _need(window <= self.gossip.max_message_bytes, "gossip.max_message_bytes", self.gossip.max_message_bytes,
               f">= one load window of cluster.layers x cluster.experts x 4 bytes + {WINDOW_ENVELOPE_BYTES} = {window}")
+        replay = self.decision.replay_windows * c.layers * c.experts * 4
+        _need(replay <= MAX_REPLAY_BYTES, "decision.replay_windows", self.decision.replay_windows,
+              f"a replay buffer of replay_windows x layers x experts x 4 bytes <= {MAX_REPLAY_BYTES >> 20} MiB "
+              f"(this one: {replay / (1 << 20):.0f} MiB)")
 
     def _validate_members(self) -> None:
         """Seeds name distinct nodes at distinct addresses, no more than cluster.nodes; voters are nodes of the

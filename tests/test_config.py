@@ -87,6 +87,9 @@ def test_profiles_fill_defaults_and_fields_override() -> None:
         ({"node_id": "n", "consensus": {"catchup_batch": 10**7}}, "consensus.catchup_batch = 10000000"),
         ({"node_id": "n", "consensus": {"accept_timeout_ms": 10**12}}, "consensus.accept_timeout_ms"),
         ({"node_id": "n", "decision": {"replay_windows": 10**6}}, "decision.replay_windows = 1000000"),
+        ({"node_id": "n", "decision": {"replay_windows": 1000}, "gossip": {"max_message_bytes": 64 << 20},
+          "cluster": {"layers": 256, "experts": 16384, "nodes": 256, "ranks_per_node": 8, "slots_per_rank": 8}},
+         "decision.replay_windows = 1000: expected a replay buffer"),
         ({"node_id": "n", "ranks": [1, 1]}, "ranks[1] = 1: expected a rank listed once"),
     ],
 )
