@@ -84,6 +84,11 @@ class ClusterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     experts: int = 64
     top_k: int = 6
     expert_bytes: int = 3 * 2048 * 1408 * 2  # DeepSeek-V2-Lite expert: 3 bf16 matrices 2048x1408
+    # The agents' version 1: the engine's boot placement (dataplane_shim.genesis.genesis_table): "static"
+    # (blocks, spare slots empty: the reference engine), "vllm", "sglang" (both arange(P) % E), or a placement
+    # file (.json/.pt SGLang --init-expert-location, .npz DeepSeek EPLB output) of [layers, P]. Every agent
+    # of a cluster must say the same.
+    genesis: str = "static"
 
     def validate(self) -> None:
         _bounded("cluster", self, {
@@ -100,6 +105,15 @@ class ClusterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         _need(table <= MAX_TABLE_BYTES, "cluster.layers", self.layers,
               f"a routing table of layers x {slots} slots x 8 bytes <= {MAX_TABLE_BYTES >> 20} MiB "
               f"(this one: {table / (1 << 20):.0f} MiB)")
+        from controlplane.topology import Topology
+        from dataplane_shim.errors import ShimError
+        from dataplane_shim.genesis import genesis_table
+
+        try:
+            genesis_table(self.genesis, Topology(self.nodes, self.ranks_per_node, self.slots_per_rank), self.layers,
+                          self.experts)
+        except ShimError as e:
+            _need(False, "cluster.genesis", self.genesis, str(e))
 
 
 class GossipConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

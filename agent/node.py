@@ -15,7 +15,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from agent.admin import AdminService
+from agent.admin import AdminService, local_callers_only
 from agent.config import AgentConfig
 from agent.credentials import interceptors, server_credentials
 from agent.datadir import DataDirError, DataDirLock
@@ -78,7 +78,9 @@ class AgentProcess:
 
     async def _start(self) -> None:
         server = grpc.aio.server(interceptors=interceptors(self.cfg), options=SERVER_OPTIONS)
-        admin_pb2_grpc.add_AdminServicer_to_server(AdminService(self.state), server)
+        # without TLS no caller has a verified identity: mutating admin calls only from this host
+        authorize = None if self.cfg.tls.cert_dir else local_callers_only
+        admin_pb2_grpc.add_AdminServicer_to_server(AdminService(self.state, authorize=authorize), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(SERVICE_NAMES, server)
         self.state.attach(server)

@@ -35,7 +35,7 @@ from controlplane.controller import (
 from controlplane.errors import ControlPlaneError
 from controlplane.load import table_step_imbalance
 from controlplane.ops import Operation, apply_ops, describe
-from controlplane.table import RoutingTable, initial_table
+from controlplane.table import RoutingTable
 from controlplane.topology import Topology
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import consensus_pb2 as cpb
@@ -118,6 +118,7 @@ class NodeState:
         from agent.gossip_node import GossipNode
         from agent.store import Store
         from agent.telemetry import Telemetry
+        from dataplane_shim.genesis import genesis_table
 
         if self.telemetry is None:
             self.telemetry = Telemetry.from_env(self.cfg.telemetry.enabled, node_id=self.node_id)
@@ -126,7 +127,7 @@ class NodeState:
         store = self.store = self.store or Store(self.data_dir / "consensus")
         marked = self.had_store is None
         had_store = owner(self.data_dir, self.node_id) if marked else bool(self.had_store)
-        genesis = initial_table(self.topology, c.layers, c.experts)
+        genesis = genesis_table(c.genesis, self.topology, c.layers, c.experts)  # the engine's boot placement
         if self.cfg.consensus.backend == "etcd":
             # commit by etcd transaction compare(version == v) -> put(v + 1); the same interface as quorum
             from agent.etcd_backend import EtcdBackend

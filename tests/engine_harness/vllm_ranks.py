@@ -140,6 +140,14 @@ def weights_match(model: Toy, p2l: torch.Tensor, rank: int) -> bool:
     return True
 
 
+def _stop_agreed(plugin: Any, mine: bool) -> bool:
+    """Whether any rank wants to stop, agreed by both (one MAX all-reduce): a rank that left the step loop
+    alone would wait in the bench's barrier while its peer waits in a step's collective, forever."""
+    flag = torch.tensor([int(mine)], dtype=torch.int64)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=plugin.group)
+    return bool(flag.item())
+
+
 def bench(plugin: Any, ms: Any, n: int) -> dict[str, float]:
     """Medians (us) of the plugin's per-step work with both ranks in lockstep: one version-agreement
     all-reduce (the int64 pair over the EP CPU group, with the decision) and one step's load out (fold
@@ -218,7 +226,7 @@ def worker(rank: int, args: argparse.Namespace) -> None:
             plugin.link = plugin.core.link = HeldLink(plugin.link, out / "release")
         step, deadline = 0, time.monotonic() + args.max_s
         ok = True
-        while not (out / "stop").exists() and time.monotonic() < deadline:
+        while not _stop_agreed(plugin, (out / "stop").exists() or time.monotonic() >= deadline):
             p2l = ms.physical_to_logical_map
             ms.expert_load_pass.copy_(torch.where(p2l == 0, HOT, 1).to(ms.expert_load_pass.dtype))
             st.step()
