@@ -226,5 +226,6 @@ def test_million_op_propose_is_refused_at_once_and_the_agent_keeps_answering(clu
           f"slowest {worst * 1000:.0f} ms")
     # before the bounds: answered after 17.9 s, one Status call waiting 17.5 s. Now typically ~0.6 s and
     # < 0.5 s (receiving and parsing 42 MB); the margins are for a loaded 2-core machine
-    assert took < 5.0 and worst < 2.5, (took, worst)
+    # printed above; the bound only tells a refusal from the old 17.9 s stall, with room for a loaded machine
+    assert took < 10.0 and worst < 8.0, (took, worst)
     assert cluster.healthy(0) and json.loads(_cli("status", "--agent", a, "--json").stdout)["health"] == "SERVING"

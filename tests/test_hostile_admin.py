@@ -234,7 +234,9 @@ async def test_a_million_operations_do_not_stall_the_server(agent_server: tuple[
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT and str(MAX_PROPOSE_OPS) in e.value.details()
     assert backend.mutations == []
     print(f"1,000,000-op Propose refused in {took:.3f} s; slowest concurrent Status {worst * 1000:.0f} ms")
-    assert took < 2.0 and worst < 1.0, (took, worst)
+    # the figure is printed above; the bound only tells "refused at once" from the old stall (7.3 s of event loop
+    # in-process, 17.9 s on a real agent) with room for a loaded CI machine
+    assert took < 5.0 and worst < 4.0, (took, worst)
 
 
 # ---- without TLS, only callers on this host may mutate (local_callers_only) ---------------------------
