@@ -123,13 +123,18 @@ class CommittedLog:
         self.commits[v] = c
         if before_install is not None:
             before_install(c)  # 2. send
-        self.head = table  # 3. install
+        self._install(c, table)  # 3. install
+        return "", False
+
+    def _install(self, c: pb.Commit, table: RoutingTable) -> None:
+        """Move the head to `table` (already durable), run the install hook, then any buffered successor."""
+        v = table.version
+        self.head = table
         self.future = {k: x for k, x in self.future.items() if k > v}
         self.on_install(c, table)
         nxt = self.future.pop(v + 1, None)
         if nxt is not None:
             self.offer(nxt)
-        return "", False
 
     def install_snapshot(self, c: pb.Commit, acceptor: list[pb.AcceptorState]) -> str:
         """Install `c`, a certified commit beyond head + 1 whose predecessors the peers compacted away, as the new
@@ -151,12 +156,7 @@ class CommittedLog:
         self.commits = {v: c}
         self.base = v
         self.snapshots += 1
-        self.head = table  # 3. install
-        self.future = {k: x for k, x in self.future.items() if k > v}
-        self.on_install(c, table)
-        nxt = self.future.pop(v + 1, None)
-        if nxt is not None:
-            self.offer(nxt)
+        self._install(c, table)  # 3. install
         return ""
 
     def trim(self, keep: int) -> list[pb.Commit]:
