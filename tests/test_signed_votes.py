@@ -116,3 +116,19 @@ def test_a_prepare_far_beyond_any_round_seen_is_refused() -> None:
     c.propose("n01")  # the next version stays proposable
     c.run(0.5)
     assert set(c.heads().values()) == {3}
+
+
+def test_a_malformed_rival_of_a_committed_version_leaves_no_trace() -> None:
+    """A 'certified' rival for a version already committed here that is not a whole table of that version
+    (here: the wrong parent) is bad input: refused, and not recorded as a broken invariant (found by
+    chaos.fuzz on Consensus/Learn)."""
+    c = _cluster(None)
+    node = c.nodes["n02"]
+    head = node.head
+    phy = head.phy2log.copy()
+    phy[0, [0, 1]] = phy[0, [1, 0]]
+    t = RoutingTable(head.topology, head.experts, phy, 2, 2, head.active_ranks)  # version 2 with parent 2
+    forged = pb.Commit(table=table_to_pb(t), qc=pb.QuorumCertificate(
+        version=2, ballot=pb.Ballot(round=1, node_id="n00"), table_hash=t.digest, voters=["n00", "n01"], quorum=2))
+    r = _learn(c, forged)
+    assert not r.ok and "parent 2: expected 1" in r.reason and node.conflicts == []

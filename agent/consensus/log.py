@@ -98,9 +98,15 @@ class CommittedLog:
         if v <= self.head.version:
             mine = self.commits.get(v)
             if mine is not None and mine.qc.table_hash != c.qc.table_hash:
-                why = self._certified(c)  # only a certified rival is a broken invariant
+                # only a whole certified rival (valid table, right parent) is a broken invariant; anything
+                # less is bad input, refused without a trace in our state
+                why = self._certified(c)
+                if not why:
+                    table, why = self._decode(c)
+                    if table is not None and table.parent != v - 1:
+                        why = f"INVALID_ARGUMENT: version {v} has parent {table.parent}: expected {v - 1}"
                 if why:
-                    return f"INVALID_ARGUMENT: {why}", False
+                    return why if why.startswith("INVALID_ARGUMENT") else f"INVALID_ARGUMENT: {why}", False
                 msg = (f"version {v}: certified table {c.qc.table_hash.hex()[:12]} differs from ours "
                        f"{mine.qc.table_hash.hex()[:12]}")
                 log.error("I1 broken: %s", msg)
