@@ -71,12 +71,17 @@ class AgentProcess:
             raise
 
     async def _abort(self) -> None:
+        if self.state.consensus is not None:  # started, then a later step failed: stop voting first
+            self.state.stop(graceful=False)
         for srv in (self.shim_server, self.health_server, self.server):
             if srv is not None:
                 await srv.stop(0)
         self.lock.release()
 
     async def _start(self) -> None:
+        sock = self.cfg.shim_socket or str(Path(self.cfg.data_dir) / "shim.sock")
+        if _socket_answers(sock):  # binding would silently take the socket from the agent behind it
+            raise StartupError(f"shim_socket = {sock!r} is in use by another process: give each agent its own")
         server = grpc.aio.server(interceptors=interceptors(self.cfg), options=SERVER_OPTIONS)
         # without TLS no caller has a verified identity: mutating admin calls only from this host
         authorize = None if self.cfg.tls.cert_dir else local_callers_only
@@ -101,9 +106,6 @@ class AgentProcess:
             self.state.start()
         except (StoreCorrupt, DataDirError) as e:
             raise StartupError(str(e)) from None
-        sock = self.cfg.shim_socket or str(Path(self.cfg.data_dir) / "shim.sock")
-        if _socket_answers(sock):  # binding would silently take the socket from the agent behind it
-            raise StartupError(f"shim_socket = {sock!r} is in use by another process: give each agent its own")
         self.shim_server = await self.state.serve_shim(sock)
         if self.cfg.tls.health_listen:
             from agent.security import serve_plaintext_health
