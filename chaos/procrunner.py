@@ -32,6 +32,7 @@ import asyncio
 import os
 import random
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -293,8 +294,6 @@ class ProcRunner:
             if proc is not None and proc.poll() is None:
                 self.cluster.signal(k, signal.SIGKILL)
                 await asyncio.to_thread(proc.wait, 10)
-        import subprocess
-
         r = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "agent.cli", "store", "repair", "--config",
                                                      str(self.cluster.configs[k])], cwd=ROOT, capture_output=True,
                                     text=True, timeout=60)
