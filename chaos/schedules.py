@@ -36,6 +36,7 @@ import random
 from pathlib import Path
 
 from agent.consensus.paxos import round0_owner
+from chaos import simdisks
 from chaos.simcluster import SimCluster
 
 DIR = Path(__file__).parent / "schedules"
@@ -149,13 +150,13 @@ def apply(c: SimCluster, line: str, rng: random.Random, settle_limit_s: float = 
             if n is None:
                 return f"{cmd} (no node up)"
             if cmd == "corrupt":
-                return c.corrupt(n, rng)
-            c.lose_store(n)
+                return simdisks.corrupt(c, n, rng)
+            simdisks.lose_store(c, n)
             return f"lose-store {n}"
         if cmd == "disk-full":
             n = _node(c, args[0], rng)
             if n is not None:
-                c.disk_full(n, seconds(args[1]))
+                simdisks.disk_full(c, n, seconds(args[1]))
             return f"disk-full {n} {args[1]}"
         if cmd == "pause":
             n = _node(c, args[0], rng)

@@ -254,51 +254,6 @@ class SimCluster:
         st = self.states[n]
         self._ev("recover", n, versions=tuple(sorted(st.consensus.log.commits)), version=st.head_version())
 
-    def lose_store(self, n: str) -> None:
-        """kill -9, and the node's disk is replaced: it restarts with an empty store and must rebuild as a
-        learner (no vote on any version it may have voted on before)."""
-        self.crash(n)
-        self._fault(f"lose-store {n}")
-        self.disks[n] = MemoryDisk()
-        self._ev("wipe", n)
-        self.restart(n)
-
-    def corrupt(self, n: str, rng: random.Random) -> str:
-        """kill -9, one byte flipped in the middle of the node's log, restart: the store must refuse to start
-        (naming the offset), never truncate; then the operator's repair (the log moved aside) and a restart
-        that rebuilds from the peers. Returns what happened, for the report."""
-        from agent.store import Store, StoreCorrupt
-
-        self.crash(n)
-        disk = self.disks[n]
-        if len(disk.data) < 64:
-            self.restart(n)
-            return f"corrupt {n}: log too short to corrupt mid-file; restarted"
-        at = rng.randrange(len(disk.data) // 4, len(disk.data) // 2)
-        disk.data[at] ^= 0x5A
-        try:
-            Store(disk=disk).open()
-        except StoreCorrupt as e:
-            self._fault(f"corrupt {n} at byte {at}: refused to start (offset {e.offset}); repaired")
-            self.disks[n] = MemoryDisk()
-            self._ev("wipe", n)
-            self.restart(n)
-            return f"corrupt {n}: refused at offset {e.offset}, repaired, rebuilding"
-        raise AssertionError(f"{n}: a byte flipped at {at} of {len(disk.data)} went unnoticed by the store")
-
-    def disk_full(self, n: str, seconds: float) -> None:
-        """The node's disk takes nothing more for `seconds`: it fail-stops its votes, then resumes."""
-        if n in self.down:
-            return
-        self._fault(f"disk-full {n} {seconds:g}s")
-        disk = self.disks[n]
-        disk.capacity = len(disk.data)
-
-        def recover(d: MemoryDisk = disk) -> None:
-            d.capacity = None
-
-        self.clock.call_later(seconds, recover)
-
     def pause(self, n: str, seconds: float | None = None) -> None:
         if n in self.down:
             return

@@ -24,7 +24,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agent.demo import DemoSpec, run_demo
+    from bench.demo import DemoSpec, run_demo
 
     spec = DemoSpec(agents=args.agents, ranks_per_node=args.ranks_per_node, slots_per_rank=args.slots_per_rank,
                     window=args.window, segment_steps=args.segment_steps, step_ms=args.step_ms, out=args.out)

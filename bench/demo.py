@@ -142,7 +142,7 @@ async def _drive(cluster: LocalCluster, trace: Trace, spec: DemoSpec, topo: Topo
 
 
 def run_demo(spec: DemoSpec, as_json: bool = False) -> dict[str, Any]:
-    from agent.demo_report import baselines, report, write_plot
+    from bench.demo_report import baselines, report, write_plot
 
     parts = [load_trace(p) for p in spec.traces]
     trace = concat(parts, spec.segment_steps)

@@ -26,7 +26,7 @@ def _timeline(trace: Trace, tables: list[tuple[int, RoutingTable]]) -> np.ndarra
 
 def baselines(trace: Trace, topo: Topology, eplb_period: int, expert_bytes: int) -> dict[str, Any]:
     """Static EP and EPLB (full rebalance every `eplb_period` steps from the last `eplb_period`)."""
-    from agent.demo import moved_bytes
+    from bench.demo import moved_bytes
     from controlplane.baselines.eplb import eplb_table
 
     T, L, E = trace.shape
