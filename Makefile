@@ -40,14 +40,14 @@ $(ENGINE)/.installed: pyproject.toml
 	$(ENGINE)/bin/pip install -q --no-deps -e .
 	$(ENGINE)/bin/python -c "import vllm, dataplane_shim.vllm_plugin" && touch $@ || true
 
-# etcd-server from Debian, for the etcd backend's tests (skipped, with a reason, where it cannot be had).
+# etcd-server from Debian, for the etcd backend's tests (skipped, with a reason, where it cannot be had). The
+# tests start their own etcd on free loopback ports with its own data dir, so a system etcd (the package's
+# service, or an operator's) is left alone: nothing here stops, disables or kills any service.
 etcd:
 	@command -v etcd >/dev/null 2>&1 || { \
 	  echo "installing etcd-server"; \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server) >/dev/null 2>&1 \
-	  || echo "warning: could not install etcd-server; etcd tests will skip"; \
-	  systemctl disable --now etcd >/dev/null 2>&1 || true; \
-	  pkill -x etcd >/dev/null 2>&1 || true; }
+	  || echo "warning: could not install etcd-server; etcd tests will skip"; }
 
 # nftables from Debian, for the process chaos runner's real network faults (agents in network namespaces,
 # partitions and loss as kernel rules); without it (or without root) that runner falls back to the
