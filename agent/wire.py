@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from controlplane.ops import Consolidate, Drain, Migrate, Operation, Repair, Replicate, Restore, describe
+from controlplane.ops import (
+    Consolidate,
+    Drain,
+    Drop,
+    Migrate,
+    Operation,
+    Repair,
+    Replicate,
+    Restore,
+    Swap,
+    describe,
+)
 from elasticmoe.v1 import consensus_pb2 as pb
 
 
@@ -23,6 +34,11 @@ def op_to_pb(op: Operation) -> pb.Operation:
         return pb.Operation(kind=pb.DRAIN, rank=op.rank, layer=-1, src=-1, dst=-1, source=-1)
     if isinstance(op, Restore):
         return pb.Operation(kind=pb.RESTORE, rank=op.rank, layer=-1, src=-1, dst=-1, source=-1)
+    if isinstance(op, Swap):
+        return pb.Operation(kind=pb.SWAP, layer=op.layer, experts=[op.expert, op.other], src=op.src, dst=op.dst,
+                            rank=-1, source=-1)
+    if isinstance(op, Drop):
+        return pb.Operation(kind=pb.DROP, layer=op.layer, experts=[op.expert], src=op.src, dst=-1, rank=-1, source=-1)
     return pb.Operation(kind=pb.REPAIR, layer=op.layer, experts=[op.expert], dst=op.dst, source=op.source, src=-1, rank=-1)
 
 
@@ -48,7 +64,14 @@ def op_from_pb(m: pb.Operation) -> Operation:
         return Restore(m.rank)
     if k == pb.REPAIR:
         return Repair(m.layer, _one_expert(m), m.dst, m.source)
-    raise WireError(f"operation.kind = {k}: expected one of REPLICATE, CONSOLIDATE, MIGRATE, DRAIN, RESTORE, REPAIR")
+    if k == pb.SWAP:
+        if len(m.experts) != 2:
+            raise WireError(f"operation.experts has {len(m.experts)} entries: expected 2 for SWAP (on src, on dst)")
+        return Swap(m.layer, int(m.experts[0]), m.src, int(m.experts[1]), m.dst)
+    if k == pb.DROP:
+        return Drop(m.layer, _one_expert(m), m.src)
+    raise WireError(f"operation.kind = {k}: expected one of REPLICATE, CONSOLIDATE, MIGRATE, DRAIN, RESTORE, REPAIR, "
+                    "SWAP, DROP")
 
 
 def ops_from_pb(ms: Iterable[pb.Operation]) -> tuple[Operation, ...]:

@@ -19,6 +19,7 @@ import numpy.typing as npt
 
 from bench.rankloss import Kill, eplb_surviving, hindsight_with_kills
 from controlplane.baselines.craft import craft_table
+from controlplane.baselines.static import static_table
 from controlplane.table import RoutingTable
 
 Counts = npt.NDArray[np.uint32]
@@ -102,7 +103,9 @@ class Craft:
     planned: bool = False
 
     def start(self, base: RoutingTable, counts: Counts, drift_steps: list[int]) -> list[Change]:
-        self.base = base
+        # CRAFT's method adds replicas to the static placement, whatever the boot table was (an EPLB boot
+        # fills every slot and would leave it no budget): its plan replaces the boot table
+        self.base = static_table(base.topology, base.layers, base.experts)
         return []
 
     def on_window(self, first: int, end: int, seen: Counts) -> list[Change]:

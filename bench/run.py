@@ -25,6 +25,7 @@ import numpy.typing as npt
 from bench.policies import Change, Elastic, Hindsight, Policy, controller_available, make_policy
 from bench.rankloss import Kill, Outage, masked, recovery_after
 from bench.traces import Trace
+from controlplane.baselines.eplb import eplb_table
 from controlplane.baselines.static import static_table
 from controlplane.load import table_step_imbalance
 from controlplane.table import RoutingTable
@@ -214,8 +215,10 @@ def regressions(run: PolicyRun, counts: npt.NDArray[np.uint32], window: int) -> 
 
 def summarize(run: PolicyRun, counts: npt.NDArray[np.uint32], ref: F64, drift: list[int], window: int,
               counted_commits: int | None = None) -> dict[str, Any]:
+    edges = [0, *drift, run.imbalance.size]
     return {
         "mean_step_imbalance": float(run.imbalance.mean()),
+        "segment_imbalance": [float(run.imbalance[a:b].mean()) for a, b in zip(edges[:-1], edges[1:], strict=True)],
         "p50_step_ms": float(np.percentile(run.step_ms, 50)),
         "p99_step_ms": float(np.percentile(run.step_ms, 99)),
         "recovery_steps": recovery_steps(run.imbalance, ref, drift, window),
@@ -235,7 +238,7 @@ class BenchConfig:
     window: int = 100
     policies: tuple[str, ...] = ("static", "eplb", "craft", "craft-periodic", "elastic", "hindsight")
     seed: int = 0
-    expert_groups: int | None = None  # EPLB groups; None: 8 for 256 experts (DeepSeek-V3), else 1
+    expert_groups: int | None = None  # EPLB groups; None: 1 (global EPLB, the decode-pool choice)
     craft_budget: float = 1.0
     commit_latency: int = 3
     copy_share: float = 0.5
@@ -246,6 +249,8 @@ class BenchConfig:
     # (the trailing-W mean step time at the kill) unless detect_steps is given.
     detect_s: float = 2.477
     detect_steps: int | None = None
+    initial: str = "static"  # every policy's boot placement: "static" or "eplb:SPEC" (fitted on initial_totals)
+    initial_totals: npt.NDArray[np.int64] | None = None  # [L, E] for "eplb:SPEC"
 
 
 def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress: bool = True,
@@ -253,10 +258,12 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
     """Run every policy of `cfg` on `trace`; write results.json (and plots) under `out` when given."""
     T, L, E = trace.shape
     topo = Topology(cfg.nodes, cfg.ranks_per_node, cfg.slots_per_rank)
+    groups = cfg.expert_groups if cfg.expert_groups is not None else 1  # global EPLB: a decode pool
     base = static_table(topo, L, E)
+    if cfg.initial_totals is not None:
+        base = eplb_table(base, cfg.initial_totals, groups)
     shape = shape_for(L, E, trace.top_k)
     cluster = EPCluster(topo, shape, H200)
-    groups = cfg.expert_groups if cfg.expert_groups is not None else (8 if E == 256 else 1)
     names = list(dict.fromkeys(cfg.policies))
     if "hindsight" in names:  # the reference runs first: recovery needs it
         names.remove("hindsight")
@@ -304,7 +311,8 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
         "drift_steps": list(trace.drift_steps),
         "policies": {},
         "cluster": {"nodes": cfg.nodes, "ranks_per_node": cfg.ranks_per_node, "slots_per_rank": cfg.slots_per_rank,
-                    "window": cfg.window, "seed": cfg.seed, "expert_groups": groups},
+                    "window": cfg.window, "seed": cfg.seed, "expert_groups": groups,
+                    "eplb": "global" if groups == 1 else f"hierarchical, {groups} groups", "initial": cfg.initial},
         "engine": {"model": shape.name, "expert_bytes": shape.expert_bytes, "hardware": "H200 (see dataplane_shim.engine)",
                    "router": getattr(cluster.router, "label", type(cluster.router).__name__), "commit_latency_steps": cfg.commit_latency,
                    "copy_share": cfg.copy_share, "craft_budget_fraction": cfg.craft_budget},

@@ -17,6 +17,7 @@ import numpy.typing as npt
 SHARED_TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
 ESFT_DIR = SHARED_TRACES / "esft-deepseek-v2-lite-task-routing" / "results" / "expert_scores"
 OLMOE_DIR = SHARED_TRACES / "olmoe-mixtral-domain-expert-counts" / "counts"
+SGLANG_DIR = SHARED_TRACES / "sglang-deepseek-v3-ep-statistics"
 BUNDLED = Path(__file__).resolve().parent.parent / "data"
 
 
@@ -192,14 +193,42 @@ def import_olmoe(model: str, domain: str, batch: int = 2048, steps: int = 2000, 
     return Trace(counts, d["model"], int(d["top_k"]), f"olmoe:{model}/{domain} layers {d['layers']}", "sampled")
 
 
-def import_sglang_logical_count(path: Path, top_k: int, batch: int, steps: int, seed: int) -> Trace:
-    """An SGLang expert-distribution dump: `logical_count` [.., L, E] (any leading dims are summed)."""
+def read_sglang_logical_count(path: Path) -> npt.NDArray[np.int64]:
+    """Totals [L, E] of an SGLang expert-distribution dump (`logical_count` [.., L, E], any leading dims
+    summed); all-zero rows (dense layers, e.g. DeepSeek-V3's first 3) are dropped, so L counts MoE layers."""
+    if not path.exists():
+        raise ValueError(f"{path}: no such file (sglang:NAME looks in {SGLANG_DIR})")
     if path.suffix == ".json":
-        arr = np.array(json.loads(path.read_text())["logical_count"], dtype=np.int64)
+        d = json.loads(path.read_text())
+        if "logical_count" not in d:
+            raise ValueError(f"{path}: no 'logical_count' field")
+        arr = np.array(d["logical_count"], dtype=np.int64)
     else:
         with np.load(path, allow_pickle=False) as z:
+            if "logical_count" not in z:
+                raise ValueError(f"{path}: no 'logical_count' array")
             arr = np.asarray(z["logical_count"], dtype=np.int64)
     while arr.ndim > 2:
         arr = arr.sum(axis=0)
+    if arr.ndim != 2 or (arr < 0).any():
+        raise ValueError(f"{path}: logical_count has shape {arr.shape}; expected non-negative [.., L, E]")
+    arr = arr[arr.sum(axis=1) > 0]
+    if arr.shape[0] == 0:
+        raise ValueError(f"{path}: every layer's count is zero")
+    return arr
+
+
+def sglang_path(spec: str) -> Path:
+    """`decode_in500out1500` (in the shared DeepSeek-V3 folder, .json implied) or a path to a dump."""
+    p = Path(spec)
+    if p.suffix in (".json", ".npz") and (p.exists() or p.parent != Path(".")):
+        return p
+    return SGLANG_DIR / (spec if spec.endswith(".json") else spec + ".json")
+
+
+def import_sglang_logical_count(path: Path, top_k: int, batch: int, steps: int, seed: int) -> Trace:
+    """A per-step series sampled from an SGLang dump's totals: batch x top_k multinomial draws per layer."""
+    arr = read_sglang_logical_count(path)
     counts = sample_steps(arr, top_k, batch, steps, seed)
-    return Trace(counts, "unknown", top_k, f"sglang:{path.name}", "sampled")
+    model = "DeepSeek-V3" if arr.shape == (58, 256) else "unknown"
+    return Trace(counts, model, top_k, f"sglang:{path.stem}", f"sampled, batch {batch}")

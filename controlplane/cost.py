@@ -79,16 +79,15 @@ class CostModel:
         return total
 
 
-def change_cost(cm: CostModel, a: RoutingTable, b: RoutingTable,
-                tokens_per_step: npt.NDArray[np.floating] | None = None) -> float:
-    """`cm.diff_cost(diff(a, b), ...)` without building the moves: every slot of `b` whose expert differs
-    from `a`'s is a copy from the nearest rank holding the expert in `a` and active in `b`, else from host
-    (vectorised over the changed slots; summed in slot order, as diff lists them)."""
+def _copy_costs(cm: CostModel, a: RoutingTable, b: RoutingTable,
+                tokens_per_step: npt.NDArray[np.floating] | None) -> tuple[npt.NDArray[np.int64], F64]:
+    """(layer, cost) of every slot of `b` whose expert differs from `a`'s (in slot order): a copy from the
+    nearest rank holding the expert in `a` and active in `b`, else from host."""
     topo = a.topology
     G, S = topo.ranks, topo.slots_per_rank
     li, pi = np.nonzero((a.phy2log != b.phy2log) & (b.phy2log >= 0))
     if li.size == 0:
-        return 0.0
+        return li.astype(np.int64), np.zeros(0)
     e = b.phy2log[li, pi]
     has = np.zeros((a.layers, a.experts, G), dtype=bool)
     lo, po = np.nonzero(a.phy2log >= 0)
@@ -98,10 +97,27 @@ def change_cost(cm: CostModel, a: RoutingTable, b: RoutingTable,
     per = cm.tier_costs(topo)[tier]
     if tokens_per_step is not None:
         per = per + cm.downtime_steps * np.asarray(tokens_per_step, dtype=np.float64)[li, e] * cm.penalty_s
+    return li.astype(np.int64), np.asarray(per, dtype=np.float64)
+
+
+def change_cost(cm: CostModel, a: RoutingTable, b: RoutingTable,
+                tokens_per_step: npt.NDArray[np.floating] | None = None) -> float:
+    """`cm.diff_cost(diff(a, b), ...)` without building the moves: every slot of `b` whose expert differs
+    from `a`'s is a copy from the nearest rank holding the expert in `a` and active in `b`, else from host
+    (vectorised over the changed slots; summed in slot order, as diff lists them)."""
+    _, per = _copy_costs(cm, a, b, tokens_per_step)
     total = 0.0
     for x in per.tolist():  # sequential float sum in diff's order: the same figure bit for bit
         total += x
     return total
+
+
+def layer_costs(cm: CostModel, a: RoutingTable, b: RoutingTable,
+                tokens_per_step: npt.NDArray[np.floating] | None = None) -> F64:
+    """[L]: change_cost split by layer."""
+    li, per = _copy_costs(cm, a, b, tokens_per_step)
+    out: F64 = np.bincount(li, weights=per, minlength=a.layers).astype(np.float64)
+    return out
 
 
 def extra_replicas(table: RoutingTable) -> int:

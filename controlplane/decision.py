@@ -13,12 +13,13 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from controlplane.cost import DEEPSEEK_V3_EXPERT_BYTES, CostModel, change_cost
+from controlplane import retarget
+from controlplane.cost import DEEPSEEK_V3_EXPERT_BYTES, CostModel, change_cost, layer_costs
 from controlplane.elastic import DrainRefused, plan_repair
 from controlplane.errors import ControlPlaneError, InvalidOperation, InvalidTable
 from controlplane.monitor import ReplayBuffer
 from controlplane.ops import Consolidate, Migrate, Operation, Replicate, apply_ops, describe
-from controlplane.planner import Reason, Refused, plan
+from controlplane.planner import Plan, Reason, Refused, plan
 from controlplane.profile import StabilityProfile
 from controlplane.table import RoutingTable, check_no_new_rank_duplicates
 from controlplane.verify import gain, layer_gains
@@ -41,10 +42,10 @@ class DecisionParams:
     #                     ESFT intent from static EP needs ~250 over 26 layers (16 free slots each)
     replay_windows: int = 3  # windows kept in the replay buffer
     expert_bytes: int = DEEPSEEK_V3_EXPERT_BYTES
-    cost_budget_s: float = 0.1  # see cost.CostModel.budget_s. 0.1 s, not 0.05: a breach-sized plan on ESFT
-    #                             (~250 copies of 17 MB, mostly NVLink) sums to ~70 ms of copy time, which
-    #                             overlaps serving and runs in parallel over ranks; at DeepSeek-V3 shape it
-    #                             bounds one plan to ~90 cross-node copies (and one decision to ~17 ms of CPU)
+    cost_budget_s: float = 0.1  # seconds of copy cost per active rank (cost.CostModel.budget_s is this times
+    #                             the active ranks: copies into different ranks run side by side, overlapping
+    #                             serving). 16 ranks: 1.6 s (~1,800 NVLink copies of a 17 MB ESFT expert);
+    #                             64 ranks: 6.4 s (~7,000 cross-node DeepSeek-V3 copies)
     band: float = 0.05  # tolerance band below theta that holds the error budget's count
     replica_budget: int | None = None  # extra replicas over all layers; None: what the slots allow
     downtime_steps: float = 1.0
@@ -52,14 +53,19 @@ class DecisionParams:
     cooldown_windows: int = 10  # experts of a rolled-back change are left alone this many windows
     plan_block: int = 20  # the planner estimates on totals per block of this many steps (0: per window);
     #                       finer blocks see per-step peaks: on ESFT intent, 20 steps verify 0.050 vs 0.039
-    min_op_gain: float = 2e-4  # each move of a plan must lower the estimated imbalance by this fraction: on
-    #                            ESFT a move of the first plan gains ~1.6e-3, the tail ones < 1e-4; the tail
-    #                            costs bytes for noise
+    min_op_gain: float = 5e-4  # each copy of a plan must lower its own layer's objective (sum over replay
+    #                            blocks of the max rank load) by this fraction: per layer, so a move's worth
+    #                            does not shrink with the model's depth. DeepSeek-V3 decode after a workload
+    #                            shift (58 x 256, 64 ranks): 2e-4 asks for ~17,000 copies (over budget),
+    #                            5e-4 ~6,600 (292 GB) for 1.19 against a full re-pack's 1.16, 1e-3 ~1,400
+    #                            for 1.25
     fast_theta: float = 1.3  # a window this far above theta spends the whole error budget at once: a drift
     #                          (ESFT intent -> law: 1.06 -> 1.83) is fixed one window after it shows
     drift_tv: float = 0.05  # plan only on the trailing windows whose expert shares (total variation per
     #                         layer, mean) differ by at most this from the next: steady state differs by
     #                         ~0.001, ESFT intent -> law by 0.35; a plan fitted to the old mix would miss
+    retarget: bool = True  # after a large drift, let layers take a sticky EPLB re-pack (controlplane.retarget)
+
     def __post_init__(self) -> None:
         for f in ("window", "budget_windows", "rollback_windows", "max_ops", "replay_windows", "expert_bytes"):
             if getattr(self, f) < 1:
@@ -79,8 +85,11 @@ class DecisionParams:
                                 "expected >= 0")
         self.cost_model()  # validates the cost figures
 
-    def cost_model(self) -> CostModel:
-        return CostModel(self.expert_bytes, self.cost_budget_s, self.downtime_steps, self.penalty_s, self.replica_budget)
+    def cost_model(self, ranks: int = 1) -> CostModel:
+        """The cost model of a decision on `ranks` active ranks: cost_budget_s is per active rank (copies into
+        different ranks run side by side), so one plan may move more experts on a larger cluster."""
+        return CostModel(self.expert_bytes, self.cost_budget_s * ranks, self.downtime_steps, self.penalty_s,
+                         self.replica_budget)
 
 
 @dataclass(frozen=True)
@@ -133,10 +142,13 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
     """Plan on the block totals of the windows that share the latest expert mix (`ReplayBuffer.same_mix`:
     after a drift, only the windows since), verify on every step of those windows, drop layers that replay
     shows not to gain, gate the rest by tau and the cost budget."""
-    cm = p.cost_model()
+    cm = p.cost_model(len(head.active_ranks))
     k = buf.same_mix(p.drift_tv)
-    pl = plan(head, buf.block_totals(k), buf.steps_of(k), cm, p.max_ops, p.tau, profile, cooldown, p.min_op_gain)
+    X = buf.block_totals(k)
+    pl = plan(head, X, buf.steps_of(k), cm, p.max_ops, p.tau, profile, cooldown, p.min_op_gain)
     refused = list(pl.refused)
+    if p.retarget and X.shape[0]:
+        pl = _widen(head, X, pl, p, cooldown, cm, _tokens_per_step(buf))
     if not pl.ops:
         return Attempt(None, "NO_PLAN", "no move gains at least min_op_gain", tuple(refused))
     base = buf.stats(head, last=k)
@@ -176,6 +188,62 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
     a.decision = Decision(table, tuple(ops), est, vg, cost, trigger, tuple(refused), "rebalance", lo, hi)
     a.outcome, a.refused = "PROPOSED", tuple(refused)
     return a
+
+
+def _widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: DecisionParams,
+           cooldown: npt.NDArray[np.bool_], cm: CostModel, tokens: npt.NDArray[np.float64]) -> Plan:
+    """The large-gap planner (controlplane.retarget): when the head is more than fast_theta above an even
+    split and a full re-pack of the replay blocks would leave the greedy plan's result more than tau behind,
+    a layer may take a sticky re-pack (stickiness ALPHAS) instead of its greedy moves: whichever gains the most on X net of `min_op_gain` x its layer objective
+    per copied slot. Layers switch in order of that net gain per second of copy cost while the plan stays
+    within the cost budget; a layer with an expert in cooldown stays greedy. Small drift costs one re-pack
+    (alpha 0) and keeps the greedy plan."""
+    L = head.layers
+    o0 = retarget.layer_objective(head, X).astype(np.float64)
+    greedy_t = apply_ops(head, pl.ops) if pl.ops else head
+    og = retarget.layer_objective(greedy_t, X).astype(np.float64)
+    # a large gap: the head's objective is above fast_theta x the even split of every block over the active
+    # ranks (what no packing beats), and a full re-pack would beat the greedy plan by more than tau
+    floor = float(np.ceil(np.asarray(X, dtype=np.float64).sum(axis=2) / len(head.active_ranks)).sum())
+    if o0.sum() < p.fast_theta * floor or og.sum() - floor < p.tau * o0.sum():
+        return pl
+    cands = retarget.candidates(head, X, retarget.ALPHAS[:1])
+    if (og.sum() - retarget.layer_objective(cands[0][1], X).sum()) < p.tau * o0.sum():
+        return pl
+    cands += retarget.candidates(head, X, retarget.ALPHAS[1:])
+    lam = p.min_op_gain * o0
+    greedy_cost = layer_costs(cm, head, greedy_t, tokens)
+    greedy_v = (o0 - og) - lam * retarget.moved_slots(head, greedy_t)
+    best_v, best_c, best_cost = greedy_v.copy(), np.full(L, -1), greedy_cost.copy()
+    for i, (_, t) in enumerate(cands):
+        v = (o0 - retarget.layer_objective(t, X)) - lam * retarget.moved_slots(head, t)
+        better = v > best_v + 1e-9
+        best_v, best_c = np.where(better, v, best_v), np.where(better, i, best_c)
+        best_cost = np.where(better, layer_costs(cm, head, t, tokens), best_cost)
+    best_c[cooldown.any(axis=1)] = -1
+    spent = float(greedy_cost.sum())
+    wide: list[int] = []
+    extra = best_cost - greedy_cost
+    for lay in sorted(np.flatnonzero(best_c >= 0).tolist(),
+                      key=lambda j: (-(best_v[j] - greedy_v[j]) / max(float(extra[j]), 1e-12), j)):
+        if spent + float(extra[lay]) <= cm.budget_s:
+            spent += float(extra[lay])
+            wide.append(lay)
+    if not wide:
+        return pl
+    phy = head.phy2log.copy()
+    for lay in wide:
+        phy[lay] = cands[int(best_c[lay])][1].phy2log[lay]
+    more = retarget.ops_to(head, head.successor(phy), sorted(wide))
+    if more is None:
+        return pl
+    keep = [(o, lay) for o, lay in zip(pl.ops, pl.op_layers, strict=True) if lay not in set(wide)]
+    ops = [o for o, _ in keep] + more
+    op_layers = [lay for _, lay in keep] + [o.layer for o in more]  # type: ignore[union-attr]
+    base = float(o0.sum())
+    on = retarget.layer_objective(apply_ops(head, ops), X).astype(np.float64)
+    return Plan(tuple(ops), tuple(op_layers), float(o0.sum() - on.sum()) / base, spent, pl.refused,
+                tuple((lay, float(o0[lay] - on[lay]) / base) for lay in sorted(set(op_layers))))
 
 
 def manual(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, ops: tuple[Operation, ...], force: bool) -> Attempt:

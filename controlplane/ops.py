@@ -23,6 +23,8 @@ class OpKind(StrEnum):
     DRAIN = "drain"
     RESTORE = "restore"
     REPAIR = "repair"
+    SWAP = "swap"
+    DROP = "drop"
 
 
 @dataclass(frozen=True, order=True)
@@ -85,7 +87,30 @@ class Repair:
     kind: OpKind = OpKind.REPAIR
 
 
-Operation = Replicate | Consolidate | Migrate | Drain | Restore | Repair
+@dataclass(frozen=True, order=True)
+class Swap:
+    """Exchange `expert` on rank `src` with `other` on rank `dst` (each takes the other's slot): the move
+    between two full ranks that no Migrate can express. Two copies."""
+
+    layer: int
+    expert: int
+    src: int
+    other: int
+    dst: int
+    kind: OpKind = OpKind.SWAP
+
+
+@dataclass(frozen=True, order=True)
+class Drop:
+    """Remove the replica of `expert` on rank `src`, freeing its slot; the expert keeps its other replicas."""
+
+    layer: int
+    expert: int
+    src: int
+    kind: OpKind = OpKind.DROP
+
+
+Operation = Replicate | Consolidate | Migrate | Drain | Restore | Repair | Swap | Drop
 
 
 def describe(op: Operation) -> str:
@@ -100,6 +125,10 @@ def describe(op: Operation) -> str:
         return f"drain r{op.rank}"
     if isinstance(op, Restore):
         return f"restore r{op.rank}"
+    if isinstance(op, Swap):
+        return f"swap L{op.layer} E{op.expert}@r{op.src} <-> E{op.other}@r{op.dst}"
+    if isinstance(op, Drop):
+        return f"drop L{op.layer} E{op.expert} r{op.src}"
     src = "host" if op.source < 0 else f"r{op.source}"
     return f"repair L{op.layer} E{op.expert} {src} -> r{op.dst}"
 
@@ -184,6 +213,30 @@ def _apply_one(w: _Work, op: Operation) -> None:
                 keep.append(e)
         for e in keep:
             w.place(op.layer, e, op.dst)
+    elif isinstance(op, Swap):
+        w.check_layer(op.layer)
+        for e in (op.expert, op.other):
+            w.check_expert(e)
+        w.check_rank(op.src)
+        w.check_rank(op.dst)
+        a, b = w.phy[op.layer, op.src], w.phy[op.layer, op.dst]
+        if op.src == op.dst or op.expert == op.other:
+            raise InvalidOperation("SAME_RANK", f"layer {op.layer}: a swap needs two ranks and two experts")
+        ia, ib = np.flatnonzero(a == op.expert), np.flatnonzero(b == op.other)
+        if ia.size == 0 or ib.size == 0:
+            missing = (op.expert, op.src) if ia.size == 0 else (op.other, op.dst)
+            raise InvalidOperation("NOT_ON_RANK", f"layer {op.layer} expert {missing[0]} is not on rank {missing[1]}")
+        if (a == op.other).any() or (b == op.expert).any():
+            raise InvalidOperation("ALREADY_ON_RANK", f"layer {op.layer}: swapping E{op.expert} r{op.src} with "
+                                                      f"E{op.other} r{op.dst} would put a second replica on a rank")
+        a[ia[0]], b[ib[0]] = op.other, op.expert
+    elif isinstance(op, Drop):
+        w.check_layer(op.layer)
+        w.check_expert(op.expert)
+        w.check_rank(op.src, active=False)
+        if int((w.phy[op.layer] == op.expert).sum()) < 2:
+            raise InvalidOperation("LAST_REPLICA", f"layer {op.layer} expert {op.expert}: dropping its only replica")
+        w.remove(op.layer, op.expert, op.src)
     elif isinstance(op, Drain):
         w.check_rank(op.rank)
         w.active.discard(op.rank)

@@ -92,7 +92,8 @@ def plan(table: RoutingTable, X: npt.NDArray[np.integer], steps: int, cost: Cost
          min_op_gain: float | None = None) -> Plan:
     """Plan up to `max_ops` moves (a Consolidate that makes room is not counted) from `table`. X: block
     totals [nb, L, E] of the replay buffer (`steps` steps in all); cooldown [L, E]: experts to leave alone.
-    Each layer keeps only moves that pay `min_op_gain` (default tau / max_ops) of the objective each."""
+    Each layer keeps only moves that pay `min_op_gain` of its own layer's objective each (default tau /
+    max_ops): a per-layer fraction, so that a move's worth does not shrink as the model gets more layers."""
     X64: I64 = np.asarray(X, dtype=np.int64)
     L, E = table.layers, table.experts
     cls = profile.classes if profile is not None else np.zeros((L, E), dtype=np.int8)
@@ -103,7 +104,7 @@ def plan(table: RoutingTable, X: npt.NDArray[np.integer], steps: int, cost: Cost
     base = int(st.obj0.sum())
     if base == 0:
         return Plan((), (), 0.0, 0.0, ())
-    lam = (tau / max_ops if min_op_gain is None else min_op_gain) * base
+    lam = (tau / max_ops if min_op_gain is None else min_op_gain) * st.obj0.astype(np.float64)  # [L]
     K = int(mv.layer.size)
     # 1. in the order found: within max_ops and the budget; a layer whose move does not fit stops there
     cut = np.zeros(K, dtype=np.int64)  # 0 kept, else why not
@@ -124,7 +125,7 @@ def plan(table: RoutingTable, X: npt.NDArray[np.integer], steps: int, cost: Cost
     order = np.lexsort((np.arange(K), mv.layer))
     lay_s = mv.layer[order]
     pos = np.arange(K) - np.searchsorted(lay_s, lay_s)  # index within the layer
-    val = np.where(kept[order], (st.obj0[lay_s] - mv.obj[order]) - lam * (pos + 1), -np.inf)
+    val = np.where(kept[order], (st.obj0[lay_s] - mv.obj[order]) - lam[lay_s] * (pos + 1), -np.inf)
     best_n = np.zeros(L, dtype=np.int64)
     best_v = np.zeros(L, dtype=np.float64)
     for k in range(K):  # ascending position within each layer: strict > keeps the shortest best prefix

@@ -62,8 +62,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--iterations", type=int_in(0, 10**9), default=0,
                    help="stop after this many refreshes (0: until Ctrl-C)")
     p = add("propose", "propose operations (through estimate-verify-commit unless --force)", cmd_propose, read=False)
-    p.add_argument("op", nargs="+", help="replicate L E DST | migrate L E SRC DST | consolidate L E1,E2 DST "
-                   "(several operations separated by ';')")
+    p.add_argument("op", nargs="+", help="replicate L E DST | migrate L E SRC DST | consolidate L E1,E2 DST | "
+                   "swap L E SRC E2 DST | drop L E SRC (several operations separated by ';')")
     p.add_argument("--force", action="store_true", help="skip the gain check (validity is still checked)")
     p.add_argument("--json", action="store_true")
     for name, help in (("drain", "move a rank's experts away, then take it out of service"),
@@ -223,9 +223,9 @@ def parse_ops(words: list[str]) -> list[cpb.Operation]:
         if not chunk:
             continue
         kind, rest = chunk[0].lower(), chunk[1:]
-        want = {"replicate": 3, "migrate": 4, "consolidate": 3}
+        want = {"replicate": 3, "migrate": 4, "consolidate": 3, "swap": 5, "drop": 3}
         if kind not in want:
-            raise CliError(f"operation {kind!r}: expected replicate, migrate or consolidate")
+            raise CliError(f"operation {kind!r}: expected replicate, migrate, consolidate, swap or drop")
         if len(rest) != want[kind]:
             raise CliError(f"{kind} takes {want[kind]} arguments, got {len(rest)}: {' '.join(rest)!r}")
         if kind == "consolidate":
@@ -234,7 +234,13 @@ def parse_ops(words: list[str]) -> list[cpb.Operation]:
                                      dst=_num(kind, rest, rest[2]), src=-1, rank=-1, source=-1))
             continue
         nums = [_num(kind, rest, x) for x in rest]
-        if kind == "replicate":
+        if kind == "swap":
+            out.append(cpb.Operation(kind=cpb.SWAP, layer=nums[0], experts=[nums[1], nums[3]], src=nums[2],
+                                     dst=nums[4], rank=-1, source=-1))
+        elif kind == "drop":
+            out.append(cpb.Operation(kind=cpb.DROP, layer=nums[0], experts=[nums[1]], src=nums[2], dst=-1, rank=-1,
+                                     source=-1))
+        elif kind == "replicate":
             out.append(cpb.Operation(kind=cpb.REPLICATE, layer=nums[0], experts=[nums[1]], dst=nums[2],
                                      src=-1, rank=-1, source=-1))
         else:

@@ -15,7 +15,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("bench", help="replay traces through every policy; write results.json and plots")
     p.add_argument("--trace", action="append", default=[], metavar="SPEC",
                    help="a native .npz, or esft:intent / esft:law (pseudo-decode from ../shared/traces), or "
-                        "olmoe:MODEL/DOMAIN (sampled); repeat to play them as consecutive segments")
+                        "olmoe:MODEL/DOMAIN or sglang:NAME|PATH (SGLang logical_count totals, e.g. "
+                        "sglang:decode_in500out1500; sampled at --batch tokens x top-8 per step); repeat to play "
+                        "them as consecutive segments")
+    p.add_argument("--initial", default="static", metavar="static|eplb:SPEC",
+                   help="every policy's boot placement: static (expert e on slot e) or EPLB fitted on the totals "
+                        "of trace SPEC (any --trace spec, sampled with seed+1: earlier traffic, as vLLM's first "
+                        "rearrange or SGLang's --init-expert-location). Default static")
     p.add_argument("--synthetic", metavar="LxE", help="a synthetic skewed, drifting trace of L layers x E experts")
     p.add_argument("--segments", type=int, default=2, help="--synthetic: number of segments (default 2)")
     p.add_argument("--ramp-steps", type=int, default=0,
@@ -32,7 +38,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--window", type=int, default=100, help="W steps per window (default 100)")
     p.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma list (default {DEFAULT_POLICIES}); eplb:3000")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--expert-groups", type=int, default=None, help="EPLB groups (default 8 for 256 experts, else 1)")
+    p.add_argument("--expert-groups", type=int, default=None,
+                   help="EPLB expert groups: 1 (default) is global EPLB, DeepSeek's choice for a decode pool with "
+                        "large EP; G > 1 is hierarchical EPLB (groups packed onto nodes), its choice for prefill")
     p.add_argument("--craft-budget", type=float, default=1.0, help="CRAFT replica budget, fraction of free slots")
     p.add_argument("--commit-latency", type=int, default=3, help="elastic: steps from proposal to commit")
     p.add_argument("--copy-share", type=float, default=0.5, help="elastic: link share taken by replica copies")
@@ -73,22 +81,38 @@ def load_traces(args: argparse.Namespace) -> Any:
                                ramp_steps=args.ramp_steps, seed=args.seed)
     if not args.trace:
         raise ValueError("no trace: give --trace (repeatable) or --synthetic LxE")
-    parts = []
-    for spec in args.trace:
-        kind, _, rest = spec.partition(":")
-        if kind == "esft" and rest:
-            parts.append(traces.import_esft(rest, args.batch, args.segment_steps, args.seed, stagger=not args.cold_start))
-        elif kind == "olmoe" and "/" in rest:
-            model, domain = rest.split("/", 1)
-            parts.append(traces.import_olmoe(model, domain, args.batch, args.segment_steps, args.seed))
-        elif spec.endswith(".npz"):
-            parts.append(traces.load_trace(spec))
-        else:
-            raise ValueError(f"--trace {spec!r}: expected a .npz path, esft:TASK or olmoe:MODEL/DOMAIN")
+    parts = [trace_part(spec, args, args.seed) for spec in args.trace]
     shapes = {p.counts.shape[1:] for p in parts}
     if len(shapes) != 1:
         raise ValueError(f"--trace: segments disagree on [layers, experts]: {sorted(shapes)}")
     return traces.ramp(parts, args.segment_steps, args.ramp_steps)
+
+
+def trace_part(spec: str, args: argparse.Namespace, seed: int) -> Any:
+    """One --trace SPEC as a Trace of --segment-steps steps; raises ValueError naming a bad spec."""
+    from bench import traces
+
+    kind, _, rest = spec.partition(":")
+    if kind == "esft" and rest:
+        return traces.import_esft(rest, args.batch, args.segment_steps, seed, stagger=not args.cold_start)
+    if kind == "olmoe" and "/" in rest:
+        model, domain = rest.split("/", 1)
+        return traces.import_olmoe(model, domain, args.batch, args.segment_steps, seed)
+    if kind == "sglang" and rest:
+        return traces.import_sglang_logical_count(traces.sglang_path(rest), 8, args.batch, args.segment_steps, seed)
+    if spec.endswith(".npz"):
+        return traces.load_trace(spec)
+    raise ValueError(f"--trace {spec!r}: expected a .npz path, esft:TASK, olmoe:MODEL/DOMAIN or sglang:NAME")
+
+
+def initial_totals(args: argparse.Namespace) -> Any:
+    """None for --initial static, else the [L, E] totals EPLB is fitted on for --initial eplb:SPEC."""
+    kind, _, spec = args.initial.partition(":")
+    if args.initial == "static":
+        return None
+    if kind != "eplb" or not spec:
+        raise ValueError(f"--initial {args.initial!r}: expected static or eplb:SPEC (SPEC: a --trace spec)")
+    return trace_part(spec, args, args.seed + 1).counts.sum(axis=0, dtype="int64")
 
 
 def bench_main(args: argparse.Namespace) -> int:
@@ -114,11 +138,15 @@ def bench_main(args: argparse.Namespace) -> int:
 
         if args.detect_s < 0 or (args.detect_steps is not None and args.detect_steps < 0):
             raise ValueError("--detect-s and --detect-steps: expected >= 0")
+        init = initial_totals(args)
+        if init is not None and init.shape != trace.counts.shape[1:]:
+            raise ValueError(f"--initial {args.initial!r}: its [layers, experts] {list(init.shape)} differ from the "
+                             f"trace's {list(trace.counts.shape[1:])}")
         kills = parse_kills(args.kill_rank, args.nodes * args.ranks_per_node, trace.counts.shape[0])
         cfg = BenchConfig(args.nodes, args.ranks_per_node, args.slots_per_rank, args.window,
                           tuple(p for p in args.policies.split(",") if p), args.seed, args.expert_groups,
                           args.craft_budget, args.commit_latency, args.copy_share, params, tuple(kills),
-                          args.detect_s, args.detect_steps)
+                          args.detect_s, args.detect_steps, args.initial, init)
         from bench.policies import make_policy
 
         for spec in cfg.policies:

@@ -17,6 +17,8 @@ class OpKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RESTORE: _ClassVar[OpKind]
     REPAIR: _ClassVar[OpKind]
     ROLLBACK: _ClassVar[OpKind]
+    SWAP: _ClassVar[OpKind]
+    DROP: _ClassVar[OpKind]
 OP_KIND_UNSPECIFIED: OpKind
 REPLICATE: OpKind
 CONSOLIDATE: OpKind
@@ -25,6 +27,8 @@ DRAIN: OpKind
 RESTORE: OpKind
 REPAIR: OpKind
 ROLLBACK: OpKind
+SWAP: OpKind
+DROP: OpKind
 
 class Ballot(_message.Message):
     __slots__ = ("round", "node_id")

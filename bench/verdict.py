@@ -1,0 +1,67 @@
+"""Judge `emoe bench` results against the elastic policy's acceptance conditions, side by side.
+
+    python -m bench.verdict OUT_DIR [OUT_DIR ...]
+
+Per run: elastic's mean step imbalance below periodic EPLB's and CRAFT's (both variants); its excess over
+hindsight at most 1/3 of the best baseline's (eplb, craft, craft-periodic); recovery after every drift at
+most hindsight's own recovery plus 2W; bytes moved at most 1/5 of EPLB's; no regression.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+BASELINES = ("eplb", "craft", "craft-periodic")
+
+
+def verdict(res: dict[str, Any]) -> dict[str, Any]:
+    p = res["policies"]
+    el, hs = p["elastic"], p["hindsight"]
+    w = int(res["cluster"]["window"])
+    best = min(p[b]["mean_step_imbalance"] for b in BASELINES if b in p)
+    excess = el["mean_step_imbalance"] - hs["mean_step_imbalance"]
+    checks = {
+        "below_baselines": all(el["mean_step_imbalance"] < p[b]["mean_step_imbalance"] for b in BASELINES if b in p),
+        "excess_le_third": excess <= (best - hs["mean_step_imbalance"]) / 3,
+        "recovery_le_hindsight_2w": all(e <= h + 2 * w for e, h in zip(el["recovery_steps"], hs["recovery_steps"],
+                                                                        strict=True)),
+        "bytes_le_fifth_eplb": el["bytes_moved"] <= p["eplb"]["bytes_moved"] / 5,
+        "no_regressions": el["regressions"] == 0,
+    }
+    return {"elastic": el["mean_step_imbalance"], "hindsight": hs["mean_step_imbalance"], "best_baseline": best,
+            "excess": excess, "allowed_excess": (best - hs["mean_step_imbalance"]) / 3,
+            "recovery": el["recovery_steps"], "hindsight_recovery": hs["recovery_steps"],
+            "gb": el["bytes_moved"] / 1e9, "eplb_gb": p["eplb"]["bytes_moved"] / 1e9, **checks,
+            "pass": all(checks.values())}
+
+
+def main(argv: list[str] | None = None) -> int:
+    dirs = argv if argv is not None else sys.argv[1:]
+    if not dirs:
+        print("usage: python -m bench.verdict OUT_DIR [OUT_DIR ...]", file=sys.stderr)
+        return 2
+    print("| run | elastic | hindsight | best baseline | excess / allowed | recovery (hindsight) | GB (EPLB) "
+          "| regressions ok | pass |\n|---|---|---|---|---|---|---|---|---|")
+    ok = True
+    for d in dirs:
+        try:
+            v = verdict(json.loads((Path(d) / "results.json").read_text()))
+        except (OSError, KeyError, ValueError) as e:
+            print(f"| {d} | unreadable: {e} ||||||||")
+            ok = False
+            continue
+        ok &= v["pass"]
+        fails = [k for k in ("below_baselines", "excess_le_third", "recovery_le_hindsight_2w", "bytes_le_fifth_eplb",
+                             "no_regressions") if not v[k]]
+        print(f"| {Path(d).name} | {v['elastic']:.4f} | {v['hindsight']:.4f} | {v['best_baseline']:.4f} "
+              f"| {v['excess']:.4f} / {v['allowed_excess']:.4f} | {v['recovery']} ({v['hindsight_recovery']}) "
+              f"| {v['gb']:.1f} ({v['eplb_gb']:.1f}) | {v['no_regressions']} | "
+              f"{'yes' if v['pass'] else 'no: ' + ', '.join(fails)} |")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

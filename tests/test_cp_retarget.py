@@ -1,0 +1,125 @@
+"""The large-gap planner: sticky re-packs, the operations that reach them, and when rebalance uses them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agent.wire import op_from_pb, op_to_pb
+from controlplane import retarget
+from controlplane.baselines.eplb import eplb_table
+from controlplane.baselines.static import static_table
+from controlplane.decision import DecisionParams, rebalance, same_ranks
+from controlplane.errors import InvalidOperation
+from controlplane.monitor import ReplayBuffer
+from controlplane.ops import Drop, Replicate, Swap, apply_ops, describe
+from controlplane.table import RoutingTable
+from controlplane.topology import Topology
+from tests.test_cp_verify import tables
+
+
+def _weights(rng: np.random.Generator, layers: int, experts: int) -> np.ndarray:
+    return (rng.pareto(1.0, size=(layers, experts)) + 0.05) * 1000
+
+
+@settings(max_examples=60, deadline=None)
+@given(tables(), st.integers(0, 2**31 - 1), st.sampled_from(retarget.ALPHAS))
+def test_ops_to_reach_every_sticky_pack_and_keep_what_stays(head: RoutingTable, seed: int, alpha: float) -> None:
+    """Applying ops_to(head, target) gives target's experts on every rank, each op valid in order, and moves
+    exactly the slots the target changes (experts that stay keep their slots)."""
+    if head.experts < head.topology.slots_per_rank:
+        return  # fewer experts than a rank's slots cannot fill every slot without duplicates
+    w = _weights(np.random.default_rng(seed), head.layers, head.experts)
+    phy, ok = retarget.sticky_pack(head, w, alpha)
+    target = head.successor(phy)
+    target.validate()
+    layers = [int(x) for x in np.flatnonzero(ok)]
+    ops = retarget.ops_to(head, target, layers)
+    assert ops is not None
+    got = apply_ops(head, ops)
+    got.validate()
+    assert same_ranks(got, target)
+    assert int(retarget.moved_slots(head, got).sum()) == int(retarget.moved_slots(head, target).sum())
+
+
+def test_alpha_zero_packs_as_well_as_eplb_and_stickiness_moves_fewer_slots() -> None:
+    rng = np.random.default_rng(5)
+    topo = Topology(2, 4, 5)
+    head = eplb_table(static_table(topo, 6, 32), _weights(rng, 6, 32).astype(np.int64))
+    w = _weights(rng, 6, 32)  # a new mix
+    X = w[None].astype(np.int64)
+    full = eplb_table(head, w.astype(np.int64))
+    moved, obj = [], []
+    for a in (0.0, 0.1):
+        t = head.successor(retarget.sticky_pack(head, w, a)[0])
+        moved.append(int(retarget.moved_slots(head, t).sum()))
+        obj.append(int(retarget.layer_objective(t, X).sum()))
+    assert obj[0] <= 1.02 * int(retarget.layer_objective(full, X).sum())  # alpha 0: EPLB's own packing
+    assert obj[0] < int(retarget.layer_objective(head, X).sum())
+    assert moved[1] < moved[0]  # stickier: fewer copies ...
+    assert obj[1] >= obj[0]  # ... for a little less balance
+
+
+def test_swap_and_drop_apply_check_and_cross_the_wire() -> None:
+    topo = Topology(1, 2, 2)
+    t = static_table(topo, 1, 4)  # r0: E0 E1, r1: E2 E3
+    s = apply_ops(t, [Swap(0, 1, 0, 2, 1)])
+    assert s.phy2log[0].tolist() == [0, 2, 1, 3]  # each took the other's slot
+    with pytest.raises(InvalidOperation, match="NOT_ON_RANK"):
+        apply_ops(t, [Swap(0, 2, 0, 1, 1)])
+    with pytest.raises(InvalidOperation, match="LAST_REPLICA"):
+        apply_ops(t, [Drop(0, 0, 0)])
+    t2 = apply_ops(static_table(Topology(1, 2, 3), 1, 4), [Replicate(0, 0, 1)])  # E0 on both ranks
+    d = apply_ops(t2, [Drop(0, 0, 1)])
+    assert int((d.phy2log[0] == 0).sum()) == 1
+    for op in (Swap(0, 1, 0, 2, 1), Drop(0, 0, 1)):
+        assert op_from_pb(op_to_pb(op)) == op
+    assert describe(Swap(0, 1, 0, 2, 1)) == "swap L0 E1@r0 <-> E2@r1"
+
+
+def _drifted_buffer(topo: Topology, L: int, E: int, rng: np.random.Generator) -> tuple[RoutingTable, ReplayBuffer]:
+    old, new = _weights(rng, L, E), _weights(rng, L, E)
+    head = eplb_table(static_table(topo, L, E), old.astype(np.int64))
+    buf = ReplayBuffer(L, E, 3, block=10)
+    p = new / new.sum(axis=1, keepdims=True)
+    for w in range(2):
+        steps = np.stack([rng.multinomial(4000, p[j], size=20) for j in range(L)], axis=1).astype(np.uint32)
+        buf.push(w, w * 20, steps)
+    return head, buf
+
+
+def test_a_large_drift_takes_re_packed_layers_and_beats_greedy_alone() -> None:
+    rng = np.random.default_rng(11)
+    topo = Topology(2, 4, 5)
+    head, buf = _drifted_buffer(topo, 4, 32, rng)
+    cool = np.zeros((4, 32), dtype=bool)
+    base = dict(window=20, tau=0.0, expert_bytes=1 << 20, drift_tv=1.0)
+    wide = rebalance(head, buf, DecisionParams(**base), None, cool, "test")
+    narrow = rebalance(head, buf, DecisionParams(**base, retarget=False), None, cool, "test")
+    assert wide.decision is not None and narrow.decision is not None
+    assert wide.verified_gain > narrow.verified_gain
+    assert len(wide.decision.ops) > len(narrow.decision.ops)  # a larger delta than greedy alone
+    wide.decision.table.validate()
+    assert apply_ops(head, wide.decision.ops).content_equal(wide.decision.table)
+
+
+def test_small_drift_keeps_the_greedy_plan() -> None:
+    """When the greedy plan is within tau of a full re-pack, rebalance proposes exactly the greedy plan."""
+    rng = np.random.default_rng(2)
+    topo = Topology(2, 4, 5)
+    w = _weights(rng, 4, 32)
+    head = eplb_table(static_table(topo, 4, 32), w.astype(np.int64))
+    buf = ReplayBuffer(4, 32, 3, block=10)
+    p = w / w.sum(axis=1, keepdims=True)
+    for k in range(2):
+        steps = np.stack([rng.multinomial(4000, p[j], size=20) for j in range(4)], axis=1).astype(np.uint32)
+        buf.push(k, k * 20, steps)
+    cool = np.zeros((4, 32), dtype=bool)
+    base = dict(window=20, tau=0.05, expert_bytes=1 << 20, drift_tv=1.0)
+    a = rebalance(head, buf, DecisionParams(**base), None, cool, "t")
+    b = rebalance(head, buf, DecisionParams(**base, retarget=False), None, cool, "t")
+    assert (a.decision is None) == (b.decision is None)
+    if a.decision is not None and b.decision is not None:
+        assert a.decision.ops == b.decision.ops
