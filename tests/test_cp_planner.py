@@ -182,9 +182,13 @@ def test_bench_planner_prints_the_contract() -> None:
     r = subprocess.run([sys.executable, "-m", "bench.planner", "--json", "--repeats", "2"], cwd=root,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    out = json.loads(r.stdout)
-    assert out["shape"] == [58, 256] and out["ranks"] == 64 and out["window"] == 100
-    assert out["median_ms"] > 0 and out["p99_ms"] >= out["median_ms"] and out["outcome"] == "PROPOSED"
+    res = json.loads(r.stdout)
+    assert set(res) == {"incremental", "large"}
+    for case, out in res.items():
+        assert out["case"] == case
+        assert out["shape"] == [58, 256] and out["ranks"] == 64 and out["window"] == 100
+        assert out["median_ms"] > 0 and out["p99_ms"] >= out["median_ms"]
+    assert res["large"]["outcome"] == "PROPOSED" and res["large"]["verified_gain"] > 0.5
 
 
 @settings(max_examples=60, deadline=None)

@@ -171,7 +171,16 @@ def test_pause_resume_and_bad_propose(cluster: LocalCluster) -> None:
     r = _cli("propose", "--agent", a, "replicate", "0", "99", "1")
     assert r.returncode != 0 and "expert" in r.stderr and "99" in r.stderr
     assert r.stderr.strip().count("\n") == 0
-    r = _cli("propose", "--agent", a, "--json", "--force", "replicate", "1", "3", "0")
+    # the planner may have filled slots by now (a re-pack fills every slot of the layers it moves): replicate
+    # L1 E3 onto a rank with room, or else drop a second replica
+    lay = json.loads(_cli("placement", "--agent", a, "--json", "--layer", "1").stdout)["layers"]["1"]
+    room = [g for g, row in enumerate(lay["ranks"]) if -1 in row and 3 not in row]
+    if room:
+        op = ["replicate", "1", "3", str(room[0])]
+    else:
+        e = int(next(iter(lay["replicas"])))
+        op = ["drop", "1", str(e), str(next(g for g, row in enumerate(lay["ranks"]) if e in row))]
+    r = _cli("propose", "--agent", a, "--json", "--force", *op)
     doc = json.loads(r.stdout)
     assert r.returncode == 0 and doc["committed"] is True and int(doc["version"]) >= 2, r.stderr
 
