@@ -1,65 +1,23 @@
-"""Native trace format and importers.
-
-A trace is an `.npz` with `counts` uint32 [T, L, E] (tokens routed to each logical expert per step) and
-metadata strings `model`, `top_k`, `source`, `step_model` (`recorded`, `pseudo-decode batch B`,
-`sampled`, `synthetic`), plus `drift_steps` when segments were concatenated.
-"""
+"""Trace importers (ESFT, OLMoE, SGLang dumps) into the native format (controlplane.tracefile), and the
+segment tools the benchmarks play them with."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
+
+from controlplane.tracefile import Trace, load_trace
+
+__all__ = ["Trace", "load_trace"]  # the native format, re-exported for the benchmarks
 
 SHARED_TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "traces"
 ESFT_DIR = SHARED_TRACES / "esft-deepseek-v2-lite-task-routing" / "results" / "expert_scores"
 OLMOE_DIR = SHARED_TRACES / "olmoe-mixtral-domain-expert-counts" / "counts"
 SGLANG_DIR = SHARED_TRACES / "sglang-deepseek-v3-ep-statistics"
 BUNDLED = Path(__file__).resolve().parent.parent / "data"
-
-
-@dataclass
-class Trace:
-    counts: npt.NDArray[np.uint32]  # [T, L, E]
-    model: str
-    top_k: int
-    source: str
-    step_model: str
-    drift_steps: list[int] = field(default_factory=list)
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        t, n_layers, e = self.counts.shape
-        return int(t), int(n_layers), int(e)
-
-    def save(self, path: str | Path) -> None:
-        np.savez_compressed(
-            path,
-            counts=self.counts.astype(np.uint32),
-            model=np.array(self.model),
-            top_k=np.array(self.top_k),
-            source=np.array(self.source),
-            step_model=np.array(self.step_model),
-            drift_steps=np.array(self.drift_steps, dtype=np.int64),
-        )
-
-
-def load_trace(path: str | Path) -> Trace:
-    """Load a native `.npz`; raises ValueError naming the file and the missing or malformed field."""
-    p = Path(path)
-    with np.load(p, allow_pickle=False) as z:
-        if "counts" not in z:
-            raise ValueError(f"{p}: no 'counts' array (expected uint32 [T, L, E])")
-        counts = z["counts"]
-        if counts.ndim != 3:
-            raise ValueError(f"{p}: counts has shape {counts.shape}, expected [T, L, E]")
-        meta = {k: str(z[k]) if k in z else "" for k in ("model", "source", "step_model")}
-        top_k = int(z["top_k"]) if "top_k" in z else 0
-        drift = [int(x) for x in z["drift_steps"]] if "drift_steps" in z else []
-    return Trace(counts.astype(np.uint32), meta["model"], top_k, meta["source"], meta["step_model"], drift)
 
 
 def concat(traces: list[Trace], segment_steps: int | None = None) -> Trace:

@@ -90,7 +90,7 @@ def test_synthetic_trace_is_skewed_drifting_and_labelled() -> None:
 def test_esft_shortcuts_play_intent_then_law_as_segments() -> None:
     import argparse
 
-    from agent.cli.bench import load_traces
+    from bench.cli_bench import load_traces
     from tests.conftest import need_shared_traces
 
     need_shared_traces()

@@ -1,4 +1,6 @@
-"""`emoe`: the ElasticMoE command line. Each subcommand lives in its own module with a `register`."""
+"""`emoe`: the ElasticMoE command line. Each subcommand lives in its own module with a `register`; commands
+from other installed packages (the benchmark harness's `bench`, `demo`, `trace import`) register through the
+`elasticmoe.cli` entry point group, so the product imports none of them."""
 
 from __future__ import annotations
 
@@ -6,18 +8,18 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from importlib.metadata import entry_points
 
 # Modules that add subcommands: each defines register(subparsers) and sets `func` on its parsers.
 COMMAND_MODULES = (
     "agent.cli.run_agent",
     "agent.cli.admin",
-    "agent.cli.demo",
-    "agent.cli.tools",
     "agent.cli.certs",
-    "agent.cli.bench",
     "agent.cli.profile",
     "agent.cli.store",
 )
+
+PLUGIN_GROUP = "elasticmoe.cli"  # entry points: register(subparsers), called after the product's own commands
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,6 +27,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    for ep in entry_points(group=PLUGIN_GROUP):
+        try:
+            ep.load()(sub)
+        except Exception as e:  # noqa: BLE001 - a broken plugin costs its commands, not the CLI
+            print(f"emoe: commands from {ep.value} unavailable: {type(e).__name__}: {e}", file=sys.stderr)
     return parser
 
 

@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def profile_cmd(args: argparse.Namespace) -> int:
-    from bench.traces import load_trace
+    from controlplane.tracefile import load_trace
 
     if len(args.trace) < 2:
         print("emoe profile: give two or more --trace files", file=sys.stderr)

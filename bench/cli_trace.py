@@ -1,4 +1,4 @@
-"""Offline tools: `emoe trace import`, `emoe profile`, `emoe bench`."""
+"""`emoe trace import`: routing data (ESFT, OLMoE, SGLang dumps) into the native .npz trace format."""
 
 from __future__ import annotations
 
