@@ -84,15 +84,12 @@ def _copy_costs(cm: CostModel, a: RoutingTable, b: RoutingTable,
     """(layer, cost) of every slot of `b` whose expert differs from `a`'s (in slot order): a copy from the
     nearest rank holding the expert in `a` and active in `b`, else from host."""
     topo = a.topology
-    G, S = topo.ranks, topo.slots_per_rank
+    S = topo.slots_per_rank
     li, pi = np.nonzero((a.phy2log != b.phy2log) & (b.phy2log >= 0))
     if li.size == 0:
         return li.astype(np.int64), np.zeros(0)
     e = b.phy2log[li, pi]
-    has = np.zeros((a.layers, a.experts, G), dtype=bool)
-    lo, po = np.nonzero(a.phy2log >= 0)
-    has[lo, a.phy2log[lo, po], po // S] = True
-    has &= b.active_mask[None, None, :]
+    has = a.holders & b.active_mask[None, None, :]
     tier = np.where(has[li, e], tier_matrix(topo)[:, pi // S].T, int(Tier.HOST)).min(axis=1)
     per = cm.tier_costs(topo)[tier]
     if tokens_per_step is not None:

@@ -200,23 +200,27 @@ def _widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: Decision
     (alpha 0) and keeps the greedy plan."""
     L = head.layers
     o0 = retarget.layer_objective(head, X).astype(np.float64)
-    greedy_t = apply_ops(head, pl.ops) if pl.ops else head
-    og = retarget.layer_objective(greedy_t, X).astype(np.float64)
     # a large gap: the head's objective is above fast_theta x the even split of every block over the active
     # ranks (what no packing beats), and a full re-pack would beat the greedy plan by more than tau
     floor = float(np.ceil(np.asarray(X, dtype=np.float64).sum(axis=2) / len(head.active_ranks)).sum())
-    if o0.sum() < p.fast_theta * floor or og.sum() - floor < p.tau * o0.sum():
+    if o0.sum() < p.fast_theta * floor:
+        return pl
+    greedy_t = apply_ops(head, pl.ops) if pl.ops else head
+    og = retarget.layer_objective(greedy_t, X).astype(np.float64)
+    if og.sum() - floor < p.tau * o0.sum():
         return pl
     cands = retarget.candidates(head, X, retarget.ALPHAS[:1])
-    if (og.sum() - retarget.layer_objective(cands[0][1], X).sum()) < p.tau * o0.sum():
+    objs = [retarget.layer_objective(cands[0], X)]
+    if og.sum() - objs[0].sum() < p.tau * o0.sum():
         return pl
     cands += retarget.candidates(head, X, retarget.ALPHAS[1:])
+    objs += [retarget.layer_objective(t, X) for t in cands[1:]]
     lam = p.min_op_gain * o0
     greedy_cost = layer_costs(cm, head, greedy_t, tokens)
     greedy_v = (o0 - og) - lam * retarget.moved_slots(head, greedy_t)
     best_v, best_c, best_cost = greedy_v.copy(), np.full(L, -1), greedy_cost.copy()
-    for i, (_, t) in enumerate(cands):
-        v = (o0 - retarget.layer_objective(t, X)) - lam * retarget.moved_slots(head, t)
+    for i, (t, obj) in enumerate(zip(cands, objs, strict=True)):
+        v = (o0 - obj) - lam * retarget.moved_slots(head, t)
         better = v > best_v + 1e-9
         best_v, best_c = np.where(better, v, best_v), np.where(better, i, best_c)
         best_cost = np.where(better, layer_costs(cm, head, t, tokens), best_cost)
@@ -233,7 +237,7 @@ def _widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: Decision
         return pl
     phy = head.phy2log.copy()
     for lay in wide:
-        phy[lay] = cands[int(best_c[lay])][1].phy2log[lay]
+        phy[lay] = cands[int(best_c[lay])].phy2log[lay]
     more = retarget.ops_to(head, head.successor(phy), sorted(wide))
     if more is None:
         return pl

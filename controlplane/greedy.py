@@ -122,14 +122,12 @@ class Greedy:
                  cool: B) -> None:
         topo = table.topology
         self.L, self.E, self.G, self.S = table.layers, table.experts, topo.ranks, topo.slots_per_rank
-        L, E, G, S = self.L, self.E, self.G, self.S
+        L, G, S = self.L, self.G, self.S
         self.X = X
         self.xs = X.sum(axis=0)  # [L, E]
         self.tok = self.xs / max(steps, 1)
         self.phy = np.array(table.phy2log, dtype=np.int64).reshape(L, G, S)
-        self.has = np.zeros((L, E, G), dtype=bool)
-        li, gi, _ = np.nonzero(self.phy >= 0)
-        self.has[li, self.phy[self.phy >= 0], gi] = True
+        self.has = table.holders.copy()  # [L, E, G], updated as moves apply
         self.cnt = np.array(table.logcnt, dtype=np.int64)
         self.active = table.active_mask
         self.free = ((self.phy < 0).sum(axis=2) * self.active[None, :]).astype(np.int64)  # [L, G]

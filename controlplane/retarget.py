@@ -35,15 +35,6 @@ I64 = npt.NDArray[np.int64]
 ALPHAS = (0.0, 0.01, 0.03, 0.06, 0.1)  # stickiness levels tried, in units of the layer's mean rank load
 
 
-def _holds(table: RoutingTable) -> npt.NDArray[np.bool_]:
-    """[L, E, G]: rank g holds expert e in layer l."""
-    G, S = table.topology.ranks, table.topology.slots_per_rank
-    out = np.zeros((table.layers, table.experts, G), dtype=bool)
-    li, pi = np.nonzero(table.phy2log >= 0)
-    out[li, table.phy2log[li, pi], pi // S] = True
-    return out
-
-
 def sticky_pack(head: RoutingTable, weight: F64, alpha: float) -> tuple[I64, npt.NDArray[np.bool_]]:
     """phy2log [L, P] re-packed from `weight` [L, E] (token totals), and ok [L]: False for a layer whose
     packing ran out of room (its row is head's)."""
@@ -59,7 +50,7 @@ def sticky_pack(head: RoutingTable, weight: F64, alpha: float) -> tuple[I64, npt
     order = np.argsort(-item_w, axis=1, kind="stable")
     item_e = np.take_along_axis(item_e, order, axis=1)
     item_w = np.take_along_axis(item_w, order, axis=1)
-    holds = _holds(head)
+    holds = head.holders
     rows = np.arange(L)
     slack = alpha * w.sum(axis=1) / A  # [L]
     load = np.zeros((L, G))
@@ -100,14 +91,10 @@ def layer_objective(table: RoutingTable, X: npt.NDArray[np.integer]) -> I64:
 
 
 def candidates(head: RoutingTable, X: npt.NDArray[np.integer],
-               alphas: tuple[float, ...] = ALPHAS) -> list[tuple[float, RoutingTable]]:
+               alphas: tuple[float, ...] = ALPHAS) -> list[RoutingTable]:
     """One re-packed successor of `head` per alpha, fitted on the replay blocks' totals."""
     w = np.asarray(X, dtype=np.int64).sum(axis=0).astype(np.float64)
-    out = []
-    for a in alphas:
-        phy, _ = sticky_pack(head, w, a)
-        out.append((a, head.successor(phy)))
-    return out
+    return [head.successor(sticky_pack(head, w, a)[0]) for a in alphas]
 
 
 def moved_slots(a: RoutingTable, b: RoutingTable) -> I64:

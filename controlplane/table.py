@@ -64,6 +64,16 @@ class RoutingTable:
 
     # ---- derived views -----------------------------------------------------------------------
     @cached_property
+    def holders(self) -> npt.NDArray[np.bool_]:
+        """[L, E, G] read-only: rank g holds a replica of expert e in layer l."""
+        G, S = self.topology.ranks, self.topology.slots_per_rank
+        out = np.zeros((self.layers, self.experts, G), dtype=bool)
+        rows, cols = np.nonzero(self.phy2log >= 0)
+        out[rows, self.phy2log[rows, cols], cols // S] = True
+        out.setflags(write=False)
+        return out
+
+    @cached_property
     def logcnt(self) -> I64:
         """[L, E] number of replicas of each logical expert."""
         out = np.zeros((self.layers, self.experts), dtype=np.int64)

@@ -71,6 +71,17 @@ def _wait(what: str, cond: Callable[[], Any], timeout: float, proc: subprocess.P
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def _stop(out: Path, proc: subprocess.Popen[bytes]) -> None:
+    """Ask the ranks to stop (they agree on the step collectively), then make sure they are gone."""
+    (out / "stop").touch()
+    try:
+        proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def _ranks(out: Path) -> list[dict[str, Any]] | None:
     try:
         return [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -103,13 +114,7 @@ def test_vllm_eplb_installs_what_the_agents_commit(tmp_path: Path) -> None:
         try:
             _run(cluster, out, proc)
         finally:
-            (out / "stop").touch()
-            try:
-                proc.wait(120)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+            _stop(out, proc)
     assert proc.returncode == 0, (tmp_path / "ranks.log").read_text()[-3000:]
     bench = [json.loads((out / f"bench{r}.json").read_text()) for r in (0, 1)]
     print(f"\nplugin cost per step on the toy model (medians, us): {bench}")
@@ -197,13 +202,7 @@ def test_vllm_eplb_agrees_and_installs_without_agents(tmp_path: Path) -> None:
                           and r, 30, proc)
             assert after[0]["last_report"] == [[50, 2, 2, 1, 1, 1, 1, 1], [100, 1, 1, 1, 1, 1, 1, 1]]
         finally:
-            (out / "stop").touch()
-            try:
-                proc.wait(120)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
+            _stop(out, proc)
     assert proc.returncode == 0, (tmp_path / "ranks.log").read_text()[-3000:]
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 import grpc
 import grpc.aio
@@ -120,16 +121,21 @@ def test_pause_by_an_admin_is_accepted(loop: asyncio.AbstractEventLoop) -> None:
 
 
 # ---- over a real grpc.aio server: what never reaches the servicer ------------------------------------
-@pytest_asyncio.fixture
-async def server() -> AsyncIterator[tuple[str, FakeAdminBackend]]:
+async def _serve(options: Sequence[tuple[str, Any]]) -> AsyncIterator[tuple[str, FakeAdminBackend]]:
+    """The admin service over a real loopback gRPC server with the decode guard and `options`."""
     backend = FakeAdminBackend()
-    srv = grpc.aio.server(interceptors=[DecodeGuardInterceptor()],
-                          options=[("grpc.max_receive_message_length", 1 << 20)])
+    srv = grpc.aio.server(interceptors=[DecodeGuardInterceptor()], options=options)
     admin_pb2_grpc.add_AdminServicer_to_server(AdminService(backend), srv)
     port = srv.add_insecure_port("127.0.0.1:0")
     await srv.start()
     yield f"127.0.0.1:{port}", backend
     await srv.stop(None)
+
+
+@pytest_asyncio.fixture
+async def server() -> AsyncIterator[tuple[str, FakeAdminBackend]]:
+    async for s in _serve([("grpc.max_receive_message_length", 1 << 20)]):
+        yield s
 
 
 @pytest.mark.asyncio
@@ -202,13 +208,8 @@ async def agent_server() -> AsyncIterator[tuple[str, FakeAdminBackend]]:
     """The admin service as the agent serves it: its message limit (64 MiB) and interceptors."""
     from agent.node import SERVER_OPTIONS
 
-    backend = FakeAdminBackend()
-    srv = grpc.aio.server(interceptors=[DecodeGuardInterceptor()], options=SERVER_OPTIONS)
-    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(backend), srv)
-    port = srv.add_insecure_port("127.0.0.1:0")
-    await srv.start()
-    yield f"127.0.0.1:{port}", backend
-    await srv.stop(None)
+    async for s in _serve(SERVER_OPTIONS):
+        yield s
 
 
 @pytest.mark.asyncio

@@ -48,8 +48,9 @@ class Pending:
     reasons: list[str] = field(default_factory=list)
 
 
-class ProposerMixin:
-    """Needs the node's state below; ConsensusNode provides it (and _check, _learned, _arm, _disarm)."""
+class NodeFields:
+    """The node state the ConsensusNode mixins (ProposerMixin, recovery.RecoveryMixin) share; ConsensusNode
+    sets it."""
 
     node_id: str
     voters: list[str]
@@ -57,11 +58,17 @@ class ProposerMixin:
     clock: Clock
     transport: Transport
     store: Store
-    rng: random.Random
     timeout: float
     running: bool
     log: CommittedLog
     acceptor: Acceptor
+    _peer_heads: dict[str, int]
+
+
+class ProposerMixin(NodeFields):
+    """Needs the node's state below; ConsensusNode provides it (and _check, _learned, _arm, _disarm)."""
+
+    rng: random.Random
     live_voters: Callable[[], list[str]]
     rejections: deque[tuple[int, str, str]]
     _pending: dict[int, Pending]
@@ -69,7 +76,6 @@ class ProposerMixin:
     _recoveries: dict[int, int]
     _preburned: set[int]
     _burn_written: pb.AcceptorState | None
-    _peer_heads: dict[str, int]
     _rtt: dict[str, float]
     _accept_rest: dict[int, tuple[Attempt, pb.AcceptRequest, list[str]]]
 

@@ -9,38 +9,24 @@ from functools import partial
 
 from google.protobuf.message import Message
 
-from agent.clock import Clock, Timer
-from agent.config import ConsensusConfig
-from agent.consensus.log import CommittedLog
-from agent.consensus.paxos import Acceptor, Attempt
-from agent.consensus.proposer import Outcome
+from agent.clock import Timer
+from agent.consensus.paxos import Attempt
+from agent.consensus.proposer import NodeFields, Outcome
 from agent.consensus.rebuild import Rebuild
 from agent.consensus.signing import VoteSigner
-from agent.store import Store, StoreFailed
-from agent.transport import Transport
+from agent.store import StoreFailed
 from controlplane.table import RoutingTable
 from elasticmoe.v1 import consensus_pb2 as pb
 
 log = logging.getLogger("agent.consensus.node")
 
 
-class RecoveryMixin:
+class RecoveryMixin(NodeFields):
     """Needs the node's state below; ConsensusNode provides it (and catch_up, propose, _learned, _arm)."""
 
-    node_id: str
-    voters: list[str]
-    cfg: ConsensusConfig
-    clock: Clock
-    transport: Transport
-    store: Store
-    timeout: float
-    running: bool
-    log: CommittedLog
-    acceptor: Acceptor
     signer: VoteSigner | None
     rebuild: Rebuild | None
     _deferred: list[tuple[float, RoutingTable, pb.Plan, Callable[[Outcome], None]]]
-    _peer_heads: dict[str, int]
     _timers: dict[tuple[str, int], Timer]
 
     def catch_up(self, peer: str) -> None:
