@@ -13,6 +13,8 @@ import os
 import time
 from pathlib import Path
 
+from agent.store import fsync_dir, write_atomic
+
 LOCK_NAME = "LOCK"
 LOG_NAME = "consensus"
 IDENTITY_NAME = "IDENTITY"  # the node id that owns this data_dir, written once its store first opened
@@ -60,14 +62,6 @@ class DataDirLock:
         self.release()
 
 
-def _fsync_dir(d: Path) -> None:
-    dfd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
-
-
 def owner(data_dir: str | Path, node_id: str) -> bool:
     """Whether this node ran on `data_dir` before (its identity marker is there). Raises DataDirError when
     the data_dir belongs to another node id."""
@@ -86,16 +80,7 @@ def owner(data_dir: str | Path, node_id: str) -> bool:
 
 def mark_owner(data_dir: str | Path, node_id: str) -> None:
     """Record durably that `node_id` runs on `data_dir` (an empty store found later was lost, not new)."""
-    d = Path(data_dir)
-    tmp = d / (IDENTITY_NAME + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, f"{node_id}\n".encode())
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, d / IDENTITY_NAME)
-    _fsync_dir(d)
+    write_atomic(Path(data_dir) / IDENTITY_NAME, f"{node_id}\n".encode())
 
 
 def repair(data_dir: str | Path) -> Path | None:
@@ -108,5 +93,5 @@ def repair(data_dir: str | Path) -> Path | None:
             return None
         aside = log_path.with_name(f"{LOG_NAME}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
         os.replace(log_path, aside)
-        _fsync_dir(Path(data_dir))
+        fsync_dir(Path(data_dir))
         return aside

@@ -139,7 +139,7 @@ class EtcdBackend:
     @property
     def failure(self) -> str:
         """Why commits are held back here ("" while the local store works)."""
-        return f"store failed: {self.store.failed}" if self.store is not None and self.store.failed else ""
+        return self.store.failure if self.store is not None else ""
 
     @property
     def head(self) -> RoutingTable:

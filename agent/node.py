@@ -61,7 +61,7 @@ class AgentProcess:
     async def start(self) -> None:
         """Lock the data_dir, bind, recover the store, then serve. Raises StartupError with the reason."""
         try:
-            self.lock = DataDirLock(self.cfg.data_dir).acquire()
+            self.lock.acquire()
         except DataDirError as e:
             raise StartupError(str(e)) from None
         try:

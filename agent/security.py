@@ -70,7 +70,8 @@ def cert_paths(cert_dir: str | Path, name: str) -> tuple[Path, Path]:
     return d / f"{name}.pem", d / f"{name}-key.pem"
 
 
-def _identity_files(cert_dir: str | Path, name: str) -> tuple[bytes, bytes, bytes]:
+def identity_files(cert_dir: str | Path, name: str) -> tuple[bytes, bytes, bytes]:
+    """(CA certificate, certificate, private key) of identity `name`, PEM; TlsFilesError names a bad file."""
     cert, key = cert_paths(cert_dir, name)
     ca = _read(Path(cert_dir) / "ca.pem", "the cluster CA certificate")
     return ca, _read(cert, f"the certificate of {name!r}"), _read(key, f"the private key of {name!r}")
@@ -78,13 +79,13 @@ def _identity_files(cert_dir: str | Path, name: str) -> tuple[bytes, bytes, byte
 
 def server_credentials(cert_dir: str | Path, node_id: str) -> grpc.ServerCredentials:
     """TLS server credentials for `node_id` that require and verify a client certificate from the CA."""
-    ca, cert, key = _identity_files(cert_dir, node_id)
+    ca, cert, key = identity_files(cert_dir, node_id)
     return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
 
 
 def channel_credentials(cert_dir: str | Path, identity: str) -> grpc.ChannelCredentials:
     """TLS channel credentials presenting `identity`'s certificate and trusting only the cluster CA."""
-    ca, cert, key = _identity_files(cert_dir, identity)
+    ca, cert, key = identity_files(cert_dir, identity)
     return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
 
 

@@ -105,16 +105,11 @@ class NodeState:
             self.transport = GrpcTransport(self.node_id, addresses, credentials=channel_credentials(self.cfg))
         self.transport.attach(server)
 
-    def interceptors(self) -> list[Any]:
-        from agent.credentials import interceptors
-
-        return interceptors(self.cfg)
-
     def start(self) -> None:
         from agent.clock import RealClock
         from agent.consensus.node import ConsensusNode
         from agent.credentials import vote_signer
-        from agent.datadir import mark_owner, owner
+        from agent.datadir import LOG_NAME, mark_owner, owner
         from agent.gossip_node import GossipNode
         from agent.store import Store
         from agent.telemetry import Telemetry
@@ -124,7 +119,7 @@ class NodeState:
             self.telemetry = Telemetry.from_env(self.cfg.telemetry.enabled, node_id=self.node_id)
         clock = self.clock = self.clock or RealClock()
         c = self.cfg.cluster
-        store = self.store = self.store or Store(self.data_dir / "consensus")
+        store = self.store = self.store or Store(self.data_dir / LOG_NAME)
         marked = self.had_store is None
         had_store = owner(self.data_dir, self.node_id) if marked else bool(self.had_store)
         genesis = genesis_table(c.genesis, self.topology, c.layers, c.experts)  # the engine's boot placement

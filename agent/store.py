@@ -79,6 +79,36 @@ class Disk(Protocol):
     def close(self) -> None: ...
 
 
+def fsync_dir(d: Path) -> None:
+    """Make the directory entries of `d` durable (a new or renamed file in it)."""
+    dfd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def write_atomic(path: Path, data: bytes, tmp_suffix: str = ".tmp", sync: bool = True) -> None:
+    """Write `data` to a file beside `path`, fsync it, rename it over `path`, fsync the directory: a crash
+    leaves the old file or the new one, never a mix. On a write error the old file is untouched."""
+    tmp = path.with_name(path.name + tmp_suffix)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        if sync:
+            os.fsync(fd)
+    except OSError:
+        os.close(fd)
+        tmp.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+    os.replace(tmp, path)
+    if sync:
+        fsync_dir(path.parent)
+
+
 class FileDisk:
     """A file opened for append; every append is write + fsync."""
 
@@ -90,11 +120,7 @@ class FileDisk:
         created = not self.path.exists()
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         if created and sync:  # make the new directory entry durable too
-            dfd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            fsync_dir(self.path.parent)
 
     def read_all(self) -> bytes:
         return self.path.read_bytes()
@@ -114,28 +140,9 @@ class FileDisk:
 
     def replace(self, data: bytes) -> None:
         """Write a new file beside the old one, fsync it, rename it over the old one, fsync the directory."""
-        tmp = self.path.with_name(self.path.name + ".compact")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            if self.sync:
-                os.fsync(fd)
-        except OSError:
-            os.close(fd)
-            tmp.unlink(missing_ok=True)  # the old log is untouched
-            raise
-        os.close(fd)
-        os.replace(tmp, self.path)
+        write_atomic(self.path, data, ".compact", self.sync)  # the old log is untouched if this fails
         self.close()  # from here on, appends go to the new file
         self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND)
-        if self.sync:
-            dfd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
 
     def probe(self, nbytes: int) -> None:
         tmp = self.path.with_name(self.path.name + ".probe")
@@ -334,6 +341,11 @@ class Store:
             self._fail(f"write of {len(data)} bytes at offset {self.size} failed: {e.strerror or e}", e)
         self.appends += 1
         self.size += len(data)
+
+    @property
+    def failure(self) -> str:
+        """Why a node on this store neither votes nor commits now ("" while the store works)."""
+        return f"store failed: {self.failed}" if self.failed else ""
 
     def _fail(self, what: str, e: OSError) -> None:
         self.failed = f"{self.where}: {what}"

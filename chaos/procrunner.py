@@ -44,6 +44,7 @@ import grpc
 import numpy as np
 
 from agent.cluster import ROOT, LocalCluster, stable_ports
+from agent.datadir import LOG_NAME
 from agent.transport.faults import ENV, write_faults
 from chaos import procfaults
 from chaos.netns import NetLab, unavailable
@@ -178,7 +179,7 @@ class ProcRunner:
         return self.base / "agents" / f"node{k + 1}" / "data"
 
     def log_path(self, k: int) -> Path:
-        return self.data_dir(k) / "consensus"
+        return self.data_dir(k) / LOG_NAME
 
     def counts(self, rng: np.random.Generator, steps: int) -> np.ndarray:
         """Skewed load [L, E] for one window: the current hot experts take most tokens."""

@@ -167,11 +167,11 @@ async def test_malformed_protobuf_is_refused_before_the_handler(server: tuple[st
 
 def test_agent_server_answers_malformed_protobufs_with_invalid_argument(tmp_path: object) -> None:
     """The agent's gRPC server (admin, consensus, gossip on one port) carries the decode guard."""
+    from agent import credentials
     from agent.config import from_dict
-    from agent.state import NodeState
 
     cfg = from_dict({"node_id": "n1", "profile": "test", "data_dir": str(tmp_path)})
-    assert any(isinstance(i, DecodeGuardInterceptor) for i in NodeState(cfg).interceptors())
+    assert any(isinstance(i, DecodeGuardInterceptor) for i in credentials.interceptors(cfg))
 
 
 # ---- bounded input: huge proposals are refused at once (issue 17 item 7) ------------------------------

@@ -51,13 +51,13 @@ def check_data_dir(data_dir: str) -> None:
 def check_tls_files(cfg: AgentConfig) -> None:
     """Raises ConfigError unless tls.cert_dir holds the CA and this node's certificate and key, readable, and
     the certificate is issued to node_id (its CN: peers check the name)."""
-    from agent.security import TlsFilesError, _identity_files
+    from agent.security import TlsFilesError, identity_files
 
     d = cfg.tls.cert_dir
     if not Path(d).is_dir():
         raise ConfigError(f"tls.cert_dir = {d!r}: no such directory; create it with `emoe certs`")
     try:
-        _, cert, _ = _identity_files(d, cfg.node_id)
+        _, cert, _ = identity_files(d, cfg.node_id)
     except TlsFilesError as e:
         raise ConfigError(f"tls.cert_dir = {d!r}: {e}") from None
     from cryptography import x509

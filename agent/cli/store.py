@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from agent.config import ConfigError, load
+from agent.datadir import LOG_NAME
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,7 +40,7 @@ def check(args: argparse.Namespace) -> int:
     d = _data_dir(args.config)
     if d is None:
         return 2
-    log_path = d / "consensus"
+    log_path = d / LOG_NAME
     if not log_path.exists():
         print(f"{log_path}: no log (a new node, or one whose log was moved aside)")
         return 0
@@ -74,7 +75,7 @@ def repair(args: argparse.Namespace) -> int:
         print(f"emoe store repair: {e}", file=sys.stderr)
         return 2
     if aside is None:
-        print(f"{d / 'consensus'}: no log to move aside; the node rebuilds from its peers at its next start")
+        print(f"{d / LOG_NAME}: no log to move aside; the node rebuilds from its peers at its next start")
     else:
         print(f"moved the log to {aside} (kept for inspection); at its next start the node rebuilds from its peers "
               f"as a learner")

@@ -343,7 +343,7 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
             cb(c, table)
         if 0 < self.cfg.log_compact_bytes < self.store.size:
             kept = self.log.trim(self.cfg.log_retain)
-            self.store.compact(kept, [st for k, st in sorted(self.acceptor.states.items()) if k > v])
+            self.store.compact(kept, self.acceptor.states_above(v))
 
     def _on_catchup(self, peer: str, r: Message | None) -> None:
         self._catching_up = ""
@@ -353,8 +353,6 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
         before = self.log.head.version
         if self._snapshot(peer, r):
             return
-        for c in r.commits:
-            if c.table.version == self.log.head.version + 1 and self._learned(c, None, broadcast=False):
-                break
+        self._learn_in_order(r.commits)
         if r.committed_head > self.log.head.version > before:
             self.catch_up(peer)

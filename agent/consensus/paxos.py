@@ -76,6 +76,10 @@ class Acceptor:
         st = self.states.get(version)
         return st if st is not None else pb.AcceptorState(version=version)
 
+    def states_above(self, version: int) -> list[pb.AcceptorState]:
+        """The acceptor state of every version above `version`, in order: what a rewritten log must keep."""
+        return [st for k, st in sorted(self.states.items()) if k > version]
+
     def promised(self, version: int) -> Ballot:
         return _state_ballot(self.state(version), "promised")
 

@@ -4,7 +4,7 @@ from a peer that compacted the versions this node lacks, and fail-stop while the
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 
 from google.protobuf.message import Message
@@ -87,15 +87,19 @@ class RecoveryMixin(NodeFields):
         if rb is None or not self.running or not isinstance(r, pb.CatchUpReply):
             return
         rb.report(peer, int(r.committed_head), int(r.acceptor_high), bool(r.rebuilding))
-        snap = self._snapshot(peer, r)
-        for c in [] if snap else r.commits:
-            if c.table.version == self.log.head.version + 1 and self._learned(c, None, broadcast=False):
-                break
-        if r.committed_head > self.log.head.version:
-            self.catch_up(peer)
+        if not self._snapshot(peer, r):  # (a snapshot asks the peer for the rest itself)
+            self._learn_in_order(r.commits)
+            if r.committed_head > self.log.head.version:
+                self.catch_up(peer)
         if rb.decided:
             self._disarm("rebuild", 0)
             self._rebuild_decided()
+
+    def _learn_in_order(self, commits: Iterable[pb.Commit]) -> None:
+        """Learn a reply's commits from the one after our head on, stopping at the first that is refused."""
+        for c in commits:
+            if c.table.version == self.log.head.version + 1 and self._learned(c, None, broadcast=False):
+                break
 
     def _snapshot(self, peer: str, r: pb.CatchUpReply) -> bool:
         """Install the head a peer sent because it compacted the versions we lack. True if one was installed."""
@@ -103,8 +107,7 @@ class RecoveryMixin(NodeFields):
             return False
         v = int(r.commits[0].table.version)
         try:
-            why = self.log.install_snapshot(r.commits[0], [st for k, st in sorted(self.acceptor.states.items())
-                                                           if k > v])
+            why = self.log.install_snapshot(r.commits[0], self.acceptor.states_above(v))
         except StoreFailed:
             self._store_failed()
             return False
@@ -125,7 +128,7 @@ class RecoveryMixin(NodeFields):
     @property
     def failure(self) -> str:
         """Why this node neither votes nor proposes now ("" while its store works)."""
-        return f"store failed: {self.store.failed}" if self.store.failed else ""
+        return self.store.failure
 
     def _persist(self, st: pb.AcceptorState) -> bool:
         """Make acceptor state durable; False (and fail-stop until the disk recovers) when it cannot be."""

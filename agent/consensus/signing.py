@@ -47,13 +47,15 @@ class VoteSigner:
 
     @classmethod
     def from_cert_dir(cls, cert_dir: str | Path, node_id: str) -> VoteSigner:
-        d = Path(cert_dir)
-        key = serialization.load_pem_private_key((d / f"{node_id}-key.pem").read_bytes(), password=None)
+        from agent.security import cert_paths, identity_files
+
+        ca_pem, cert_pem, key_pem = identity_files(cert_dir, node_id)
+        key = serialization.load_pem_private_key(key_pem, password=None)
         if not isinstance(key, ec.EllipticCurvePrivateKey):
-            raise SignatureError(f"{d / (node_id + '-key.pem')}: expected an EC private key (emoe certs makes P-256)")
-        cert = x509.load_pem_x509_certificate((d / f"{node_id}.pem").read_bytes())
-        ca = x509.load_pem_x509_certificate((d / "ca.pem").read_bytes())
-        return cls(node_id, key, cert.public_bytes(serialization.Encoding.DER), ca)
+            raise SignatureError(f"{cert_paths(cert_dir, node_id)[1]}: expected an EC private key (emoe certs makes "
+                                 "P-256)")
+        cert = x509.load_pem_x509_certificate(cert_pem)
+        return cls(node_id, key, cert.public_bytes(serialization.Encoding.DER), x509.load_pem_x509_certificate(ca_pem))
 
     def sign(self, version: int, ballot: tuple[int, str], table_hash: bytes) -> bytes:
         return self._key.sign(accept_digest(version, ballot, table_hash), ec.ECDSA(hashes.SHA256()))
