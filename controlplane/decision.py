@@ -185,6 +185,8 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
         a.outcome, a.detail, a.refused = reason.value, refused[-1].detail, tuple(refused)
         return a
     lo, hi = _span(buf, k)
+    if pl.note:
+        trigger = f"{trigger}; {pl.note}"
     a.decision = Decision(table, tuple(ops), est, vg, cost, trigger, tuple(refused), "rebalance", lo, hi)
     a.outcome, a.refused = "PROPOSED", tuple(refused)
     return a
@@ -246,8 +248,11 @@ def _widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: Decision
     op_layers = [lay for _, lay in keep] + [o.layer for o in more]  # type: ignore[union-attr]
     base = float(o0.sum())
     on = retarget.layer_objective(apply_ops(head, ops), X).astype(np.float64)
+    note = (f"large gap: head {o0.sum() / floor:.3f} x an even split, greedy plan {og.sum() / floor:.3f}, full "
+            f"re-pack {objs[0].sum() / floor:.3f}; {len(wide)} of {L} layers re-packed ({len(more)} ops), "
+            f"{float(on.sum()) / floor:.3f} planned")
     return Plan(tuple(ops), tuple(op_layers), float(o0.sum() - on.sum()) / base, spent, pl.refused,
-                tuple((lay, float(o0[lay] - on[lay]) / base) for lay in sorted(set(op_layers))))
+                tuple((lay, float(o0[lay] - on[lay]) / base) for lay in sorted(set(op_layers))), note)
 
 
 def manual(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, ops: tuple[Operation, ...], force: bool) -> Attempt:

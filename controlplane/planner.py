@@ -75,6 +75,7 @@ class Plan:
     cost: float
     refused: tuple[Refused, ...]
     layer_gain: tuple[tuple[int, float], ...] = ()  # (layer, its share of estimated_gain): additive
+    note: str = ""  # why the plan has the shape it has, when that is not the greedy default (explain shows it)
 
 
 

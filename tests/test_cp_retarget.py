@@ -101,6 +101,7 @@ def test_a_large_drift_takes_re_packed_layers_and_beats_greedy_alone() -> None:
     assert wide.decision is not None and narrow.decision is not None
     assert wide.verified_gain > narrow.verified_gain
     assert len(wide.decision.ops) > len(narrow.decision.ops)  # a larger delta than greedy alone
+    assert "large gap" in wide.decision.trigger and "large gap" not in narrow.decision.trigger  # explain says why
     wide.decision.table.validate()
     assert apply_ops(head, wide.decision.ops).content_equal(wide.decision.table)
 
