@@ -29,17 +29,13 @@ KINDS = ("static", "vllm", "sglang")
 
 
 def vllm_boot_phy2log(layers: int, experts: int, slots: int) -> I64:
-    """[L, P] vLLM's `EplbState.build_initial_global_physical_to_logical_map`, repeated for every layer."""
-    _check(experts, slots)
-    p = np.arange(slots, dtype=np.int64)
-    row = np.where(p < experts, p, (p - experts) % experts)
-    return np.broadcast_to(row, (layers, slots)).copy()
-
-
-def sglang_boot_phy2log(layers: int, experts: int, slots: int) -> I64:
-    """[L, P] SGLang's `ExpertLocationMetadata.init_trivial`: `arange(P) % E` for every layer."""
+    """[L, P] vLLM's `EplbState.build_initial_global_physical_to_logical_map` ([0..E-1] then (p - E) % E)
+    and SGLang's `ExpertLocationMetadata.init_trivial` (`arange(P) % E`), repeated for every layer."""
     _check(experts, slots)
     return np.broadcast_to(np.arange(slots, dtype=np.int64) % experts, (layers, slots)).copy()
+
+
+sglang_boot_phy2log = vllm_boot_phy2log  # both engines boot with arange(P) % E
 
 
 def _check(experts: int, slots: int) -> None:

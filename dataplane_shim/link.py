@@ -108,8 +108,6 @@ class LinkThread:
         self.errors: list[BaseException] = []  # the last few link errors (bounded), for diagnostics
         self.sent = 0
         self.dropped = 0
-        self.delivered_version = from_version
-        self._reported_drops = 0
         self._queue_size, self._retry_s = queue_size, retry_s
         self._args = (socket_path, from_version, shim_id, list(ranks))
         self._thread = threading.Thread(target=self._run, name=f"shim-link-{shim_id}", daemon=True)
@@ -135,7 +133,7 @@ class LinkThread:
             try:
                 async for c in self.link.watch_tables(v):
                     self._commits.put(c)
-                    v = self.delivered_version = c.table.version
+                    v = c.table.version
                     delay = self._retry_s[0]
             except grpc.aio.AioRpcError as exc:
                 self._error(exc)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,14 +36,16 @@ from dataplane_shim.errors import BadInput
 from dataplane_shim.plugin import Link, PluginCore, Settings
 
 log = logging.getLogger("elasticmoe.vllm")
+TIMINGS_KEPT = 4096  # steps of per-step timings kept for the medians
 
 
 @dataclass
 class Timings:
-    """Wall time of the plugin's own work per step, microseconds (the medians are what the README cites)."""
+    """Wall time of the plugin's own work per step, microseconds (the medians are what the README cites);
+    the last TIMINGS_KEPT steps only, so a long-running server does not grow them without bound."""
 
-    agree_us: list[float] = field(default_factory=list)
-    load_us: list[float] = field(default_factory=list)
+    agree_us: deque[float] = field(default_factory=lambda: deque(maxlen=TIMINGS_KEPT))
+    load_us: deque[float] = field(default_factory=lambda: deque(maxlen=TIMINGS_KEPT))
 
     def medians(self) -> dict[str, float]:
         return {k: float(np.median(v)) if v else 0.0 for k, v in (("agree_us", self.agree_us),
@@ -84,6 +87,10 @@ class VllmPlugin:
         self._acc = torch.zeros(L, E, dtype=torch.int64, device=dev)
         self._scratch = torch.zeros(L, E + 1, dtype=torch.int64, device=dev)
         self._acc_steps = 0
+        # expert_load_pass -> logical index ([L, P], empty slots -> E): built from physical_to_logical_map on
+        # first use and again after a step in which vLLM's rearrange ran (or the map tensor was replaced)
+        self._idx: torch.Tensor | None = None
+        self._idx_of: torch.Tensor | None = None
         self.target: torch.Tensor | None = None
         self.pending: int = 0
         self.failed = 0  # sync rearrangements that did not leave vLLM's map equal to the agreed table
@@ -119,6 +126,7 @@ class VllmPlugin:
     def step(self, is_dummy: bool = False, is_profile: bool = False, log_stats: bool = False) -> None:
         if is_profile:  # vLLM's memory profiling: a dummy rearrange; the policy returns the current map
             self._orig_step(is_dummy=is_dummy, is_profile=True, log_stats=log_stats)
+            self._idx = None
             return
         t0 = time.perf_counter()
         if not is_dummy:
@@ -140,6 +148,7 @@ class VllmPlugin:
             self.es.expert_rearrangement_step = self.interval - 1  # vLLM's step increments and rearranges
         self._orig_step(is_dummy=is_dummy, is_profile=False, log_stats=log_stats)
         if self.target is not None:
+            self._idx = None  # vLLM's rearrange ran: it may have committed (part of) the new map
             if torch.equal(self.ms.physical_to_logical_map.cpu(), self.target):
                 self.core.installed(self.pending)
                 log.info("rank %d installed version %d through vLLM's rearrange", self.rank, self.pending)
@@ -165,9 +174,10 @@ class VllmPlugin:
         [L, E]; zero the pass (vLLM's own window is not used: the agents keep the history)."""
         load = self.ms.expert_load_pass
         p2l = self.ms.physical_to_logical_map
-        idx = p2l.masked_fill(p2l < 0, self.E).long()
+        if self._idx is None or p2l is not self._idx_of:
+            self._idx, self._idx_of = p2l.masked_fill(p2l < 0, self.E).long(), p2l
         self._scratch.zero_()
-        self._scratch.scatter_add_(1, idx, load.long())
+        self._scratch.scatter_add_(1, self._idx, load.long())
         self._acc += self._scratch[:, : self.E]
         load.zero_()
 
