@@ -53,18 +53,18 @@ class DecisionParams:
     cooldown_windows: int = 10  # experts of a rolled-back change are left alone this many windows
     plan_block: int = 20  # the planner estimates on totals per block of this many steps (0: per window);
     #                       finer blocks see per-step peaks: on ESFT intent, 20 steps verify 0.050 vs 0.039
-    min_op_gain: float = 5e-4  # each copy of a plan must lower its own layer's objective (sum over replay
+    min_op_gain: float = 7e-4  # each copy of a plan must lower its own layer's objective (sum over replay
     #                            blocks of the max rank load) by this fraction: per layer, so a move's worth
     #                            does not shrink with the model's depth. DeepSeek-V3 decode after a workload
-    #                            shift (58 x 256, 64 ranks): 2e-4 asks for ~17,000 copies (over budget),
-    #                            5e-4 ~6,600 (292 GB) for 1.19 against a full re-pack's 1.16, 1e-3 ~1,400
-    #                            for 1.25
+    #                            shift (58 x 256, 64 ranks, bench): 5e-4 -> 1.1645 mean step imbalance for 183
+    #                            GB from an EPLB boot, 453 GB from a static one; 7e-4 -> 1.1643 / 174 GB and
+    #                            384 GB; 1e-3 -> 1.1684 / 144 GB and 309 GB with a slower first segment
     fast_theta: float = 1.3  # a window this far above theta spends the whole error budget at once: a drift
     #                          (ESFT intent -> law: 1.06 -> 1.83) is fixed one window after it shows
     drift_tv: float = 0.05  # plan only on the trailing windows whose expert shares (total variation per
     #                         layer, mean) differ by at most this from the next: steady state differs by
     #                         ~0.001, ESFT intent -> law by 0.35; a plan fitted to the old mix would miss
-    retarget: bool = True  # after a large drift, let layers take a sticky EPLB re-pack (controlplane.retarget)
+    retarget: bool = True  # after a large drift, let layers take larger deltas (controlplane.retarget)
 
     def __post_init__(self) -> None:
         for f in ("window", "budget_windows", "rollback_windows", "max_ops", "replay_windows", "expert_bytes"):
@@ -196,10 +196,11 @@ def _widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: Decision
            cooldown: npt.NDArray[np.bool_], cm: CostModel, tokens: npt.NDArray[np.float64]) -> Plan:
     """The large-gap planner (controlplane.retarget): when the head is more than fast_theta above an even
     split and a full re-pack of the replay blocks would leave the greedy plan's result more than tau behind,
-    a layer may take a sticky re-pack (stickiness ALPHAS) instead of its greedy moves: whichever gains the most on X net of `min_op_gain` x its layer objective
-    per copied slot. Layers switch in order of that net gain per second of copy cost while the plan stays
-    within the cost budget; a layer with an expert in cooldown stays greedy. Small drift costs one re-pack
-    (alpha 0) and keeps the greedy plan."""
+    a layer may take the re-pack or an exchange search (from the head, or from the head with EPLB's replica
+    counts) instead of its greedy moves: whichever gains the most on X net of `min_op_gain` x its layer
+    objective per copied slot. Layers switch in order of that net gain per second of copy cost while the plan
+    stays within the cost budget; a layer with an expert in cooldown stays greedy. Small drift costs at most
+    one re-pack and keeps the greedy plan."""
     L = head.layers
     o0 = retarget.layer_objective(head, X).astype(np.float64)
     # a large gap: the head's objective is above fast_theta x the even split of every block over the active
@@ -211,13 +212,18 @@ def _widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: Decision
     og = retarget.layer_objective(greedy_t, X).astype(np.float64)
     if og.sum() - floor < p.tau * o0.sum():
         return pl
-    cands = retarget.candidates(head, X, retarget.ALPHAS[:1])
+    w = np.asarray(X, dtype=np.float64).sum(axis=0)
+    cands = [head.successor(retarget.repack(head, w)[0])]
     objs = [retarget.layer_objective(cands[0], X)]
     if og.sum() - objs[0].sum() < p.tau * o0.sum():
         return pl
-    cands += retarget.candidates(head, X, retarget.ALPHAS[1:])
-    objs += [retarget.layer_objective(t, X) for t in cands[1:]]
     lam = p.min_op_gain * o0
+    known: dict[int, dict[int, list[Operation]]] = {}  # candidate -> its operations per layer, when it has them
+    for start in ((head.phy2log, {}), retarget.recount(head, w)):
+        phy, by_layer = retarget.exchange(head, start, w, lam)
+        known[len(cands)] = by_layer
+        cands.append(head.successor(phy))
+    objs += [retarget.layer_objective(t, X) for t in cands[1:]]
     greedy_cost = layer_costs(cm, head, greedy_t, tokens)
     greedy_v = (o0 - og) - lam * retarget.moved_slots(head, greedy_t)
     best_v, best_c, best_cost = greedy_v.copy(), np.full(L, -1), greedy_cost.copy()
@@ -237,11 +243,15 @@ def _widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: Decision
             wide.append(lay)
     if not wide:
         return pl
-    phy = head.phy2log.copy()
-    for lay in wide:
-        phy[lay] = cands[int(best_c[lay])].phy2log[lay]
-    more = retarget.ops_to(head, head.successor(phy), sorted(wide))
-    if more is None:
+    more: list[Operation] = []
+    for lay in sorted(wide):
+        c = int(best_c[lay])
+        lops = known[c].get(lay, []) if c in known else retarget.ops_to(head, cands[c], [lay])
+        if lops is None:  # a re-pack its operations cannot reach: the layer keeps its greedy moves
+            wide.remove(lay)
+            continue
+        more += lops
+    if not wide:
         return pl
     keep = [(o, lay) for o, lay in zip(pl.ops, pl.op_layers, strict=True) if lay not in set(wide)]
     ops = [o for o, _ in keep] + more

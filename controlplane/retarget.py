@@ -1,22 +1,21 @@
-"""Large-gap planning: re-pack a layer toward EPLB's balance while keeping what already sits well.
+"""Large-gap planning: larger deltas than the greedy planner's, for when the head is far from balanced.
 
-The greedy planner (controlplane.greedy) moves one expert off a layer's hottest rank per round: cheap in
-bytes, and right for small drift. After a large drift it stops in a local optimum well above what a full
-re-pack reaches (DeepSeek-V3 decode after a workload shift: greedy settles ~0.10 above EPLB's mean step
-imbalance). This module proposes the larger deltas:
+The greedy planner (controlplane.greedy) moves one expert off a layer's hottest rank per round, with a free
+slot or a cold second replica's slot as the destination: cheap in bytes, and right for small drift. After a
+large drift it stops in a local optimum well above what a re-pack reaches (DeepSeek-V3 decode after a
+workload shift, from an EPLB boot: greedy 1.18 x an even split on the replay blocks, a full re-pack 1.03).
+This module gives decision.rebalance three per-layer alternatives:
 
-1. replica counts per expert as EPLB computes them (`replicate_experts` over the active slots: the next
-   replica goes to the expert with the largest load per replica), at most one replica per active rank;
-2. a *sticky* longest-processing-time packing: replicas heaviest first, each to the least-loaded active rank
-   with room that does not hold the expert yet, except that a rank which already holds the expert is
-   preferred when its load is within `alpha` x the layer's mean rank load of the least-loaded one. alpha = 0
-   is EPLB's own greedy packing (every slot may move); larger alphas keep more replicas where they are;
-3. slots preserved per rank (vLLM's preserve_intragpu_slots), so an expert that stays on a rank keeps its slot.
+- `repack`: EPLB's replica counts (`replicate_experts` over the active slots) packed longest-first onto the
+  least-loaded active rank, slots preserved (vLLM's preserve_intragpu_slots). The balance reference; it
+  moves almost every slot (16,000 of 18,560 at DeepSeek-V3 8x8x5);
+- `exchange` from the head: moves and swaps between a layer's most loaded rank and any other, each lowering
+  that rank's load, keeping the prefix of steps that pays `lam` per changed slot;
+- `exchange` from `recount` (the head with EPLB's replica counts: drops and added replicas only).
 
-`candidates` returns one table per alpha; the caller (decision.rebalance) takes, per layer, whichever of
-head / greedy / these pays best under the planner's rule (each moved slot must pay `min_op_gain` of its
-layer's objective on the replay blocks), and replays the result step by step before proposing it.
-Vectorised over layers; loops over the P active slots of a layer (320 at DeepSeek-V3 8x8x5).
+On that DeepSeek-V3 drift the exchange from the recount reaches 1.026 x an even split (better than the
+re-pack) with ~4,500 changed slots. rebalance keeps, per layer, whichever of greedy and these gains the
+most net of `min_op_gain` per copied slot, and replays the result step by step before proposing it.
 """
 
 from __future__ import annotations
@@ -32,49 +31,39 @@ from controlplane.table import RoutingTable
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
-ALPHAS = (0.0, 0.01, 0.03, 0.06, 0.1)  # stickiness levels tried, in units of the layer's mean rank load
-
-
-def sticky_pack(head: RoutingTable, weight: F64, alpha: float) -> tuple[I64, npt.NDArray[np.bool_]]:
+def repack(head: RoutingTable, weight: F64) -> tuple[I64, npt.NDArray[np.bool_]]:
     """phy2log [L, P] re-packed from `weight` [L, E] (token totals), and ok [L]: False for a layer whose
-    packing ran out of room (its row is head's)."""
+    packing ran out of room (its row is head's). Vectorised over layers; loops over the active slots."""
     topo = head.topology
     G, S, L, E = topo.ranks, topo.slots_per_rank, head.layers, head.experts
     act = head.active_mask
     A = int(act.sum())
     w = np.asarray(weight, dtype=np.float64) + 1e-9  # cold experts still order deterministically
-    _, cnt = replicate_experts(w, A * S, max_replicas=A)  # [L, E]
-    n_items = A * S
-    item_e = np.stack([np.repeat(np.arange(E), cnt[layer]) for layer in range(L)])  # [L, n_items]
+    _, cnt = replicate_experts(w, min(A * S, A * E), max_replicas=A)  # [L, E]; at most one replica per rank
+    item_e = np.stack([np.repeat(np.arange(E), cnt[layer]) for layer in range(L)])  # [L, items]
     item_w = np.take_along_axis(w / cnt, item_e, axis=1)
     order = np.argsort(-item_w, axis=1, kind="stable")
     item_e = np.take_along_axis(item_e, order, axis=1)
     item_w = np.take_along_axis(item_w, order, axis=1)
-    holds = head.holders
     rows = np.arange(L)
-    slack = alpha * w.sum(axis=1) / A  # [L]
     load = np.zeros((L, G))
     n = np.where(act, 0, S)[None, :].repeat(L, axis=0)
     has = np.zeros((L, E, G), dtype=bool)
     ok = np.ones(L, dtype=bool)
-    for j in range(n_items):
+    for j in range(item_e.shape[1]):
         e = item_e[:, j]
         elig = (n < S) & ~has[rows, e, :]  # [L, G]
-        lo = np.where(elig, load, np.inf)
-        gmin = np.argmin(lo, axis=1)
-        pref = np.where(elig & holds[rows, e, :], load, np.inf)
-        gpref = np.argmin(pref, axis=1)
-        use = pref[rows, gpref] <= lo[rows, gmin] + slack
-        g = np.where(use, gpref, gmin)
-        stuck = ~elig.any(axis=1)
-        ok &= ~stuck
-        live = ~stuck
+        g = np.argmin(np.where(elig, load, np.inf), axis=1)
+        live = elig.any(axis=1)
+        ok &= live
         r, gg = rows[live], g[live]
         load[r, gg] += item_w[live, j]
         n[r, gg] += 1
         has[r, e[live], gg] = True
     # experts per rank -> [L, G, S] (held experts first, -1 after), then keep each kept expert's slot
     per = has.transpose(0, 2, 1)  # [L, G, E]
+    if E < S:  # fewer experts than a rank's slots: pad with never-held columns
+        per = np.concatenate([per, np.zeros((L, G, S - E), dtype=bool)], axis=2)
     first = np.argsort(~per, axis=2, kind="stable")[:, :, :S]
     held = np.take_along_axis(per, first, axis=2)
     new = np.where(held, first, -1).reshape(L, G * S)
@@ -88,13 +77,6 @@ def layer_objective(table: RoutingTable, X: npt.NDArray[np.integer]) -> I64:
     loads = rank_load(table, X)[..., table.active_mask]  # [nb, L, A]
     out: I64 = loads.max(axis=-1).sum(axis=0)
     return out
-
-
-def candidates(head: RoutingTable, X: npt.NDArray[np.integer],
-               alphas: tuple[float, ...] = ALPHAS) -> list[RoutingTable]:
-    """One re-packed successor of `head` per alpha, fitted on the replay blocks' totals."""
-    w = np.asarray(X, dtype=np.int64).sum(axis=0).astype(np.float64)
-    return [head.successor(sticky_pack(head, w, a)[0]) for a in alphas]
 
 
 def moved_slots(a: RoutingTable, b: RoutingTable) -> I64:
@@ -175,3 +157,120 @@ def ops_to(head: RoutingTable, target: RoutingTable, layers: list[int]) -> list[
             else:
                 m2[1] = h1
     return out
+
+
+def _loads(hold: npt.NDArray[np.bool_], w: F64, cnt: I64) -> F64:
+    """[G] load per rank when each expert's weight `w` [E] splits evenly over its `cnt` holders `hold` [E, G]."""
+    out: F64 = (hold * (w / np.maximum(cnt, 1))[:, None]).sum(axis=0)
+    return out
+
+
+def recount(head: RoutingTable, weight: F64) -> tuple[I64, dict[int, list[Operation]]]:
+    """phy2log [L, P]: head with each expert's replica count moved to EPLB's (`replicate_experts` over the
+    active slots) and nothing else moved: surplus replicas leave the most loaded ranks holding them (a drop
+    copies nothing), missing ones go to the least loaded active rank with a free slot that lacks the expert
+    (heaviest per replica first; one copy each). Also returns each changed layer's operations, in order."""
+    topo = head.topology
+    G, S, L = topo.ranks, topo.slots_per_rank, head.layers
+    act = head.active_mask
+    w = np.asarray(weight, dtype=np.float64) + 1e-9
+    A = int(act.sum())
+    _, want = replicate_experts(w, min(A * S, A * head.experts), max_replicas=A)
+    have = head.logcnt
+    phy = head.phy2log.reshape(L, G, S).copy()
+    ops: dict[int, list[Operation]] = {}
+    for lay in np.flatnonzero((want != have).any(axis=1)).tolist():
+        row, wl = phy[lay], w[lay]
+        lops = ops.setdefault(lay, [])
+        cnt = have[lay].copy()
+        hold = head.holders[lay].copy()  # [E, G]
+
+        for e in np.flatnonzero(cnt > want[lay]).tolist():
+            while cnt[e] > want[lay, e]:
+                g = int(np.argmax(np.where(hold[e], _loads(hold, wl, cnt), -np.inf)))
+                row[g][np.flatnonzero(row[g] == e)[0]] = -1
+                hold[e, g] = False
+                cnt[e] -= 1
+                lops.append(Drop(lay, e, g))
+        add = np.flatnonzero(cnt < want[lay])
+        for e in add[np.argsort(-(wl[add] / want[lay, add]), kind="stable")].tolist():
+            while cnt[e] < want[lay, e]:
+                room = act & (row < 0).any(axis=1) & ~hold[e]
+                if not room.any():
+                    break
+                g = int(np.argmin(np.where(room, _loads(hold, wl, cnt), np.inf)))
+                row[g][np.flatnonzero(row[g] < 0)[0]] = e
+                hold[e, g] = True
+                cnt[e] += 1
+                lops.append(Replicate(lay, e, g))
+    out: I64 = phy.reshape(L, G * S)
+    return out, ops
+
+
+def exchange(head: RoutingTable, start: tuple[I64, dict[int, list[Operation]]], weight: F64, lam: F64,
+             max_steps: int = 4000) -> tuple[I64, dict[int, list[Operation]]]:
+    """phy2log [L, P]: from `start` (head, or head recounted), repeatedly move or swap one replica between
+    a layer's most loaded active rank and another active rank (an empty slot there makes it a move) so that
+    the larger of the two loads is as small as possible, while that lowers the layer's max load (on the
+    totals `weight`). Each layer then keeps the prefix of its steps that maximises the lowered max load
+    minus lam[layer] per slot that differs from head: the byte-aware local search that a full re-pack is
+    not (EPLB's packing moves almost every slot; this keeps what sits well). `start` is a placement and the
+    operations that reach it from head; returns the same for the result (each step a Migrate into an empty
+    slot or a Swap, valid in order by construction)."""
+    topo = head.topology
+    G, S, L, E = topo.ranks, topo.slots_per_rank, head.layers, head.experts
+    act = head.active_mask
+    others = act[None, :, None]
+    out = start[0].reshape(L, G, S).copy()
+    ops = {lay: list(o) for lay, o in start[1].items()}
+    head_holds = head.holders  # [L, E, G]
+    for lay in range(L):
+        row = out[lay]
+        ok_slot = row >= 0
+        cnt = np.bincount(row[ok_slot], minlength=E)
+        pw = np.where(ok_slot, weight[lay][np.maximum(row, 0)] / np.maximum(cnt[np.maximum(row, 0)], 1), 0.0)
+        pw[~act] = 0.0
+        hold = np.zeros((E + 1, G), dtype=bool)  # row E: the empty slot, held nowhere
+        gi, si = np.nonzero(ok_slot)
+        hold[row[gi, si], gi] = True
+        hh = np.vstack([head_holds[lay], np.zeros((1, G), dtype=bool)])
+        moved = int((hold[:E] & ~hh[:E]).sum())
+        load = np.where(act, pw.sum(axis=1), -np.inf)
+        best_v, best_k, top0 = 0.0, 0, float(load.max())
+        swaps: list[tuple[int, int, int, int]] = []
+        steps: list[tuple[int, int, int, int]] = []  # (src rank, dst rank, expert leaving src, expert back or -1)
+        for _ in range(max_steps):
+            h = int(np.argmax(load))
+            a = row[h]  # [S]
+            d = pw[h][:, None, None] - pw[None, :, :]  # [S, G, S]: load leaving h
+            newmax = np.maximum(load[h] - d, load[None, :, None] + d)
+            b = np.where(row >= 0, row, E)
+            ok = (d > 0) & others & (a >= 0)[:, None, None] & ~hold[np.where(a >= 0, a, E)][:, :, None]
+            ok &= ~hold[b, h][None, :, :]
+            ok[:, h, :] = False
+            score = np.where(ok, newmax, np.inf)
+            k = int(np.argmin(score))
+            if not score.flat[k] < load[h] - 1e-9:
+                break
+            ai, g, bi = (int(x) for x in np.unravel_index(k, score.shape))
+            ea, eb = int(row[h, ai]), int(b[g, bi])
+            moved += int(not hh[ea, g]) - int(not hh[ea, h]) + int(not hh[eb, h]) - int(not hh[eb, g]) \
+                if eb < E else int(not hh[ea, g]) - int(not hh[ea, h])
+            hold[ea, h], hold[ea, g] = False, True
+            if eb < E:
+                hold[eb, g], hold[eb, h] = False, True
+            row[h, ai], row[g, bi] = row[g, bi], row[h, ai]
+            pw[h, ai], pw[g, bi] = pw[g, bi], pw[h, ai]
+            load[h], load[g] = pw[h].sum(), pw[g].sum()
+            swaps.append((h, ai, g, bi))
+            steps.append((h, g, ea, eb if eb < E else -1))
+            v = (top0 - float(load.max())) - float(lam[lay]) * moved
+            if v > best_v + 1e-9:
+                best_v, best_k = v, len(swaps)
+        for h, ai, g, bi in reversed(swaps[best_k:]):  # undo the steps past the best prefix
+            row[h, ai], row[g, bi] = row[g, bi], row[h, ai]
+        if best_k:
+            ops.setdefault(lay, []).extend(
+                Migrate(lay, ea, h, g) if eb < 0 else Swap(lay, ea, h, eb, g) for h, g, ea, eb in steps[:best_k])
+    res: I64 = out.reshape(L, G * S)
+    return res, ops
