@@ -13,6 +13,7 @@ compares the engine's own boot placement with the same table, refusing to run on
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -45,12 +46,25 @@ def _check(experts: int, slots: int) -> None:
 
 def genesis_table(spec: str, topo: Topology, layers: int, experts: int) -> RoutingTable:
     """Version 1 for `spec`: one of KINDS, or the path of a placement file holding [layers, P] (MoE layers
-    only: the agents' layer count). Raises BadInput naming the spec and what was wrong."""
+    only: the agents' layer count). Raises BadInput naming the spec and what was wrong. Built once per
+    (spec, shape, file state) in a process: the config check and the agent's start ask for the same table
+    (tables are immutable)."""
+    stamp: tuple[int, int] | None = None
+    if spec not in KINDS:
+        try:
+            st = Path(spec).stat()
+            stamp = (st.st_mtime_ns, st.st_size)
+        except OSError:
+            pass  # _from_file says what is wrong with the path
+    return _genesis(spec, topo, layers, experts, stamp)
+
+
+@lru_cache(maxsize=8)
+def _genesis(spec: str, topo: Topology, layers: int, experts: int, stamp: tuple[int, int] | None) -> RoutingTable:
     if spec == "static":
         return initial_table(topo, layers, experts)
     if spec in ("vllm", "sglang"):
-        boot = vllm_boot_phy2log if spec == "vllm" else sglang_boot_phy2log
-        phy = boot(layers, experts, topo.slots)
+        phy = vllm_boot_phy2log(layers, experts, topo.slots)
     else:
         phy = _from_file(Path(spec), topo, layers, experts)
     table = RoutingTable(topo, experts, phy, version=1, parent=0)
