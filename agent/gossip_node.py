@@ -126,6 +126,24 @@ class GossipNode:
     def member(self, node_id: str) -> Member | None:
         return self.membership.get(node_id)
 
+    def suspect_ranks(self, ranks: Iterable[int]) -> list[str]:
+        """Local evidence from the engine (Lifeguard): the live members holding any of `ranks` become suspect
+        now, accused by this node, as if our own probe of them had failed; the suspicion spreads and times out
+        as usual (each other node's own evidence confirms it and shortens the timeout), and a member that is
+        alive refutes it. Returns the members suspected (this node is never one)."""
+        wanted = set(ranks)
+        return self.suspect_members([m.node_id for m in self.membership.members() if wanted & set(m.ranks)])
+
+    def suspect_members(self, nodes: Iterable[str]) -> list[str]:
+        """`suspect_ranks` by node id: the live ones among `nodes` (this node aside) become suspect now."""
+        out = []
+        for n in nodes:
+            m = self.membership.get(n)
+            if m is not None and n != self.node_id and m.status in LIVE:
+                self.membership.suspect(n, m.incarnation, self.node_id)
+                out.append(n)
+        return out
+
     def live_nodes(self) -> list[str]:
         """Alive and suspect members, this node included (sorted)."""
         return self.membership.live_nodes()

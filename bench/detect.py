@@ -8,6 +8,10 @@ quiet LAN, then turns on `--loss` message loss (each message, either direction) 
 `detect_p99_s` is the 99th percentile of those times over all trials; `false_deaths` counts every time any
 member marked a node that had not crashed DEAD (the paused node, or any other).
 
+`--engine-evidence-s T`: the engines report the crashed node's ranks unreachable T seconds after the crash
+(a collective or dispatch timeout in every rank of the EP group), and every live agent suspects it at once
+(`GossipNode.suspect_ranks`, Lifeguard's local evidence) instead of waiting for its own probes to fail.
+
     python -m bench.detect --nodes 64 --json
 """
 
@@ -26,7 +30,7 @@ from agent.transport.sim import LinkSpec
 
 
 def trial(nodes: int, seed: int, loss: float, pause_s: float, crashes: int, gap_s: float,
-          profile: str) -> tuple[list[float], int, dict[str, float]]:
+          profile: str, evidence_s: float | None = None) -> tuple[list[float], int, dict[str, float]]:
     sim = GossipSim(seed=seed, cfg=profile_gossip(profile), link=LinkSpec())
     sim.add_nodes(nodes)
     if sim.stabilize(limit=60.0) is None:
@@ -44,7 +48,14 @@ def trial(nodes: int, seed: int, loss: float, pause_s: float, crashes: int, gap_
     for c in crashed:
         crash_at[c] = sim.clock.now()
         sim.crash(c)
-        sim.run(gap_s)
+        if evidence_s is not None:
+            sim.run(evidence_s)
+            for n in sim.ids():
+                if n != c and n not in crash_at:
+                    sim.nodes[n].suspect_members([c])
+            sim.run(gap_s - evidence_s)
+        else:
+            sim.run(gap_s)
     sim.run(gap_s)
     for c in crashed:
         t0 = crash_at[c]
@@ -76,19 +87,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pause-s", type=float, default=2.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--profile", default="lan", choices=["lan", "local", "test"])
+    ap.add_argument("--engine-evidence-s", type=float, default=None, metavar="T",
+                    help="the engines report a crashed node's ranks unreachable T s after the crash (default: never)")
     ap.add_argument("--json", action="store_true", help="print only the JSON result")
     args = ap.parse_args(argv)
     t0 = time.time()
     times: list[float] = []
     false = 0
     for i in range(args.trials):
-        ts, f, _ = trial(args.nodes, args.seed + i, args.loss, args.pause_s, args.crashes, args.gap_s, args.profile)
+        ts, f, _ = trial(args.nodes, args.seed + i, args.loss, args.pause_s, args.crashes, args.gap_s, args.profile,
+                         args.engine_evidence_s)
         times += ts
         false += f
         if not args.json:
             print(f"trial {i}: detect {[round(t, 2) for t in ts]} s, false deaths {f}", file=sys.stderr)
     arr = np.array(times)
-    out = {"nodes": args.nodes, "detect_p99_s": round(float(np.percentile(arr, 99)), 3), "false_deaths": false}
+    out = {"nodes": args.nodes, "detect_p99_s": round(float(np.percentile(arr, 99)), 3), "false_deaths": false,
+           "engine_evidence_s": args.engine_evidence_s}
     if not args.json:
         print(f"{len(times)} crashes: median {np.median(arr):.2f} s, max {arr.max():.2f} s; "
               f"{time.time() - t0:.1f} s wall", file=sys.stderr)

@@ -21,6 +21,8 @@ from elasticmoe.v1 import consensus_pb2 as cpb
 from elasticmoe.v1 import dataplane_pb2 as dpb
 from elasticmoe.v1 import dataplane_pb2_grpc as dgrpc
 
+MAX_UNREACHABLE = 4096  # peers one report may name: a bound on input, far above a decode pool's EP group
+
 
 def check_load_report(r: dpb.LoadReport, layers: int | None = None, experts: int | None = None) -> str:
     """'' if `r` is well formed (and of shape [layers, experts] when given), else the reason."""
@@ -35,14 +37,20 @@ def check_load_report(r: dpb.LoadReport, layers: int | None = None, experts: int
         return f"steps = {r.steps}: expected >= 1"
     if r.first_step + r.steps > 2**63:
         return f"first_step = {r.first_step} + steps = {r.steps}: expected <= 2^63 (a step counter overflow)"
+    if len(r.unreachable_ranks) > MAX_UNREACHABLE:
+        return f"unreachable_ranks has {len(r.unreachable_ranks)} entries: expected at most {MAX_UNREACHABLE}"
+    bad = [g for g in r.unreachable_ranks if g < 0 or g == r.rank]
+    if bad:
+        return f"unreachable_ranks {bad[:4]}: expected other ranks' ids (>= 0, not this report's rank {r.rank})"
     return ""
 
 
 def make_load_report(
     shim_id: str, rank: int, first_step: int, steps: int, version: int, counts: npt.ArrayLike,
-    stale_dispatches: int = 0, dropped_tokens: int = 0,
+    stale_dispatches: int = 0, dropped_tokens: int = 0, unreachable_ranks: Iterable[int] = (),
 ) -> dpb.LoadReport:
-    """A LoadReport for uint32 counts [L, E] summed over `steps` steps starting at `first_step`."""
+    """A LoadReport for uint32 counts [L, E] summed over `steps` steps starting at `first_step`;
+    `unreachable_ranks`: peers this rank's collectives or dispatch could not reach since its last report."""
     c = np.asarray(counts)
     if c.ndim != 2 or c.dtype.kind not in "iu" or (c < 0).any() or (c > np.iinfo(np.uint32).max).any():
         raise BadInput(f"counts shape {c.shape} dtype {c.dtype}: expected uint32 [layers, experts]")
@@ -50,6 +58,7 @@ def make_load_report(
         shim_id=shim_id, rank=rank, first_step=first_step, steps=steps, version=version,
         layers=c.shape[0], experts=c.shape[1], counts=c.astype("<u4").tobytes(),
         stale_dispatches=stale_dispatches, dropped_tokens=dropped_tokens,
+        unreachable_ranks=sorted(set(int(g) for g in unreachable_ranks)),
     )
     reason = check_load_report(r)
     if reason:

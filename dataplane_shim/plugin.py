@@ -117,6 +117,7 @@ class PluginCore:
         self._load = np.zeros((layers, experts), dtype=np.int64)
         self._first_step = 0
         self._steps = 0
+        self._unreachable: set[int] = set()
 
     # ---- tables in ---------------------------------------------------------------------------------
     def receive(self, commits: Iterable[cpb.Commit] | None = None) -> int:
@@ -181,12 +182,21 @@ class PluginCore:
         self._steps += steps
         self.stats.steps += steps
 
+    def peer_unreachable(self, rank: int) -> None:
+        """The engine could not reach `rank` (a collective or dispatch timeout, a dead link): the next report
+        carries it, and the agent suspects that rank's node at once (Lifeguard's local evidence)."""
+        if not 0 <= rank < self.topo.ranks or rank == self.rank:
+            raise BadInput(f"unreachable rank {rank}: expected another rank in 0..{self.topo.ranks - 1}")
+        self._unreachable.add(rank)
+
     def maybe_report(self) -> bool:
         """Once `report_every` steps of load are in, offer them to the link as one report (never blocks)."""
         if self._steps < self.report_every:
             return False
         counts = np.minimum(self._load, np.iinfo(np.uint32).max).astype(np.uint32)
-        report = make_load_report(self.shim_id, self.rank, self._first_step, self._steps, self.version, counts)
+        report = make_load_report(self.shim_id, self.rank, self._first_step, self._steps, self.version, counts,
+                                  unreachable_ranks=self._unreachable)
+        self._unreachable = set()
         self.link.offer(report)
         self.stats.reports += 1
         self._first_step += self._steps

@@ -127,3 +127,18 @@ def test_load_is_reported_every_k_steps_with_its_span() -> None:
     assert link.sent[0].rank == 1 and link.sent[0].version == 1 and link.sent[0].shim_id == "rank1"
     with pytest.raises(BadInput, match="load shape"):
         c.add_load(np.zeros((L, E + 1)))
+
+
+def test_an_unreachable_peer_rides_the_next_report_once() -> None:
+    link = FakeLink()
+    c = core(1, link)
+    c.peer_unreachable(0)
+    c.add_load(np.zeros((L, E), dtype=np.int64))
+    c.maybe_report()
+    c.add_load(np.zeros((L, E), dtype=np.int64))
+    c.maybe_report()
+    assert [list(r.unreachable_ranks) for r in link.sent] == [[0], []]
+    with pytest.raises(BadInput, match="unreachable rank 1"):
+        c.peer_unreachable(1)  # itself
+    with pytest.raises(BadInput, match="unreachable rank"):
+        c.peer_unreachable(TOPO.ranks)

@@ -24,7 +24,7 @@ class TableUpdate(_message.Message):
     def __init__(self, commit: _Optional[_Union[_consensus_pb2.Commit, _Mapping]] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("shim_id", "rank", "first_step", "steps", "version", "layers", "experts", "counts", "stale_dispatches", "dropped_tokens", "dropped_reports")
+    __slots__ = ("shim_id", "rank", "first_step", "steps", "version", "layers", "experts", "counts", "stale_dispatches", "dropped_tokens", "dropped_reports", "unreachable_ranks")
     SHIM_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     FIRST_STEP_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +36,7 @@ class LoadReport(_message.Message):
     STALE_DISPATCHES_FIELD_NUMBER: _ClassVar[int]
     DROPPED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     DROPPED_REPORTS_FIELD_NUMBER: _ClassVar[int]
+    UNREACHABLE_RANKS_FIELD_NUMBER: _ClassVar[int]
     shim_id: str
     rank: int
     first_step: int
@@ -47,7 +48,8 @@ class LoadReport(_message.Message):
     stale_dispatches: int
     dropped_tokens: int
     dropped_reports: int
-    def __init__(self, shim_id: _Optional[str] = ..., rank: _Optional[int] = ..., first_step: _Optional[int] = ..., steps: _Optional[int] = ..., version: _Optional[int] = ..., layers: _Optional[int] = ..., experts: _Optional[int] = ..., counts: _Optional[bytes] = ..., stale_dispatches: _Optional[int] = ..., dropped_tokens: _Optional[int] = ..., dropped_reports: _Optional[int] = ...) -> None: ...
+    unreachable_ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, shim_id: _Optional[str] = ..., rank: _Optional[int] = ..., first_step: _Optional[int] = ..., steps: _Optional[int] = ..., version: _Optional[int] = ..., layers: _Optional[int] = ..., experts: _Optional[int] = ..., counts: _Optional[bytes] = ..., stale_dispatches: _Optional[int] = ..., dropped_tokens: _Optional[int] = ..., dropped_reports: _Optional[int] = ..., unreachable_ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ReportLoadAck(_message.Message):
     __slots__ = ("accepted", "rejected", "reason")

@@ -1,0 +1,115 @@
+"""Lifeguard's local evidence from the engine: a rank that cannot reach a peer makes its agent suspect the
+peer's node at once; a live node refutes; a crashed one is declared dead sooner than by probes alone."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agent.gossip_sim import GossipSim, profile_gossip
+from agent.membership import MemberStatus
+from agent.transport.sim import LinkSpec
+from dataplane_shim.errors import BadInput
+from dataplane_shim.link import MAX_UNREACHABLE, check_load_report, make_load_report
+
+
+def _sim(n: int = 8, seed: int = 3) -> GossipSim:
+    sim = GossipSim(seed=seed, cfg=profile_gossip("lan"), link=LinkSpec())
+    sim.add_nodes(n)
+    assert sim.stabilize(limit=60.0) is not None
+    sim.run(1.0)
+    return sim
+
+
+def _dead_at(sim: GossipSim, victim: str, t0: float) -> float:
+    """Seconds from t0 until the last other node marked `victim` DEAD (inf if one never did)."""
+    first: dict[str, float] = {}
+    for e in sim.events:
+        if e.member.node_id == victim and e.member.status == MemberStatus.DEAD and e.t >= t0:
+            first.setdefault(e.observer, e.t)
+    return max(first.get(o, float("inf")) for o in sim.ids() if o != victim) - t0
+
+
+def test_engine_evidence_suspects_at_once_and_declares_a_crash_dead_sooner() -> None:
+    times = {}
+    for evidence in (False, True):
+        sim = _sim()
+        victim = sim.ids()[-1]
+        sim.events.clear()
+        t0 = sim.clock.now()
+        sim.crash(victim)
+        if evidence:
+            sim.run(0.05)  # the engines' collective timeout
+            for n in sim.ids():
+                if n != victim:
+                    assert sim.nodes[n].suspect_members([victim]) == [victim]
+                    assert sim.nodes[n].member(victim).status == MemberStatus.SUSPECT  # at once, not after probes
+        sim.run(8.0)
+        times[evidence] = _dead_at(sim, victim, t0)
+    assert times[True] < times[False] < float("inf")
+    print(f"\ncrash to dead everywhere: probes only {times[False]:.2f} s, with engine evidence {times[True]:.2f} s")
+
+
+def test_a_live_node_accused_by_an_engine_refutes_and_stays_alive() -> None:
+    sim = _sim()
+    accused, accuser = sim.ids()[2], sim.ids()[0]
+    inc = sim.nodes[accused].incarnation
+    sim.events.clear()
+    assert sim.nodes[accuser].suspect_members([accused, accuser]) == [accused]  # never itself
+    sim.run(8.0)
+    assert not any(e.member.node_id == accused and e.member.status == MemberStatus.DEAD for e in sim.events)
+    assert sim.nodes[accused].incarnation > inc  # it heard the suspicion and refuted it
+    assert all(sim.nodes[n].member(accused).status == MemberStatus.ALIVE for n in sim.ids())
+
+
+def test_suspect_ranks_maps_ranks_to_the_members_holding_them() -> None:
+    sim = _sim(4)
+    me = sim.nodes[sim.ids()[0]]
+    other = [m for m in me.members() if m.node_id != me.node_id and m.ranks][0]
+    assert me.suspect_ranks([other.ranks[0]]) == [other.node_id]
+    assert me.suspect_ranks([10**6]) == []  # a rank nobody holds accuses nobody
+
+
+def test_load_reports_bound_and_check_the_unreachable_ranks() -> None:
+    counts = np.zeros((2, 4), dtype=np.uint32)
+    r = make_load_report("s", 1, 0, 1, 1, counts, unreachable_ranks=[3, 2, 3])
+    assert list(r.unreachable_ranks) == [2, 3] and check_load_report(r) == ""
+    with pytest.raises(BadInput, match="this report's rank 1"):
+        make_load_report("s", 1, 0, 1, 1, counts, unreachable_ranks=[1])
+    with pytest.raises(BadInput, match="unreachable_ranks"):
+        make_load_report("s", 1, 0, 1, 1, counts, unreachable_ranks=[-2])
+    r = make_load_report("s", 1, 0, 1, 1, counts)
+    r.unreachable_ranks.extend(range(2, MAX_UNREACHABLE + 3))
+    assert "at most" in check_load_report(r)
+
+
+def test_the_agent_suspects_the_nodes_its_engine_cannot_reach(tmp_path: object) -> None:
+    """NodeState.on_load_report hands a report's unreachable ranks to gossip, and refuses ranks outside the
+    cluster (naming the field) before anything is counted."""
+    from agent.config import from_dict
+    from agent.loadpath import LoadReportError
+    from agent.state import NodeState
+
+    cfg = from_dict({"node_id": "n1", "profile": "test", "data_dir": str(tmp_path),
+                     "cluster": {"nodes": 2, "ranks_per_node": 2, "slots_per_rank": 4, "layers": 2, "experts": 4,
+                                                                "top_k": 2}})
+    state = NodeState(cfg)
+    accused: list[list[int]] = []
+
+    class Gossip:
+        def suspect_ranks(self, ranks: object) -> list[str]:
+            accused.append(list(ranks))  # type: ignore[call-overload]
+            return ["n2"]
+
+        def publish_window(self, *a: object) -> None: ...
+
+        def live_nodes(self) -> list[str]:
+            return ["n1", "n2"]
+
+    state.gossip = Gossip()  # type: ignore[assignment]
+    counts = np.zeros((2, 4), dtype=np.uint32)
+    with pytest.raises(LoadReportError, match="unreachable_ranks"):
+        state.on_load_report(make_load_report("s", 0, 0, 1, 1, counts, unreachable_ranks=[4]))
+    assert accused == []
+    state.on_load_report(make_load_report("s", 0, 0, 1, 1, counts, unreachable_ranks=[2, 3]))
+    assert accused == [[2, 3]]
