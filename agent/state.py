@@ -189,9 +189,8 @@ class NodeState:
         if (r.layers, r.experts) != (c.layers, c.experts) or len(r.counts) != c.layers * c.experts * 4:
             raise LoadReportError(f"load report shape [{r.layers}, {r.experts}] with {len(r.counts)} bytes: "
                                   f"expected [{c.layers}, {c.experts}] with {c.layers * c.experts * 4} bytes")
-        ranks = c.nodes * c.ranks_per_node
-        if any(g >= ranks for g in r.unreachable_ranks):
-            raise LoadReportError(f"unreachable_ranks {sorted(r.unreachable_ranks)[-4:]}: expected ranks < {ranks}")
+        if any(g >= self.topology.ranks for g in r.unreachable_ranks):
+            raise LoadReportError(f"unreachable_ranks {sorted(r.unreachable_ranks)[-4:]}: expected < {self.topology.ranks}")
         if r.unreachable_ranks and self.gossip is not None:  # the engine's own evidence (Lifeguard)
             who = self.gossip.suspect_ranks(r.unreachable_ranks)
             log.warning("rank %d could not reach ranks %s: suspecting %s", r.rank, list(r.unreachable_ranks), who)
