@@ -49,7 +49,7 @@ def draw(out: Path, series: dict[str, tuple[F64, F64, F64]], drift_steps: list[i
         x = np.sort(ms)
         ax.plot(x, np.arange(1, x.size + 1) / x.size, label=name, lw=1.2)
     ax.set_xscale("log")
-    ax.set_xlabel("step time, MoE part (ms, log)")
+    ax.set_xlabel("decode step time (ms, log)")
     ax.set_ylabel("fraction of steps")
     ax.set_title("Step-time CDF")
     ax.legend(fontsize=8)

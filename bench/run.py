@@ -1,6 +1,6 @@
 """`emoe bench`: every policy on the same trace, cluster, router and step-time model; results.json + plots.
 
-Metrics (per policy): mean step imbalance; p50/p99 step time (MoE part, stalls included); recovery steps
+Metrics (per policy): mean step imbalance; p50/p99 step time (the whole decode step, stalls included); recovery steps
 after each drift point (steps until the W-step moving average of step imbalance is within 10% of
 hindsight's mean for that segment and stays there for W steps; the segment's length if never);
 bytes moved (every slot whose content changed, hindsight included though it is charged nothing); replica
@@ -324,8 +324,8 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
             "detect_steps": cfg.detect_steps, "model": "see bench.rankloss: elastic holds pairs it cannot serve "
             "(masks after detection, repair via RanksLost); eplb sends to the dead rank until its next periodic "
             "rebalance over the survivors; static/craft never react; hindsight re-plans free at the kill. detect_s is "
-            "converted with the MoE-only step time (attention is not modelled), which over-counts detection steps "
-            "against a real decode step; --detect-steps sets them directly"}
+            "converted with the modelled decode step time (MoE part plus attention, dense layers, shared experts and "
+            "LM head: dataplane_shim.engine); --detect-steps sets them directly"}
     for name in cfg.policies:
         if name in unavailable:
             results["policies"][name] = {"unavailable": unavailable[name]}

@@ -9,8 +9,16 @@ Step-time model, per MoE layer and rank g (all figures per GPU; H200 SXM):
   and out. Tokens are spread evenly over ranks before dispatch (data-parallel attention), so a fraction
   1/G of g's pairs is local, (ranks_per_node - 1)/G comes over NVLink and the rest over InfiniBand; the
   receive time is the slower of the two links.
-- layer time on g = GEMM + all-to-all; a layer waits for its slowest rank; a step is the sum over layers.
-Attention and dense layers are not modelled (they are the same for every policy).
+- layer time on g = GEMM + all-to-all; a layer waits for its slowest rank; the MoE part of a step is the
+  sum over MoE layers.
+- the rest of the step (`ModelShape.other_ms`, the same for every policy and every rank: it changes no
+  comparison, but it converts seconds into steps: detection delays, copy times): data-parallel attention
+  with B / G sequences per rank, each layer a roofline of its weights and its KV-cache reads
+  (B / G x `context` tokens x the latent KV bytes) against FLOPs 2 x params + 4 x context x heads x latent
+  per sequence; the dense layers' MLPs, the shared experts of each MoE layer and the LM head read their
+  weights once per step (decode: memory-bound). Not modelled: norms, rotary, sampling, the CPU side,
+  kernel launch gaps (CUDA graphs hide most), and MTP. DeepSeek-V3 at B = 4096 over 64 ranks and a 2k
+  context: ~7 ms per step besides the ~23 ms MoE part.
 
 H200 figures (sources):
 - 989 TFLOP/s dense BF16 (NVIDIA H200 datasheet, "BF16 Tensor Core 1,979 TFLOPS with sparsity"), 1979 for
@@ -59,18 +67,55 @@ class ModelShape:
     weight_bytes: float = 2.0  # bf16
     act_bytes: float = 2.0  # bf16 activations on the wire and in HBM
     fp8: bool = False
+    # the rest of the step (0: not modelled): all transformer layers, attention params per layer, heads and
+    # the latent KV width (MLA: kv_lora_rank + rope dim), dense-MLP params of each of `dense_layers`, shared
+    # expert params per MoE layer, LM head params (served in bf16)
+    layers_total: int = 0
+    attn_params: float = 0.0
+    heads: int = 0
+    kv_latent: int = 0
+    dense_layers: int = 0
+    dense_params: float = 0.0
+    shared_params: float = 0.0
+    head_params: float = 0.0
 
     @property
     def expert_bytes(self) -> float:
         """Bytes of one expert's gate, up and down projections."""
         return 3.0 * self.hidden * self.inter * self.weight_bytes
 
+    def other_ms(self, hw: Hardware, seqs_per_rank: F64, context: int) -> F64:
+        """Milliseconds of a decode step outside the routed experts, per step, for `seqs_per_rank` [T]."""
+        n = np.asarray(seqs_per_rank, dtype=np.float64)
+        peak = (hw.fp8_flops if self.fp8 else hw.bf16_flops) * hw.compute_eff
+        bw = hw.hbm * hw.hbm_eff
+        kv = n * context * self.kv_latent * self.act_bytes  # KV-cache bytes read per layer
+        attn = np.maximum((2.0 * self.attn_params + 4.0 * context * self.heads * self.kv_latent) * n / peak,
+                          (self.attn_params * self.weight_bytes + kv) / bw)
+        moe_layers = self.layers_total - self.dense_layers
+        weights = (self.dense_layers * self.dense_params + moe_layers * self.shared_params) * self.weight_bytes
+        rest = np.maximum(2.0 * n * (self.dense_layers * self.dense_params + moe_layers * self.shared_params) / peak,
+                          weights / bw)
+        head = np.maximum(2.0 * n * self.head_params / (hw.bf16_flops * hw.compute_eff),
+                          self.head_params * 2.0 / bw)
+        out: F64 = (self.layers_total * attn + rest + head) * 1e3
+        return out
+
 
 # DeepSeek-V2-Lite (ESFT-vanilla-lite): hidden 2048, moe_intermediate_size 1408, 64 routed experts, top-6,
 # 26 MoE layers (config.json of deepseek-ai/DeepSeek-V2-Lite); served in bf16.
-DEEPSEEK_V2_LITE = ModelShape("deepseek-v2-lite", hidden=2048, inter=1408, top_k=6)
+# Attention (MLA, no q LoRA): q 2048 x 16 x 192, kv_a 2048 x 576, kv_b 512 x 16 x 256, o 16 x 128 x 2048
+# (13.8 M); 27 layers, the first dense (intermediate 10944); 2 shared experts; vocab 102400.
+DEEPSEEK_V2_LITE = ModelShape("deepseek-v2-lite", hidden=2048, inter=1408, top_k=6, layers_total=27,
+                              attn_params=13.8e6, heads=16, kv_latent=576, dense_layers=1,
+                              dense_params=3 * 2048 * 10944, shared_params=2 * 3 * 2048 * 1408,
+                              head_params=102400 * 2048)
 # DeepSeek-V3: hidden 7168, moe_intermediate_size 2048, 256 routed experts, top-8, 58 MoE layers; FP8 weights.
-DEEPSEEK_V3 = ModelShape("deepseek-v3", hidden=7168, inter=2048, top_k=8, weight_bytes=1.0, fp8=True)
+# Attention (MLA): q_a 7168 x 1536, q_b 1536 x 128 x 192, kv_a 7168 x 576, kv_b 512 x 128 x 256, o 128 x 128 x
+# 7168 (187 M); 61 layers, the first 3 dense (intermediate 18432); 1 shared expert; vocab 129280.
+DEEPSEEK_V3 = ModelShape("deepseek-v3", hidden=7168, inter=2048, top_k=8, weight_bytes=1.0, fp8=True,
+                         layers_total=61, attn_params=187e6, heads=128, kv_latent=576, dense_layers=3,
+                         dense_params=3 * 7168 * 18432, shared_params=3 * 7168 * 2048, head_params=129280 * 7168)
 
 
 def shape_for(layers: int, experts: int, top_k: int) -> ModelShape:
@@ -197,7 +242,7 @@ class RankEngine:
 
 @dataclass
 class StepResult:
-    """step_ms [T] (MoE part of each step), imbalance [T] (step imbalance of live ranks' tokens);
+    """step_ms [T] (the whole decode step: MoE part plus ModelShape.other_ms), imbalance [T] (step imbalance of live ranks' tokens);
     lost [T, L, E]: pairs routed to dead ranks' slots, per expert (None without dead ranks)."""
 
     step_ms: F64
@@ -228,10 +273,12 @@ class Moves:
 class EPCluster:
     """G rank engines behind one router; replays counts through a table and prices table changes."""
 
-    def __init__(self, topo: Topology, shape: ModelShape, hw: Hardware = H200, router: Router | None = None) -> None:
+    def __init__(self, topo: Topology, shape: ModelShape, hw: Hardware = H200, router: Router | None = None,
+                 context: int = 2048) -> None:
         self.topo = topo
         self.shape = shape
         self.hw = hw
+        self.context = context  # mean KV length of the sequences in a decode batch
         self.router: Router = ShimRouter() if router is None else router
         self.ranks = [RankEngine(g, topo, shape, hw) for g in range(topo.ranks)]
 
@@ -251,6 +298,9 @@ class EPCluster:
             times[:, :, g] = eng.layer_ms(per_rank[:, :, g, :], scale)
         act = table.active_mask if dead is None else table.active_mask & ~dead
         step_ms = times[:, :, act].max(axis=2).sum(axis=1)
+        if self.shape.layers_total:  # the rest of the step: B / G sequences per live rank
+            seqs = np.asarray(counts, dtype=np.float64)[:, 0, :].sum(axis=1) / max(self.shape.top_k, 1)
+            step_ms = step_ms + self.shape.other_ms(self.hw, seqs / max(int(act.sum()), 1), self.context)
         tok = per_rank.sum(axis=3)[:, :, act]
         mx = tok.max(axis=2).sum(axis=1).astype(np.float64)
         mean = tok.mean(axis=2).sum(axis=1)
