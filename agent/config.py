@@ -204,7 +204,6 @@ class DecisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # moves that each pay min_op_gain; ESFT intent from static EP needs ~250 over 26 layers
     max_ops: int = 512
     replay_windows: int = 3      # windows kept in the replay buffer
-    profile_path: str = ""       # offline stability profile (.npz); empty: none
     # One live voter plans each window: the round-0 owner of the next version, handing over to the next
     # live voter in the rotation after this many windows without a new head (so a planner that is stuck,
     # cut off from a quorum, or finds nothing worth proposing yields). The others vote, replay and stand by;

@@ -46,6 +46,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--copy-share", type=float, default=0.5, help="elastic: link share taken by replica copies")
     p.add_argument("--elastic-param", action="append", default=[], metavar="K=V",
                    help="a DecisionParams field for the elastic policy, e.g. theta=1.1 (repeatable)")
+    p.add_argument("--elastic-profile", type=Path, default=None, metavar="FILE",
+                   help="a stability profile (emoe profile) as the elastic planner's prior (default: none)")
     p.add_argument("--kill-rank", action="append", default=[], metavar="R@STEP",
                    help="rank R dies at STEP (repeatable): recovery, delayed and dropped tokens per policy")
     p.add_argument("--detect-s", type=float, default=2.477,
@@ -116,7 +118,9 @@ def initial_totals(args: argparse.Namespace) -> Any:
 
 
 def bench_main(args: argparse.Namespace) -> int:
+    from agent.cli.profile import load_profile
     from bench.run import BenchConfig, run_bench
+    from controlplane.errors import ControlPlaneError
 
     for name in ("segment_steps", "nodes", "ranks_per_node", "slots_per_rank", "window", "commit_latency"):
         if getattr(args, name) < (0 if name == "commit_latency" else 1):
@@ -146,13 +150,14 @@ def bench_main(args: argparse.Namespace) -> int:
         cfg = BenchConfig(args.nodes, args.ranks_per_node, args.slots_per_rank, args.window,
                           tuple(p for p in args.policies.split(",") if p), args.seed, args.expert_groups,
                           args.craft_budget, args.commit_latency, args.copy_share, params, tuple(kills),
-                          args.detect_s, args.detect_steps, args.initial, init)
+                          args.detect_s, args.detect_steps, args.initial, init,
+                          load_profile(args.elastic_profile) if args.elastic_profile else None)
         from bench.policies import make_policy
 
         for spec in cfg.policies:
             make_policy(spec, cfg.window, 1, cfg.craft_budget, cfg.commit_latency)
         res = run_bench(trace, cfg, args.out, progress=not args.no_progress, plots=not args.no_plots)
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, ControlPlaneError) as e:
         print(f"emoe bench: {e}", file=sys.stderr)
         return 1
     print(format_table(res))

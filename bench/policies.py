@@ -155,6 +155,7 @@ class Elastic:
     window: int
     commit_latency: int = 3
     params: dict[str, Any] = field(default_factory=dict)
+    profile: Any = None  # controlplane.profile.StabilityProfile: the planner's prior (None: none)
     name: str = "elastic"
     holds_tokens: bool = True  # the shim masks a dead rank once detected and holds pairs it cannot serve
     ctrl: Any = None
@@ -165,7 +166,7 @@ class Elastic:
     def start(self, base: RoutingTable, counts: Counts, drift_steps: list[int]) -> list[Change]:
         mod = importlib.import_module("controlplane.controller")
         params = mod.DecisionParams(**{"window": self.window, **self.params})
-        self.ctrl = mod.Controller(params, base)
+        self.ctrl = mod.Controller(params, base, self.profile)
         self._mod = mod
         return []
 

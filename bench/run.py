@@ -251,6 +251,7 @@ class BenchConfig:
     detect_steps: int | None = None
     initial: str = "static"  # every policy's boot placement: "static" or "eplb:SPEC" (fitted on initial_totals)
     initial_totals: npt.NDArray[np.int64] | None = None  # [L, E] for "eplb:SPEC"
+    elastic_profile: Any = None  # a StabilityProfile for the elastic policy's planner (None: none)
 
 
 def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress: bool = True,
@@ -300,6 +301,8 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
             pol = make_policy(name, cfg.window, groups, cfg.craft_budget, cfg.commit_latency, elastic_params)
             if isinstance(pol, Hindsight):
                 pol.kills = kills
+            if isinstance(pol, Elastic):
+                pol.profile = cfg.elastic_profile
             policy_objs[name] = pol
             runs[name] = simulate(pol, cluster, base, trace, cfg.window, cfg.copy_share, tick, kills, detect)
         if "hindsight" in names:
