@@ -99,9 +99,8 @@ class NodeState:
     def attach(self, server: grpc.aio.Server) -> None:
         from agent.credentials import channel_credentials
         from agent.transport.grpc import GrpcTransport
-
-        addresses = {n: a for n, a in self.cfg.seed_map.items() if n != self.node_id}
         if self.transport is None:
+            addresses = {n: a for n, a in self.cfg.seed_map.items() if n != self.node_id}
             self.transport = GrpcTransport(self.node_id, addresses, credentials=channel_credentials(self.cfg))
         self.transport.attach(server)
 
@@ -246,9 +245,8 @@ class NodeState:
         self._perform(ready)
 
     def _planner(self, seq: int) -> str:
-        """The node that plans window `seq` in this node's view ('' when it is this one; agent.consensus.paxos
-        .planner_turn). Views may differ for a moment (then two nodes plan, and consensus picks one); a voter
-        counts itself live, so its view never lacks a planner; a non-voter plans only if it sees no voter."""
+        """The node planning window `seq` in this view ('' if this one; paxos.planner_turn). Views may differ a moment
+        (two plan, consensus picks one); a voter counts itself live; a non-voter plans only if it sees no voter."""
         k = self.cfg.decision.handover_windows
         turn = planner_turn(self.consensus.head.version + 1, self._voters, self._live_voters(),
                             seq - self._head_seq - 1, k) if k else None
@@ -326,7 +324,9 @@ class NodeState:
         return np.stack(picked).astype(np.uint32) if picked else None
 
     def _on_commit(self, commit: cpb.Commit, table: RoutingTable) -> None:
-        self._head_seq = self._window_seq
+        # the turn restarts at the window that proposed this table (the same on every node, however late it learns)
+        end = int(commit.plan.replay_to_step) // self.params.window
+        self._head_seq = end - 1 if 0 < end <= self._window_seq + 1 else self._window_seq
         self._perform(self.controller.step(TableCommitted(table, kind=kind_of_trigger(commit.plan.trigger))))
         rec = self._explain.get(table.version)
         if rec is not None:

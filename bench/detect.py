@@ -102,8 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.json:
             print(f"trial {i}: detect {[round(t, 2) for t in ts]} s, false deaths {f}", file=sys.stderr)
     arr = np.array(times)
-    out = {"nodes": args.nodes, "detect_p99_s": round(float(np.percentile(arr, 99)), 3), "false_deaths": false,
-           "engine_evidence_s": args.engine_evidence_s}
+    out: dict[str, object] = {"nodes": args.nodes, "detect_p99_s": round(float(np.percentile(arr, 99)), 3),
+                              "false_deaths": false}
+    if args.engine_evidence_s is not None:
+        out["engine_evidence_s"] = args.engine_evidence_s
     if not args.json:
         print(f"{len(times)} crashes: median {np.median(arr):.2f} s, max {arr.max():.2f} s; "
               f"{time.time() - t0:.1f} s wall", file=sys.stderr)

@@ -6,7 +6,8 @@ hindsight's mean for that segment and stays there for W steps; the segment's len
 bytes moved (every slot whose content changed, hindsight included though it is charged nothing); replica
 slots (the most filled slots beyond one per expert, summed over layers, at any time); stall (blocking
 moves); commits (tables installed); regressions (installed changes whose realised step imbalance, over
-the W steps after install or until the next one, was worse than the replaced table's on those steps).
+the W steps after install or until the next one, was worse than the replaced table's on those steps; a
+change replacing a table that still uses a dead rank is not compared: that table cannot serve).
 """
 
 from __future__ import annotations
@@ -197,15 +198,17 @@ def recovery_steps(imb: F64, ref: F64, drift_steps: list[int], window: int) -> l
     return out
 
 
-def regressions(run: PolicyRun, counts: npt.NDArray[np.uint32], window: int) -> int:
+def regressions(run: PolicyRun, counts: npt.NDArray[np.uint32], window: int, kills: list[Kill] | None = None) -> int:
     """Installed changes whose realised imbalance over the next W steps (or until the next install) was
-    worse than the replaced table's on the same steps."""
+    worse than the replaced table's on the same steps. A change that replaces a table still using a rank
+    that is dead by then (a repair, or any policy's first table after a kill) is not compared: the replaced
+    table cannot serve those steps at all, so its figure is no baseline."""
     n = 0
     T = counts.shape[0]
     steps = [i.step for i in run.installs] + [T]
     for k, ins in enumerate(run.installs):
         b = min(ins.step + window, steps[k + 1], T)
-        if b <= ins.step:
+        if b <= ins.step or any(x.step <= ins.step and x.rank in ins.old.active_ranks for x in kills or []):
             continue
         c = counts[ins.step:b]
         if float(table_step_imbalance(ins.new, c).mean()) > float(table_step_imbalance(ins.old, c).mean()) + 1e-12:
@@ -214,7 +217,7 @@ def regressions(run: PolicyRun, counts: npt.NDArray[np.uint32], window: int) -> 
 
 
 def summarize(run: PolicyRun, counts: npt.NDArray[np.uint32], ref: F64, drift: list[int], window: int,
-              counted_commits: int | None = None) -> dict[str, Any]:
+              counted_commits: int | None = None, kills: list[Kill] | None = None) -> dict[str, Any]:
     edges = [0, *drift, run.imbalance.size]
     return {
         "mean_step_imbalance": float(run.imbalance.mean()),
@@ -226,7 +229,7 @@ def summarize(run: PolicyRun, counts: npt.NDArray[np.uint32], ref: F64, drift: l
         "replica_slots": int(run.replica_slots),
         "stall_ms_total": float(run.stall_ms.sum()),
         "commits": len(run.installs) if counted_commits is None else counted_commits,
-        "regressions": regressions(run, counts, window),
+        "regressions": regressions(run, counts, window, kills),
     }
 
 
@@ -337,7 +340,7 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
             continue
         pol = policy_objs[name]
         committed = len(pol.decisions) if isinstance(pol, Elastic) else None  # tables committed by quorum
-        entry = summarize(runs[name], trace.counts, ref_run.imbalance, trace.drift_steps, cfg.window, committed)
+        entry = summarize(runs[name], trace.counts, ref_run.imbalance, trace.drift_steps, cfg.window, committed, kills)
         if isinstance(pol, Elastic):
             entry["decisions"] = pol.decisions
             entry["outcomes"] = dict(Counter(e["outcome"] for e in pol.explains))

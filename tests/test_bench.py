@@ -77,6 +77,12 @@ def test_regressions_count_installs_worse_than_the_table_they_replaced() -> None
     run = PolicyRun(np.ones(20), np.ones(20), np.zeros(20), np.zeros(20))
     run.installs = [Install(5, good, bad, 0.0, "x"), Install(12, bad, good, 0.0, "x")]
     assert regressions(run, counts, 4) == 1
+    # rank 1 dies at step 3: the install at 5 replaces a table that still uses it (a repair), and is not
+    # compared; the one at 12 replaces `bad`, which uses rank 1 too
+    from bench.rankloss import Kill
+
+    assert regressions(run, counts, 4, [Kill(1, 3)]) == 0
+    assert regressions(run, counts, 4, [Kill(1, 6)]) == 1  # dead only after the first install
 
 
 def test_synthetic_trace_is_skewed_drifting_and_labelled() -> None:
