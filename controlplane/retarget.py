@@ -237,8 +237,7 @@ def exchange(head: RoutingTable, start: tuple[I64, dict[int, list[Operation]]], 
         moved = int((hold[:E] & ~hh[:E]).sum())
         load = np.where(act, pw.sum(axis=1), -np.inf)
         best_v, best_k, top0 = 0.0, 0, float(load.max())
-        swaps: list[tuple[int, int, int, int]] = []
-        steps: list[tuple[int, int, int, int]] = []  # (src rank, dst rank, expert leaving src, expert back or -1)
+        steps: list[tuple[int, int, int, int, int, int]] = []  # (h, slot on h, g, slot on g, expert h->g, g->h or -1)
         for _ in range(max_steps):
             h = int(np.argmax(load))
             a = row[h]  # [S]
@@ -262,15 +261,14 @@ def exchange(head: RoutingTable, start: tuple[I64, dict[int, list[Operation]]], 
             row[h, ai], row[g, bi] = row[g, bi], row[h, ai]
             pw[h, ai], pw[g, bi] = pw[g, bi], pw[h, ai]
             load[h], load[g] = pw[h].sum(), pw[g].sum()
-            swaps.append((h, ai, g, bi))
-            steps.append((h, g, ea, eb if eb < E else -1))
+            steps.append((h, ai, g, bi, ea, eb if eb < E else -1))
             v = (top0 - float(load.max())) - float(lam[lay]) * moved
             if v > best_v + 1e-9:
-                best_v, best_k = v, len(swaps)
-        for h, ai, g, bi in reversed(swaps[best_k:]):  # undo the steps past the best prefix
+                best_v, best_k = v, len(steps)
+        for h, ai, g, bi, _, _ in reversed(steps[best_k:]):  # undo the steps past the best prefix
             row[h, ai], row[g, bi] = row[g, bi], row[h, ai]
         if best_k:
-            ops.setdefault(lay, []).extend(
-                Migrate(lay, ea, h, g) if eb < 0 else Swap(lay, ea, h, eb, g) for h, g, ea, eb in steps[:best_k])
+            ops.setdefault(lay, []).extend(Migrate(lay, ea, h, g) if eb < 0 else Swap(lay, ea, h, eb, g)
+                                           for h, _, g, _, ea, eb in steps[:best_k])
     res: I64 = out.reshape(L, G * S)
     return res, ops
