@@ -11,7 +11,7 @@ from agent.cli import main, render
 from agent.cli.admin import CliError, parse_ops
 from agent.security import server_credentials, write_dev_certs
 from agent.wire import ops_from_pb
-from controlplane.ops import Consolidate, Migrate, Replicate
+from controlplane.ops import Consolidate, Drop, Migrate, Replicate, Swap
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import consensus_pb2 as pb
 from elasticmoe.v1 import gossip_pb2 as gpb
@@ -21,6 +21,8 @@ def test_parse_ops_round_trip() -> None:
     ops = ops_from_pb(parse_ops(["replicate", "3", "17", "5", ";", "migrate", "0", "4", "1", "2;",
                                  "consolidate", "2", "7,9", "4"]))
     assert ops == (Replicate(3, 17, 5), Migrate(0, 4, 1, 2), Consolidate(2, (7, 9), 4))
+    assert ops_from_pb(parse_ops(["swap", "1", "4", "0", "9", "3", ";", "drop", "2", "5", "6"])) == (
+        Swap(1, 4, 0, 9, 3), Drop(2, 5, 6))
 
 
 @pytest.mark.parametrize(("words", "needle"), [
