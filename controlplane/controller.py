@@ -309,6 +309,8 @@ class Controller:
         self.head = t
         self._ready.install.append(t)
         self._lost &= set(t.active_ranks)
+        if kind == "repair":  # a rank loss is a drift of its own: the next window above theta may plan at once
+            self.monitor.budget.count = max(self.monitor.budget.count, self.params.budget_windows - 1)
         if kind == "rebalance" and t.parent == prev.version:
             self._observe = _Observation(t.version, prev)
 

@@ -215,6 +215,20 @@ def test_lost_ranks_are_repaired_first() -> None:
     assert c.state == "idle"
 
 
+
+def test_after_a_repair_one_window_above_theta_plans() -> None:
+    """A rank loss is a drift of its own: the first window above theta after the repair plans at once,
+    where it would otherwise wait for budget_windows (2) windows."""
+    c, head = setup()
+    r = c.step(RanksLost((3,)))
+    d = r.proposals[0]
+    c.advance()
+    c.step(TableCommitted(d.table, kind="repair"))
+    c.advance()
+    r = feed(c, 0, windows(4, 1)[0])
+    assert len(r.proposals) == 1 and r.proposals[0].kind == "rebalance"
+
+
 def test_pause_and_ready_is_cumulative_until_advance() -> None:
     c, _ = setup()
     ws = windows(5, 3)
