@@ -23,7 +23,7 @@ from agent.broadcasts import RumourQueue
 from agent.clock import Clock, Timer
 from agent.config import GossipConfig
 from agent.loadgossip import LoadGossip, LoadView, check_digests, check_windows
-from agent.membership import LIVE, Member, Membership, MemberStatus, check_states
+from agent.membership import LIVE, ClaimSigner, Member, Membership, MemberStatus, check_states
 from agent.probe import Prober
 from agent.transport import Deferred, InvalidArgument, Transport
 from elasticmoe.v1 import gossip_pb2 as pb
@@ -40,15 +40,16 @@ def pushpull_scale(interval: float, n: int) -> float:
 class GossipNode:
     def __init__(self, node_id: str, address: str, ranks: Iterable[int], cfg: GossipConfig, clock: Clock,
                  transport: Transport, seeds: dict[str, str], rng_seed: int,
-                 *, shape: tuple[int, int] | None = None) -> None:
+                 *, shape: tuple[int, int] | None = None, signer: ClaimSigner | None = None) -> None:
         """`seeds`: node_id -> host:port of members to join through (this node's own id is ignored);
-        `shape`: the [layers, experts] of load windows (None: taken from the first window seen)."""
+        `shape`: the [layers, experts] of load windows (None: taken from the first window seen);
+        `signer` (mTLS): member claims are signed and checked (agent.membership.Membership)."""
         self.node_id, self.cfg, self.clock, self.transport = node_id, cfg, clock, transport
         self.rng = random.Random(rng_seed)
         self.seeds = {n: a for n, a in seeds.items() if n != node_id}
         self.rumours = RumourQueue(cfg.retransmit_mult, self._size, on_put=self._kick)
         self.membership = Membership(node_id, address, ranks, cfg, clock, transport, random.Random(self.rng.random()),
-                                     self.rumours, self, self._member_changed)
+                                     self.rumours, self, self._member_changed, signer=signer)
         self.prober = Prober(self.membership, cfg, clock, transport, random.Random(self.rng.random()), self)
         self.load = LoadGossip(node_id, cfg, clock, transport, random.Random(self.rng.random()), self.rumours,
                                self.membership, self._window_arrived, shape=shape)

@@ -16,7 +16,7 @@ import numpy.typing as npt
 from agent.clock import FakeClock
 from agent.config import GossipConfig, from_dict
 from agent.gossip_node import GossipNode
-from agent.membership import Member, MemberStatus
+from agent.membership import ClaimSigner, Member, MemberStatus
 from agent.transport.sim import LinkSpec, SimNetwork
 
 
@@ -49,6 +49,7 @@ class GossipSim:
         self.record_events = True
         self._window_seq: dict[str, int] = {}
         self.window_listeners: list[Callable[[str, str, int], None]] = []  # (observer, origin, seq)
+        self.signers: dict[str, ClaimSigner] = {}  # node id -> its key (mTLS clusters sign member claims)
 
     # ---- building -----------------------------------------------------------------------------
     def ids(self) -> list[str]:
@@ -66,7 +67,8 @@ class GossipSim:
             if via is not None:
                 seeds[via] = f"{via}:7400"
             node = GossipNode(nid, f"{nid}:7400", [len(self.nodes)], self.cfg, self.net.clock(nid),
-                              self.net.transport(nid), seeds, rng_seed=self.rng.getrandbits(32), shape=self.shape)
+                              self.net.transport(nid), seeds, rng_seed=self.rng.getrandbits(32), shape=self.shape,
+                              signer=self.signers.get(nid))
             node.on_member_change(lambda m, nid=nid: self._member_event(nid, m))
             node.on_window(lambda origin, seq, *_, nid=nid: self._window_event(nid, origin, seq))
             self.nodes[nid] = node

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import logging
 import math
 import random
 from collections.abc import Callable, Iterable
@@ -35,6 +36,8 @@ from agent.clock import Clock, Timer
 from agent.config import GossipConfig
 from agent.transport import InvalidArgument, Transport
 from elasticmoe.v1 import gossip_pb2 as pb
+
+log = logging.getLogger(__name__)
 
 
 class MemberStatus(StrEnum):
@@ -68,13 +71,28 @@ class Piggyback(Protocol):
     def announce(self) -> None: ...
 
 
+class ClaimSigner(Protocol):
+    """This node's key and the cluster CA (agent.consensus.signing.VoteSigner under mTLS)."""
+
+    cert_der: bytes
+
+    def sign_claim(self, claim: bytes) -> bytes: ...
+
+    def check_claim(self, member: str, claim: bytes, cert_der: bytes, signature: bytes) -> str: ...
+
+
+# A member's signed word about itself, as relayed: (claim, signature, certificate DER); see MemberState.claim.
+Proof = tuple[bytes, bytes, bytes]
+MAX_CLAIM_BYTES, MAX_SIGNATURE_BYTES, MAX_CERT_BYTES = 1 << 12, 256, 1 << 13
+
+
 class _State:
-    __slots__ = ("node_id", "address", "status", "incarnation", "ranks", "since", "heard")
+    __slots__ = ("node_id", "address", "status", "incarnation", "ranks", "since", "heard", "proof")
 
     def __init__(self, node_id: str, address: str, status: MemberStatus, incarnation: int,
-                 ranks: tuple[int, ...], since: float) -> None:
+                 ranks: tuple[int, ...], since: float, proof: Proof | None = None) -> None:
         self.node_id, self.address, self.status, self.incarnation = node_id, address, status, incarnation
-        self.ranks, self.since, self.heard = ranks, since, since
+        self.ranks, self.since, self.heard, self.proof = ranks, since, since, proof
 
     def public(self) -> Member:
         return Member(self.node_id, self.address, self.status, self.incarnation, self.ranks)
@@ -100,6 +118,11 @@ def check_states(states: Iterable[pb.MemberState]) -> None:
             raise InvalidArgument(f"member state {s.node_id!r} with incarnation {s.incarnation}: expected < 2^63")
         if s.incarnation >= MAX_COUNTER:
             raise InvalidArgument(f"member state {s.node_id!r}: incarnation {s.incarnation} >= 2^63")
+        if (len(s.claim) > MAX_CLAIM_BYTES or len(s.claim_signature) > MAX_SIGNATURE_BYTES
+                or len(s.claim_certificate) > MAX_CERT_BYTES):
+            raise InvalidArgument(f"member state {s.node_id!r}: claim of {len(s.claim)} bytes, signature of "
+                                  f"{len(s.claim_signature)}, certificate of {len(s.claim_certificate)}: expected at "
+                                  f"most {MAX_CLAIM_BYTES}, {MAX_SIGNATURE_BYTES} and {MAX_CERT_BYTES}")
 
 
 class Suspicion:
@@ -156,8 +179,15 @@ class Suspicion:
 class Membership:
     def __init__(self, node_id: str, address: str, ranks: Iterable[int], cfg: GossipConfig, clock: Clock,
                  transport: Transport, rng: random.Random, rumours: RumourQueue, piggyback: Piggyback,
-                 on_change: Callable[[Member], None]) -> None:
+                 on_change: Callable[[Member], None], signer: ClaimSigner | None = None) -> None:
+        """`signer` (mTLS): this node signs its own state, and a state that adds a member or says it is alive or
+        left is accepted only with that member's signed claim; without one (plaintext) states are taken as
+        heard."""
         self.node_id, self.cfg, self.clock, self.transport, self.rng = node_id, cfg, clock, transport, rng
+        self.signer = signer
+        self.refused: int = 0  # member states refused for a missing or wrong claim (mTLS)
+        self.refused_why = ""
+        self._verified: dict[bytes, None] = {}  # claim signatures that verified (bounded)
         self.rumours, self.piggyback, self.on_change = rumours, piggyback, on_change
         self.me = _State(node_id, address, MemberStatus.ALIVE, 0, tuple(ranks), clock.now())
         self._m: dict[str, _State] = {node_id: self.me}
@@ -175,6 +205,7 @@ class Membership:
         self.probe_now: Callable[[str], None] = lambda node: None
         self.report_failure: Callable[[str], None] = lambda node: None
         self.on_new_member: Callable[[str], None] = lambda node: None
+        self._sign_me()
 
     # ---- views --------------------------------------------------------------------------------
     def members(self) -> list[Member]:
@@ -228,8 +259,60 @@ class Membership:
 
     def state_pb(self, node_id: str, from_node: str = "") -> pb.MemberState:
         s = self._m[node_id]
-        return pb.MemberState(node_id=s.node_id, address=s.address, incarnation=s.incarnation,
-                              status=TO_PB[s.status], ranks=s.ranks, from_node=from_node or self.node_id)
+        st = pb.MemberState(node_id=s.node_id, address=s.address, incarnation=s.incarnation,
+                            status=TO_PB[s.status], ranks=s.ranks, from_node=from_node or self.node_id)
+        if s.proof is not None:
+            st.claim, st.claim_signature, st.claim_certificate = s.proof
+        return st
+
+    # ---- signed claims (mTLS) -----------------------------------------------------------------
+    def _sign_me(self) -> None:
+        """Under mTLS, sign our current address, ranks, incarnation and status (ALIVE or LEFT)."""
+        if self.signer is None:
+            return
+        me = self.me
+        claim = pb.MemberState(node_id=me.node_id, address=me.address, incarnation=me.incarnation,
+                               status=TO_PB[me.status], ranks=me.ranks).SerializeToString(deterministic=True)
+        me.proof = (claim, self.signer.sign_claim(claim), self.signer.cert_der)
+
+    def _claim_fault(self, st: pb.MemberState, known: bool) -> str:
+        """Why `st` is not backed by its member's own signed claim, or "" (also "" for a suspicion of a member we
+        know: SWIM lets anyone suspect or declare dead; the member refutes)."""
+        status = FROM_PB[st.status]
+        if known and status in (MemberStatus.SUSPECT, MemberStatus.DEAD):
+            return ""
+        if not st.claim:
+            return f"member state {st.node_id!r} ({status.value}, incarnation {st.incarnation}) has no signed claim"
+        c = pb.MemberState()
+        try:
+            c.ParseFromString(st.claim)
+        except Exception:  # noqa: BLE001 - any undecodable claim is refused, not raised
+            return f"member state {st.node_id!r}: claim does not decode"
+        if c.node_id != st.node_id or c.address != st.address or list(c.ranks) != list(st.ranks):
+            return (f"member state {st.node_id!r} at {st.address!r} ranks {list(st.ranks)}: its claim says "
+                    f"{c.node_id!r} at {c.address!r} ranks {list(c.ranks)}")
+        if status in (MemberStatus.ALIVE, MemberStatus.LEFT):
+            if c.status != st.status or c.incarnation != st.incarnation:
+                return (f"member state {st.node_id!r} {status.value} at incarnation {st.incarnation}: its claim is "
+                        f"{FROM_PB.get(c.status, MemberStatus.ALIVE).value} at {c.incarnation}")
+        elif c.incarnation > st.incarnation:
+            return f"member state {st.node_id!r} at incarnation {st.incarnation}: claim from {c.incarnation}"
+        key = hashlib.blake2b(st.claim + b"\0" + st.claim_signature + st.claim_certificate, digest_size=16).digest()
+        if key in self._verified:
+            return ""
+        assert self.signer is not None
+        why = self.signer.check_claim(st.node_id, st.claim, st.claim_certificate, st.claim_signature)
+        if not why:
+            if len(self._verified) > 4096:
+                self._verified.clear()
+            self._verified[key] = None
+        return why
+
+    def _refuse(self, why: str) -> None:
+        self.refused += 1
+        if why != self.refused_why:  # once per distinct reason: a hostile peer cannot flood the log
+            log.warning("refused a member state: %s", why)
+        self.refused_why = why
 
     def full_state(self) -> list[pb.MemberState]:
         return [self.state_pb(n) for n in self._m]
@@ -287,6 +370,8 @@ class Membership:
             if (status in LIVE) != (s.status in LIVE):
                 self._ring = self._live = None
         s.status, s.incarnation, s.since = status, incarnation, self.clock.now()
+        if s is self.me:
+            self._sign_me()
         if status not in (MemberStatus.SUSPECT,):
             sus = self._suspicions.pop(s.node_id, None)
             if sus is not None:
@@ -341,6 +426,11 @@ class Membership:
                 self._refute(inc)
             return
         s = self._m.get(node)
+        if self.signer is not None:
+            why = self._claim_fault(st, s is not None)
+            if why:
+                self._refuse(why)
+                return
         if status == MemberStatus.DEAD and push_pull:
             status = MemberStatus.SUSPECT  # memberlist: a peer's "dead" in a full sync is only a suspicion
         if s is None:
@@ -356,6 +446,8 @@ class Membership:
         elif status == MemberStatus.SUSPECT:
             self.suspect(node, inc, st.from_node or node, source)
         elif _RANK[status] > _RANK[s.status] or inc > s.incarnation:
+            if status == MemberStatus.LEFT and st.claim:
+                s.proof = (st.claim, st.claim_signature, st.claim_certificate)
             self._set(s, status, inc, from_node=st.from_node, source=source)
 
     def _learn_address(self, s: _State, st: pb.MemberState) -> None:
@@ -363,9 +455,12 @@ class Membership:
             s.address = st.address
             self.transport.add_peer(s.node_id, st.address)
         s.ranks = tuple(st.ranks)
+        if st.claim:
+            s.proof = (st.claim, st.claim_signature, st.claim_certificate)
 
     def _add(self, st: pb.MemberState, status: MemberStatus, source: str | None, rumour: bool = True) -> None:
-        s = _State(st.node_id, st.address, MemberStatus.ALIVE, st.incarnation, tuple(st.ranks), self.clock.now())
+        s = _State(st.node_id, st.address, MemberStatus.ALIVE, st.incarnation, tuple(st.ranks), self.clock.now(),
+                   (st.claim, st.claim_signature, st.claim_certificate) if st.claim else None)
         self._m[st.node_id] = s
         self._ring = self._live = None
         self._hash ^= _hash(s.node_id, s.incarnation, s.status)

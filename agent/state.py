@@ -122,6 +122,7 @@ class NodeState:
         marked = self.had_store is None
         had_store = owner(self.data_dir, self.node_id) if marked else bool(self.had_store)
         genesis = genesis_table(c.genesis, self.topology, c.layers, c.experts)  # the engine's boot placement
+        signer = vote_signer(self.cfg)  # under mTLS: votes and member claims are signed with the node key
         if self.cfg.consensus.backend == "etcd":
             # commit by etcd transaction compare(version == v) -> put(v + 1); the same interface as quorum
             from agent.etcd_backend import EtcdBackend
@@ -133,7 +134,7 @@ class NodeState:
                                            self.cfg.consensus, genesis, verifier=self._verify,
                                            live_voters=self._live_voters,
                                            members=lambda: self.gossip.live_nodes() if self.gossip is not None else [],
-                                           had_store=had_store, signer=vote_signer(self.cfg))
+                                           had_store=had_store, signer=signer)
         self.consensus.on_commit(self._on_commit)
         self.consensus.start()  # recovers the committed log: the controller plans from the recovered head
         if marked and not had_store:
@@ -141,7 +142,8 @@ class NodeState:
         self.controller = Controller(self.params, self.consensus.head)
         self.gossip = GossipNode(self.node_id, self.cfg.advertise_address, self._my_ranks(), self.cfg.gossip, clock,
                                  self.transport, {n: a for n, a in self.cfg.seed_map.items() if n != self.node_id},
-                                 rng_seed=self.rng_seed if self.rng_seed is not None else zlib.crc32(self.node_id.encode()))
+                                 rng_seed=self.rng_seed if self.rng_seed is not None else zlib.crc32(self.node_id.encode()),
+                                 signer=signer)
         self.gossip.on_window(self._on_window)
         self.gossip.on_member_change(self._on_member_change)
         self.gossip.start()

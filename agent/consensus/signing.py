@@ -1,4 +1,5 @@
-"""Signed votes: under mTLS a quorum certificate carries every signer's signature, checked by every node.
+"""Signed votes and member claims: under mTLS a quorum certificate carries every signer's signature, checked
+by every node, and a gossip member's address, ranks and incarnation are its own signed word.
 
 Without signatures a certificate is a list of voter names: one forged `Learn` (or a member's) could make an
 arbitrary table the head everywhere. With them, each voter signs `accept_digest(version, ballot,
@@ -24,6 +25,7 @@ from cryptography.x509.oid import NameOID
 from elasticmoe.v1 import consensus_pb2 as pb
 
 _DOMAIN = b"elasticmoe/v1 accept\x00"
+_CLAIM_DOMAIN = b"elasticmoe/v1 member\x00"  # a member's signed word about itself (agent/membership.py)
 
 
 def accept_digest(version: int, ballot: tuple[int, str], table_hash: bytes) -> bytes:
@@ -59,6 +61,24 @@ class VoteSigner:
 
     def sign(self, version: int, ballot: tuple[int, str], table_hash: bytes) -> bytes:
         return self._key.sign(accept_digest(version, ballot, table_hash), ec.ECDSA(hashes.SHA256()))
+
+    def sign_claim(self, claim: bytes) -> bytes:
+        """Sign this node's member claim (a serialized gossip MemberState about itself)."""
+        return self._key.sign(_CLAIM_DOMAIN + claim, ec.ECDSA(hashes.SHA256()))
+
+    def check_claim(self, member: str, claim: bytes, cert_der: bytes, signature: bytes) -> str:
+        """Why `claim` is not `member`'s own signed word, or ""."""
+        try:
+            cn, pub = self._voter_key(cert_der)
+        except SignatureError as e:
+            return f"{member}: {e}"
+        if cn != member:
+            return f"{member}: signed with the certificate of {cn!r}"
+        try:
+            pub.verify(signature, _CLAIM_DOMAIN + claim, ec.ECDSA(hashes.SHA256()))
+        except InvalidSignature:
+            return f"{member}: claim signature does not verify"
+        return ""
 
     def _voter_key(self, cert_der: bytes) -> tuple[str, ec.EllipticCurvePublicKey]:
         """(CN, public key) of a certificate the cluster CA issued; cached by its DER bytes."""

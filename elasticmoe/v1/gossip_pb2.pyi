@@ -21,20 +21,26 @@ DEAD: MemberStatus
 LEFT: MemberStatus
 
 class MemberState(_message.Message):
-    __slots__ = ("node_id", "address", "incarnation", "status", "ranks", "from_node")
+    __slots__ = ("node_id", "address", "incarnation", "status", "ranks", "from_node", "claim", "claim_signature", "claim_certificate")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
     FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    CLAIM_CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     incarnation: int
     status: MemberStatus
     ranks: _containers.RepeatedScalarFieldContainer[int]
     from_node: str
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., status: _Optional[_Union[MemberStatus, str]] = ..., ranks: _Optional[_Iterable[int]] = ..., from_node: _Optional[str] = ...) -> None: ...
+    claim: bytes
+    claim_signature: bytes
+    claim_certificate: bytes
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., status: _Optional[_Union[MemberStatus, str]] = ..., ranks: _Optional[_Iterable[int]] = ..., from_node: _Optional[str] = ..., claim: _Optional[bytes] = ..., claim_signature: _Optional[bytes] = ..., claim_certificate: _Optional[bytes] = ...) -> None: ...
 
 class LoadWindow(_message.Message):
     __slots__ = ("node_id", "incarnation", "window_seq", "layers", "experts", "counts", "steps", "first_step")
