@@ -7,6 +7,12 @@ table_hash)` with its node key (the mTLS key pair of `emoe certs`, ECDSA P-256) 
 node certificate with the signature. A certificate is valid only if a quorum of the named voters each has a
 signature that verifies under a certificate the cluster CA issued to that voter's name. Plaintext clusters
 have no keys, so their certificates stay unsigned (and `emoe agent --check` refuses plaintext off loopback).
+
+Promises are not signed, on purpose: a signature matters for what is relayed (a certificate travels from
+node to node; a member claim is gossiped), and a promise never is. It is the reply to the proposer's own
+call, on a channel whose server certificate must be issued to the acceptor called
+(`ssl_target_name_override`), so nobody but that acceptor can answer for it, and a signature would let the
+acceptor say nothing it cannot already say.
 """
 
 from __future__ import annotations
