@@ -15,6 +15,15 @@ A write that fails (ENOSPC, EIO) fail-stops the store: the partial record is cut
 raises `StoreFailed` until `resume()` finds the disk writable again, so nothing more is acknowledged
 meanwhile. The consensus node stops voting while the store is failed and reports why.
 
+A log cut at a record boundary (a file truncated or replaced by an older copy, a disk that dropped writes
+it had acknowledged) parses cleanly, so the store also keeps a high-water mark beside the log: the log's
+size after each append, written (without a second fsync: the log itself was fsync'd first, so the mark
+never runs ahead of it) to `<log>.mark`. `open()` finds a log shorter than its mark, logs how many
+acknowledged bytes are missing, and reports them in `Recovered.lost_bytes`; the consensus node then
+rebuilds as a learner, as after a lost store (it may have voted on versions it no longer remembers). The
+mark stays at its high until `settle_loss()` (the node has caught up past every version it may have voted
+on), so a restart meanwhile is strict again. A missing mark (a log written before marks) checks nothing.
+
 The bytes live on a `Disk`: `FileDisk` (a real file, write + fsync) or `MemoryDisk` (the simulator's
 disk, which survives a simulated crash just as the file survives `kill -9`). The framing and the
 recovery code are the same for both.
@@ -38,6 +47,8 @@ from elasticmoe.v1 import consensus_pb2 as pb
 log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("<IIB")
+_MARK = struct.Struct("<4sQ")
+_MARK_MAGIC = b"EMK1"
 KIND_COMMIT = 1
 KIND_ACCEPTOR = 2
 MAX_RECORD = 256 << 20  # a length beyond this is a torn header, not a record
@@ -75,6 +86,12 @@ class Disk(Protocol):
         ...
     def probe(self, nbytes: int) -> None:
         """Raise OSError unless `nbytes` can be written and made durable beside the log (the disk recovered)."""
+        ...
+    def read_mark(self) -> bytes | None:
+        """The high-water mark kept beside the log (None: there is none)."""
+        ...
+    def write_mark(self, data: bytes, sync: bool) -> None:
+        """Overwrite the mark; `sync`: durably before returning (else as the OS gets to it)."""
         ...
     def close(self) -> None: ...
 
@@ -121,6 +138,25 @@ class FileDisk:
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         if created and sync:  # make the new directory entry durable too
             fsync_dir(self.path.parent)
+        self.mark_path = self.path.with_name(self.path.name + ".mark")
+        self._mark_fd = -1
+
+    def read_mark(self) -> bytes | None:
+        try:
+            return self.mark_path.read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def write_mark(self, data: bytes, sync: bool) -> None:
+        if self._mark_fd < 0:
+            created = not self.mark_path.exists()
+            self._mark_fd = os.open(self.mark_path, os.O_RDWR | os.O_CREAT, 0o644)
+            sync = sync or created
+            if created and self.sync:
+                fsync_dir(self.path.parent)
+        os.pwrite(self._mark_fd, data, 0)  # one small write in place: whole or not at all in practice
+        if sync and self.sync:
+            os.fsync(self._mark_fd)
 
     def read_all(self) -> bytes:
         return self.path.read_bytes()
@@ -162,6 +198,9 @@ class FileDisk:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+        if self._mark_fd >= 0:
+            os.close(self._mark_fd)
+            self._mark_fd = -1
 
 
 class MemoryDisk:
@@ -172,6 +211,13 @@ class MemoryDisk:
         self.data = bytearray()
         self.appends = 0
         self.capacity: int | None = None  # bytes the disk holds; a write past it is cut short with ENOSPC
+        self.mark: bytes | None = None
+
+    def read_mark(self) -> bytes | None:
+        return self.mark
+
+    def write_mark(self, data: bytes, sync: bool) -> None:
+        self.mark = data
 
     def read_all(self) -> bytes:
         return bytes(self.data)
@@ -214,6 +260,8 @@ class Recovered:
     acceptor: dict[int, pb.AcceptorState] = field(default_factory=dict)
     records: int = 0
     torn_bytes: int = 0
+    lost_bytes: int = 0  # acknowledged bytes missing at the end (the log is shorter than its high-water mark)
+    ends: list[int] = field(default_factory=list)  # where each whole record ends
     bad_offset: int = -1  # where the first bad record starts (-1: none)
     bad_reason: str = ""
 
@@ -231,6 +279,17 @@ def _decode(kind: int, payload: bytes, rec: Recovered) -> str:
     except DecodeError as e:
         return f"kind {kind} payload does not decode: {e}"
     return ""
+
+
+def high_water(log_path: str | Path) -> int | None:
+    """The high-water mark kept beside a log file (None: none, or unreadable)."""
+    try:
+        raw = Path(log_path).with_name(Path(log_path).name + ".mark").read_bytes()
+    except OSError:
+        return None
+    if len(raw) < _MARK.size or raw[:4] != _MARK_MAGIC:
+        return None
+    return int(_MARK.unpack_from(raw)[1])
 
 
 def parse(data: bytes) -> tuple[Recovered, int]:
@@ -259,6 +318,7 @@ def parse(data: bytes) -> tuple[Recovered, int]:
             break
         rec.records += 1
         off = end
+        rec.ends.append(end)
     rec.torn_bytes = len(data) - off
     return rec, off
 
@@ -306,6 +366,8 @@ class Store:
         self.size = 0  # bytes in the log: what compaction watches
         self.failed = ""  # why the store is fail-stopped ("" while it works)
         self.truncated = 0  # bytes of torn tail cut off by the last open()
+        self.lost = 0  # acknowledged bytes the last open() found missing (cut at a record boundary)
+        self._high = 0  # the high-water mark on disk: max(log size, a loss not yet settled)
 
     @property
     def where(self) -> str:
@@ -326,7 +388,39 @@ class Store:
         self._opened = True
         self.size = end
         self.failed = ""
+        high = self._read_high()
+        self.lost = rec.lost_bytes = max(0, high - end) if high is not None else 0
+        if self.lost:
+            log.error("%s: the log ends at byte %d but had reached byte %d: %d bytes of acknowledged records are "
+                      "missing (the file was cut short or replaced by an older copy); this node rejoins as a "
+                      "learner and votes again once it has caught up", self.where, end, high, self.lost)
+        self._high = max(end, high or 0)
+        if high is None or high < end:
+            self._write_high(sync=True)
         return rec
+
+    def _read_high(self) -> int | None:
+        raw = self._disk.read_mark()
+        if raw is None:
+            return None
+        if len(raw) < _MARK.size or raw[:4] != _MARK_MAGIC:
+            log.warning("%s: unreadable high-water mark (%d bytes); not checking for a cut log this time",
+                        self.where, len(raw))
+            return None
+        return int(_MARK.unpack_from(raw)[1])
+
+    def _write_high(self, sync: bool) -> None:
+        try:
+            self._disk.write_mark(_MARK.pack(_MARK_MAGIC, self._high), sync)
+        except OSError as e:  # the log itself is durable; only the check of a later cut is weaker
+            log.warning("%s: high-water mark not written (%s)", self.where, e.strerror or e)
+
+    def settle_loss(self) -> None:
+        """The node caught up past every version it may have voted on: the loss found at open() is settled."""
+        if self.lost and self._opened:
+            self.lost = 0
+            self._high = self.size
+            self._write_high(sync=True)
 
     recover = open
 
@@ -341,6 +435,9 @@ class Store:
             self._fail(f"write of {len(data)} bytes at offset {self.size} failed: {e.strerror or e}", e)
         self.appends += 1
         self.size += len(data)
+        if self.size > self._high:
+            self._high = self.size
+            self._write_high(sync=False)
 
     @property
     def failure(self) -> str:
@@ -390,6 +487,12 @@ class Store:
             return False
         data = b"".join([frame(KIND_COMMIT, c.SerializeToString()) for c in commits]
                         + [frame(KIND_ACCEPTOR, st.SerializeToString()) for st in acceptor])
+        # Lower the mark first, durably: a crash between the two leaves a log longer than its mark (checks
+        # less), never a shorter one (a false alarm). A loss not yet settled keeps the mark at its high.
+        new_high = len(data) if not self.lost else max(len(data), self._high)
+        if new_high < self._high:
+            self._high = new_high
+            self._write_high(sync=True)
         try:
             self._disk.replace(data)
         except OSError as e:

@@ -156,6 +156,12 @@ def check(history: list[Event]) -> list[str]:
         elif e.kind == "wipe":  # the node's store was lost: it rebuilds from genesis, nothing to recover
             had[e.node] = ()
             last.pop(e.node, None)
+        elif e.kind == "cut":  # its log lost its last records: it recovers what is left, then rebuilds
+            had[e.node] = e.versions
+            if e.versions:
+                last[e.node] = max(e.versions)
+            else:
+                last.pop(e.node, None)
         elif e.kind == "recover":
             lost = sorted(set(had.get(e.node, ())) - set(e.versions))
             if lost:

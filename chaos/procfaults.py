@@ -1,5 +1,6 @@
 """Disk faults for the process runner, on real files: each agent's data_dir on a tmpfs of its own (a disk that
-can fill up), a filler file that takes its last byte, a byte flipped in the middle of a log, a log lost.
+can fill up), a filler file that takes its last byte, a byte flipped in the middle of a log, a log cut at a record boundary,
+a log lost.
 Root only (mount); without it the runner leaves the disk faults out and says so in its report."""
 
 from __future__ import annotations
@@ -8,6 +9,8 @@ import errno
 import os
 import subprocess
 from pathlib import Path
+
+from agent.store import parse
 
 FILLER = "filler"
 
@@ -54,6 +57,20 @@ def flip_mid_log(log: Path, seed: int) -> int | None:
     data[at] ^= 0x5A
     log.write_bytes(bytes(data))
     return at
+
+
+def cut_log(log: Path, records: int) -> int:
+    """Cut the log before its last `records` whole records (an older copy of the file: it still parses);
+    returns the bytes cut (0: no log)."""
+    if not log.exists():
+        return 0
+    data = log.read_bytes()
+    ends = parse(data)[0].ends
+    keep = ends[-records - 1] if len(ends) > records else 0
+    with log.open("r+b") as f:
+        f.truncate(keep)
+        os.fsync(f.fileno())
+    return len(data) - keep
 
 
 def lose_log(log: Path) -> bool:

@@ -72,6 +72,7 @@ class Episode:
     restart_all: bool = False  # kill -9 of every agent, all restarted at the end of the hold
     lose_store: list[int] = field(default_factory=list)  # kill -9, log lost, restart: rebuild as a learner
     corrupt: list[int] = field(default_factory=list)  # kill -9, a byte flipped mid-log; restart must refuse
+    cut_log: list[int] = field(default_factory=list)  # kill -9, the log's last records cut; rebuild as a learner
     disk_full: list[int] = field(default_factory=list)  # the data_dir's tmpfs full for the hold
     hold_s: float = 1.0
 
@@ -84,6 +85,7 @@ class Episode:
         parts += ["kill -9 every agent"] if self.restart_all else []
         parts += [f"lose the log of {ids[k]}" for k in self.lose_store]
         parts += [f"corrupt the log of {ids[k]}" for k in self.corrupt]
+        parts += [f"cut the log of {ids[k]}" for k in self.cut_log]
         parts += [f"fill the disk of {ids[k]}" for k in self.disk_full]
         return f"{'; '.join(parts)} for {self.hold_s:.1f} s"
 
@@ -92,7 +94,7 @@ def make_schedule(rng: random.Random, n: int, loss: bool = False, disks: bool = 
     """One to three episodes; each one or two fault kinds on distinct nodes (`loss` and `disks` add kinds)."""
     out = []
     menu = ["partition", "kill", "pause"] + (["loss"] if loss else [])
-    menu += ["restart-all", "lose-store", "corrupt", "disk-full"] if disks else []
+    menu += ["restart-all", "lose-store", "corrupt", "disk-full", "cut-log"] if disks else []
     for _ in range(rng.randint(1, 3)):
         ep = Episode(hold_s=round(rng.uniform(0.8, 2.5), 2))
         nodes = list(range(n))
@@ -104,7 +106,8 @@ def make_schedule(rng: random.Random, n: int, loss: bool = False, disks: bool = 
             continue
         if "loss" in kinds:
             ep.loss = rng.choice((0.05, 0.2, 0.4))
-        for kind, lst in (("lose-store", ep.lose_store), ("corrupt", ep.corrupt), ("disk-full", ep.disk_full)):
+        for kind, lst in (("lose-store", ep.lose_store), ("corrupt", ep.corrupt), ("disk-full", ep.disk_full),
+                          ("cut-log", ep.cut_log)):
             if kind in kinds:
                 lst.append(nodes.pop())
         if "partition" in kinds:
@@ -172,7 +175,7 @@ class ProcRunner:
         self.failed: set[int] = set()  # agents that did not come back after a restart (not live)
         self.convergence: list[float] = []
         self.fault_counts = {"kill": 0, "pause": 0, "partition": 0, "loss": 0, "restart_all": 0, "lose_store": 0,
-                             "corrupt": 0, "disk_full": 0}
+                             "corrupt": 0, "disk_full": 0, "cut_log": 0}
         self.log = log or (lambda *a: None)
 
     def data_dir(self, k: int) -> Path:
@@ -234,13 +237,17 @@ class ProcRunner:
             before[k] = await self._kill(k)
             self.fault_counts["kill"] += 1
         wiped = set()  # nodes whose log is gone: nothing of theirs to find after the restart
-        for k in (ep.lose_store + ep.corrupt) if self.fault_kinds["disks"] else []:
+        cut: dict[int, int] = {}  # node -> bytes cut off its log
+        for k in (ep.lose_store + ep.corrupt + ep.cut_log) if self.fault_kinds["disks"] else []:
             if k not in ep.kill:
                 await self._kill(k)
                 ep.kill.append(k)
             if k in ep.lose_store:
                 procfaults.lose_log(self.log_path(k))
                 self.fault_counts["lose_store"] += 1
+            elif k in ep.cut_log:
+                cut[k] = procfaults.cut_log(self.log_path(k), self.rng.randint(1, 4))
+                self.fault_counts["cut_log"] += 1
             elif await self._corrupt(k):
                 self.fault_counts["corrupt"] += 1
             wiped.add(k)
@@ -264,6 +271,10 @@ class ProcRunner:
                                  f"{ids[k]} not serving 30 s after restart: {self.log_tail(k)}")
                 continue
             self.failed.discard(k)
+            if cut.get(k) and "bytes of acknowledged records are missing" not in self.log_tail(k, 40):
+                self.checks.note("I7", f"{ids[k]}:cut{self.fault_counts['cut_log']}",
+                                 f"{ids[k]}: {cut[k]} bytes cut off the end of its log went unnoticed at restart: "
+                                 f"{self.log_tail(k)}")
             if k in wiped or k not in before:
                 continue  # a lost or repaired log: the node rebuilds from its peers (I1 is what is at stake)
             after, acked_after = versions(read_log(self.log_path(k))), await agent_head(self.channels[k])

@@ -14,6 +14,8 @@ One command per line, `#` starts a comment:
                                      cut, an upgrade of an idle cluster): I7, and commits resume
     restart-cluster rolling          each node in turn: kill -9, 300 ms down, restart, 1 s before the next
     lose-store NODE                  kill -9, the disk replaced (an empty store), restart: it rebuilds as a learner
+    cut-log NODE                     kill -9, the log's last 1-4 whole records cut (it still parses): the restart
+                                     finds it below its high-water mark and rebuilds as a learner
     corrupt NODE                     kill -9, a byte flipped mid-log: the restart must refuse (naming the offset);
                                      then the operator's repair and a restart that rebuilds from the peers
     disk-full NODE 2s                the node's disk takes nothing more for a while (ENOSPC): votes fail-stop
@@ -145,12 +147,14 @@ def apply(c: SimCluster, line: str, rng: random.Random, settle_limit_s: float = 
                 for n in ids:
                     c.restart(n)
             return line
-        if cmd in ("lose-store", "corrupt"):
+        if cmd in ("lose-store", "corrupt", "cut-log"):
             n = _node(c, args[0], rng)
             if n is None:
                 return f"{cmd} (no node up)"
             if cmd == "corrupt":
                 return simdisks.corrupt(c, n, rng)
+            if cmd == "cut-log":
+                return simdisks.cut_log(c, n, rng)
             simdisks.lose_store(c, n)
             return f"lose-store {n}"
         if cmd == "disk-full":
@@ -221,7 +225,7 @@ FAULTS = ("partition one", "partition minority", "partition majority", "partitio
 # whole-cluster and rolling restarts, lost and corrupt stores, full disks: drawn too with `disks=True` (off by
 # default, so that a seed keeps giving the schedule it gave before they existed)
 DISK_FAULTS = ("restart-cluster", "restart-cluster rolling", "lose-store random", "corrupt random",
-               "disk-full random")
+               "disk-full random", "cut-log random")
 
 
 def generate(rng: random.Random, nodes: int, faults: int = 3, skew: bool = False, disks: bool = False) -> list[str]:

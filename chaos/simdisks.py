@@ -1,10 +1,11 @@
-"""Disk faults of the simulated cluster: a lost store, a byte flipped mid-log, a full disk (each node's
-MemoryDisk). The process runner does the same on real files (chaos/procfaults.py)."""
+"""Disk faults of the simulated cluster: a lost store, a log cut at a record boundary, a byte flipped mid-log,
+a full disk (each node's MemoryDisk). The process runner does the same on real files (chaos/procfaults.py)."""
 
 from __future__ import annotations
 
 import random
 
+from agent.consensus.simcluster import cut_log as cut_records
 from agent.store import MemoryDisk, Store, StoreCorrupt
 from chaos.simcluster import SimCluster
 
@@ -17,6 +18,18 @@ def lose_store(c: SimCluster, n: str) -> None:
     c.disks[n] = MemoryDisk()
     c._ev("wipe", n)
     c.restart(n)
+
+
+def cut_log(c: SimCluster, n: str, rng: random.Random) -> str:
+    """kill -9, the node's log loses its last 1-4 whole records (a file restored from an older copy, a disk
+    that dropped acknowledged writes): it still parses, so only the high-water mark beside it tells; the node
+    must rebuild as a learner. Returns what happened, for the report."""
+    c.crash(n)
+    records = rng.randint(1, 4)
+    c._fault(f"cut-log {n} {records}")
+    c._ev("cut", n, versions=cut_records(c.disks[n], records))
+    c.restart(n)
+    return f"cut-log {n}: last {records} records cut"
 
 
 def corrupt(c: SimCluster, n: str, rng: random.Random) -> str:

@@ -153,3 +153,31 @@ def test_corrupt_log_refuses_to_start_then_repair_rebuilds_as_learner(tmp_path: 
         c.kill(0)  # now its vote is needed for a quorum, and given
         v = _head(c, 2)  # (node1 may be declared dead meanwhile, and its ranks repaired away: use node3's own)
         assert _commit_pair(c, 2, 4) >= v + 2
+
+
+def test_a_log_cut_at_a_record_boundary_is_noticed_and_rebuilt(tmp_path: Path) -> None:
+    """The last records of a killed agent's log are cut (an older copy of the file): it still parses, so only
+    the high-water mark beside it tells. The agent says how many acknowledged bytes are missing, rejoins as a
+    learner, and votes again once the others have committed past it."""
+    c = LocalCluster(3, tmp_path / "c", SHAPE, sections=SECTIONS)
+    with c.running(timeout=60):
+        v = 0
+        for rank in (1, 2):
+            v = _commit_pair(c, 0, rank)
+        _until("node2 holds every commit", lambda: _head(c, 1) >= v)
+        c.kill(1)
+        log_path = tmp_path / "c" / "node2" / "data" / "consensus"
+        data = log_path.read_bytes()
+        ends = parse(data)[0].ends
+        log_path.write_bytes(data[:ends[-3]])  # its last two records gone
+        r = _cli("store", "check", "--config", str(c.configs[1]))
+        assert r.returncode == 1 and "cut: the log ends at byte" in r.stderr, r.stdout + r.stderr
+        c.start(1)
+        c.wait_healthy(which=[1])
+        out = c.log(1).read_text()
+        assert f"{len(data) - ends[-3]} bytes of acknowledged records are missing" in out, out[-2000:]
+        assert "learner" in str(_status(c, 1)["role"])
+        _commit_pair(c, 0, 1)  # the others commit without it; it learns and votes again
+        _until("node2 is a voter again", lambda: _status(c, 1)["role"] == "voter")
+        r = _cli("store", "check", "--config", str(c.configs[1]))
+        assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr

@@ -3,11 +3,13 @@ rejections and their reasons, certificate checks on Learn, catch-up, stale propo
 
 from __future__ import annotations
 
+import pytest
+
 from agent.config import ConsensusConfig
 from agent.consensus.node import ConsensusNode, Outcome
 from agent.consensus.paxos import round0_owner
 from agent.consensus.simcluster import SimCluster, successor_table
-from agent.store import MemoryDisk, Store
+from agent.store import MemoryDisk, Store, parse
 from chaos.checkers import check
 from controlplane.table import RoutingTable
 from elasticmoe.v1 import consensus_pb2 as pb
@@ -194,17 +196,23 @@ def test_a_full_disk_stops_the_votes_and_the_node_catches_up_when_it_recovers() 
     assert c.nodes[full].head.version == c.nodes[c.ids[0]].head.version
 
 
-def _amnesia(c: SimCluster) -> tuple[str, str, str]:
-    """Version 2 chosen by {owner, b} alone; then b loses its store while the owner is down, and the third
-    voter, which never heard of version 2, proposes another table for it through b."""
-    owner = round0_owner(2, c.voters)
-    b, third = [v for v in c.voters if v != owner]
+def _amnesia(c: SimCluster, cut: bool = False) -> tuple[str, str, str]:
+    """The next version (v) chosen by {owner, b} alone; then b loses its store (`cut`: only the records it
+    wrote for v, its log cut at a record boundary) while the owner is down, and the third voter, which never
+    heard of v, proposes another table for it through b."""
+    v = c.nodes[c.voters[0]].head.version + 1
+    owner = round0_owner(v, c.voters)
+    b, third = [x for x in c.voters if x != owner]
     c.net.partition([[owner, b], [third]])
+    before = parse(bytes(c.disks[b].data))[0].records
     c.propose(owner)
     c.run(0.3)
-    assert c.nodes[owner].head.version == 2 and c.nodes[b].head.version == 2
+    assert c.nodes[owner].head.version == v and c.nodes[b].head.version == v
     c.crash(owner)
-    c.crash(b, lose_store=True)
+    if cut:
+        c.crash(b, cut_records=parse(bytes(c.disks[b].data))[0].records - before)
+    else:
+        c.crash(b, lose_store=True)
     c.restart(b)
     c.net.heal()
     c.propose(third)
@@ -250,6 +258,38 @@ def test_without_the_rebuild_the_same_loss_chooses_two_tables(monkeypatch: objec
     monkeypatch.setattr(node_mod, "Rebuild", Amnesiac)  # type: ignore[attr-defined]
     c = cluster(voters=3, nodes=3, sync_interval_ms=200)
     _amnesia(c)
+    assert any(v.startswith("I1") for v in check(c.history))
+
+
+def test_a_log_cut_at_a_record_boundary_rebuilds_as_a_learner() -> None:
+    """The log parses cleanly without the records of version 3; its high-water mark says they were there, so
+    b rebuilds as after a lost store, and no second table is chosen for version 3."""
+    c = cluster(voters=3, nodes=3, sync_interval_ms=200)
+    commit_next(c)  # version 2 by all: b's log keeps it
+    owner, b, third = _amnesia(c, cut=True)
+    node = c.nodes[b]
+    assert node.store.lost > 0 and "learner" in node.role and node.head.version == 2
+    assert check(c.history) == [] and c.nodes[third].head.version == 2
+    c.restart(owner)
+    c.run(2.0)
+    c.propose(third)
+    c.run(1.0)
+    assert check(c.history) == [] and set(c.heads().values()) == {4} and c.nodes[b].role == "voter"
+    assert node.store.lost == 0  # settled: a later restart trusts the log again
+    c.crash(b)
+    c.restart(b)
+    assert c.nodes[b].rebuild is None and c.nodes[b].store.lost == 0
+
+
+def test_without_the_mark_a_cut_log_chooses_two_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cut above is a real hazard: without the high-water mark the node votes again at once, and the
+    checker reports I1."""
+    from agent.store import Store
+
+    monkeypatch.setattr(Store, "_read_high", lambda self: None)
+    c = cluster(voters=3, nodes=3, sync_interval_ms=200)
+    commit_next(c)
+    _amnesia(c, cut=True)
     assert any(v.startswith("I1") for v in check(c.history))
 
 

@@ -179,3 +179,69 @@ def test_compaction_that_cannot_be_written_keeps_the_old_log(tmp_path: Path) -> 
     assert not s.compact([commit(2)], [])
     s.append_commit(commit(3))
     assert [c.table.version for c in Store(p).open().commits] == [2, 3]
+
+
+# ---- a log cut at a record boundary: the high-water mark beside it says acknowledged records are gone ----
+def test_a_log_cut_at_a_record_boundary_reports_the_missing_bytes(tmp_path: Path) -> None:
+    p = tmp_path / "log"
+    s = Store(p)
+    s.open()
+    for v in range(2, 6):
+        s.append_commit(commit(v))
+    s.close()
+    whole = p.read_bytes()
+    ends = parse(whole)[0].ends
+    p.write_bytes(whole[:ends[1]])  # versions 4 and 5 gone; what is left parses cleanly
+    s2 = Store(p)
+    rec = s2.open()
+    assert [c.table.version for c in rec.commits] == [2, 3] and rec.torn_bytes == 0
+    assert rec.lost_bytes == s2.lost == len(whole) - ends[1]
+    s2.append_commit(commit(4))  # still short of the mark: a restart now is still a loss
+    s2.close()
+    s3 = Store(p)
+    assert s3.open().lost_bytes > 0
+    s3.settle_loss()  # the node caught up: the mark comes down to the log
+    s3.close()
+    assert Store(p).open().lost_bytes == 0
+
+
+def test_the_mark_never_raises_a_false_alarm(tmp_path: Path) -> None:
+    """A mark behind the log (a crash between the log's fsync and the mark's write), compaction, a torn tail
+    and a log with no mark at all (written before marks existed) are no loss."""
+    p = tmp_path / "log"
+    s = Store(p)
+    s.open()
+    for v in range(2, 12):
+        s.append_commit(commit(v))
+    s.compact([commit(10), commit(11)], [])  # the log shrinks; the mark comes down first
+    s.append_commit(commit(12))
+    s.close()
+    assert Store(p).open().lost_bytes == 0
+    mark = p.with_name("log.mark")
+    assert mark.exists()
+    s = Store(p)
+    s.open()
+    old_mark = mark.read_bytes()
+    s.append_commit(commit(13))
+    s.close()
+    mark.write_bytes(old_mark)  # the mark write of commit 13 never reached the disk
+    assert Store(p).open().lost_bytes == 0
+    with p.open("ab") as f:
+        f.write(frame(1, commit(14).SerializeToString())[:7])  # a torn tail
+    assert Store(p).open().lost_bytes == 0
+    mark.unlink()
+    s = Store(p)
+    assert s.open().lost_bytes == 0 and mark.exists()  # and from now on it is checked again
+
+
+def test_an_unsettled_loss_survives_compaction() -> None:
+    d = MemoryDisk()
+    s = Store(disk=d)
+    s.open()
+    for v in range(2, 8):
+        s.append_commit(commit(v))
+    del d.data[parse(bytes(d.data))[0].ends[2]:]
+    s2 = Store(disk=d)
+    assert s2.open().lost_bytes > 0
+    s2.compact([commit(4)], [])
+    assert Store(disk=d).open().lost_bytes > 0

@@ -35,7 +35,7 @@ def _data_dir(path: str) -> Path | None:
 
 
 def check(args: argparse.Namespace) -> int:
-    from agent.store import parse, torn_tail
+    from agent.store import high_water, parse, torn_tail
 
     d = _data_dir(args.config)
     if d is None:
@@ -50,6 +50,12 @@ def check(args: argparse.Namespace) -> int:
     span = f"versions {versions[0]}..{versions[-1]}" if versions else "no commits"
     print(f"{log_path}: {len(data)} bytes, {rec.records} whole records ({span}, acceptor state for "
           f"{len(rec.acceptor)} versions)")
+    high = high_water(log_path)
+    if high is not None and high > end:
+        print(f"cut: the log ends at byte {end} but had reached byte {high} ({high - end} bytes of acknowledged "
+              f"records missing); the agent rebuilds this node from its peers as a learner at its next start",
+              file=sys.stderr)
+        return 1
     if end == len(data):
         print("ok")
         return 0

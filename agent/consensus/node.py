@@ -100,11 +100,13 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
         self.log.recover(rec)
         self.acceptor = Acceptor(self.node_id, self.voters, rec.acceptor)
         self.acceptor.prune(self.log.head.version)
-        if rec.records == 0 and self.node_id in self.voters and len(self.voters) > 1:
-            self.rebuild = Rebuild(self.node_id, self.voters, self.log.head.version, self.had_store)
-            if self.had_store:
-                log.warning("%s: store is empty but this node ran before: rebuilding from the other voters as a "
-                            "learner", self.node_id)
+        cut = rec.lost_bytes > 0  # the log was cut at a record boundary: votes it gave may be forgotten
+        if (rec.records == 0 or cut) and self.node_id in self.voters and len(self.voters) > 1:
+            self.rebuild = Rebuild(self.node_id, self.voters, self.log.head.version, self.had_store or cut)
+            if self.had_store or cut:
+                what = (f"lost the last {rec.lost_bytes} bytes of its log" if cut
+                        else "store is empty but this node ran before")
+                log.warning("%s: %s: rebuilding from the other voters as a learner", self.node_id, what)
         self.running = True
         self.transport.serve(self._handle, service="Consensus")
         if self.rebuild is not None:

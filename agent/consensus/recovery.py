@@ -62,6 +62,7 @@ class RecoveryMixin(NodeFields):
             if self.rebuild.strict:
                 log.warning("%s: rebuilt (head %d): voting again", self.node_id, self.log.head.version)
             self.rebuild = None
+            self.store.settle_loss()  # a cut log found at start is settled: the next start trusts it again
         return ""
 
     def _ask_rebuild(self) -> None:

@@ -14,11 +14,18 @@ from typing import Any
 from agent.clock import FakeClock
 from agent.config import ConsensusConfig
 from agent.consensus.node import ConsensusNode, Outcome
-from agent.store import MemoryDisk, Store
+from agent.store import MemoryDisk, Store, parse
 from agent.transport.sim import SimNetwork
 from controlplane.table import RoutingTable, initial_table
 from controlplane.topology import Topology
 from elasticmoe.v1 import consensus_pb2 as pb
+
+
+def cut_log(disk: MemoryDisk, records: int) -> tuple[int, ...]:
+    """Cut `disk`'s log before its last `records` whole records; returns the committed versions it keeps."""
+    ends = parse(bytes(disk.data))[0].ends
+    del disk.data[ends[-records - 1] if len(ends) > records else 0:]
+    return tuple(sorted(int(c.table.version) for c in parse(bytes(disk.data))[0].commits))
 
 
 @dataclass
@@ -29,7 +36,8 @@ class Event:
     `quorum` voters accepting one ballot choose it), "invoke"/"respond" (a proposal and its outcome;
     `result` is "ok", "fail" (another table was chosen) or "unknown"), "crash" (versions: what the node
     had installed), "recover" (versions: what the restarted node recovered from its store), "wipe" (the
-    node's store was lost while it was down: it restarts from genesis and rebuilds).
+    node's store was lost while it was down: it restarts from genesis and rebuilds), "cut" (its log lost
+    its last records while it was down; versions: the commits it keeps).
     """
 
     kind: str
@@ -123,7 +131,10 @@ class SimCluster:
     def up(self) -> list[str]:
         return [n for n in self.ids if n not in self.down]
 
-    def crash(self, n: str, tear: bool = False, lose_store: bool = False) -> None:
+    def crash(self, n: str, tear: bool = False, lose_store: bool = False, cut_records: int = 0) -> None:
+        """kill -9 of `n`. `tear`: a record torn mid-write is left at the end of its log; `lose_store`: the disk
+        is replaced (an empty store); `cut_records`: its log loses its last N whole records (cut at a record
+        boundary, as a file restored from an older copy would be)."""
         node = self.nodes[n]
         if n in self.down:
             return
@@ -136,6 +147,8 @@ class SimCluster:
         if lose_store:  # a replaced disk: the node restarts with an empty store
             self.disks[n] = MemoryDisk()
             self._ev("wipe", n)
+        if cut_records:
+            self._ev("cut", n, versions=cut_log(self.disks[n], cut_records))
 
     def restart(self, n: str) -> None:
         if n not in self.down:
