@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +27,7 @@ from elasticmoe.v1 import consensus_pb2 as cpb
 if TYPE_CHECKING:
     from chaos.procrunner import ProcRunner
 
-INVARIANTS = ("I1", "I2", "I3", "I5", "I6", "I7")
+INVARIANTS = ("I1", "I2", "I3", "I4", "I5", "I6", "I7")
 
 
 def read_log(path: Path) -> list[cpb.Commit]:
@@ -190,6 +191,7 @@ class Engine:
         self.installs = 0
         self.stop = False
         self.rng = np.random.default_rng(1000 + i)
+        self.pending: list[cpb.Commit] = []  # streamed, not yet handed to the data plane's shims
 
     async def run(self) -> None:
         await asyncio.gather(self._watch(), self._report())
@@ -205,6 +207,7 @@ class Engine:
                     if t is not None and t.version > self.head:
                         self.head = t.version
                         self.installs += 1
+                        self.pending.append(commit)
             except grpc.aio.AioRpcError:
                 pass
             finally:
@@ -244,3 +247,72 @@ class Engine:
                     link = ShimLink(self.sock, shim_id=self.name)
         finally:
             await link.close()
+
+
+class DataPlane:
+    """The engines' tokens, so that I4 is checked against real agents: each engine's ranks have a Shim
+    (shared version counters, as the ranks of one EP group have) that installs what the engine's agent
+    streamed it, a few slots at a time, with a mover writing the rank's real expert memory. Every step each
+    rank sends its tokens to the other ranks' shims (chaos/tokens.py); a token accepted by a slot whose
+    memory does not hold its expert is an I4 violation. The engines outlive their agents (kill -9 and
+    SIGSTOP hit the agent process), so no rank dies here; the sim runner covers rank loss."""
+
+    def __init__(self, engines: list[Engine], genesis: RoutingTable, step_s: float = 0.05,
+                 tokens_per_step: int = 32, seed: int = 0) -> None:
+        from chaos.tokens import Fabric, Retries, TokenStats
+        from dataplane_shim.counters import DeviceCounters
+        from dataplane_shim.shim import Shim
+
+        topo = genesis.topology
+        R, S = topo.ranks_per_node, topo.slots_per_rank
+        self.engines, self.step_s, self.tokens = engines, step_s, tokens_per_step
+        self.layers, self.experts = genesis.layers, genesis.experts
+        self.rng = np.random.default_rng(seed)
+        self.stats = TokenStats()
+        self.steps = 0
+        self.stop = False
+        counters = DeviceCounters(topo.ranks)
+        self.mem: dict[int, np.ndarray] = {}
+        self.shims: dict[int, Shim] = {}
+        self.ranks: dict[int, list[int]] = {e.i: list(range(e.i * R, (e.i + 1) * R)) for e in engines}
+        for g in range(topo.ranks):
+            mem = genesis.phy2log[:, g * S:(g + 1) * S].copy()  # weights loaded at boot for the genesis table
+            self.mem[g] = mem
+
+            def mover(layers: np.ndarray, slots: np.ndarray, experts: np.ndarray, mem: np.ndarray = mem) -> None:
+                mem[layers, slots] = experts
+
+            self.shims[g] = Shim(topo, g, genesis, counters=counters, mover=mover, wait_polls=0, poll_sleep_s=0.0)
+        self.retries = {g: Retries() for g in self.shims}
+        self.fabric = Fabric(S, self.shims.get, self.mem.__getitem__, self.stats, time.monotonic)
+
+    def step(self, hot: np.ndarray) -> None:
+        from chaos.tokens import route_step
+
+        p = np.ones(self.experts)
+        p[hot] = 10.0
+        p /= p.sum()
+        for e in self.engines:
+            commits, e.pending = e.pending, []
+            for g in self.ranks[e.i]:
+                shim = self.shims[g]
+                shim.begin_step(commits, stage_limit=int(self.rng.choice((1, 2, 4, 64))))
+                share = np.stack([self.rng.multinomial(self.tokens, p) for _ in range(self.layers)]).astype(np.int64)
+                route_step(self.fabric, g, shim, share, self.retries[g], set())
+                shim.end_step()
+        self.steps += 1
+
+    async def run(self, hot: Callable[[], np.ndarray]) -> None:
+        while not self.stop:
+            await asyncio.sleep(self.step_s)
+            self.step(hot())
+
+    def report(self, checks: Checks) -> dict[str, int]:
+        st = self.stats
+        if st.i4:
+            checks.note("I4", "i4", f"{st.i4} tokens accepted by slots whose memory does not hold their expert "
+                                    f"(e.g. {st.i4_examples[:2]})")
+        if st.misrouted:
+            checks.note("I4", "misrouted", f"{st.misrouted} tokens dispatched to ranks the sender had declared dead")
+        return {"steps": self.steps, "sent": st.sent, "served": st.served, "nacked": st.nacked, "i4": st.i4,
+                "dropped": st.dropped, "installed": min(s.version for s in self.shims.values())}

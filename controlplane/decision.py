@@ -340,6 +340,10 @@ def same_ranks(a: RoutingTable, b: RoutingTable) -> bool:
 def rollback(head: RoutingTable, target: RoutingTable, buf: ReplayBuffer, p: DecisionParams, trigger: str) -> Attempt:
     """Return to `target`'s placement (the parent of a change that did not help); gated by gain >= 0."""
     ops = _fitting_order(head, rollback_ops(head, target))
+    if ops is None:  # every slot full (a change made by swaps): drops, moves and swaps reach it
+        changed = np.flatnonzero((head.phy2log != target.phy2log).any(axis=1)).tolist()
+        found = retarget.ops_to(head, target, changed)
+        ops = tuple(found) if found is not None else None
     if ops is None:
         return Attempt(None, "ROLLBACK_NOT_EXPRESSIBLE", "no order of the operations fits the free slots")
     table = apply_ops(head, ops)

@@ -136,3 +136,33 @@ def test_new_params_validation() -> None:
     for bad in (dict(fast_theta=1.0), dict(min_op_gain=-0.1), dict(min_op_gain=1.0), dict(drift_tv=-1.0)):
         with pytest.raises(InvalidParams):
             DecisionParams(**bad)  # type: ignore[arg-type]
+
+
+def test_a_change_made_by_swaps_in_a_full_cluster_can_be_rolled_back() -> None:
+    """Every slot is full and the head swapped experts between ranks (as the large-gap planner does): no
+    order of consolidations, migrations and replications fits, so the rollback uses drops, moves and swaps.
+    (It was refused as ROLLBACK_NOT_EXPRESSIBLE, and a change that realised worse stayed: the chaos sim's I6.)"""
+    from controlplane.decision import rollback
+    from controlplane.monitor import ReplayBuffer
+    from controlplane.table import RoutingTable
+
+    topo = Topology(1, 4, 2)
+    parent = RoutingTable(topo, 8, np.array([[0, 1, 2, 3, 4, 5, 6, 7]]), 5, 4, (0, 1, 2, 3))
+    head = RoutingTable(topo, 8, np.array([[0, 2, 1, 3, 4, 6, 5, 7]]), 6, 5, (0, 1, 2, 3))
+    buf = ReplayBuffer(1, 8, capacity=4)
+    rng = np.random.default_rng(0)
+    for w in range(3):  # load under which the parent is the better placement: the rollback gains
+        counts = rng.poisson([[[40, 1, 40, 1, 40, 1, 40, 1]]] * 10).astype(np.uint32)
+        buf.push(w, 10 * w, counts)
+    assert rollback_ops(head, parent) and _fits(head, rollback_ops(head, parent)) is False
+    a = rollback(head, parent, buf, DecisionParams(), "rollback: test")
+    assert a.decision is not None, (a.outcome, a.detail)
+    assert same_ranks(a.decision.table, parent) and a.decision.kind == "rollback"
+
+
+def _fits(head: object, ops: tuple[object, ...]) -> bool:
+    try:
+        apply_ops(head, ops)  # type: ignore[arg-type]
+    except InvalidOperation:
+        return False
+    return True
