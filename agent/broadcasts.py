@@ -110,9 +110,9 @@ class RumourQueue:
                     continue
                 used += e.size
                 if e.kind == "m":
-                    members.append(e.msg)  # type: ignore[arg-type]
+                    members.append(e.msg)
                 elif digests is not None:
-                    digests.append(e.msg)  # type: ignore[arg-type]
+                    digests.append(e.msg)
                 taken.append((k, e))
         for k, e in taken:
             del self._buckets[e.sent][k]

@@ -12,7 +12,7 @@ import asyncio
 import heapq
 import itertools
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, cast
 
 
 class Timer(Protocol):
@@ -74,7 +74,7 @@ class FakeClock:
 
     def schedule(self, when: float, timer: Timer, fn: Callable[[], None]) -> None:
         """Run `fn` at `when` unless `timer.cancelled` by then (for clocks layered on this one)."""
-        heapq.heappush(self._queue, (when, next(self._seq), timer, fn))  # type: ignore[arg-type]
+        heapq.heappush(self._queue, (when, next(self._seq), cast(_FakeTimer, timer), fn))
 
     def pending(self) -> int:
         return sum(1 for _, _, t, _ in self._queue if not t.cancelled)

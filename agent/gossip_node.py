@@ -14,12 +14,13 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterable
+from functools import partial
 
 import numpy as np
 import numpy.typing as npt
 from google.protobuf.message import Message
 
-from agent.broadcasts import RumourQueue
+from agent.broadcasts import Kind, RumourQueue
 from agent.clock import Clock, Timer
 from agent.config import GossipConfig
 from agent.loadgossip import LoadGossip, LoadView, check_digests, check_windows
@@ -98,7 +99,7 @@ class GossipNode:
                 pending[1] = 1
                 on_done()
 
-        pending[0] = sum(self._broadcast_to(p, lambda r, p=p: acked(p, r)) for p in targets)
+        pending[0] = sum(self._broadcast_to(p, partial(acked, p)) for p in targets)
         if not pending[0] and on_done is not None:
             on_done()
 
@@ -203,10 +204,10 @@ class GossipNode:
         self._take(dst, self.cfg.piggyback_bytes, members, digests)
         msg.piggyback.extend(members)
         if digests:
-            msg.digests.extend(digests)  # type: ignore[union-attr]
+            msg.digests.extend(digests)
 
     def _take(self, dst: str, budget: int, members: list[pb.MemberState], digests: list[pb.Digest] | None) -> None:
-        skip: set[tuple[str, str]] = set()
+        skip: set[tuple[Kind, str]] = set()
         st = self.membership.status(dst)
         if st is not None and st not in (MemberStatus.ALIVE, MemberStatus.LEFT):
             # Lifeguard's buddy system (extended to the dead): tell a member what we think of it, so that
@@ -214,7 +215,7 @@ class GossipNode:
             members.append(self.membership.state_pb(dst))
             skip.add(("m", dst))
             budget -= members[-1].ByteSize()
-        self.rumours.take(budget, members, digests, dst, skip)  # type: ignore[arg-type]
+        self.rumours.take(budget, members, digests, dst, skip)
 
     def absorb(self, src: str, members: Iterable[pb.MemberState], digests: Iterable[pb.Digest]) -> None:
         self.membership.absorb(members, src)
@@ -229,7 +230,7 @@ class GossipNode:
         me = self.membership.state_pb(self.node_id)
         for p in self.membership.live_peers():
             req = pb.BroadcastRequest(from_node=self.node_id, members=[me])
-            self.transport.call(p, "Gossip/Broadcast", req, self.timeout, lambda r, p=p: self._on_broadcast_reply(p, r))
+            self.transport.call(p, "Gossip/Broadcast", req, self.timeout, partial(self._on_broadcast_reply, p))
 
     # ---- serving ------------------------------------------------------------------------------
     def _handle(self, src: str, method: str, req: Message) -> Message | Deferred | None:
@@ -238,17 +239,17 @@ class GossipNode:
         self.membership.heard(src)
         name = method.partition("/")[2]
         if name == "Probe":
-            return self.prober.handle_probe(src, req)  # type: ignore[arg-type]
+            return self.prober.handle_probe(src, req)
         if name == "IndirectProbe":
-            return self.prober.handle_indirect(src, req)  # type: ignore[arg-type]
+            return self.prober.handle_indirect(src, req)
         if name == "Broadcast":
-            return self._handle_broadcast(src, req)  # type: ignore[arg-type]
+            return self._handle_broadcast(src, req)
         if name == "Pull":
-            return self.load.handle_pull(src, req)  # type: ignore[arg-type]
+            return self.load.handle_pull(src, req)
         if name == "Push":
-            return self._handle_push(src, req)  # type: ignore[arg-type]
+            return self._handle_push(src, req)
         if name == "PushPull":
-            return self._handle_pushpull(src, req)  # type: ignore[arg-type]
+            return self._handle_pushpull(src, req)
         raise InvalidArgument(f"unknown method {method!r}")
 
     def _handle_broadcast(self, src: str, req: pb.BroadcastRequest) -> pb.BroadcastReply:
@@ -297,7 +298,7 @@ class GossipNode:
             return
         peers = self.membership.live_peers()
         for p in self.rng.sample(peers, min(self.cfg.fanout, len(peers))):
-            self._broadcast_to(p, lambda r, p=p: self._on_broadcast_reply(p, r))
+            self._broadcast_to(p, partial(self._on_broadcast_reply, p))
 
     def _gossip_tick(self) -> None:
         self._flush()

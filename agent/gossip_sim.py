@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import numpy.typing as npt
@@ -69,7 +70,7 @@ class GossipSim:
             node = GossipNode(nid, f"{nid}:7400", [len(self.nodes)], self.cfg, self.net.clock(nid),
                               self.net.transport(nid), seeds, rng_seed=self.rng.getrandbits(32), shape=self.shape,
                               signer=self.signers.get(nid))
-            node.on_member_change(lambda m, nid=nid: self._member_event(nid, m))
+            node.on_member_change(partial(self._member_event, nid))
             node.on_window(lambda origin, seq, *_, nid=nid: self._window_event(nid, origin, seq))
             self.nodes[nid] = node
             node.start()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -155,7 +156,7 @@ class LoadGossip:
         peers = self.members.live_peers()
         for p in self.rng.sample(peers, min(self.cfg.fanout, len(peers))):
             req = pb.PushRequest(from_node=self.node_id, windows=[w])
-            self.transport.call(p, "Gossip/Push", req, self.timeout, lambda r, p=p: self._acked(p, r))
+            self.transport.call(p, "Gossip/Push", req, self.timeout, partial(self._acked, p))
 
     def restamp(self) -> None:
         """Our incarnation changed (a refutation): re-issue our window under it, so that it still wins."""
@@ -254,7 +255,7 @@ class LoadGossip:
 
     def _pull(self, src: str, want: list[pb.Digest]) -> None:
         req = pb.PullRequest(from_node=self.node_id, want=want)
-        self.transport.call(src, "Gossip/Pull", req, self.timeout, lambda r: self._on_pull(src, want, r))  # type: ignore[arg-type]
+        self.transport.call(src, "Gossip/Pull", req, self.timeout, partial(self._on_pull, src, want))
 
     def _on_pull(self, src: str, want: list[pb.Digest], reply: pb.PullReply | None) -> None:
         if self.stopped:

@@ -85,7 +85,8 @@ class AgentProcess:
         server = grpc.aio.server(interceptors=interceptors(self.cfg), options=SERVER_OPTIONS)
         # without TLS no caller has a verified identity: mutating admin calls only from this host
         authorize = None if self.cfg.tls.cert_dir else local_callers_only
-        admin_pb2_grpc.add_AdminServicer_to_server(AdminService(self.state, authorize=authorize), server)
+        service = AdminService(self.state, authorize=authorize)
+        admin_pb2_grpc.add_AdminServicer_to_server(service, server)  # type: ignore[no-untyped-call]
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(SERVICE_NAMES, server)
         self.state.attach(server)

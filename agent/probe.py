@@ -15,6 +15,7 @@ accuses nobody. A failed call of any other kind (rumours, pulls, push-pull) trig
 from __future__ import annotations
 
 import random
+from functools import partial
 
 from agent.clock import Clock, Timer
 from agent.config import GossipConfig
@@ -150,7 +151,7 @@ class Prober:
             req = pb.IndirectProbeRequest(from_node=self.node_id, seq=p.seq, target=p.target, target_address=addr,
                                           timeout_ms=max(1, int(remaining * 1e3)))
             self.piggyback.fill(req, h)
-            self.transport.call(h, "Gossip/IndirectProbe", req, remaining, lambda r, h=h: self._on_indirect(p, h, r))
+            self.transport.call(h, "Gossip/IndirectProbe", req, remaining, partial(self._on_indirect, p, h))
 
     def _helpers(self, target: str) -> list[str]:
         """Up to indirect_checks random alive members other than `target` (without copying the list)."""
@@ -235,6 +236,6 @@ class Prober:
             self.piggyback.fill(ack, src)
             d.reply(ack)
 
-        self.transport.call(req.target, "Gossip/Probe", probe, wait, done)  # type: ignore[arg-type]
+        self.transport.call(req.target, "Gossip/Probe", probe, wait, done)
         return d
 

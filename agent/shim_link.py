@@ -79,7 +79,7 @@ async def serve_unix(path: str, source: TableSource, sink: LoadSink, *, layers: 
     from agent.decode_guard import DecodeGuardInterceptor
 
     server = grpc.aio.server(interceptors=[DecodeGuardInterceptor()])
-    dgrpc.add_DataplaneLinkServicer_to_server(
+    dgrpc.add_DataplaneLinkServicer_to_server(  # type: ignore[no-untyped-call]
         DataplaneLinkServicer(source, sink, layers=layers, experts=experts), server)
     server.add_insecure_port(f"unix:{path}")
     await server.start()

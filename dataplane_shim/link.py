@@ -72,7 +72,7 @@ class ShimLink:
     def __init__(self, socket_path: str, *, shim_id: str = "", ranks: Sequence[int] = ()) -> None:
         self.shim_id, self.ranks = shim_id, list(ranks)
         self._channel = grpc.aio.insecure_channel(f"unix:{socket_path}")
-        self._stub = dgrpc.DataplaneLinkStub(self._channel)
+        self._stub = dgrpc.DataplaneLinkStub(self._channel)  # type: ignore[no-untyped-call]
 
     async def watch_tables(self, from_version: int) -> AsyncIterator[cpb.Commit]:
         """Every certified commit with version > from_version, then each new one, in order."""

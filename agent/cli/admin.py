@@ -131,7 +131,7 @@ def _run(args: argparse.Namespace, func: Callable[[argparse.Namespace, admin_pb2
         return 2
     try:
         with _channel(address) as ch:
-            return func(args, admin_pb2_grpc.AdminStub(ch))
+            return func(args, admin_pb2_grpc.AdminStub(ch))  # type: ignore[no-untyped-call]
     except TlsFilesError as e:
         print(f"emoe {args.command}: EMOE_CERT_DIR: {e}", file=sys.stderr)
         return 2

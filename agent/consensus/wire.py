@@ -5,7 +5,9 @@ from __future__ import annotations
 from controlplane.errors import InvalidShape, InvalidTable
 from controlplane.table import RoutingTable, table_from_bytes
 from controlplane.topology import Topology
-from dataplane_shim.certify import table_to_pb  # noqa: F401  (re-exported: one encoder, shared with the shim)
+
+# table_to_pb is re-exported: one encoder, shared with the shim
+from dataplane_shim.certify import table_to_pb as table_to_pb
 from elasticmoe.v1 import consensus_pb2 as pb
 
 

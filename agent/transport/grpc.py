@@ -199,7 +199,7 @@ class GrpcTransport:
                     await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, "no reply before the deadline")
             if reply is None:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, "no reply")
-            return reply  # type: ignore[return-value]
+            return reply
 
         return handle
 
