@@ -20,7 +20,7 @@ import numpy as np
 from agent.config import AgentConfig
 from agent.consensus.paxos import planner_turn
 from agent.loadpath import ClusterWindows, LoadReportError, LocalWindows
-from agent.wire import make_plan, op_to_pb
+from agent.wire import make_plan, op_to_pb, plan_forced, plan_kind
 from controlplane.controller import (
     Controller,
     DecisionParams,
@@ -29,7 +29,6 @@ from controlplane.controller import (
     RanksLost,
     TableCommitted,
     WindowClosed,
-    kind_of_trigger,
     verify_decision,
 )
 from controlplane.errors import ControlPlaneError
@@ -271,7 +270,8 @@ class NodeState:
     def _propose(self, decision: Any, force: bool = False, done: asyncio.Future[Any] | None = None) -> None:
         table: RoutingTable = decision.table
         plan = make_plan(decision.ops, decision.estimated_gain, decision.verified_gain, decision.cost, decision.trigger,
-                         int(getattr(decision, "replay_from_step", 0)), int(getattr(decision, "replay_to_step", 0)))
+                         int(getattr(decision, "replay_from_step", 0)), int(getattr(decision, "replay_to_step", 0)),
+                         kind=str(decision.kind), forced=force)
         if force:
             plan.trigger = f"manual --force: {plan.trigger}"
         refused = [apb.Candidate(op=op_to_pb(r.op) if r.op is not None else None, reason=r.reason, gain=r.gain,
@@ -303,7 +303,7 @@ class NodeState:
             proposed.validate()
         except ControlPlaneError as e:
             return False, 0.0, str(e)
-        if plan.trigger.startswith(("manual --force", "drain", "restore", "repair")) or not self.replay:
+        if plan_forced(plan) or plan_kind(plan) == "repair" or not self.replay:
             # forced by an operator, a repair, or nothing to replay yet: validity is the whole check, and the
             # proposer's figure stands (there is no own figure to compare it with)
             return True, plan.verified_gain, "validity only"
@@ -329,7 +329,7 @@ class NodeState:
         # the turn restarts at the window that proposed this table (the same on every node, however late it learns)
         end = int(commit.plan.replay_to_step) // self.params.window
         self._head_seq = end - 1 if 0 < end <= self._window_seq + 1 else self._window_seq
-        self._perform(self.controller.step(TableCommitted(table, kind=kind_of_trigger(commit.plan.trigger))))
+        self._perform(self.controller.step(TableCommitted(table, kind=plan_kind(commit.plan))))
         rec = self._explain.get(table.version)
         if rec is not None:
             rec.outcome = "committed"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from controlplane.controller import kind_of_trigger
 from controlplane.ops import (
     Consolidate,
     Drain,
@@ -85,7 +86,29 @@ def describe_pb(m: pb.Operation) -> str:
         return f"<invalid operation: {e}>"
 
 
+PLAN_KINDS = {"rebalance": pb.PLAN_REBALANCE, "rollback": pb.PLAN_ROLLBACK, "manual": pb.PLAN_MANUAL,
+              "repair": pb.PLAN_REPAIR}
+_KIND_OF_PB = {v: k for k, v in PLAN_KINDS.items()}
+
+
 def make_plan(ops: Iterable[Operation], estimated_gain: float, verified_gain: float, cost: float, trigger: str,
-              replay_from_step: int = 0, replay_to_step: int = 0) -> pb.Plan:
+              replay_from_step: int = 0, replay_to_step: int = 0, *, kind: str, forced: bool = False) -> pb.Plan:
+    """A Plan message; `kind` is a Decision's kind (PLAN_KINDS)."""
+    if kind not in PLAN_KINDS:
+        raise WireError(f"plan kind {kind!r}: expected one of {sorted(PLAN_KINDS)}")
     return pb.Plan(ops=[op_to_pb(o) for o in ops], estimated_gain=estimated_gain, verified_gain=verified_gain,
-                   cost=cost, trigger=trigger, replay_from_step=replay_from_step, replay_to_step=replay_to_step)
+                   cost=cost, trigger=trigger, replay_from_step=replay_from_step, replay_to_step=replay_to_step,
+                   kind=PLAN_KINDS[kind], forced=forced)
+
+
+def plan_kind(plan: pb.Plan) -> str:
+    """A committed plan's kind ("rebalance", "rollback", "manual", "repair") from its `kind` field; a plan
+    written before the field existed (UNSPECIFIED) is read from its trigger's prefix."""
+    kind = _KIND_OF_PB.get(plan.kind)
+    return kind if kind is not None else kind_of_trigger(plan.trigger)
+
+
+def plan_forced(plan: pb.Plan) -> bool:
+    """Whether an operator forced the plan (past tau and the cost budget: drains and restores are); for a plan
+    written before the field existed, its trigger's "manual --force" prefix."""
+    return plan.forced or (plan.kind == pb.PLAN_KIND_UNSPECIFIED and plan.trigger.startswith("manual --force"))

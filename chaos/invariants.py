@@ -23,7 +23,6 @@ import numpy as np
 from chaos.checkers import check as consensus_check
 from chaos.simcluster import CommitRecord, History, WindowRecord
 from chaos.simengine import TokenStats
-from controlplane.controller import kind_of_trigger
 from controlplane.load import table_step_imbalance
 from controlplane.table import RoutingTable
 
@@ -80,7 +79,7 @@ def check_i6(history: History, genesis: RoutingTable, tau: float, rollback_windo
     wins: list[WindowRecord] = sorted(history.windows.values(), key=lambda w: w.t)
     commits: list[CommitRecord] = sorted(history.commits.values(), key=lambda r: r.version)
     for r in commits:
-        if kind_of_trigger(r.trigger) != "rebalance" or r.trigger.startswith(("drain", "restore")):
+        if r.kind != "rebalance":
             continue
         if r.verified_gain < tau - 1e-12:
             out.append(f"I6: version {r.version} committed a rebalance with verified gain {r.verified_gain:.4f} < "

@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 
 from agent.store import parse
-from controlplane.controller import kind_of_trigger
+from agent.wire import plan_kind
 from controlplane.load import table_step_imbalance
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
@@ -53,9 +53,9 @@ async def agent_head(channel: grpc.aio.Channel, timeout: float = 1.0) -> int | N
     return int(r.committed_version)
 
 
-def _is_rebalance(trigger: str) -> bool:
-    """A plan the decision core chose on load (not a rollback, repair, manual, drain or restore plan)."""
-    return kind_of_trigger(trigger) == "rebalance" and not trigger.startswith(("drain", "restore"))
+def _is_rebalance(plan: cpb.Plan) -> bool:
+    """A plan the decision core chose on load (not a rollback, repair or operator's plan)."""
+    return plan_kind(plan) == "rebalance"
 
 
 class Checks:
@@ -68,7 +68,7 @@ class Checks:
         self.max_version = 1
         self._valid: dict[tuple[int, bytes], str] = {}  # (version, hash) -> "" or why invalid
         self.tables: dict[int, RoutingTable] = {}  # valid committed tables by version
-        self.triggers: dict[int, tuple[str, float]] = {}  # version -> (plan trigger, verified gain)
+        self.triggers: dict[int, tuple[str, float, bool]] = {}  # version -> (trigger, verified gain, rebalance?)
         self.installed_at: dict[int, float] = {}  # version -> when an engine first installed it (monotonic)
         self.i6_judged = 0
 
@@ -117,8 +117,8 @@ class Checks:
                 if self._valid[(v, h)]:
                     self.note("I3", f"{v}:{h.hex()}", f"v{v}: {self._valid[(v, h)]}")
                 trig, gain = c.plan.trigger, float(c.plan.verified_gain)
-                self.triggers[v] = (trig, gain)
-                if _is_rebalance(trig) and gain < self.tau - 1e-12:
+                self.triggers[v] = (trig, gain, _is_rebalance(c.plan))
+                if _is_rebalance(c.plan) and gain < self.tau - 1e-12:
                     self.note("I6", f"gain:{v}", f"v{v} committed a rebalance with verified gain {gain:.4f} < tau "
                                                  f"{self.tau} ({trig!r})")
         for v, hs in chosen.items():
@@ -135,9 +135,9 @@ class Checks:
         a quorum, no rollback can commit) and once the deadline is past `now` (a rollback may still come)."""
         tables = {genesis.version: genesis, **self.tables}
         for v in sorted(self.tables):
-            trig = self.triggers.get(v, ("", 0.0))[0]
+            rebalance = self.triggers.get(v, ("", 0.0, False))[2]
             t, parent = self.installed_at.get(v), tables.get(v - 1)
-            if not _is_rebalance(trig) or t is None or parent is None:
+            if not rebalance or t is None or parent is None:
                 continue
             first = int(np.ceil((t - t0) / span))  # the first window that starts after the install
             deadline = t0 + (first + n + grace) * span

@@ -30,6 +30,7 @@ from agent.state import NodeState
 from agent.store import MemoryDisk
 from agent.telemetry import Telemetry
 from agent.transport.sim import LinkSpec, SimNetwork
+from agent.wire import plan_kind
 from bench.synthetic import synthetic_trace
 from chaos.simengine import NodeEngine, TokenStats
 from controlplane.table import RoutingTable
@@ -69,6 +70,7 @@ class CommitRecord:
     trigger: str
     verified_gain: float
     table: RoutingTable
+    kind: str  # the plan's kind (agent.wire.plan_kind)
 
 
 @dataclass
@@ -190,7 +192,7 @@ class SimCluster:
                  snapshot=snapshot)
         if t.version not in self.history.commits:
             self.history.commits[t.version] = CommitRecord(t.version, t.parent, self.clock.now(), c.plan.trigger,
-                                                           float(c.plan.verified_gain), t)
+                                                           float(c.plan.verified_gain), t, plan_kind(c.plan))
 
     def _member(self, observer: str, m: Any) -> None:
         if str(getattr(m.status, "value", m.status)).lower() == "dead" and m.node_id in self.down:

@@ -95,7 +95,7 @@ def test_i6_realised_check_fires_on_a_regression_left_in_place_only() -> None:
     topo = Topology(2, 1, 4)  # genesis: experts 0, 1 on rank 0; 2, 3 on rank 1; two spare slots each
     gen = initial_table(topo, 1, 4)
     t2 = gen.successor(np.array([[0, 1, 2, 3, 0, 1, -1, -1]]))  # rank 0 takes 2 and 3 too; 0 and 1 on both
-    trig = {2: ("step imbalance 1.82 > theta 1.10 for 1 windows", 0.3)}
+    trig = {2: ("step imbalance 1.82 > theta 1.10 for 1 windows", 0.3, True)}  # (trigger, gain, rebalance?)
     helps = {k: np.array([[100, 100, 10, 10]], np.uint64) for k in range(20)}   # 1.82 -> 1.09
     hurts = {k: np.array([[100, 10, 100, 10]], np.uint64) for k in range(20)}   # 1.00 -> 1.50
 
@@ -119,7 +119,7 @@ def test_i6_realised_check_fires_on_a_regression_left_in_place_only() -> None:
     good = judge(helps, {2: 0.25})
     assert good.i6_judged == 1 and good.violations()["I6"] == 0
     rolled = dict(trig)
-    rolled[2] = ("rollback: v1 realised better", 0.0)  # rollbacks are not judged as rebalances
+    rolled[2] = ("rollback: v1 realised better", 0.0, False)  # rollbacks are not judged as rebalances
     ch = Checks(topo, ["n1", "n2"], tau=0.02)
     ch.tables, ch.triggers, ch.installed_at = {2: t2}, rolled, {2: 0.25}
     ch.realised(gen, hurts, 0.0, 0.1, [], n=3, grace=3)

@@ -110,7 +110,7 @@ def test_i3_invalid_table() -> None:
     phy[:, 0] = -1  # expert 0 has no replica
     bad = type(GEN)(TOPO, 8, phy, 3, 2)
     h2 = _clean_history()
-    h2.commits[3] = CommitRecord(3, 2, 0.0, "manual: x", 0.0, bad)
+    h2.commits[3] = CommitRecord(3, 2, 0.0, "manual: x", 0.0, bad, "manual")
     assert check_history(h2, TokenStats(), GEN, 0.02, 2).violations["I3"]
 
 
@@ -128,7 +128,7 @@ def test_i5_not_converged() -> None:
 def test_i6_gain_below_tau_and_unrolled_regression() -> None:
     t2 = _table(2, 1, hot_on_rank0=True)
     h = History()
-    h.commits[2] = CommitRecord(2, 1, 1.0, "step imbalance 1.5 > theta", 0.001, t2)  # type: ignore[arg-type]
+    h.commits[2] = CommitRecord(2, 1, 1.0, "step imbalance 1.5 > theta", 0.001, t2, "rebalance")  # type: ignore[arg-type]
     v, _ = check_i6(h, GEN, 0.02, 2)
     assert any("verified gain" in m for m in v)
     # realised: load only on expert 0 and 2; the new table moves nothing useful -> equal or worse; make it
@@ -141,7 +141,7 @@ def test_i6_gain_below_tau_and_unrolled_regression() -> None:
     h.commits[2].verified_gain = 0.5
     v, judged = check_i6(h, GEN, 0.02, 2, margin=-1.0)  # any realised effect counts as worse here
     assert judged == 1 and any("not rolled back" in m for m in v)
-    h.commits[3] = CommitRecord(3, 2, 5.0, "rollback: x", 0.0, GEN)  # type: ignore[arg-type]
+    h.commits[3] = CommitRecord(3, 2, 5.0, "rollback: x", 0.0, GEN, "rollback")  # type: ignore[arg-type]
     v, _ = check_i6(h, GEN, 0.02, 2, margin=-1.0)
     assert not v  # rolled back in time
 

@@ -53,9 +53,21 @@ def test_shim_masks_dead_ranks_and_counts_tokens_without_a_live_replica() -> Non
 
 
 def test_forced_operator_plan_is_manual_not_a_rebalance() -> None:
-    # a drain is committed as "manual --force: ..."; read as a rebalance, peers would observe it and could
-    # propose to roll it back (restoring the drained rank)
-    assert kind_of_trigger("manual --force: manual: operator proposal (forced): drain r3") == "manual"
+    """A drain is a forced manual plan; read as a rebalance, peers would observe it and could propose to roll
+    it back (restoring the drained rank). The kind and the flag are fields of the plan; a plan written
+    before they existed is read from its trigger."""
+    from agent.wire import make_plan, plan_forced, plan_kind
+    from elasticmoe.v1 import consensus_pb2 as cpb
+
+    trig = "manual --force: manual: operator proposal (forced): drain r3"
+    p = make_plan((), 0.0, 0.0, 0.0, "step imbalance looks like a rebalance", kind="manual", forced=True)
+    assert plan_kind(p) == "manual" and plan_forced(p)  # the fields, whatever the text says
+    assert plan_kind(make_plan((), 0, 0, 0, "manual: x", kind="rebalance")) == "rebalance"
+    legacy = cpb.Plan(trigger=trig)
+    assert plan_kind(legacy) == "manual" and plan_forced(legacy) and kind_of_trigger(trig) == "manual"
+    assert not plan_forced(cpb.Plan(trigger=trig, kind=cpb.PLAN_MANUAL))  # typed: the text is only text
+    with pytest.raises(ValueError, match="plan kind 'drain'"):
+        make_plan((), 0, 0, 0, "", kind="drain")
 
 
 def _wait_all_detect(c: SimCluster, dead: str, limit_s: float = 10.0) -> float:

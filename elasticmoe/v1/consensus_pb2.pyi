@@ -19,6 +19,14 @@ class OpKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROLLBACK: _ClassVar[OpKind]
     SWAP: _ClassVar[OpKind]
     DROP: _ClassVar[OpKind]
+
+class PlanKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PLAN_KIND_UNSPECIFIED: _ClassVar[PlanKind]
+    PLAN_REBALANCE: _ClassVar[PlanKind]
+    PLAN_ROLLBACK: _ClassVar[PlanKind]
+    PLAN_MANUAL: _ClassVar[PlanKind]
+    PLAN_REPAIR: _ClassVar[PlanKind]
 OP_KIND_UNSPECIFIED: OpKind
 REPLICATE: OpKind
 CONSOLIDATE: OpKind
@@ -29,6 +37,11 @@ REPAIR: OpKind
 ROLLBACK: OpKind
 SWAP: OpKind
 DROP: OpKind
+PLAN_KIND_UNSPECIFIED: PlanKind
+PLAN_REBALANCE: PlanKind
+PLAN_ROLLBACK: PlanKind
+PLAN_MANUAL: PlanKind
+PLAN_REPAIR: PlanKind
 
 class Ballot(_message.Message):
     __slots__ = ("round", "node_id")
@@ -79,7 +92,7 @@ class Operation(_message.Message):
     def __init__(self, kind: _Optional[_Union[OpKind, str]] = ..., layer: _Optional[int] = ..., experts: _Optional[_Iterable[int]] = ..., src: _Optional[int] = ..., dst: _Optional[int] = ..., rank: _Optional[int] = ..., source: _Optional[int] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("ops", "estimated_gain", "verified_gain", "cost", "trigger", "replay_from_step", "replay_to_step")
+    __slots__ = ("ops", "estimated_gain", "verified_gain", "cost", "trigger", "replay_from_step", "replay_to_step", "kind", "forced")
     OPS_FIELD_NUMBER: _ClassVar[int]
     ESTIMATED_GAIN_FIELD_NUMBER: _ClassVar[int]
     VERIFIED_GAIN_FIELD_NUMBER: _ClassVar[int]
@@ -87,6 +100,8 @@ class Plan(_message.Message):
     TRIGGER_FIELD_NUMBER: _ClassVar[int]
     REPLAY_FROM_STEP_FIELD_NUMBER: _ClassVar[int]
     REPLAY_TO_STEP_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    FORCED_FIELD_NUMBER: _ClassVar[int]
     ops: _containers.RepeatedCompositeFieldContainer[Operation]
     estimated_gain: float
     verified_gain: float
@@ -94,7 +109,9 @@ class Plan(_message.Message):
     trigger: str
     replay_from_step: int
     replay_to_step: int
-    def __init__(self, ops: _Optional[_Iterable[_Union[Operation, _Mapping]]] = ..., estimated_gain: _Optional[float] = ..., verified_gain: _Optional[float] = ..., cost: _Optional[float] = ..., trigger: _Optional[str] = ..., replay_from_step: _Optional[int] = ..., replay_to_step: _Optional[int] = ...) -> None: ...
+    kind: PlanKind
+    forced: bool
+    def __init__(self, ops: _Optional[_Iterable[_Union[Operation, _Mapping]]] = ..., estimated_gain: _Optional[float] = ..., verified_gain: _Optional[float] = ..., cost: _Optional[float] = ..., trigger: _Optional[str] = ..., replay_from_step: _Optional[int] = ..., replay_to_step: _Optional[int] = ..., kind: _Optional[_Union[PlanKind, str]] = ..., forced: _Optional[bool] = ...) -> None: ...
 
 class Proposal(_message.Message):
     __slots__ = ("version", "ballot", "table", "plan", "proposer")
