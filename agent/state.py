@@ -194,6 +194,8 @@ class NodeState:
         if r.unreachable_ranks and self.gossip is not None:  # the engine's own evidence (Lifeguard)
             who = self.gossip.suspect_ranks(r.unreachable_ranks)
             log.warning("rank %d could not reach ranks %s: suspecting %s", r.rank, list(r.unreachable_ranks), who)
+        if r.steps == 0:  # evidence only (a peer the engine lost), no load
+            return
         counts = np.frombuffer(r.counts, dtype="<u4").reshape(c.layers, c.experts)
         for seq, first, window in self.local.add(r.shim_id or f"rank{r.rank}", r.first_step, r.steps, counts):
             self.gossip.publish_window(seq, first, self.params.window, window)

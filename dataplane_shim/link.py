@@ -33,8 +33,9 @@ def check_load_report(r: dpb.LoadReport, layers: int | None = None, experts: int
     if len(r.counts) != r.layers * r.experts * 4:
         return (f"counts has {len(r.counts)} bytes: expected layers x experts x 4 = "
                 f"{r.layers * r.experts * 4} (little-endian uint32)")
-    if r.steps < 1:
-        return f"steps = {r.steps}: expected >= 1"
+    if r.steps < 1 and not (r.steps == 0 and r.unreachable_ranks and not any(r.counts)):
+        return (f"steps = {r.steps}: expected >= 1 (0 only in an evidence report: unreachable_ranks set and "
+                f"every count zero)")
     if r.first_step + r.steps > 2**63:
         return f"first_step = {r.first_step} + steps = {r.steps}: expected <= 2^63 (a step counter overflow)"
     if len(r.unreachable_ranks) > MAX_UNREACHABLE:

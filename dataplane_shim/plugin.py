@@ -17,6 +17,7 @@ when every rank holds it, and all ranks decide the same thing from the same redu
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,6 +34,8 @@ from dataplane_shim.genesis import content_hex, genesis_table
 from dataplane_shim.link import make_load_report
 from elasticmoe.v1 import consensus_pb2 as cpb
 from elasticmoe.v1 import dataplane_pb2 as dpb
+
+log = logging.getLogger("elasticmoe.plugin")
 
 I64 = npt.NDArray[np.int64]
 
@@ -188,6 +191,27 @@ class PluginCore:
         if not 0 <= rank < self.topo.ranks or rank == self.rank:
             raise BadInput(f"unreachable rank {rank}: expected another rank in 0..{self.topo.ranks - 1}")
         self._unreachable.add(rank)
+
+    def report_evidence(self, timeout: float = 2.0) -> bool:
+        """Send the unreachable peers now, in a report of its own (no steps, no load), and wait up to `timeout`
+        for the agent's ack when the link can (the engine is about to fail: this may be its last word).
+        True if there was evidence to send."""
+        if not self._unreachable:
+            return False
+        report = make_load_report(self.shim_id, self.rank, self._first_step, 0, self.version,
+                                  np.zeros(self._load.shape, np.uint32), unreachable_ranks=self._unreachable)
+        self._unreachable = set()
+        send = getattr(self.link, "report", None)
+        try:
+            if send is not None:
+                send(report, timeout)
+            else:
+                self.link.offer(report)
+        except Exception as e:  # noqa: BLE001 - the agent may be gone too: the evidence is best effort
+            log.warning("rank %d: could not report unreachable peers to the agent: %s", self.rank, e)
+            return True
+        self.stats.reports += 1
+        return True
 
     def maybe_report(self) -> bool:
         """Once `report_every` steps of load are in, offer them to the link as one report (never blocks)."""

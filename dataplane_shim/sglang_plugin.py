@@ -30,6 +30,7 @@ import numpy as np
 
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
+from dataplane_shim.peers import PeerWatch, default_store
 from dataplane_shim.plugin import PluginCore, Settings
 
 log = logging.getLogger("elasticmoe.sglang")
@@ -51,6 +52,7 @@ def manager_class() -> type:
             self._core: PluginCore | None = None
             self._target: RoutingTable | None = None
             self._passes = 0
+            self._watch: PeerWatch | None = None
 
         def _setup(self) -> PluginCore:
             from dataplane_shim.link import LinkThread
@@ -60,6 +62,9 @@ def manager_class() -> type:
             meta = get_global_expert_location_metadata()
             ep = get_moe_ep_group()
             self._group, self._rank, G = ep.cpu_group, ep.rank_in_group, ep.world_size
+            store = default_store() if G > 1 else None
+            self._watch = (PeerWatch(store, self._rank, G, prefix=f"elasticmoe/{getattr(ep, 'unique_name', 'ep')}")
+                           if store is not None else None)
             self._moe_ids = sorted(self._get_model().routed_experts_weights_of_layer.keys())
             phy = meta.physical_to_logical_map_cpu.numpy().astype(np.int64)
             E, P = int(meta.num_logical_experts), int(phy.shape[1])
@@ -80,7 +85,13 @@ def manager_class() -> type:
                         core.add_load(c.sum(axis=0)[self._moe_ids], core.report_every)
                         core.maybe_report()
                 vec = torch.from_numpy(core.agreement_vector())
-                torch.distributed.all_reduce(vec, op=torch.distributed.ReduceOp.MIN, group=self._group)
+                try:
+                    torch.distributed.all_reduce(vec, op=torch.distributed.ReduceOp.MIN, group=self._group)
+                except RuntimeError:  # a peer is gone: name it to the agent, then let SGLang fail as it does
+                    for r in self._watch.unreachable() if self._watch is not None else []:
+                        core.peer_unreachable(r)
+                    core.report_evidence()
+                    raise
                 self._target = core.decide(vec.numpy())
                 if self._target is not None:
                     yield from self.rebalance()

@@ -33,6 +33,7 @@ import torch
 
 from controlplane.topology import Topology
 from dataplane_shim.errors import BadInput
+from dataplane_shim.peers import PeerWatch, default_store
 from dataplane_shim.plugin import Link, PluginCore, Settings
 
 log = logging.getLogger("elasticmoe.vllm")
@@ -95,6 +96,10 @@ class VllmPlugin:
         self.pending: int = 0
         self.failed = 0  # sync rearrangements that did not leave vLLM's map equal to the agreed table
         self.timings = Timings()
+        store = default_store() if G > 1 else None
+        self.watch = (PeerWatch(store, self.rank, G, prefix=f"elasticmoe/{getattr(ep, 'unique_name', 'ep')}")
+                      if store is not None else None)
+        self.lost_peers: list[int] = []  # named by the last failed collective
         plugin = self
 
         class ElasticMoePolicy(AbstractEplbPolicy):  # type: ignore[misc]
@@ -184,11 +189,30 @@ class VllmPlugin:
     def _agree(self, vec: np.ndarray) -> np.ndarray:
         t = torch.from_numpy(np.ascontiguousarray(vec, dtype=np.int64))
         if self.topo.ranks > 1:
-            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN, group=self.group)
+            try:
+                torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN, group=self.group)
+            except RuntimeError:
+                self.peer_failure()
+                raise  # the EP group is broken: vLLM's own failure handling takes it from here
         return t.numpy()
+
+    def peer_failure(self) -> list[int]:
+        """A collective of the EP group failed: name the peers that stopped beating and tell the agent at once
+        (Lifeguard's local evidence: it suspects their nodes without waiting for its own probes)."""
+        lost = self.watch.unreachable() if self.watch is not None else []
+        self.lost_peers = lost
+        for r in lost:
+            self.core.peer_unreachable(r)
+        if lost:
+            log.warning("rank %d: EP collective failed; ranks %s stopped responding: reported to the agent",
+                        self.rank, lost)
+            self.core.report_evidence()
+        return lost
 
     def close(self) -> None:
         self.es.step = self._orig_step
+        if self.watch is not None:
+            self.watch.close()
         close = getattr(self.link, "close", None)
         if close is not None:
             close()

@@ -113,3 +113,72 @@ def test_the_agent_suspects_the_nodes_its_engine_cannot_reach(tmp_path: object) 
     assert accused == []
     state.on_load_report(make_load_report("s", 0, 0, 1, 1, counts, unreachable_ranks=[2, 3]))
     assert accused == [[2, 3]]
+    state.on_load_report(make_load_report("s", 0, 0, 0, 1, counts, unreachable_ranks=[3]))  # evidence only
+    assert accused == [[2, 3], [3]]
+
+
+def test_an_evidence_report_has_no_steps_and_no_load() -> None:
+    counts = np.zeros((2, 4), dtype=np.uint32)
+    assert check_load_report(make_load_report("s", 1, 7, 0, 1, counts, unreachable_ranks=[2])) == ""
+    with pytest.raises(BadInput, match="steps = 0"):
+        make_load_report("s", 1, 7, 0, 1, counts)  # no evidence: a report of nothing
+    with pytest.raises(BadInput, match="steps = 0"):
+        make_load_report("s", 1, 7, 0, 1, counts + 1, unreachable_ranks=[2])  # load over no steps
+
+
+class _Store:
+    """torch.distributed.Store's add(): an atomic counter per key (add(key, 0) reads it)."""
+
+    def __init__(self) -> None:
+        self.kv: dict[str, int] = {}
+        self.down = False
+
+    def add(self, key: str, n: int) -> int:
+        if self.down:
+            raise RuntimeError("Connection reset by peer")
+        self.kv[key] = self.kv.get(key, 0) + n
+        return self.kv[key]
+
+
+def test_peer_watch_names_the_ranks_that_stopped_beating() -> None:
+    from dataplane_shim.peers import PeerWatch
+
+    store = _Store()
+    w = [PeerWatch(store, r, 3, period_s=0.02, prefix="t") for r in range(3)]
+    try:
+        w[2].close()  # rank 2's process is gone: its counter stops
+        assert w[0].unreachable(wait_s=0.2) == [2]
+        assert w[1].unreachable(wait_s=0.2) == [2]
+        store.down = True  # the store's host is gone: which EP rank that is, the plugin cannot tell
+        assert w[0].unreachable(wait_s=0.05) == []
+    finally:
+        for x in w:
+            x.close()
+
+
+def test_the_plugin_core_sends_its_evidence_at_once() -> None:
+    from controlplane.topology import Topology
+    from dataplane_shim.genesis import genesis_table
+    from dataplane_shim.plugin import PluginCore
+
+    class Link:
+        dropped = 0
+
+        def __init__(self) -> None:
+            self.sent: list[object] = []
+
+        def drain(self) -> list[object]:
+            return []
+
+        def offer(self, report: object) -> None:
+            self.sent.append(report)
+
+    topo = Topology(1, 4, 3)
+    link = Link()
+    core = PluginCore(link, topo, 2, 4, 0, genesis_table("static", topo, 2, 4).phy2log,  # type: ignore[arg-type]
+                      genesis="static")
+    assert not core.report_evidence()  # nothing to say
+    core.peer_unreachable(2)
+    assert core.report_evidence() and len(link.sent) == 1
+    r = link.sent[0]
+    assert list(r.unreachable_ranks) == [2] and r.steps == 0 and check_load_report(r) == ""  # type: ignore[attr-defined]

@@ -120,6 +120,30 @@ def test_vllm_eplb_installs_what_the_agents_commit(tmp_path: Path) -> None:
     print(f"\nplugin cost per step on the toy model (medians, us): {bench}")
 
 
+def test_vllm_plugin_names_a_lost_rank_to_its_agent(tmp_path: Path) -> None:
+    """Rank 1 exits abruptly (its sockets close, as after kill -9). Rank 0's next EP collective (the plugin's
+    version agreement) fails; gloo's error names no rank, so the plugin asks the group's store which peer
+    stopped beating, and reports it to its agent at once, which suspects that rank's node (Lifeguard's local
+    evidence) before its own probes could have failed."""
+    py = engine_python()
+    cluster = LocalCluster(2, tmp_path / "agents", SHAPE, profile="test")
+    out = tmp_path / "ranks"
+    out.mkdir()
+    with cluster.running(timeout=120), open(tmp_path / "ranks.log", "wb") as log:
+        proc = subprocess.Popen(
+            [py, str(HARNESS / "vllm_ranks.py"), "--out", str(out), "--port", str(free_ports(1)[0]),
+             "--sockets", f"{cluster.shim_socket(0)},{cluster.shim_socket(1)}", "--die-rank", "1",
+             "--die-at-step", "40"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            fail = _wait("rank 0's failed step", lambda: (f := out / "failure0.json").exists()
+                         and json.loads(f.read_text()), 240)
+            assert fail["lost"] == [1] and fail["step"] >= 40, fail
+            _wait("agent 0 to take the evidence", lambda: "could not reach ranks [1]" in cluster.log(0).read_text(), 30)
+            assert "suspecting ['node2']" in cluster.log(0).read_text()
+        finally:
+            _stop(out, proc)
+
+
 def _run(cluster: LocalCluster, out: Path, proc: subprocess.Popen[bytes]) -> None:
     _wait("both ranks stepping", lambda: (r := _ranks(out)) and all(x["sent"] > 0 for x in r) and r, 180, proc)
     # load out: the hot logical expert 0 shows in what the agents beside ranks 0 and 1 hold

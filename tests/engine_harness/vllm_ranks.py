@@ -3,13 +3,15 @@
 
     python tests/engine_harness/vllm_ranks.py --out DIR --sockets S0,S1 [--port P] [--hold-rank 1]
     python tests/engine_harness/vllm_ranks.py --out DIR --sockets X,Y --commits CDIR   # no agents
+    python tests/engine_harness/vllm_ranks.py ... --die-rank 1 --die-at-step 20         # a rank lost
 
 Each rank builds vLLM's `EplbState` for a toy model with vLLM's `MixtureOfExperts` attributes (expert
 weights encode `layer * 100 + expert`), then runs steps until DIR/stop exists: it writes load into
 `expert_load_pass` (logical expert 0 hot), calls `EplbState.step()`, checks that every local slot's weights
 are those of the expert `physical_to_logical_map` names, and writes DIR/rank{r}.json. The rank named by
 `--hold-rank` withholds the commits its link delivers until DIR/release exists (a version only one rank
-has received). Test-only CPU stand-ins: `torch.accelerator.current_stream` and `torch.Event`.
+has received). The rank named by `--die-rank` exits abruptly; its peer's failed step writes DIR/failure{r}.json
+with the unreachable ranks its plugin reported. Test-only CPU stand-ins: `torch.accelerator.current_stream` and `torch.Event`.
 """
 
 from __future__ import annotations
@@ -229,7 +231,14 @@ def worker(rank: int, args: argparse.Namespace) -> None:
         while not _stop_agreed(plugin, (out / "stop").exists() or time.monotonic() >= deadline):
             p2l = ms.physical_to_logical_map
             ms.expert_load_pass.copy_(torch.where(p2l == 0, HOT, 1).to(ms.expert_load_pass.dtype))
-            st.step()
+            if rank == args.die_rank and step == args.die_at_step:
+                os._exit(0)  # kill -9 of this rank, as far as its peers can tell: its sockets close
+            try:
+                st.step()
+            except RuntimeError as e:  # a peer is gone: the plugin has reported whom, the EP group is broken
+                write(out / f"failure{rank}.json", {"rank": rank, "step": step, "error": str(e)[:300],
+                                                    "lost": plugin.lost_peers, "reports": plugin.core.stats.reports})
+                os._exit(0)
             step += 1
             ok = ok and weights_match(model, ms.physical_to_logical_map, rank)
             write(out / f"rank{rank}.json", {
@@ -260,6 +269,8 @@ if __name__ == "__main__":
     ap.add_argument("--step-s", type=float, default=0.02)
     ap.add_argument("--max-s", type=float, default=240.0)
     ap.add_argument("--bench", type=int, default=0, help="after the run: time this many agreements and reports")
+    ap.add_argument("--die-rank", type=int, default=-1, help="this rank exits abruptly at --die-at-step")
+    ap.add_argument("--die-at-step", type=int, default=20)
     a = ap.parse_args()
     mp.spawn(worker, args=(a,), nprocs=WS, join=True)
     print("RANKS_DONE", flush=True)
