@@ -170,8 +170,12 @@ def run_demo(spec: DemoSpec, as_json: bool = False) -> dict[str, Any]:
     result["final_versions"] = [lg.final_version for lg in logs]
     result["agreement"] = len(set(result["final_versions"])) == 1
     spec.out.mkdir(parents=True, exist_ok=True)
-    plot = write_plot(spec.out / "demo.png", trace, elastic, base, log)
-    result["plot"] = str(plot)
+    try:
+        result["plot"] = str(write_plot(spec.out / "demo.png", trace, elastic, base, log))
+    except ImportError:  # matplotlib comes with the dev extra only
+        result["plot"] = None
+        print("emoe demo: no plot (matplotlib is not installed: pip install 'elasticmoe[dev]' or matplotlib)",
+              file=sys.stderr)
     (spec.out / "report.json").write_text(json.dumps(result, indent=2))
     if as_json:
         print(json.dumps(result, indent=2))
@@ -201,4 +205,5 @@ def _print_report(r: dict[str, Any]) -> None:
           f"eplb {r['mean']['eplb']:.3f}")
     print(f"  bytes moved: elastic {r['bytes_moved']['elastic'] / 1e9:.2f} GB, eplb {r['bytes_moved']['eplb'] / 1e9:.2f} GB")
     print(f"  every engine ends on the same version: {r['agreement']} {r['final_versions']}")
-    print(f"  plot: {r['plot']}")
+    if r['plot']:
+        print(f"  plot: {r['plot']}")

@@ -4,6 +4,7 @@ segment tools the benchmarks play them with."""
 from __future__ import annotations
 
 import json
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +18,7 @@ SHARED_TRACES = Path(__file__).resolve().parent.parent.parent / "shared" / "trac
 ESFT_DIR = SHARED_TRACES / "esft-deepseek-v2-lite-task-routing" / "results" / "expert_scores"
 OLMOE_DIR = SHARED_TRACES / "olmoe-mixtral-domain-expert-counts" / "counts"
 SGLANG_DIR = SHARED_TRACES / "sglang-deepseek-v3-ep-statistics"
-BUNDLED = Path(__file__).resolve().parent.parent / "data"
+BUNDLED = Path(str(resources.files("bench").joinpath("data")))  # package data: found in a wheel install too
 
 
 def concat(traces: list[Trace], segment_steps: int | None = None) -> Trace:
