@@ -109,14 +109,6 @@ def imbalance_timeline(trace: Trace, log: EngineLog) -> np.ndarray:
     return out
 
 
-def moved_bytes(tables: list[RoutingTable], expert_bytes: int) -> int:
-    """Bytes copied to go through `tables` in order: each slot that gains a new expert costs one expert."""
-    total = 0
-    for a, b in zip(tables, tables[1:], strict=False):
-        total += int(((b.phy2log != a.phy2log) & (b.phy2log >= 0)).sum()) * expert_bytes
-    return total
-
-
 async def _drive(cluster: LocalCluster, trace: Trace, spec: DemoSpec, topo: Topology) -> list[EngineLog]:
     progress = [0]
     tasks = [asyncio.create_task(run_engine(i, cluster.n, cluster.shim_socket(i), trace, spec, topo, progress))
@@ -142,7 +134,7 @@ async def _drive(cluster: LocalCluster, trace: Trace, spec: DemoSpec, topo: Topo
 
 
 def run_demo(spec: DemoSpec, as_json: bool = False) -> dict[str, Any]:
-    from bench.demo_report import baselines, report, write_plot
+    from bench.demo_report import baselines, moved_bytes, report, write_plot
 
     parts = [load_trace(p) for p in spec.traces]
     trace = concat(parts, spec.segment_steps)

@@ -26,7 +26,6 @@ def _timeline(trace: Trace, tables: list[tuple[int, RoutingTable]]) -> np.ndarra
 
 def baselines(trace: Trace, topo: Topology, eplb_period: int, expert_bytes: int) -> dict[str, Any]:
     """Static EP and EPLB (full rebalance every `eplb_period` steps from the last `eplb_period`)."""
-    from bench.demo import moved_bytes
     from controlplane.baselines.eplb import eplb_table
 
     T, L, E = trace.shape
@@ -94,3 +93,11 @@ def write_plot(path: Path, trace: Trace, elastic: np.ndarray, base: dict[str, An
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def moved_bytes(tables: list[RoutingTable], expert_bytes: int) -> int:
+    """Bytes copied to go through `tables` in order: each slot that gains a new expert costs one expert."""
+    total = 0
+    for a, b in zip(tables, tables[1:], strict=False):
+        total += int(((b.phy2log != a.phy2log) & (b.phy2log >= 0)).sum()) * expert_bytes
+    return total

@@ -17,7 +17,7 @@ def draw(out: Path, series: dict[str, tuple[F64, F64, F64]], drift_steps: list[i
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from bench.run import moving_average
+    from bench.traces import moving_average
 
     files = []
     fig, ax = plt.subplots(figsize=(10, 4.5))

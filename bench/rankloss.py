@@ -155,7 +155,7 @@ class Outage:
 def recovery_after(imb: F64, lost_at: npt.NDArray[np.int64], ref: F64, kill: int, end: int, window: int) -> int:
     """Steps from `kill` until the trailing W-step mean of `imb` (from the kill on) is <= 1.1 x ref's mean
     over [kill, end) and every pair is served, and both stay so for W steps; end - kill if never."""
-    from bench.run import moving_average
+    from bench.traces import moving_average
 
     seg = imb[kill:end]
     ok = (moving_average(seg, window) <= 1.1 * float(ref[kill:end].mean())) & (lost_at[kill:end] == 0)

@@ -25,7 +25,7 @@ import numpy.typing as npt
 
 from bench.policies import Change, Elastic, Hindsight, Policy, controller_available, make_policy
 from bench.rankloss import Kill, Outage, masked, recovery_after
-from bench.traces import Trace
+from bench.traces import Trace, moving_average
 from controlplane.baselines.eplb import eplb_table
 from controlplane.baselines.static import static_table
 from controlplane.load import table_step_imbalance
@@ -170,15 +170,6 @@ def simulate(policy: Policy, cluster: EPCluster, base: RoutingTable, trace: Trac
             tick()
     run.step_ms += run.stall_ms
     return run
-
-
-def moving_average(x: F64, w: int) -> F64:
-    """Trailing mean over the last `w` values (fewer at the start). [T] -> [T]."""
-    c = np.concatenate([[0.0], np.cumsum(x)])
-    idx = np.arange(1, x.size + 1)
-    lo = np.maximum(0, idx - w)
-    out: F64 = (c[idx] - c[lo]) / (idx - lo)
-    return out
 
 
 def recovery_steps(imb: F64, ref: F64, drift_steps: list[int], window: int) -> list[int]:

@@ -191,3 +191,12 @@ def import_sglang_logical_count(path: Path, top_k: int, batch: int, steps: int, 
     counts = sample_steps(arr, top_k, batch, steps, seed)
     model = "DeepSeek-V3" if arr.shape == (58, 256) else "unknown"
     return Trace(counts, model, top_k, f"sglang:{path.stem}", f"sampled, batch {batch}")
+
+
+def moving_average(x: npt.NDArray[np.float64], w: int) -> npt.NDArray[np.float64]:
+    """Trailing mean over the last `w` values (fewer at the start). [T] -> [T]."""
+    c = np.concatenate([[0.0], np.cumsum(x)])
+    idx = np.arange(1, x.size + 1)
+    lo = np.maximum(0, idx - w)
+    out: npt.NDArray[np.float64] = (c[idx] - c[lo]) / (idx - lo)
+    return out
