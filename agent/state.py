@@ -20,6 +20,7 @@ import numpy as np
 from agent.config import AgentConfig
 from agent.consensus.paxos import planner_turn
 from agent.loadpath import ClusterWindows, LoadReportError, LocalWindows
+from agent.membership import TO_PB, Member, MemberStatus
 from agent.wire import make_plan, op_to_pb, plan_forced, plan_kind
 from controlplane.controller import (
     Controller,
@@ -215,14 +216,14 @@ class NodeState:
         for seq, total in self.cluster.ready(live):
             self._close_window(seq, total)
 
-    def _on_member_change(self, m: Any) -> None:
+    def _on_member_change(self, m: Member) -> None:
         """A node declared dead: its ranks are lost, except those a live member (or this node) holds (a member
         that claims another's rank and "dies", forged or misconfigured, drains nothing). The controller proposes
         the repair (drain the ranks, reload experts left without a replica); shims mask the ranks meanwhile."""
-        if str(getattr(m.status, "value", m.status)).lower() != "dead" or m.node_id == self.node_id:
+        if m.status != MemberStatus.DEAD or m.node_id == self.node_id:
             return
         held = set(self._my_ranks()) | {int(g) for o in self.gossip.members() if o.node_id != m.node_id
-                                        and str(getattr(o.status, "value", o.status)).lower() == "alive"
+                                        and o.status == MemberStatus.ALIVE
                                         for g in o.ranks}
         claimed = set(m.ranks) & set(self.head().active_ranks)
         lost = tuple(sorted(claimed - held))
@@ -355,14 +356,8 @@ class NodeState:
         return None if c is None else table_from_pb(c.table, self.topology)
 
     def member_states(self) -> list[gpb.MemberState]:
-        status = {"alive": gpb.ALIVE, "suspect": gpb.SUSPECT, "dead": gpb.DEAD, "left": gpb.LEFT}
-        out = []
-        for m in self.gossip.members():
-            st = getattr(m.status, "value", m.status)
-            out.append(gpb.MemberState(node_id=m.node_id, address=m.address, incarnation=m.incarnation,
-                                       status=status.get(str(st).lower(), gpb.MEMBER_STATUS_UNSPECIFIED),
-                                       ranks=list(m.ranks)))
-        return out
+        return [gpb.MemberState(node_id=m.node_id, address=m.address, incarnation=m.incarnation,
+                                status=TO_PB[m.status], ranks=list(m.ranks)) for m in self.gossip.members()]
 
     def peer_versions(self) -> dict[str, int]:
         pv = getattr(self.consensus, "peer_heads", None)

@@ -26,6 +26,7 @@ import numpy.typing as npt
 from agent.clock import FakeClock
 from agent.config import from_dict
 from agent.consensus.simcluster import Event, RecordingStore
+from agent.membership import Member, MemberStatus
 from agent.state import NodeState
 from agent.store import MemoryDisk
 from agent.telemetry import Telemetry
@@ -194,8 +195,8 @@ class SimCluster:
             self.history.commits[t.version] = CommitRecord(t.version, t.parent, self.clock.now(), c.plan.trigger,
                                                            float(c.plan.verified_gain), t, plan_kind(c.plan))
 
-    def _member(self, observer: str, m: Any) -> None:
-        if str(getattr(m.status, "value", m.status)).lower() == "dead" and m.node_id in self.down:
+    def _member(self, observer: str, m: Member) -> None:
+        if m.status == MemberStatus.DEAD and m.node_id in self.down:
             self.history.detect_s.setdefault(m.node_id, self.clock.now())
 
     def shim_of(self, rank: int) -> Shim | None:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from agent.membership import Member, MemberStatus
 from chaos.tokens import Fabric, Retries, TokenStats, route_step
 from controlplane.table import RoutingTable
 from dataplane_shim.link import make_load_report
@@ -59,11 +60,10 @@ class NodeEngine:
         state.gossip.on_member_change(self._member)
         self._arm()
 
-    def _member(self, m: Any) -> None:
-        st = str(getattr(m.status, "value", m.status)).lower()
-        if st in ("dead", "left"):
+    def _member(self, m: Member) -> None:
+        if m.status in (MemberStatus.DEAD, MemberStatus.LEFT):
             self.dead_ranks |= set(m.ranks)
-        elif st == "alive":
+        elif m.status == MemberStatus.ALIVE:
             self.dead_ranks -= set(m.ranks) - set(self.ranks)
         for s in self.shims.values():
             s.mask_ranks(self.dead_ranks - set(self.ranks))
