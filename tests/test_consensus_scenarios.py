@@ -1,7 +1,7 @@
 """Scenario files for the quorum commit (tests/scenarios/consensus/*.txt), etcd-raft datadriven style.
 
 Each block is a command line, `----`, then the expected output, blocks separated by a blank line.
-`REWRITE=1 pytest tests/test_consensus_scenarios.py` rewrites the expected outputs.
+The format, and `EMOE_REWRITE=1` to rewrite the expected outputs: tests/datadriven.py.
 
 Commands: cluster nodes=N voters=M seed=S [timeout_ms=50] [sync_ms=0] | propose NODE as=LABEL |
 tick 100ms | run-until-accepted v=V count=K | partition A B | C D | heal | crash NODE [torn] |
@@ -10,7 +10,6 @@ restart NODE | outcomes | heads | log NODE | accepted v=V | check
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ import pytest
 from agent.config import ConsensusConfig
 from agent.consensus.simcluster import SimCluster
 from chaos.checkers import check
+from tests.datadriven import check_file
 
 DIR = Path(__file__).parent / "scenarios" / "consensus"
 FILES = sorted(DIR.glob("*.txt"))
@@ -125,52 +125,9 @@ class Driver:
         return "violations: " + (str(len(bad)) if not bad else "\n".join(bad))
 
 
-def parse(text: str) -> list[tuple[list[str], str, str]]:
-    """[(comment lines before the command, command, expected output)]"""
-    blocks: list[tuple[list[str], str, str]] = []
-    lines = text.splitlines()
-    comments: list[str] = []
-    i = 0
-    while i < len(lines):
-        line = lines[i].strip()
-        if not line:
-            i += 1
-            continue
-        if line.startswith("#"):
-            comments.append(line)
-            i += 1
-            continue
-        if i + 1 >= len(lines) or lines[i + 1].strip() != "----":
-            raise ValueError(f"line {i + 1}: {line!r} is not followed by ----")
-        j = i + 2
-        out: list[str] = []
-        while j < len(lines) and lines[j].strip():
-            out.append(lines[j])
-            j += 1
-        blocks.append((comments, line, "\n".join(out)))
-        comments = []
-        i = j
-    return blocks
-
-
-def render(blocks: list[tuple[list[str], str, str]]) -> str:
-    parts = []
-    for comments, cmd, out in blocks:
-        parts.append("".join(c + "\n" for c in comments) + f"{cmd}\n----\n" + (out + "\n" if out else ""))
-    return "\n".join(parts)
-
-
 @pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
 def test_scenario(path: Path) -> None:
-    d = Driver()
-    blocks = parse(path.read_text())
-    assert blocks, f"{path} has no commands"
-    got = [(c, cmd, d.run(cmd)) for c, cmd, _ in blocks]
-    if os.environ.get("REWRITE"):
-        path.write_text(render(got))
-        return
-    for (_, cmd, want), (_, _, have) in zip(blocks, got, strict=True):
-        assert have == want, f"{path.name}: `{cmd}`"
+    check_file(path, Driver().run)
 
 
 def test_scenario_files_exist() -> None:
