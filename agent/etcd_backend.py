@@ -145,6 +145,14 @@ class EtcdBackend:
     def head(self) -> RoutingTable:
         return self._head
 
+    @property
+    def role(self) -> str:
+        return "etcd client"
+
+    def peer_heads(self) -> dict[str, int]:
+        """Only this node's: etcd holds the history, and nodes do not tell each other their heads."""
+        return {self.node_id: self._head.version}
+
     def committed(self, version: int) -> pb.Commit | None:
         return self._commits.get(version)
 

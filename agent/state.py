@@ -11,14 +11,19 @@ import asyncio
 import logging
 import time
 import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
 import numpy as np
+import numpy.typing as npt
 
+from agent.commit import CommitBackend
 from agent.config import AgentConfig
 from agent.consensus.paxos import planner_turn
+from agent.consensus.proposer import Outcome
 from agent.loadpath import ClusterWindows, LoadReportError, LocalWindows
 from agent.membership import TO_PB, Member, MemberStatus
 from agent.wire import make_plan, op_to_pb, plan_forced, plan_kind
@@ -43,6 +48,17 @@ from elasticmoe.v1 import dataplane_pb2 as dpb
 from elasticmoe.v1 import gossip_pb2 as gpb
 
 log = logging.getLogger("emoe.agent")
+
+
+@dataclass
+class Hooks:
+    """What a harness may observe (the chaos simulator records its history through these; it never replaces a
+    method): `window_closed(seq, total)` before a closed cluster window is acted on; `proposing(table)` as a
+    table goes to the commit backend, returning the callback that gets the proposal's outcome (before the
+    node acts on it)."""
+
+    window_closed: list[Callable[[int, npt.NDArray[np.uint64]], None]] = field(default_factory=list)
+    proposing: list[Callable[[RoutingTable], Callable[[Outcome], None]]] = field(default_factory=list)
 
 
 class NodeState:
@@ -75,9 +91,10 @@ class NodeState:
         self._latest_explain: apb.ExplainReply | None = None
         self._table_waiters: list[asyncio.Future[None]] = []
         self._health = "STARTING"
+        self.hooks = Hooks()
         self._voters = list(cfg.consensus.voters) or sorted(cfg.seed_map) or [cfg.node_id]
         self.gossip: Any = None
-        self.consensus: Any = None
+        self.consensus: CommitBackend | None = None
         self.controller: Any = None
         self.clock: Any = clock
         self.transport: Any = transport
@@ -127,19 +144,20 @@ class NodeState:
             # commit by etcd transaction compare(version == v) -> put(v + 1); the same interface as quorum
             from agent.etcd_backend import EtcdBackend
 
-            self.consensus = EtcdBackend(list(self.cfg.consensus.etcd_endpoints), self.node_id, genesis,
-                                         store=store, verifier=self._verify)
+            backend: CommitBackend = EtcdBackend(list(self.cfg.consensus.etcd_endpoints), self.node_id, genesis,
+                                                 store=store, verifier=self._verify)
         else:
-            self.consensus = ConsensusNode(self.node_id, self._voters, store, clock, self.transport,
+            backend = ConsensusNode(self.node_id, self._voters, store, clock, self.transport,
                                            self.cfg.consensus, genesis, verifier=self._verify,
                                            live_voters=self._live_voters,
                                            members=lambda: self.gossip.live_nodes() if self.gossip is not None else [],
                                            had_store=had_store, signer=signer)
-        self.consensus.on_commit(self._on_commit)
-        self.consensus.start()  # recovers the committed log: the controller plans from the recovered head
+        self.consensus = backend
+        backend.on_commit(self._on_commit)
+        backend.start()  # recovers the committed log: the controller plans from the recovered head
         if marked and not had_store:
             mark_owner(self.data_dir, self.node_id)
-        self.controller = Controller(self.params, self.consensus.head)
+        self.controller = Controller(self.params, backend.head)
         self.gossip = GossipNode(self.node_id, self.cfg.advertise_address, self._my_ranks(), self.cfg.gossip, clock,
                                  self.transport, {n: a for n, a in self.cfg.seed_map.items() if n != self.node_id},
                                  rng_seed=self.rng_seed if self.rng_seed is not None else zlib.crc32(self.node_id.encode()),
@@ -160,10 +178,11 @@ class NodeState:
             self.consensus.stop()
 
     async def close(self) -> None:
-        if self.consensus is not None and hasattr(self.consensus, "close"):
+        if self.consensus is not None:
             await self.consensus.close()
-        if self.transport is not None and hasattr(self.transport, "close"):
-            await self.transport.close()
+        close = getattr(self.transport, "close", None)  # a GrpcTransport has sockets to close; the simulator's none
+        if close is not None:
+            await close()
         if self.telemetry is not None:
             self.telemetry.shutdown()
 
@@ -174,10 +193,10 @@ class NodeState:
 
     # ---- shim link: TableSource + load sink ---------------------------------------------------
     def head_version(self) -> int:
-        return int(self.consensus.head.version)
+        return int(self._backend.head.version)
 
     def commits_since(self, version: int) -> list[cpb.Commit]:
-        return list(self.consensus.commits_since(version))
+        return list(self._backend.commits_since(version))
 
     async def wait_for_newer(self, version: int) -> None:
         while self.head_version() <= version:
@@ -232,13 +251,15 @@ class NodeState:
         log.warning("node %s declared dead: ranks %s lost, proposing repair", m.node_id, list(lost))
         self._perform(self.controller.step(RanksLost(lost)))
 
-    def _close_window(self, seq: int, total: np.ndarray) -> None:
+    def _close_window(self, seq: int, total: npt.NDArray[np.uint64]) -> None:
+        for h in self.hooks.window_closed:
+            h(seq, total)
         if self._window_seq < 0:  # the first window since start: commits caught up on count from here
             self._head_seq = max(self._head_seq, seq - 1)
         self._window_seq = seq
         self.replay = (self.replay + [total])[-self.params.replay_windows:]
         self._replay_seqs = (self._replay_seqs + [seq])[-self.params.replay_windows:]
-        head = self.consensus.head
+        head = self._backend.head
         imb = float(table_step_imbalance(head, total.astype(np.int64)))
         self._imbalance = (self._imbalance + [imb])[-600:]
         self.telemetry.record_imbalance(imb)
@@ -252,7 +273,7 @@ class NodeState:
         """The node planning window `seq` in this view ('' if this one; paxos.planner_turn). Views may differ a moment
         (two plan, consensus picks one); a voter counts itself live; a non-voter plans only if it sees no voter."""
         k = self.cfg.decision.handover_windows
-        turn = planner_turn(self.consensus.head.version + 1, self._voters, self._live_voters(),
+        turn = planner_turn(self._backend.head.version + 1, self._voters, self._live_voters(),
                             seq - self._head_seq - 1, k) if k else None
         return "" if turn is None or turn == self.node_id else turn
 
@@ -284,8 +305,11 @@ class NodeState:
         self._explain[table.version] = record
         self._latest_explain = record
         started = time.monotonic()
+        observers = [h(table) for h in self.hooks.proposing]
 
-        def on_done(outcome: Any) -> None:
+        def on_done(outcome: Outcome) -> None:
+            for seen in observers:
+                seen(outcome)
             record.outcome = "committed" if outcome.committed else f"failed: {outcome.reason}"
             record.votes.extend(getattr(outcome, "votes", []) or [])
             latency_ms = (time.monotonic() - started) * 1e3
@@ -298,7 +322,7 @@ class NodeState:
             if done is not None and not done.done():
                 done.set_result(outcome)
 
-        self.consensus.propose(table, plan, on_done)
+        self._backend.propose(table, plan, on_done)
 
     def _verify(self, head: RoutingTable, proposed: RoutingTable, plan: cpb.Plan) -> tuple[bool, float, str]:
         """A voter's own check: valid table, and (unless forced by an operator) its own replay agrees."""
@@ -346,13 +370,19 @@ class NodeState:
                 f.set_result(None)
 
     # ---- admin backend ------------------------------------------------------------------------
+    @property
+    def _backend(self) -> CommitBackend:
+        if self.consensus is None:
+            raise RuntimeError(f"{self.node_id}: the agent has not started (no commit backend yet)")
+        return self.consensus
+
     def head(self) -> RoutingTable:
-        return self.consensus.head  # type: ignore[no-any-return]
+        return self._backend.head
 
     def table_at(self, version: int) -> RoutingTable | None:
         from agent.consensus.wire import table_from_pb
 
-        c = self.consensus.committed(version)
+        c = self._backend.committed(version)
         return None if c is None else table_from_pb(c.table, self.topology)
 
     def member_states(self) -> list[gpb.MemberState]:
@@ -360,16 +390,15 @@ class NodeState:
                                 status=TO_PB[m.status], ranks=list(m.ranks)) for m in self.gossip.members()]
 
     def peer_versions(self) -> dict[str, int]:
-        pv = getattr(self.consensus, "peer_heads", None)
-        return dict(pv()) if callable(pv) else {self.node_id: self.head().version}
+        return self._backend.peer_heads()
 
     def role(self) -> str:
         """voter, non-voter, or learner (rebuilding after store loss) with what it waits for."""
-        return str(getattr(self.consensus, "role", "voter"))
+        return self._backend.role
 
     def health(self) -> str:
         """SERVING, or NOT_SERVING / STARTING with the reason after a colon (a failed store, say)."""
-        failure = getattr(self.consensus, "failure", "") if self._health == "SERVING" else ""
+        failure = self._backend.failure if self._health == "SERVING" and self.consensus is not None else ""
         return f"NOT_SERVING: {failure}" if failure else self._health
 
     def window_seq(self) -> int:
@@ -383,14 +412,14 @@ class NodeState:
 
     def commits(self, limit: int) -> list[cpb.Commit]:
         head = self.head().version
-        return [c for c in reversed(self.consensus.commits_since(max(0, head - limit)))]
+        return [c for c in reversed(self._backend.commits_since(max(0, head - limit)))]
 
     def explain(self, version: int) -> apb.ExplainReply | None:
         if version == 0:
             return self._latest_explain
         rec = self._explain.get(version)
         if rec is None:
-            c = self.consensus.committed(version)
+            c = self._backend.committed(version)
             if c is not None:
                 rec = apb.ExplainReply(version=version, trigger=c.plan.trigger, plan=c.plan, votes=c.votes,
                                        outcome="committed (proposed by " + (c.proposer or "?") + ")")

@@ -17,6 +17,7 @@ import asyncio
 import random
 import tempfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +26,7 @@ import numpy.typing as npt
 
 from agent.clock import FakeClock
 from agent.config import from_dict
+from agent.consensus.proposer import Outcome
 from agent.consensus.simcluster import Event, RecordingStore
 from agent.membership import Member, MemberStatus
 from agent.state import NodeState
@@ -154,32 +156,26 @@ class SimCluster:
         st.start()
         self.states[n] = st
         st.consensus.on_commit(lambda c, t, n=n: self._installed(n, c, t))
-        inner = st.consensus.propose
-
-        def propose(table: RoutingTable, plan: pb.Plan, on_done: Any, n: str = n) -> None:
-            self._ops += 1
-            op = self._ops
-            self._ev("invoke", n, version=table.version, parent=table.parent, digest=table.digest, op=op)
-
-            def done(o: Any) -> None:
-                res = "ok" if o.committed else ("fail" if "committed another table" in o.reason else "unknown")
-                self._ev("respond", n, version=table.version, digest=table.digest, result=res, op=op)
-                on_done(o)
-
-            inner(table, plan, done)
-
-        st.consensus.propose = propose  # type: ignore[method-assign]
-        close = st._close_window
-
-        def close_window(seq: int, total: npt.NDArray[np.uint64], n: str = n) -> None:
-            if seq not in self.history.windows:
-                self.history.windows[seq] = WindowRecord(seq, self.clock.now(), total.copy(), st.head_version(),
-                                                         self.clean())
-            close(seq, total)
-
-        st._close_window = close_window  # type: ignore[method-assign]
+        st.hooks.proposing.append(lambda table, n=n: self._proposing(n, table))
+        st.hooks.window_closed.append(lambda seq, total, st=st: self._window_closed(st, seq, total))
         st.gossip.on_member_change(lambda m, n=n: self._member(n, m))
         self.engines[n] = NodeEngine(self, n, self.ranks_of[n], st, self.rng.getrandbits(32))
+
+    def _proposing(self, n: str, table: RoutingTable) -> Callable[[Outcome], None]:
+        """An operation of the history (linearizability): invoked now, responded to with its outcome."""
+        self._ops += 1
+        op = self._ops
+        self._ev("invoke", n, version=table.version, parent=table.parent, digest=table.digest, op=op)
+
+        def done(o: Outcome) -> None:
+            res = "ok" if o.committed else ("fail" if "committed another table" in o.reason else "unknown")
+            self._ev("respond", n, version=table.version, digest=table.digest, result=res, op=op)
+
+        return done
+
+    def _window_closed(self, st: NodeState, seq: int, total: npt.NDArray[np.uint64]) -> None:
+        if seq not in self.history.windows:
+            self.history.windows[seq] = WindowRecord(seq, self.clock.now(), total.copy(), st.head_version(), self.clean())
 
     def _ev(self, kind: str, node: str, **kw: Any) -> Event:
         self._seq += 1

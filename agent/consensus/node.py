@@ -134,6 +134,9 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
     def conflicts(self) -> list[str]:
         return self.log.conflicts
 
+    async def close(self) -> None:
+        """Nothing beyond stop(): the transport and the store belong to the caller."""
+
     def committed(self, version: int) -> pb.Commit | None:
         return self.log.commits.get(version)
 

@@ -1,0 +1,51 @@
+"""What the agent needs of a commit backend: the quorum consensus (agent.consensus.node.ConsensusNode) and
+etcd (agent.etcd_backend.EtcdBackend) both provide it, so NodeState holds one typed `CommitBackend` and
+never asks which one it has."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from agent.consensus.node import CommitCallback, Outcome
+from controlplane.table import RoutingTable
+from elasticmoe.v1 import consensus_pb2 as pb
+
+
+class CommitBackend(Protocol):
+    @property
+    def head(self) -> RoutingTable:
+        """The newest committed table this node holds."""
+        ...
+
+    @property
+    def role(self) -> str:
+        """voter, non-voter, learner (with what it waits for), or the backend's own word (etcd client)."""
+        ...
+
+    @property
+    def failure(self) -> str:
+        """Why this node neither votes nor commits now ("" while it can)."""
+        ...
+
+    def start(self) -> None:
+        """Recover the committed log (the head is the recovered one from here on) and start serving."""
+        ...
+
+    def stop(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    def on_commit(self, cb: CommitCallback) -> None: ...
+
+    def propose(self, table: RoutingTable, plan: pb.Plan, on_done: Callable[[Outcome], None]) -> None:
+        """Commit `table` (version head + 1) or say why not; `on_done` runs exactly once."""
+        ...
+
+    def committed(self, version: int) -> pb.Commit | None: ...
+
+    def commits_since(self, version: int) -> list[pb.Commit]: ...
+
+    def peer_heads(self) -> dict[str, int]:
+        """The committed version each node is known to hold (this node's included)."""
+        ...
