@@ -347,7 +347,7 @@ class Controller:
         if o is not None:
             trig = (f"rollback: realised step imbalance {o.realised / max(o.windows, 1):.3f} not better than "
                     f"{o.counterfactual / max(o.windows, 1):.3f} without v{o.version} over {o.windows} windows")
-            a = rollback(self.head, o.parent, self.monitor.buffer, self.params, trig)
+            a = rollback(self.head, o.parent, self.monitor.buffer, self.params, trig, last=o.windows)
             if a.decision is None:
                 o.life = o.life.to(OpState.DONE, a.outcome)
                 self._ready.events.append(OpTransition(o.version, "rebalance", o.life.state, o.life.reason))

@@ -337,8 +337,11 @@ def same_ranks(a: RoutingTable, b: RoutingTable) -> bool:
     return a.active_ranks == b.active_ranks and bool(np.array_equal(pa, pb))
 
 
-def rollback(head: RoutingTable, target: RoutingTable, buf: ReplayBuffer, p: DecisionParams, trigger: str) -> Attempt:
-    """Return to `target`'s placement (the parent of a change that did not help); gated by gain >= 0."""
+def rollback(head: RoutingTable, target: RoutingTable, buf: ReplayBuffer, p: DecisionParams, trigger: str,
+             last: int | None = None) -> Attempt:
+    """Return to `target`'s placement (the parent of a change that did not help); gated by gain >= 0 on the
+    last `last` windows (the ones observed since the change: default all). Older windows are what the change
+    was planned on; replaying them would keep a change the load since has shown to be worse."""
     ops = _fitting_order(head, rollback_ops(head, target))
     if ops is None:  # every slot full (a change made by swaps): drops, moves and swaps reach it
         changed = np.flatnonzero((head.phy2log != target.phy2log).any(axis=1)).tolist()
@@ -351,12 +354,12 @@ def rollback(head: RoutingTable, target: RoutingTable, buf: ReplayBuffer, p: Dec
         return Attempt(None, "ROLLBACK_NOT_EXPRESSIBLE", "operations do not reproduce the parent's placement")
     table.validate()
     check_no_new_rank_duplicates(head, table)
-    vg = gain(buf.stats(head), buf.stats(table, base=head))
+    vg = gain(buf.stats(head, last=last), buf.stats(table, base=head, last=last))
     cm = p.cost_model()
     cost = change_cost(cm, head, table, _tokens_per_step(buf))
     if vg < 0:
         return Attempt(None, "ROLLBACK_NOT_BETTER", f"replay gain of the rollback {vg:.4f} < 0", (), 0.0, vg, cost)
-    lo, hi = _span(buf)
+    lo, hi = _span(buf, last)
     return Attempt(Decision(table, ops, vg, vg, cost, trigger, (), "rollback", lo, hi), "PROPOSED", "", (), vg, vg, cost)
 
 

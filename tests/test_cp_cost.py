@@ -166,3 +166,26 @@ def _fits(head: object, ops: tuple[object, ...]) -> bool:
     except InvalidOperation:
         return False
     return True
+
+
+def test_a_rollback_is_judged_on_the_windows_observed_since_the_change() -> None:
+    """The change was planned on older windows, where it wins; the windows since show the parent better. Gated
+    on the whole buffer the rollback was refused (ROLLBACK_NOT_BETTER) and a change that realised worse stayed
+    (the 64-node sim's I6, seed 1000046); gated on the windows observed since, it goes through."""
+    from controlplane.decision import rollback
+    from controlplane.monitor import ReplayBuffer
+    from controlplane.table import RoutingTable
+
+    topo = Topology(1, 4, 2)
+    parent = RoutingTable(topo, 8, np.array([[0, 1, 2, 3, 4, 5, 6, 7]]), 5, 4, (0, 1, 2, 3))
+    head = RoutingTable(topo, 8, np.array([[0, 2, 1, 3, 4, 6, 5, 7]]), 6, 5, (0, 1, 2, 3))
+    buf = ReplayBuffer(1, 8, capacity=3)
+    rng = np.random.default_rng(0)
+    old = [[[40, 40, 1, 1, 40, 40, 1, 1]]] * 10  # the head's load: it spreads 0, 1 and 4, 5
+    new = [[[40, 1, 40, 1, 40, 1, 40, 1]]] * 10  # the parent's: it spreads 0, 2, 4, 6
+    for w, lam in enumerate((old, old, new)):
+        buf.push(w, 10 * w, rng.poisson(lam).astype(np.uint32))
+    assert rollback(head, parent, buf, DecisionParams(), "rollback: t").outcome == "ROLLBACK_NOT_BETTER"
+    a = rollback(head, parent, buf, DecisionParams(), "rollback: t", last=1)
+    assert a.decision is not None and a.verified_gain > 0
+    assert (a.decision.replay_from_step, a.decision.replay_to_step) == (20, 30)  # the voters replay the same
