@@ -24,6 +24,7 @@ import numpy.typing as npt
 from controlplane.decision import (
     Attempt,
     Decision,
+    DecisionOutcome,
     DecisionParams,
     manual,
     rebalance,
@@ -213,7 +214,7 @@ class Controller:
             self._propose_pending()
         elif isinstance(event, SetPaused):
             self._paused = event.paused
-            self._note("", "PAUSED" if event.paused else "RESUMED")
+            self._note("", DecisionOutcome.PAUSED if event.paused else DecisionOutcome.RESUMED)
         else:
             raise ControlPlaneError(f"unknown event {type(event).__name__}")
         return self._ready
@@ -235,7 +236,7 @@ class Controller:
     # ---- events ------------------------------------------------------------------------------
     def _on_window(self, ev: WindowClosed) -> None:
         if self.monitor.is_stale(ev.window_seq):
-            self._note("", "STALE_WINDOW", f"window {ev.window_seq} <= last {self.monitor.last_seq}")
+            self._note("", DecisionOutcome.STALE_WINDOW, f"window {ev.window_seq} <= last {self.monitor.last_seq}")
             return
         table = self._inflight.table if self._inflight else self.head
         base = self.head if self._inflight else None
@@ -251,17 +252,17 @@ class Controller:
                 if rep.imbalance > p.fast_theta else
                 f"step imbalance {rep.imbalance:.2f} > theta {p.theta:.2f} for {count} windows")
         if not rep.fired:
-            code = "BELOW_THETA" if count == 0 else "BUDGET_NOT_SPENT"
+            code = DecisionOutcome.BELOW_THETA if count == 0 else DecisionOutcome.BUDGET_NOT_SPENT
             self._note("", code, f"step imbalance {rep.imbalance:.3f}, theta {p.theta}, budget {count}/{p.budget_windows}")
         elif self._inflight is not None:
-            self._note(trig, "PROPOSAL_IN_FLIGHT", f"v{self._inflight.table.version} ({self._inflight.kind}) awaits its outcome")
+            self._note(trig, DecisionOutcome.PROPOSAL_IN_FLIGHT, f"v{self._inflight.table.version} ({self._inflight.kind}) awaits its outcome")
         elif self._paused:
-            self._note(trig, "PAUSED", "decisions are paused by the operator")
+            self._note(trig, DecisionOutcome.PAUSED, "decisions are paused by the operator")
         elif self._observe is not None:
             o = self._observe
-            self._note(trig, "OBSERVING", f"v{o.version} observed {o.windows}/{p.rollback_windows} windows")
+            self._note(trig, DecisionOutcome.OBSERVING, f"v{o.version} observed {o.windows}/{p.rollback_windows} windows")
         elif ev.planner:
-            self._note(trig, "NOT_DESIGNATED", f"{ev.planner} plans this window")
+            self._note(trig, DecisionOutcome.NOT_DESIGNATED, f"{ev.planner} plans this window")
         else:
             self.monitor.budget.reset()  # an attempt spends the budget, whatever its outcome
             cool = self._cool_until >= ev.window_seq
@@ -273,7 +274,7 @@ class Controller:
             raise InvalidShape(f"committed table v{t.version} is {t.layers} x {t.experts} on {t.topology}, "
                                f"expected {self.head.layers} x {self.head.experts} on {self.head.topology}")
         if t.version <= self.head.version:
-            self._note("", "STALE_COMMIT", f"v{t.version} <= head v{self.head.version}")
+            self._note("", DecisionOutcome.STALE_COMMIT, f"v{t.version} <= head v{self.head.version}")
             return
         prev, kind = self.head, ev.kind
         d = self._inflight
@@ -283,12 +284,12 @@ class Controller:
                 kind = d.kind
                 self._transition(d, OpState.COMMITTED, "")
                 self._transition(d, OpState.ACTIVE, "")
-                self._ready.persist.append(Resolution(t.version, "COMMITTED", ""))
-                self._note(d.trigger, "COMMITTED", f"v{t.version} committed", d)
+                self._ready.persist.append(Resolution(t.version, DecisionOutcome.COMMITTED, ""))
+                self._note(d.trigger, DecisionOutcome.COMMITTED, f"v{t.version} committed", d)
             else:
                 self._transition(d, OpState.EXPIRED, EndReason.LOST_TO_OTHER_PROPOSAL)
-                self._ready.persist.append(Resolution(d.table.version, "LOST", EndReason.LOST_TO_OTHER_PROPOSAL))
-                self._note(d.trigger, "LOST", f"v{t.version} committed another table", d)
+                self._ready.persist.append(Resolution(d.table.version, DecisionOutcome.LOST, EndReason.LOST_TO_OTHER_PROPOSAL))
+                self._note(d.trigger, DecisionOutcome.LOST, f"v{t.version} committed another table", d)
             self._inflight = None
         o = self._observe or self._rollback_due
         if o is not None:
@@ -317,16 +318,16 @@ class Controller:
     def _on_failed(self, ev: ProposalFailed) -> None:
         d = self._inflight
         if d is None or d.table.version != ev.version:
-            self._note("", "STALE_FAILURE", f"no proposal of ours in flight for v{ev.version}")
+            self._note("", DecisionOutcome.STALE_FAILURE, f"no proposal of ours in flight for v{ev.version}")
             return
         self._transition(d, OpState.ABORTED, f"{EndReason.PROPOSAL_FAILED}: {ev.reason}")
-        self._ready.persist.append(Resolution(ev.version, "FAILED", ev.reason))
-        self._note(d.trigger, "FAILED", ev.reason, d)
+        self._ready.persist.append(Resolution(ev.version, DecisionOutcome.FAILED, ev.reason))
+        self._note(d.trigger, DecisionOutcome.FAILED, ev.reason, d)
         self._inflight = None
 
     def _on_manual(self, ev: ManualProposal) -> None:
         if self._inflight is not None:
-            self._note("manual", "PROPOSAL_IN_FLIGHT", f"v{self._inflight.table.version} awaits its outcome")
+            self._note("manual", DecisionOutcome.PROPOSAL_IN_FLIGHT, f"v{self._inflight.table.version} awaits its outcome")
             return
         a = manual(self.head, self.monitor.buffer, self.params, tuple(ev.ops), ev.force)
         self._attempt(a, a.decision.trigger if a.decision else "manual")
@@ -366,7 +367,7 @@ class Controller:
         self._ready.persist.append(ProposalRecord(d.table.version, d.table.parent, d.table.digest, d.kind))
         self._ready.proposals.append(d)
         self._ready.events.append(OpTransition(d.table.version, d.kind, OpState.PROPOSED, ""))
-        self._note(trigger, "PROPOSED", d.describe(), d, a)
+        self._note(trigger, DecisionOutcome.PROPOSED, d.describe(), d, a)
 
     def _observe_window(self) -> None:
         o = self._observe

@@ -9,6 +9,7 @@ is >= tau and its cost (`cost.change_cost`: `cost.CostModel` over `table.diff`'s
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 import numpy.typing as npt
@@ -114,10 +115,35 @@ class Decision:
         return "\n".join(lines + [f"  ({len(self.refused)} candidates refused)"])
 
 
+class DecisionOutcome(StrEnum):
+    """Every outcome code a decision reports (Attempt.outcome, and the controller's Explain.outcome); a
+    refused plan's code is its planner Reason (GAIN_BELOW_TAU, OVER_BUDGET, ...) or the invalid operation's
+    or table's own code instead."""
+
+    PROPOSED = "PROPOSED"
+    NO_PLAN = "NO_PLAN"  # no candidate paid its way
+    NOTHING_TO_REPAIR = "NOTHING_TO_REPAIR"
+    ROLLBACK_NOT_BETTER = "ROLLBACK_NOT_BETTER"  # the windows since the change do not favour the parent
+    ROLLBACK_NOT_EXPRESSIBLE = "ROLLBACK_NOT_EXPRESSIBLE"
+    BELOW_THETA = "BELOW_THETA"  # step imbalance under theta: the error budget holds
+    BUDGET_NOT_SPENT = "BUDGET_NOT_SPENT"  # above theta, for fewer than budget_windows windows so far
+    PROPOSAL_IN_FLIGHT = "PROPOSAL_IN_FLIGHT"
+    PAUSED = "PAUSED"
+    RESUMED = "RESUMED"
+    OBSERVING = "OBSERVING"  # the last change is being judged on realised load
+    NOT_DESIGNATED = "NOT_DESIGNATED"  # another node plans this window
+    COMMITTED = "COMMITTED"
+    LOST = "LOST"  # another table won the version
+    FAILED = "FAILED"
+    STALE_WINDOW = "STALE_WINDOW"
+    STALE_FAILURE = "STALE_FAILURE"
+    STALE_COMMIT = "STALE_COMMIT"
+
+
 @dataclass
 class Attempt:
     decision: Decision | None
-    outcome: str  # PROPOSED or why not
+    outcome: str  # a DecisionOutcome, or the code of what refused it
     detail: str = ""
     refused: tuple[Refused, ...] = ()
     estimated_gain: float = 0.0
@@ -150,7 +176,7 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
     if p.retarget and X.shape[0]:
         pl = _widen(head, X, pl, p, cooldown, cm, _tokens_per_step(buf))
     if not pl.ops:
-        return Attempt(None, "NO_PLAN", "no move gains at least min_op_gain", tuple(refused))
+        return Attempt(None, DecisionOutcome.NO_PLAN, "no move gains at least min_op_gain", tuple(refused))
     base = buf.stats(head, last=k)
     ops, op_layers = list(pl.ops), np.asarray(pl.op_layers, dtype=np.int64)
     table = apply_ops(head, ops)
@@ -188,7 +214,7 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
     if pl.note:
         trigger = f"{trigger}; {pl.note}"
     a.decision = Decision(table, tuple(ops), est, vg, cost, trigger, tuple(refused), "rebalance", lo, hi)
-    a.outcome, a.refused = "PROPOSED", tuple(refused)
+    a.outcome, a.refused = DecisionOutcome.PROPOSED, tuple(refused)
     return a
 
 
@@ -281,7 +307,7 @@ def manual(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, ops: tuple[
         return Attempt(None, code, "use force to propose anyway", (Refused(None, code, vg, cost),), 0.0, vg, cost)
     lo, hi = _span(buf)
     trig = f"manual: operator proposal{' (forced)' if force else ''}: " + "; ".join(describe(o) for o in ops)
-    return Attempt(Decision(table, tuple(ops), vg, vg, cost, trig, (), "manual", lo, hi), "PROPOSED", "", (), vg, vg, cost)
+    return Attempt(Decision(table, tuple(ops), vg, vg, cost, trig, (), "manual", lo, hi), DecisionOutcome.PROPOSED, "", (), vg, vg, cost)
 
 
 def rollback_ops(head: RoutingTable, target: RoutingTable) -> tuple[Operation, ...]:
@@ -348,19 +374,19 @@ def rollback(head: RoutingTable, target: RoutingTable, buf: ReplayBuffer, p: Dec
         found = retarget.ops_to(head, target, changed)
         ops = tuple(found) if found is not None else None
     if ops is None:
-        return Attempt(None, "ROLLBACK_NOT_EXPRESSIBLE", "no order of the operations fits the free slots")
+        return Attempt(None, DecisionOutcome.ROLLBACK_NOT_EXPRESSIBLE, "no order of the operations fits the free slots")
     table = apply_ops(head, ops)
     if not same_ranks(table, target):
-        return Attempt(None, "ROLLBACK_NOT_EXPRESSIBLE", "operations do not reproduce the parent's placement")
+        return Attempt(None, DecisionOutcome.ROLLBACK_NOT_EXPRESSIBLE, "operations do not reproduce the parent's placement")
     table.validate()
     check_no_new_rank_duplicates(head, table)
     vg = gain(buf.stats(head, last=last), buf.stats(table, base=head, last=last))
     cm = p.cost_model()
     cost = change_cost(cm, head, table, _tokens_per_step(buf))
     if vg < 0:
-        return Attempt(None, "ROLLBACK_NOT_BETTER", f"replay gain of the rollback {vg:.4f} < 0", (), 0.0, vg, cost)
+        return Attempt(None, DecisionOutcome.ROLLBACK_NOT_BETTER, f"replay gain of the rollback {vg:.4f} < 0", (), 0.0, vg, cost)
     lo, hi = _span(buf, last)
-    return Attempt(Decision(table, ops, vg, vg, cost, trigger, (), "rollback", lo, hi), "PROPOSED", "", (), vg, vg, cost)
+    return Attempt(Decision(table, ops, vg, vg, cost, trigger, (), "rollback", lo, hi), DecisionOutcome.PROPOSED, "", (), vg, vg, cost)
 
 
 def repair(head: RoutingTable, lost: list[int], buf: ReplayBuffer, p: DecisionParams) -> Attempt:
@@ -372,7 +398,7 @@ def repair(head: RoutingTable, lost: list[int], buf: ReplayBuffer, p: DecisionPa
     except DrainRefused as e:
         return Attempt(None, Reason.NO_FREE_SLOT.value, e.message, (Refused(None, Reason.NO_FREE_SLOT.value, 0.0, 0.0, e.message),))
     if not ops:
-        return Attempt(None, "NOTHING_TO_REPAIR", f"ranks {lost} are not active")
+        return Attempt(None, DecisionOutcome.NOTHING_TO_REPAIR, f"ranks {lost} are not active")
     table = apply_ops(head, ops)
     table.validate()
     check_no_new_rank_duplicates(head, table)
@@ -381,4 +407,4 @@ def repair(head: RoutingTable, lost: list[int], buf: ReplayBuffer, p: DecisionPa
     cost = change_cost(cm, head, table, _tokens_per_step(buf))
     lo, hi = _span(buf)
     trig = f"repair: ranks {sorted(lost)} lost"
-    return Attempt(Decision(table, tuple(ops), vg, vg, cost, trig, (), "repair", lo, hi), "PROPOSED", "", (), vg, vg, cost)
+    return Attempt(Decision(table, tuple(ops), vg, vg, cost, trig, (), "repair", lo, hi), DecisionOutcome.PROPOSED, "", (), vg, vg, cost)
