@@ -13,7 +13,7 @@ import os
 import time
 from pathlib import Path
 
-from agent.store import fsync_dir, write_atomic
+from agent.disk import fsync_dir, write_atomic
 
 LOCK_NAME = "LOCK"
 LOG_NAME = "consensus"

@@ -21,10 +21,11 @@ import numpy.typing as npt
 from google.protobuf.message import Message
 
 from agent.broadcasts import Kind, RumourQueue
+from agent.claims import ClaimSigner
 from agent.clock import Clock, Timer
 from agent.config import GossipConfig
 from agent.loadgossip import LoadGossip, LoadView, check_digests, check_windows
-from agent.membership import LIVE, ClaimSigner, Member, Membership, MemberStatus, check_states
+from agent.membership import LIVE, Member, Membership, MemberStatus, check_states
 from agent.probe import Prober
 from agent.transport import Deferred, InvalidArgument, Transport
 from elasticmoe.v1 import gossip_pb2 as pb

@@ -14,10 +14,11 @@ from functools import partial
 import numpy as np
 import numpy.typing as npt
 
+from agent.claims import ClaimSigner
 from agent.clock import FakeClock
 from agent.config import GossipConfig, from_dict
 from agent.gossip_node import GossipNode
-from agent.membership import ClaimSigner, Member, MemberStatus
+from agent.membership import Member, MemberStatus
 from agent.transport.sim import LinkSpec, SimNetwork
 
 

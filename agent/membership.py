@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import bisect
 import hashlib
-import logging
 import math
 import random
 from collections.abc import Callable, Iterable
@@ -32,12 +31,11 @@ from enum import StrEnum
 from typing import Protocol
 
 from agent.broadcasts import RumourQueue
+from agent.claims import MAX_CERT_BYTES, MAX_CLAIM_BYTES, MAX_SIGNATURE_BYTES, Claims, ClaimSigner, Proof
 from agent.clock import Clock, Timer
 from agent.config import GossipConfig
 from agent.transport import InvalidArgument, Transport
 from elasticmoe.v1 import gossip_pb2 as pb
-
-log = logging.getLogger(__name__)
 
 
 class MemberStatus(StrEnum):
@@ -71,21 +69,6 @@ class Piggyback(Protocol):
     def announce(self) -> None: ...
 
 
-class ClaimSigner(Protocol):
-    """This node's key and the cluster CA (agent.consensus.signing.VoteSigner under mTLS)."""
-
-    cert_der: bytes
-
-    def sign_claim(self, claim: bytes) -> bytes: ...
-
-    def check_claim(self, member: str, claim: bytes, cert_der: bytes, signature: bytes) -> str: ...
-
-
-# A member's signed word about itself, as relayed: (claim, signature, certificate DER); see MemberState.claim.
-Proof = tuple[bytes, bytes, bytes]
-MAX_CLAIM_BYTES, MAX_SIGNATURE_BYTES, MAX_CERT_BYTES = 1 << 12, 256, 1 << 13
-
-
 class _State:
     __slots__ = ("node_id", "address", "status", "incarnation", "ranks", "since", "heard", "proof")
 
@@ -114,10 +97,8 @@ def check_states(states: Iterable[pb.MemberState]) -> None:
         if not s.node_id or s.status not in FROM_PB:
             raise InvalidArgument(f"member state {s.node_id!r} with status {s.status}: expected a node id "
                                   f"and a status in ALIVE..LEFT")
-        if s.incarnation >= 2**63:  # unbeatable, and a refutation (incarnation + 1) would overflow uint64
+        if s.incarnation >= MAX_COUNTER:  # unbeatable, and a refutation (incarnation + 1) would overflow uint64
             raise InvalidArgument(f"member state {s.node_id!r} with incarnation {s.incarnation}: expected < 2^63")
-        if s.incarnation >= MAX_COUNTER:
-            raise InvalidArgument(f"member state {s.node_id!r}: incarnation {s.incarnation} >= 2^63")
         if (len(s.claim) > MAX_CLAIM_BYTES or len(s.claim_signature) > MAX_SIGNATURE_BYTES
                 or len(s.claim_certificate) > MAX_CERT_BYTES):
             raise InvalidArgument(f"member state {s.node_id!r}: claim of {len(s.claim)} bytes, signature of "
@@ -184,10 +165,7 @@ class Membership:
         left is accepted only with that member's signed claim; without one (plaintext) states are taken as
         heard."""
         self.node_id, self.cfg, self.clock, self.transport, self.rng = node_id, cfg, clock, transport, rng
-        self.signer = signer
-        self.refused: int = 0  # member states refused for a missing or wrong claim (mTLS)
-        self.refused_why = ""
-        self._verified: dict[bytes, None] = {}  # claim signatures that verified (bounded)
+        self.claims = Claims(signer) if signer is not None else None
         self.rumours, self.piggyback, self.on_change = rumours, piggyback, on_change
         self.me = _State(node_id, address, MemberStatus.ALIVE, 0, tuple(ranks), clock.now())
         self._m: dict[str, _State] = {node_id: self.me}
@@ -265,54 +243,20 @@ class Membership:
             st.claim, st.claim_signature, st.claim_certificate = s.proof
         return st
 
-    # ---- signed claims (mTLS) -----------------------------------------------------------------
+    # ---- signed claims (mTLS: agent/claims.py) -------------------------------------------------
     def _sign_me(self) -> None:
-        """Under mTLS, sign our current address, ranks, incarnation and status (ALIVE or LEFT)."""
-        if self.signer is None:
-            return
-        me = self.me
-        claim = pb.MemberState(node_id=me.node_id, address=me.address, incarnation=me.incarnation,
-                               status=TO_PB[me.status], ranks=me.ranks).SerializeToString(deterministic=True)
-        me.proof = (claim, self.signer.sign_claim(claim), self.signer.cert_der)
+        if self.claims is not None:
+            me = self.me
+            me.proof = self.claims.sign(me.node_id, me.address, me.incarnation, TO_PB[me.status], me.ranks)
 
-    def _claim_fault(self, st: pb.MemberState, known: bool) -> str:
-        """Why `st` is not backed by its member's own signed claim, or "" (also "" for a suspicion of a member we
-        know: SWIM lets anyone suspect or declare dead; the member refutes)."""
-        status = FROM_PB[st.status]
-        if known and status in (MemberStatus.SUSPECT, MemberStatus.DEAD):
-            return ""
-        if not st.claim:
-            return f"member state {st.node_id!r} ({status.value}, incarnation {st.incarnation}) has no signed claim"
-        c = pb.MemberState()
-        try:
-            c.ParseFromString(st.claim)
-        except Exception:  # noqa: BLE001 - any undecodable claim is refused, not raised
-            return f"member state {st.node_id!r}: claim does not decode"
-        if c.node_id != st.node_id or c.address != st.address or list(c.ranks) != list(st.ranks):
-            return (f"member state {st.node_id!r} at {st.address!r} ranks {list(st.ranks)}: its claim says "
-                    f"{c.node_id!r} at {c.address!r} ranks {list(c.ranks)}")
-        if status in (MemberStatus.ALIVE, MemberStatus.LEFT):
-            if c.status != st.status or c.incarnation != st.incarnation:
-                return (f"member state {st.node_id!r} {status.value} at incarnation {st.incarnation}: its claim is "
-                        f"{FROM_PB.get(c.status, MemberStatus.ALIVE).value} at {c.incarnation}")
-        elif c.incarnation > st.incarnation:
-            return f"member state {st.node_id!r} at incarnation {st.incarnation}: claim from {c.incarnation}"
-        key = hashlib.blake2b(st.claim + b"\0" + st.claim_signature + st.claim_certificate, digest_size=16).digest()
-        if key in self._verified:
-            return ""
-        assert self.signer is not None
-        why = self.signer.check_claim(st.node_id, st.claim, st.claim_certificate, st.claim_signature)
-        if not why:
-            if len(self._verified) > 4096:
-                self._verified.clear()
-            self._verified[key] = None
-        return why
+    @property
+    def refused(self) -> int:
+        """Member states refused for a missing or wrong claim (mTLS)."""
+        return self.claims.refused if self.claims is not None else 0
 
-    def _refuse(self, why: str) -> None:
-        self.refused += 1
-        if why != self.refused_why:  # once per distinct reason: a hostile peer cannot flood the log
-            log.warning("refused a member state: %s", why)
-        self.refused_why = why
+    @property
+    def refused_why(self) -> str:
+        return self.claims.refused_why if self.claims is not None else ""
 
     def full_state(self) -> list[pb.MemberState]:
         return [self.state_pb(n) for n in self._m]
@@ -426,11 +370,8 @@ class Membership:
                 self._refute(inc)
             return
         s = self._m.get(node)
-        if self.signer is not None:
-            why = self._claim_fault(st, s is not None)
-            if why:
-                self._refuse(why)
-                return
+        if self.claims is not None and not self.claims.accept(st, known=s is not None):
+            return
         if status == MemberStatus.DEAD and push_pull:
             status = MemberStatus.SUSPECT  # memberlist: a peer's "dead" in a full sync is only a suspicion
         if s is None:

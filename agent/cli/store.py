@@ -50,22 +50,23 @@ def check(args: argparse.Namespace) -> int:
     span = f"versions {versions[0]}..{versions[-1]}" if versions else "no commits"
     print(f"{log_path}: {len(data)} bytes, {rec.records} whole records ({span}, acceptor state for "
           f"{len(rec.acceptor)} versions)")
+    torn = end < len(data) and torn_tail(data, rec)
+    if end < len(data) and not torn:
+        print(f"corrupt: bad record at offset {rec.bad_offset} ({rec.bad_reason}) with whole records after it; the "
+              f"agent refuses to start. Repair: emoe store repair --config {args.config}", file=sys.stderr)
+        return 1
+    if torn:
+        print(f"torn tail: {len(data) - end} bytes at offset {end} ({rec.bad_reason}); the agent truncates it at "
+              f"start (a write a crash cut short, never acknowledged)")
     high = high_water(log_path)
     if high is not None and high > end:
         print(f"cut: the log ends at byte {end} but had reached byte {high} ({high - end} bytes of acknowledged "
               f"records missing); the agent rebuilds this node from its peers as a learner at its next start",
               file=sys.stderr)
         return 1
-    if end == len(data):
+    if not torn:
         print("ok")
-        return 0
-    if torn_tail(data, rec):
-        print(f"torn tail: {len(data) - end} bytes at offset {end} ({rec.bad_reason}); the agent truncates it at "
-              f"start (a write a crash cut short, never acknowledged)")
-        return 0
-    print(f"corrupt: bad record at offset {rec.bad_offset} ({rec.bad_reason}) with whole records after it; the "
-          f"agent refuses to start. Repair: emoe store repair --config {args.config}", file=sys.stderr)
-    return 1
+    return 0
 
 
 def repair(args: argparse.Namespace) -> int:
