@@ -14,29 +14,32 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
 import numpy.typing as npt
 
+from agent.adminview import AdminView
 from agent.commit import CommitBackend
 from agent.config import AgentConfig
 from agent.consensus.paxos import planner_turn
 from agent.consensus.proposer import Outcome
 from agent.loadpath import ClusterWindows, LoadReportError, LocalWindows
-from agent.membership import TO_PB, Member, MemberStatus
-from agent.wire import make_plan, op_to_pb, plan_forced, plan_kind
+from agent.membership import Member, MemberStatus
+from agent.voter import Voter
+from agent.wire import make_plan, op_to_pb, plan_kind
 from controlplane.controller import (
     Controller,
     DecisionParams,
     ManualProposal,
     ProposalFailed,
     RanksLost,
+    Ready,
     TableCommitted,
     WindowClosed,
-    verify_decision,
 )
+from controlplane.decision import Decision
 from controlplane.errors import ControlPlaneError
 from controlplane.load import table_step_imbalance
 from controlplane.ops import Operation, apply_ops, describe
@@ -45,7 +48,13 @@ from controlplane.topology import Topology
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import consensus_pb2 as cpb
 from elasticmoe.v1 import dataplane_pb2 as dpb
-from elasticmoe.v1 import gossip_pb2 as gpb
+
+if TYPE_CHECKING:
+    from agent.clock import Clock
+    from agent.gossip_node import GossipNode
+    from agent.store import Store
+    from agent.telemetry import Telemetry
+    from agent.transport import Transport
 
 log = logging.getLogger("emoe.agent")
 
@@ -61,12 +70,13 @@ class Hooks:
     proposing: list[Callable[[RoutingTable], Callable[[Outcome], None]]] = field(default_factory=list)
 
 
-class NodeState:
+class NodeState(AdminView):
     """One node. The real process passes nothing and gets a RealClock, GrpcTransport and file Store; the
     in-process simulator injects a FakeClock-driven clock, a SimTransport and an in-memory Store."""
 
-    def __init__(self, cfg: AgentConfig, *, clock: Any = None, transport: Any = None, store: Any = None,
-                 telemetry: Any = None, rng_seed: int | None = None, had_store: bool | None = None) -> None:
+    def __init__(self, cfg: AgentConfig, *, clock: Clock | None = None, transport: Transport | None = None,
+                 store: Store | None = None, telemetry: Telemetry | None = None, rng_seed: int | None = None,
+                 had_store: bool | None = None) -> None:
         self.cfg = cfg
         self.node_id = cfg.node_id
         self.paused = False
@@ -82,8 +92,7 @@ class NodeState:
                                      fast_theta=max(d.theta, DecisionParams.fast_theta))
         self.local = LocalWindows(c.layers, c.experts, d.window)
         self.cluster = ClusterWindows()
-        self.replay: list[np.ndarray] = []  # last closed cluster windows, uint64 [L, E] each
-        self._replay_seqs: list[int] = []  # their window numbers
+        self.voter = Voter(self.params, cfg.consensus.verify_tolerance)  # also holds the replay windows
         self._imbalance: list[float] = []
         self._window_seq = -1
         self._head_seq = -1  # the last closed window when the head was installed (the planner's turn)
@@ -93,13 +102,13 @@ class NodeState:
         self._health = "STARTING"
         self.hooks = Hooks()
         self._voters = list(cfg.consensus.voters) or sorted(cfg.seed_map) or [cfg.node_id]
-        self.gossip: Any = None
+        self.gossip: GossipNode | None = None
         self.consensus: CommitBackend | None = None
-        self.controller: Any = None
-        self.clock: Any = clock
-        self.transport: Any = transport
-        self.store: Any = store
-        self.telemetry: Any = telemetry
+        self.controller: Controller | None = None
+        self.clock: Clock | None = clock
+        self.transport: Transport | None = transport
+        self.store: Store | None = store
+        self.telemetry: Telemetry | None = telemetry
         self.rng_seed = rng_seed
         # whether this node ran before (then an empty store was lost): from the data_dir's marker unless given
         self.had_store = had_store
@@ -119,6 +128,8 @@ class NodeState:
         if self.transport is None:
             addresses = {n: a for n, a in self.cfg.seed_map.items() if n != self.node_id}
             self.transport = GrpcTransport(self.node_id, addresses, credentials=channel_credentials(self.cfg))
+        if not isinstance(self.transport, GrpcTransport):
+            raise RuntimeError(f"{self.node_id}: attach() serves gRPC; this node was given {type(self.transport).__name__}")
         self.transport.attach(server)
 
     def start(self) -> None:
@@ -134,6 +145,9 @@ class NodeState:
         if self.telemetry is None:
             self.telemetry = Telemetry.from_env(self.cfg.telemetry.enabled, node_id=self.node_id)
         clock = self.clock = self.clock or RealClock()
+        transport = self.transport
+        if transport is None:
+            raise RuntimeError(f"{self.node_id}: start() before attach(): no transport")
         c = self.cfg.cluster
         store = self.store = self.store or Store(self.data_dir / LOG_NAME)
         marked = self.had_store is None
@@ -145,13 +159,12 @@ class NodeState:
             from agent.etcd_backend import EtcdBackend
 
             backend: CommitBackend = EtcdBackend(list(self.cfg.consensus.etcd_endpoints), self.node_id, genesis,
-                                                 store=store, verifier=self._verify)
+                                                 store=store, verifier=self.voter.verify)
         else:
-            backend = ConsensusNode(self.node_id, self._voters, store, clock, self.transport,
-                                           self.cfg.consensus, genesis, verifier=self._verify,
-                                           live_voters=self._live_voters,
-                                           members=lambda: self.gossip.live_nodes() if self.gossip is not None else [],
-                                           had_store=had_store, signer=signer)
+            backend = ConsensusNode(self.node_id, self._voters, store, clock, transport, self.cfg.consensus, genesis,
+                                    verifier=self.voter.verify, live_voters=self._live_voters,
+                                    members=lambda: self.gossip.live_nodes() if self.gossip is not None else [],
+                                    had_store=had_store, signer=signer)
         self.consensus = backend
         backend.on_commit(self._on_commit)
         backend.start()  # recovers the committed log: the controller plans from the recovered head
@@ -159,7 +172,7 @@ class NodeState:
             mark_owner(self.data_dir, self.node_id)
         self.controller = Controller(self.params, backend.head)
         self.gossip = GossipNode(self.node_id, self.cfg.advertise_address, self._my_ranks(), self.cfg.gossip, clock,
-                                 self.transport, {n: a for n, a in self.cfg.seed_map.items() if n != self.node_id},
+                                 transport, {n: a for n, a in self.cfg.seed_map.items() if n != self.node_id},
                                  rng_seed=self.rng_seed if self.rng_seed is not None else zlib.crc32(self.node_id.encode()),
                                  signer=signer)
         self.gossip.on_window(self._on_window)
@@ -218,7 +231,7 @@ class NodeState:
             return
         counts = np.frombuffer(r.counts, dtype="<u4").reshape(c.layers, c.experts)
         for seq, first, window in self.local.add(r.shim_id or f"rank{r.rank}", r.first_step, r.steps, counts):
-            self.gossip.publish_window(seq, first, self.params.window, window)
+            self._gossip.publish_window(seq, first, self.params.window, window)
             self._on_window(self.node_id, seq, window)
 
     # ---- load view -> controller -> consensus --------------------------------------------------
@@ -229,7 +242,7 @@ class NodeState:
 
     def _on_window(self, node: str, window_seq: int, counts: np.ndarray, *_: Any) -> None:
         self.cluster.add(node, window_seq, np.asarray(counts, dtype=np.uint32))
-        live = self.gossip.live_nodes()
+        live = self._gossip.live_nodes()
         if self.node_id not in live:  # we count ourselves live (a node declared dead still reports)
             live = sorted([*live, self.node_id])
         for seq, total in self.cluster.ready(live):
@@ -241,7 +254,7 @@ class NodeState:
         the repair (drain the ranks, reload experts left without a replica); shims mask the ranks meanwhile."""
         if m.status != MemberStatus.DEAD or m.node_id == self.node_id:
             return
-        held = set(self._my_ranks()) | {int(g) for o in self.gossip.members() if o.node_id != m.node_id
+        held = set(self._my_ranks()) | {int(g) for o in self._gossip.members() if o.node_id != m.node_id
                                         and o.status == MemberStatus.ALIVE
                                         for g in o.ranks}
         claimed = set(m.ranks) & set(self.head().active_ranks)
@@ -257,16 +270,15 @@ class NodeState:
         if self._window_seq < 0:  # the first window since start: commits caught up on count from here
             self._head_seq = max(self._head_seq, seq - 1)
         self._window_seq = seq
-        self.replay = (self.replay + [total])[-self.params.replay_windows:]
-        self._replay_seqs = (self._replay_seqs + [seq])[-self.params.replay_windows:]
+        self.voter.remember(seq, total)
         head = self._backend.head
         imb = float(table_step_imbalance(head, total.astype(np.int64)))
         self._imbalance = (self._imbalance + [imb])[-600:]
-        self.telemetry.record_imbalance(imb)
+        self._telemetry.record_imbalance(imb)
         if self.paused:
             return
         steps = np.minimum(total, np.iinfo(np.uint32).max).astype(np.uint32)[None]
-        ready = self.controller.step(WindowClosed(seq, seq * self.params.window, steps, self._planner(seq)))
+        ready = self._controller.step(WindowClosed(seq, seq * self.params.window, steps, self._planner(seq)))
         self._perform(ready)
 
     def _planner(self, seq: int) -> str:
@@ -277,21 +289,21 @@ class NodeState:
                             seq - self._head_seq - 1, k) if k else None
         return "" if turn is None or turn == self.node_id else turn
 
-    def _perform(self, ready: Any) -> None:
+    def _perform(self, ready: Ready) -> None:
         """Take the Ready, advance, then send. Ready.persist holds the controller's own proposal records: its
         state is soft (after a restart it starts from the committed head), so they are not written; the
         acceptor state that safety needs is persisted by consensus before any reply. Advancing before sending
         keeps a re-entrant step (a proposal that fails at once) from seeing these proposals again."""
         proposals = list(ready.proposals)
-        ex = self.controller.last_explain()
+        ex = self._controller.last_explain()
         if ex is not None and not proposals:
             self._latest_explain = apb.ExplainReply(version=0, trigger=str(getattr(ex, "trigger", "")),
                                                     outcome=str(getattr(ex, "outcome", "no change")))
-        self.controller.advance()
+        self._controller.advance()
         for decision in proposals:
             self._propose(decision)
 
-    def _propose(self, decision: Any, force: bool = False, done: asyncio.Future[Any] | None = None) -> None:
+    def _propose(self, decision: Decision, force: bool = False, done: asyncio.Future[Outcome] | None = None) -> None:
         table: RoutingTable = decision.table
         plan = make_plan(decision.ops, decision.estimated_gain, decision.verified_gain, decision.cost, decision.trigger,
                          int(getattr(decision, "replay_from_step", 0)), int(getattr(decision, "replay_to_step", 0)),
@@ -313,57 +325,29 @@ class NodeState:
             record.outcome = "committed" if outcome.committed else f"failed: {outcome.reason}"
             record.votes.extend(getattr(outcome, "votes", []) or [])
             latency_ms = (time.monotonic() - started) * 1e3
-            self.telemetry.decision_span(table.version, [describe(o) for o in decision.ops], decision.estimated_gain,
+            self._telemetry.decision_span(table.version, [describe(o) for o in decision.ops], decision.estimated_gain,
                                          decision.verified_gain, decision.cost, decision.trigger, record.outcome)
             if not outcome.committed:
-                self._perform(self.controller.step(ProposalFailed(table.version, str(outcome.reason))))
+                self._perform(self._controller.step(ProposalFailed(table.version, str(outcome.reason))))
             else:
-                self.telemetry.record_commit_latency(latency_ms)
+                self._telemetry.record_commit_latency(latency_ms)
             if done is not None and not done.done():
                 done.set_result(outcome)
 
         self._backend.propose(table, plan, on_done)
 
-    def _verify(self, head: RoutingTable, proposed: RoutingTable, plan: cpb.Plan) -> tuple[bool, float, str]:
-        """A voter's own check: valid table, and (unless forced by an operator) its own replay agrees."""
-        try:
-            proposed.validate()
-        except ControlPlaneError as e:
-            return False, 0.0, str(e)
-        if plan_forced(plan) or plan_kind(plan) == "repair" or not self.replay:
-            # forced by an operator, a repair, or nothing to replay yet: validity is the whole check, and the
-            # proposer's figure stands (there is no own figure to compare it with)
-            return True, plan.verified_gain, "validity only"
-        replay = self._replay_span(plan.replay_from_step, plan.replay_to_step)
-        if replay is None:  # none of the windows the proposer replayed is here: validity is the whole check
-            return True, plan.verified_gain, "validity only (replay span not held here)"
-        tol = self.cfg.consensus.verify_tolerance
-        # replay only the windows since the last change of expert mix, as the proposer planned on them
-        floor = max(0.0, min(self.params.tau, plan.verified_gain) - tol)
-        ok, gain, reason = verify_decision(head, proposed, replay, floor, drift_tv=self.params.drift_tv)
-        return ok, gain, reason
-
-    def _replay_span(self, lo: int, hi: int) -> np.ndarray | None:
-        """The replay windows whose first step lies in the proposer's span [lo, hi) (the same windows its
-        controller verified on), as uint32 [T, L, E]; all of them when the plan names no span."""
-        if hi <= lo:
-            return np.stack(self.replay).astype(np.uint32)
-        W = self.params.window
-        picked = [w for s, w in zip(self._replay_seqs, self.replay, strict=True) if lo <= s * W < hi]
-        return np.stack(picked).astype(np.uint32) if picked else None
-
     def _on_commit(self, commit: cpb.Commit, table: RoutingTable) -> None:
         # the turn restarts at the window that proposed this table (the same on every node, however late it learns)
         end = int(commit.plan.replay_to_step) // self.params.window
         self._head_seq = end - 1 if 0 < end <= self._window_seq + 1 else self._window_seq
-        self._perform(self.controller.step(TableCommitted(table, kind=plan_kind(commit.plan))))
+        self._perform(self._controller.step(TableCommitted(table, kind=plan_kind(commit.plan))))
         rec = self._explain.get(table.version)
         if rec is not None:
             rec.outcome = "committed"
             if not rec.votes:
                 rec.votes.extend(commit.votes)
-        self.telemetry.record_version(table.version)
-        self.telemetry.commit_span(table.version, table.parent, len(commit.qc.voters), 0.0)
+        self._telemetry.record_version(table.version)
+        self._telemetry.commit_span(table.version, table.parent, len(commit.qc.voters), 0.0)
         waiters, self._table_waiters = self._table_waiters, []
         for f in waiters:
             if not f.done():
@@ -376,63 +360,32 @@ class NodeState:
             raise RuntimeError(f"{self.node_id}: the agent has not started (no commit backend yet)")
         return self.consensus
 
+    @property
+    def _gossip(self) -> GossipNode:
+        if self.gossip is None:
+            raise RuntimeError(f"{self.node_id}: the agent has not started (no gossip yet)")
+        return self.gossip
+
+    @property
+    def _controller(self) -> Controller:
+        if self.controller is None:
+            raise RuntimeError(f"{self.node_id}: the agent has not started (no controller yet)")
+        return self.controller
+
+    @property
+    def _telemetry(self) -> Telemetry:
+        if self.telemetry is None:
+            raise RuntimeError(f"{self.node_id}: the agent has not started (no telemetry yet)")
+        return self.telemetry
+
     def head(self) -> RoutingTable:
         return self._backend.head
 
-    def table_at(self, version: int) -> RoutingTable | None:
-        from agent.consensus.wire import table_from_pb
-
-        c = self._backend.committed(version)
-        return None if c is None else table_from_pb(c.table, self.topology)
-
-    def member_states(self) -> list[gpb.MemberState]:
-        return [gpb.MemberState(node_id=m.node_id, address=m.address, incarnation=m.incarnation,
-                                status=TO_PB[m.status], ranks=list(m.ranks)) for m in self.gossip.members()]
-
-    def peer_versions(self) -> dict[str, int]:
-        return self._backend.peer_heads()
-
-    def role(self) -> str:
-        """voter, non-voter, or learner (rebuilding after store loss) with what it waits for."""
-        return self._backend.role
-
-    def health(self) -> str:
-        """SERVING, or NOT_SERVING / STARTING with the reason after a colon (a failed store, say)."""
-        failure = self._backend.failure if self._health == "SERVING" and self.consensus is not None else ""
-        return f"NOT_SERVING: {failure}" if failure else self._health
-
-    def window_seq(self) -> int:
-        return max(0, self._window_seq)
-
-    def imbalance_history(self) -> list[float]:
-        return list(self._imbalance)
-
-    def cluster_load(self) -> np.ndarray | None:
-        return None if not self.replay else self.replay[-1]
-
-    def commits(self, limit: int) -> list[cpb.Commit]:
-        head = self.head().version
-        return [c for c in reversed(self._backend.commits_since(max(0, head - limit)))]
-
-    def explain(self, version: int) -> apb.ExplainReply | None:
-        if version == 0:
-            return self._latest_explain
-        rec = self._explain.get(version)
-        if rec is None:
-            c = self._backend.committed(version)
-            if c is not None:
-                rec = apb.ExplainReply(version=version, trigger=c.plan.trigger, plan=c.plan, votes=c.votes,
-                                       outcome="committed (proposed by " + (c.proposer or "?") + ")")
-        return rec
-
-    def ranks_per_node(self) -> int:
-        return self.topology.ranks_per_node
-
     async def _submit(self, ops: tuple[Operation, ...], trigger: str, force: bool) -> Any:
-        ready = self.controller.step(ManualProposal(ops, force))
+        ready = self._controller.step(ManualProposal(ops, force))
         proposals = list(ready.proposals)
-        ex = self.controller.last_explain()
-        self.controller.advance()
+        ex = self._controller.last_explain()
+        self._controller.advance()
         mine = [d for d in proposals if d.kind == "manual"]
         for d in proposals:
             if d not in mine:

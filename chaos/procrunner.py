@@ -36,7 +36,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +46,7 @@ from agent.cluster import ROOT, LocalCluster, stable_ports
 from agent.datadir import LOG_NAME
 from agent.transport.faults import ENV, write_faults
 from chaos import procfaults
+from chaos.episodes import Episode, make_schedule
 from chaos.netns import NetLab, unavailable
 from chaos.proccheck import Checks, DataPlane, Engine, agent_head, read_log, versions
 from controlplane.table import initial_table
@@ -62,65 +62,6 @@ MECHANISM = ("transport fault file (EMOE_FAULTS_FILE, agent/transport/faults.py)
              "calls to and from the listed peers; network namespaces unused ({why})")
 NETNS_MECHANISM = ("kernel: each agent in its own network namespace on one bridge; partitions and packet loss are "
                    "nftables drop rules on each namespace's input (chaos/netns.py)")
-
-
-@dataclass
-class Episode:
-    kill: list[int] = field(default_factory=list)
-    pause: list[int] = field(default_factory=list)
-    groups: list[list[int]] = field(default_factory=list)  # partition: no traffic between groups
-    loss: float = 0.0  # packet loss on every node's input (namespaces only)
-    restart_all: bool = False  # kill -9 of every agent, all restarted at the end of the hold
-    lose_store: list[int] = field(default_factory=list)  # kill -9, log lost, restart: rebuild as a learner
-    corrupt: list[int] = field(default_factory=list)  # kill -9, a byte flipped mid-log; restart must refuse
-    cut_log: list[int] = field(default_factory=list)  # kill -9, the log's last records cut; rebuild as a learner
-    disk_full: list[int] = field(default_factory=list)  # the data_dir's tmpfs full for the hold
-    hold_s: float = 1.0
-
-    def describe(self, ids: list[str]) -> str:
-        parts = [f"kill -9 {ids[k]}" for k in self.kill] + [f"SIGSTOP {ids[k]}" for k in self.pause]
-        if self.groups:
-            parts.append("partition " + " | ".join(",".join(ids[k] for k in g) for g in self.groups))
-        if self.loss:
-            parts.append(f"loss {self.loss:.0%}")
-        parts += ["kill -9 every agent"] if self.restart_all else []
-        parts += [f"lose the log of {ids[k]}" for k in self.lose_store]
-        parts += [f"corrupt the log of {ids[k]}" for k in self.corrupt]
-        parts += [f"cut the log of {ids[k]}" for k in self.cut_log]
-        parts += [f"fill the disk of {ids[k]}" for k in self.disk_full]
-        return f"{'; '.join(parts)} for {self.hold_s:.1f} s"
-
-
-def make_schedule(rng: random.Random, n: int, loss: bool = False, disks: bool = False) -> list[Episode]:
-    """One to three episodes; each one or two fault kinds on distinct nodes (`loss` and `disks` add kinds)."""
-    out = []
-    menu = ["partition", "kill", "pause"] + (["loss"] if loss else [])
-    menu += ["restart-all", "lose-store", "corrupt", "disk-full", "cut-log"] if disks else []
-    for _ in range(rng.randint(1, 3)):
-        ep = Episode(hold_s=round(rng.uniform(0.8, 2.5), 2))
-        nodes = list(range(n))
-        rng.shuffle(nodes)
-        kinds = rng.sample(menu, rng.randint(1, 2))
-        if "restart-all" in kinds:  # alone: nothing else can happen to a cluster that is all down
-            ep.restart_all = True
-            out.append(ep)
-            continue
-        if "loss" in kinds:
-            ep.loss = rng.choice((0.05, 0.2, 0.4))
-        for kind, lst in (("lose-store", ep.lose_store), ("corrupt", ep.corrupt), ("disk-full", ep.disk_full),
-                          ("cut-log", ep.cut_log)):
-            if kind in kinds:
-                lst.append(nodes.pop())
-        if "partition" in kinds:
-            shape = rng.choice(["isolate", "minority", "halves"])
-            cut = {"isolate": 1, "minority": (n - 1) // 2, "halves": n // 2}[shape]
-            ep.groups = [sorted(nodes[:cut]), sorted(nodes[cut:])]
-        if "kill" in kinds:
-            ep.kill = [nodes.pop()]
-        if "pause" in kinds:
-            ep.pause = [nodes.pop()]
-        out.append(ep)
-    return out
 
 
 def _drop_map(ids: list[str], groups: list[list[int]]) -> dict[str, list[str]]:

@@ -1,0 +1,89 @@
+"""The admin service's read side of a node (Status, Members, History, Explain, LoadView): NodeState's views,
+kept apart from its wiring and decision loop."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from agent.commit import CommitBackend
+from agent.gossip_node import GossipNode
+from agent.membership import TO_PB
+from agent.voter import Voter
+from controlplane.table import RoutingTable
+from controlplane.topology import Topology
+from elasticmoe.v1 import admin_pb2 as apb
+from elasticmoe.v1 import consensus_pb2 as cpb
+from elasticmoe.v1 import gossip_pb2 as gpb
+
+
+class AdminView:
+    """Mixed into NodeState; reads what the node holds, changes nothing."""
+
+    topology: Topology
+    voter: Voter
+    consensus: CommitBackend | None
+    _health: str
+    _window_seq: int
+    _imbalance: list[float]
+    _explain: dict[int, apb.ExplainReply]
+    _latest_explain: apb.ExplainReply | None
+
+    @property
+    def _backend(self) -> CommitBackend:
+        raise NotImplementedError
+
+    @property
+    def _gossip(self) -> GossipNode:
+        raise NotImplementedError
+
+    def head(self) -> RoutingTable:
+        return self._backend.head
+
+    def table_at(self, version: int) -> RoutingTable | None:
+        from agent.consensus.wire import table_from_pb
+
+        c = self._backend.committed(version)
+        return None if c is None else table_from_pb(c.table, self.topology)
+
+    def member_states(self) -> list[gpb.MemberState]:
+        return [gpb.MemberState(node_id=m.node_id, address=m.address, incarnation=m.incarnation,
+                                status=TO_PB[m.status], ranks=list(m.ranks)) for m in self._gossip.members()]
+
+    def peer_versions(self) -> dict[str, int]:
+        return self._backend.peer_heads()
+
+    def role(self) -> str:
+        """voter, non-voter, or learner (rebuilding after store loss) with what it waits for."""
+        return self._backend.role
+
+    def health(self) -> str:
+        """SERVING, or NOT_SERVING / STARTING with the reason after a colon (a failed store, say)."""
+        failure = self._backend.failure if self._health == "SERVING" and self.consensus is not None else ""
+        return f"NOT_SERVING: {failure}" if failure else self._health
+
+    def window_seq(self) -> int:
+        return max(0, self._window_seq)
+
+    def imbalance_history(self) -> list[float]:
+        return list(self._imbalance)
+
+    def cluster_load(self) -> np.ndarray | None:
+        return None if not self.voter.replay else self.voter.replay[-1]
+
+    def commits(self, limit: int) -> list[cpb.Commit]:
+        head = self.head().version
+        return [c for c in reversed(self._backend.commits_since(max(0, head - limit)))]
+
+    def explain(self, version: int) -> apb.ExplainReply | None:
+        if version == 0:
+            return self._latest_explain
+        rec = self._explain.get(version)
+        if rec is None:
+            c = self._backend.committed(version)
+            if c is not None:
+                rec = apb.ExplainReply(version=version, trigger=c.plan.trigger, plan=c.plan, votes=c.votes,
+                                       outcome="committed (proposed by " + (c.proposer or "?") + ")")
+        return rec
+
+    def ranks_per_node(self) -> int:
+        return self.topology.ranks_per_node

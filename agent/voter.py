@@ -1,0 +1,55 @@
+"""A voter's own check of a proposed table (the commit backend's verifier): the table is valid, and unless an
+operator forced it or it repairs lost ranks, this node's own replay of the windows the proposer planned on
+agrees with the proposer's gain (within `verify_tolerance`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from agent.wire import plan_forced, plan_kind
+from controlplane.decision import DecisionParams
+from controlplane.errors import ControlPlaneError
+from controlplane.table import RoutingTable
+from controlplane.verify import verify_decision
+from elasticmoe.v1 import consensus_pb2 as cpb
+
+
+class Voter:
+    def __init__(self, params: DecisionParams, tolerance: float) -> None:
+        self.params, self.tolerance = params, tolerance
+        self.replay: list[npt.NDArray[np.uint64]] = []  # the last closed cluster windows, uint64 [L, E] each
+        self.seqs: list[int] = []  # their window numbers
+
+    def remember(self, seq: int, total: npt.NDArray[np.uint64]) -> None:
+        """A closed cluster window (the last `replay_windows` are kept)."""
+        keep = self.params.replay_windows
+        self.replay = (self.replay + [total])[-keep:]
+        self.seqs = (self.seqs + [seq])[-keep:]
+
+    def verify(self, head: RoutingTable, proposed: RoutingTable, plan: cpb.Plan) -> tuple[bool, float, str]:
+        """(accept, this node's gain, why)."""
+        try:
+            proposed.validate()
+        except ControlPlaneError as e:
+            return False, 0.0, str(e)
+        if plan_forced(plan) or plan_kind(plan) == "repair" or not self.replay:
+            # forced by an operator, a repair, or nothing to replay yet: validity is the whole check, and the
+            # proposer's figure stands (there is no own figure to compare it with)
+            return True, plan.verified_gain, "validity only"
+        replay = self.span(plan.replay_from_step, plan.replay_to_step)
+        if replay is None:  # none of the windows the proposer replayed is here: validity is the whole check
+            return True, plan.verified_gain, "validity only (replay span not held here)"
+        # replay only the windows since the last change of expert mix, as the proposer planned on them
+        floor = max(0.0, min(self.params.tau, plan.verified_gain) - self.tolerance)
+        ok, gain, reason = verify_decision(head, proposed, replay, floor, drift_tv=self.params.drift_tv)
+        return ok, gain, reason
+
+    def span(self, lo: int, hi: int) -> npt.NDArray[np.uint32] | None:
+        """The replay windows whose first step lies in the proposer's span [lo, hi) (the same windows its
+        controller verified on), as uint32 [T, L, E]; all of them when the plan names no span."""
+        if hi <= lo:
+            return np.stack(self.replay).astype(np.uint32)
+        W = self.params.window
+        picked = [w for s, w in zip(self.seqs, self.replay, strict=True) if lo <= s * W < hi]
+        return np.stack(picked).astype(np.uint32) if picked else None
