@@ -53,7 +53,7 @@ def run_schedule(nodes: int, seed: int, lines: list[str] | None = None, shape: S
     res.convergence_s = rep.convergence_s
     res.i6_judged = rep.i6_judged
     res.commits = len(c.history.commits)
-    res.repairs = sum(1 for r in c.history.commits.values() if r.trigger.startswith("repair"))
+    res.repairs = sum(1 for r in c.history.commits.values() if r.kind == "repair")
     crash_t = {}
     for t, what in c.history.faults:
         if what.startswith("crash "):
