@@ -1,7 +1,7 @@
 """A real `vllm.LLM` on CPU with a tiny Qwen3-MoE written here (2 layers, 8 experts, top-2, hidden 128,
 head_dim 32; dummy weights, no tokenizer), with the plugin's entry point enabled (EMOE_SOCKET set).
 Prints one JSON line: the generated token ids, and the plugin's status in the driver and in each worker
-(`collective_rpc`). Run by tests/test_engine_vllm.py with the engine virtualenv:
+(`collective_rpc`). Run by tests/engines/test_engine_vllm.py with the engine virtualenv:
 
     python tests/engine_harness/vllm_llm.py DIR
 """

@@ -1,5 +1,5 @@
 """Two EP ranks of vLLM's real EPLB machinery on CPU (gloo), with the plugin loaded through vLLM's own
-`load_general_plugins()`, beside real agents. Run by tests/test_engine_vllm.py with the engine virtualenv:
+`load_general_plugins()`, beside real agents. Run by tests/engines/test_engine_vllm.py with the engine virtualenv:
 
     python tests/engine_harness/vllm_ranks.py --out DIR --sockets S0,S1 [--port P] [--hold-rank 1]
     python tests/engine_harness/vllm_ranks.py --out DIR --sockets X,Y --commits CDIR   # no agents

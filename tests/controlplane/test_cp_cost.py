@@ -23,7 +23,7 @@ from controlplane.ops import (
 )
 from controlplane.table import diff, initial_table
 from controlplane.topology import Tier, Topology
-from tests.test_cp_verify import tables
+from tests.controlplane.test_cp_verify import tables
 
 
 def test_cost_of_a_move_by_tier() -> None:

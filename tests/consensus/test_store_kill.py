@@ -11,7 +11,7 @@ from pathlib import Path
 
 from agent.store import Store
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 WRITER = r"""
 import sys

@@ -18,7 +18,7 @@ from test_config import on_this_host
 from agent.cli import build_parser, main
 from agent.config import from_dict, is_loopback
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 TOMLS = sorted(DEPLOY.rglob("*.toml"))
 YAMLS = sorted([*DEPLOY.rglob("*.yaml"), *DEPLOY.rglob("*.yml")])

@@ -165,7 +165,7 @@ def test_twenty_drain_restore_cycles_under_load_misroute_nothing(seed: int) -> N
     assert np.all([e.valid for e in c.history.events if e.kind == "install"])
 
 
-SCENARIOS = sorted((Path(__file__).parent / "scenarios" / "elastic").glob("*.txt"))
+SCENARIOS = sorted((Path(__file__).resolve().parents[1] / "scenarios" / "elastic").glob("*.txt"))
 
 
 @pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)

@@ -171,6 +171,6 @@ def test_what_the_agent_imports_needs_no_torch() -> None:
         "import dataplane_shim.counters, dataplane_shim.adapters, dataplane_shim.errors\n"
         "print('ok')\n"
     )
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr

@@ -16,7 +16,7 @@ import pytest
 from agent.gossip_sim import Scenario
 from tests.datadriven import check_file, parse, render
 
-DIR = Path(__file__).resolve().parent / "scenarios" / "membership"
+DIR = Path(__file__).resolve().parents[1] / "scenarios" / "membership"
 
 
 def _scenario(path: Path) -> Scenario:

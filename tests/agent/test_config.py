@@ -13,7 +13,7 @@ from agent.cli import main
 from agent.config import ConfigError, from_dict, load
 from agent.security import write_dev_certs
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SEEDS = ["a@127.0.0.1:7401", "b@127.0.0.1:7402", "c@127.0.0.1:7403"]
 
 

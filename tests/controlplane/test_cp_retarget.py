@@ -17,7 +17,7 @@ from controlplane.monitor import ReplayBuffer
 from controlplane.ops import Drop, Replicate, Swap, apply_ops, describe
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
-from tests.test_cp_verify import tables
+from tests.controlplane.test_cp_verify import tables
 
 
 def _weights(rng: np.random.Generator, layers: int, experts: int) -> np.ndarray:

@@ -9,7 +9,7 @@ import pytest
 
 from agent.cluster import LocalCluster
 from agent.etcd_backend import EtcdProcess
-from tests.test_e2e_cluster import SHAPE, W, first_commit_on_every_shim
+from tests.agent.test_e2e_cluster import SHAPE, W, first_commit_on_every_shim
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from agent.consensus.simcluster import SimCluster
 from chaos.checkers import check
 from tests.datadriven import check_file
 
-DIR = Path(__file__).parent / "scenarios" / "consensus"
+DIR = Path(__file__).resolve().parents[1] / "scenarios" / "consensus"
 FILES = sorted(DIR.glob("*.txt"))
 
 

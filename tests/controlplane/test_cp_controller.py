@@ -32,7 +32,7 @@ from controlplane.ops import Migrate, Replicate, apply_ops
 from controlplane.table import RoutingTable, initial_table
 from controlplane.topology import Topology
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 W = 20
 
 
@@ -256,7 +256,7 @@ def test_profile_shape_must_match() -> None:
 
 PLAN_SCRIPT = """
 import hashlib, numpy as np
-from tests.test_cp_controller import setup, windows, feed
+from tests.controlplane.test_cp_controller import setup, windows, feed
 from controlplane.controller import TableCommitted
 c, head = setup()
 h = hashlib.sha256()

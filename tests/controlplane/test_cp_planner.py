@@ -16,7 +16,7 @@ from controlplane.profile import ExpertClass, StabilityProfile
 from controlplane.retarget import layer_objective
 from controlplane.table import RoutingTable, initial_table
 from controlplane.topology import Topology
-from tests.test_cp_verify import tables
+from tests.controlplane.test_cp_verify import tables
 
 REASONS = {r.value for r in planner.Reason}
 
@@ -178,7 +178,7 @@ def test_bench_planner_prints_the_contract() -> None:
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     r = subprocess.run([sys.executable, "-m", "bench.planner", "--json", "--repeats", "2"], cwd=root,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
