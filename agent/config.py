@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from controlplane.decision import DecisionParams
+
 
 class ConfigError(ValueError):
     """A config that cannot be used; the message names the field, the value and what was expected."""
@@ -195,15 +197,14 @@ class GossipConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class DecisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    window: int = 100            # W steps per load window
-    theta: float = 1.15          # act when step imbalance exceeds this ...
-    budget_windows: int = 2      # ... for B consecutive windows (one window above fast_theta spends it all)
-    tau: float = 0.02            # minimum verified relative gain to propose
-    rollback_windows: int = 3    # N windows after which a change that did not help is rolled back
-    # moves per plan: a bound, not a size (controlplane.decision.DecisionParams.max_ops): a plan keeps the
-    # moves that each pay min_op_gain; ESFT intent from static EP needs ~250 over 26 layers
-    max_ops: int = 512
-    replay_windows: int = 3      # windows kept in the replay buffer
+    # the decision core's knobs; their defaults (and what each means) are controlplane.decision.DecisionParams'
+    window: int = DecisionParams.window
+    theta: float = DecisionParams.theta
+    budget_windows: int = DecisionParams.budget_windows
+    tau: float = DecisionParams.tau
+    rollback_windows: int = DecisionParams.rollback_windows
+    max_ops: int = DecisionParams.max_ops
+    replay_windows: int = DecisionParams.replay_windows
     # One live voter plans each window: the round-0 owner of the next version, handing over to the next
     # live voter in the rotation after this many windows without a new head (so a planner that is stuck,
     # cut off from a quorum, or finds nothing worth proposing yields). The others vote, replay and stand by;

@@ -40,14 +40,6 @@ def rank_load(table: RoutingTable, counts: npt.NDArray[np.integer]) -> I64:
     return np.asarray(s.reshape(*s.shape[:-1], G, S).sum(axis=-1), dtype=np.int64)
 
 
-def layer_imbalance(loads: I64, active_mask: npt.NDArray[np.bool_]) -> F64:
-    """max / mean over active ranks. loads: [..., L, G] -> [..., L]; 1.0 where a layer has no tokens."""
-    act = loads[..., active_mask]
-    mx = act.max(axis=-1).astype(np.float64)
-    mean = act.mean(axis=-1)
-    return np.asarray(np.divide(mx, mean, out=np.ones_like(mx), where=mean > 0), dtype=np.float64)
-
-
 def step_imbalance(loads: I64, active_mask: npt.NDArray[np.bool_]) -> F64:
     """sum over layers of max / sum over layers of mean. loads: [..., L, G] -> [...]."""
     act = loads[..., active_mask]

@@ -61,9 +61,6 @@ class Topology:
     def node_of(self, rank: int) -> int:
         return rank // self.ranks_per_node
 
-    def rank_of_slot(self, slot: int) -> int:
-        return slot // self.slots_per_rank
-
     def slot_ranks(self) -> npt.NDArray[np.int64]:
         """[P] rank of each slot."""
         return np.arange(self.slots, dtype=np.int64) // self.slots_per_rank

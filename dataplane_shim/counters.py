@@ -112,11 +112,6 @@ def imm_decode(imm: int, reference: int, bits: int = IMM_VERSION_BITS) -> int:
     return reference + delta
 
 
-def classify(version: int, dest_versions: I64) -> tuple[npt.NDArray[np.bool_], ...]:
-    """Masks (same, behind, ahead) of destinations relative to the sender's `version`. [D] -> 3 x [D]."""
-    return dest_versions == version, dest_versions < version, dest_versions > version
-
-
 def wait_until_caught_up(
     counters: VersionCounters, ranks: I64, version: int, *, polls: int = 200, sleep_s: float = 50e-6
 ) -> I64:

@@ -25,12 +25,6 @@ class Uncertified(ShimError):
     code = "UNCERTIFIED"
 
 
-class PeerTimeout(ShimError):
-    """A destination stayed behind the sender's version past the bounded wait."""
-
-    code = "PEER_TIMEOUT"
-
-
 class BadInput(ShimError):
     """An argument of the wrong shape, dtype or range; the message names it."""
 
