@@ -40,7 +40,7 @@ class AdminView:
         return self._backend.head
 
     def table_at(self, version: int) -> RoutingTable | None:
-        from agent.consensus.wire import table_from_pb
+        from dataplane_shim.certify import table_from_pb
 
         c = self._backend.committed(version)
         return None if c is None else table_from_pb(c.table, self.topology)

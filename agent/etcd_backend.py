@@ -23,9 +23,9 @@ from typing import Any
 import aetcd
 
 from agent.consensus.node import CommitCallback, Outcome, Verifier, validity_verifier
-from agent.consensus.wire import TableWireError, table_from_pb, table_to_pb
 from agent.store import Store, StoreFailed
 from controlplane.table import RoutingTable
+from dataplane_shim.certify import TableWireError, table_from_pb, table_to_pb
 from elasticmoe.v1 import consensus_pb2 as pb
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ anti-entropy (member tables when their hashes differ, then window digests, then 
 It serves the "Gossip" service of the transport; other services (consensus) keep their own handlers.
 
 In the agent process: `GossipNode(..., clock=RealClock(), transport=GrpcTransport(...))`; in tests and
-benchmarks: a FakeClock and a SimNetwork (see agent/gossip_sim.py).
+benchmarks: a FakeClock and a SimNetwork (see chaos/gossipsim.py).
 """
 
 from __future__ import annotations

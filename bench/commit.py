@@ -3,7 +3,7 @@
     python -m bench.commit --agents 8 --json
 
 For each backend (quorum: ConsensusNode over GrpcTransport, every agent a voter; etcd: EtcdBackend against
-one local etcd server) it starts `--agents` processes of `python -m agent.consensus.serve`, lets each
+one local etcd server) it starts `--agents` processes of `python -m bench.consensus_serve`, lets each
 propose the versions whose round-0 owner it is (a rotation, so proposers change every version), and
 reports percentiles of the time from a proposal to its commit being known at its proposer. The first
 `--warmup` versions (channel set-up) are left out. Prints
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from agent.cluster import free_ports
+from chaos.localcluster import free_ports
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,7 +64,7 @@ def run_backend(backend: str, agents: int, versions: int, workdir: Path, etcd: s
     cluster = f"bench{int(time.time() * 1000)}"  # one fresh etcd key prefix per run
     try:
         for n, p in zip(ids, ports, strict=True):
-            cmd = [sys.executable, *(os.environ["EMOE_BENCH_SERVE"].split() if os.environ.get("EMOE_BENCH_SERVE") else ["-m", "agent.consensus.serve"]), "--node-id", n, "--listen", f"127.0.0.1:{p}",
+            cmd = [sys.executable, *(os.environ["EMOE_BENCH_SERVE"].split() if os.environ.get("EMOE_BENCH_SERVE") else ["-m", "bench.consensus_serve"]), "--node-id", n, "--listen", f"127.0.0.1:{p}",
                    "--peers", peers, "--data-dir", str(workdir / backend / n), "--backend", backend,
                    "--bench-versions", str(versions), "--cluster", cluster, "--interval-ms", str(interval_ms)]
             if backend == "etcd":

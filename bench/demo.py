@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from agent.cluster import LocalCluster
 from bench.traces import BUNDLED, Trace, concat, load_trace
+from chaos.localcluster import LocalCluster
 from controlplane.load import table_step_imbalance
 from controlplane.table import RoutingTable, initial_table
 from controlplane.topology import Topology

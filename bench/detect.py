@@ -24,9 +24,9 @@ import time
 
 import numpy as np
 
-from agent.gossip_sim import GossipSim, profile_gossip
 from agent.membership import MemberStatus
 from agent.transport.sim import LinkSpec
+from chaos.gossipsim import GossipSim, profile_gossip
 
 
 def trial(nodes: int, seed: int, loss: float, pause_s: float, crashes: int, gap_s: float,

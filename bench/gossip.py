@@ -23,8 +23,8 @@ import time
 
 import numpy as np
 
-from agent.gossip_sim import GossipSim, profile_gossip
 from agent.transport.sim import LinkSpec
+from chaos.gossipsim import GossipSim, profile_gossip
 
 
 def run(nodes: int, seed: int, layers: int, experts: int, period: float, duration: float, loss: float,

@@ -1,4 +1,4 @@
-"""Invariant checks on a recorded consensus history (agent.consensus.simcluster.Event).
+"""Invariant checks on a recorded consensus history (chaos.quorumsim.HistoryEvent).
 
 - I1 at most one table is chosen for any version: no two tables are each accepted by a quorum of voters
   at one ballot, and every install and every successful proposal agree;
@@ -19,7 +19,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from agent.consensus.simcluster import Event
+from chaos.quorumsim import HistoryEvent
 
 
 @dataclass(frozen=True)
@@ -101,11 +101,11 @@ def write_once_linearizable(ops: list[Op]) -> bool:
     return False
 
 
-def register_ops(history: Iterable[Event]) -> dict[int, list[Op]]:
+def register_ops(history: Iterable[HistoryEvent]) -> dict[int, list[Op]]:
     """Per version: writes from invoke/respond pairs, reads from installs."""
     by_version: dict[int, list[Op]] = defaultdict(list)
-    invokes: dict[int, Event] = {}
-    responses: dict[int, Event] = {}
+    invokes: dict[int, HistoryEvent] = {}
+    responses: dict[int, HistoryEvent] = {}
     for e in history:
         if e.kind == "invoke":
             invokes[e.op] = e
@@ -121,7 +121,7 @@ def register_ops(history: Iterable[Event]) -> dict[int, list[Op]]:
     return by_version
 
 
-def check(history: list[Event]) -> list[str]:
+def check(history: list[HistoryEvent]) -> list[str]:
     """All violations found in `history`, each naming the invariant, node and version."""
     out: list[str] = []
     chosen: dict[int, bytes] = {}

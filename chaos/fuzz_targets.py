@@ -24,12 +24,12 @@ from agent.clock import FakeClock
 from agent.config import ConsensusConfig
 from agent.consensus.node import ConsensusNode
 from agent.consensus.paxos import round0_owner
-from agent.consensus.simcluster import successor_table
-from agent.consensus.wire import table_to_pb
 from agent.store import MemoryDisk, Store
 from agent.transport import InvalidArgument
+from chaos.quorumsim import successor_table
 from controlplane.table import RoutingTable, initial_table
 from controlplane.topology import Topology
+from dataplane_shim.certify import table_to_pb
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import consensus_pb2 as pb
 

@@ -1,6 +1,6 @@
 """The real-process chaos runner: `emoe agent` processes on loopback, faults by signal and by partition file.
 
-- agents: `agent.cluster.LocalCluster` (one process each, own data dir, own shim socket);
+- agents: `chaos.localcluster.LocalCluster` (one process each, own data dir, own shim socket);
 - engines: one asyncio task per agent in this process, a shim client over the agent's unix socket
   (`dataplane_shim.link.ShimLink`): it reports skewed load every window (the hot experts move at each
   schedule, so real plans are proposed, voted and committed), installs every certified table it is
@@ -42,11 +42,11 @@ from typing import Any
 import grpc
 import numpy as np
 
-from agent.cluster import ROOT, LocalCluster, stable_ports
 from agent.datadir import LOG_NAME
 from agent.transport.faults import ENV, write_faults
 from chaos import procfaults
 from chaos.episodes import Episode, make_schedule
+from chaos.localcluster import ROOT, LocalCluster, stable_ports
 from chaos.netns import NetLab, unavailable
 from chaos.proccheck import Checks, DataPlane, Engine, agent_head, read_log, versions
 from controlplane.table import initial_table

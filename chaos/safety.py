@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 from agent.config import ConsensusConfig
 from agent.consensus.paxos import round0_owner
-from agent.consensus.simcluster import SimCluster
 from chaos.checkers import check
+from chaos.quorumsim import QuorumSim
 
 
 @dataclass
@@ -38,7 +38,7 @@ def run_schedule(seed: int, nodes: int, steps: int = 14) -> Result:
     rng = random.Random(seed)
     voters = min(nodes, rng.choice((3, 5, 5, 7)))
     cfg = ConsensusConfig(accept_timeout_ms=40, sync_interval_ms=250, max_attempts=3)
-    c = SimCluster(nodes, voters, seed, cfg)
+    c = QuorumSim(nodes, voters, seed, cfg)
     c.net.set_default(loss=rng.choice((0.0, 0.02, 0.1, 0.3)), duplicate=rng.choice((0.0, 0.05, 0.2)),
                       latency=0.0002, jitter=rng.choice((0.001, 0.01, 0.03)),  # jitter reorders messages
                       reorder=rng.choice((0.0, 0.1)), reorder_delay=0.05)

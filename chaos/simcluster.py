@@ -27,7 +27,6 @@ import numpy.typing as npt
 from agent.clock import FakeClock
 from agent.config import from_dict
 from agent.consensus.proposer import Outcome
-from agent.consensus.simcluster import Event, RecordingStore
 from agent.membership import Member, MemberStatus
 from agent.state import NodeState
 from agent.store import MemoryDisk
@@ -35,6 +34,7 @@ from agent.telemetry import Telemetry
 from agent.transport.sim import LinkSpec, SimNetwork
 from agent.wire import plan_kind
 from bench.synthetic import synthetic_trace
+from chaos.quorumsim import HistoryEvent, RecordingStore
 from chaos.simengine import NodeEngine, TokenStats
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
@@ -78,7 +78,7 @@ class CommitRecord:
 
 @dataclass
 class History:
-    events: list[Event] = field(default_factory=list)  # consensus-level history (chaos/checkers.py)
+    events: list[HistoryEvent] = field(default_factory=list)  # consensus-level history (chaos/checkers.py)
     commits: dict[int, CommitRecord] = field(default_factory=dict)  # first install of each version
     windows: dict[int, WindowRecord] = field(default_factory=dict)  # first close of each cluster window
     faults: list[tuple[float, str]] = field(default_factory=list)
@@ -177,9 +177,9 @@ class SimCluster:
         if seq not in self.history.windows:
             self.history.windows[seq] = WindowRecord(seq, self.clock.now(), total.copy(), st.head_version(), self.clean())
 
-    def _ev(self, kind: str, node: str, **kw: Any) -> Event:
+    def _ev(self, kind: str, node: str, **kw: Any) -> HistoryEvent:
         self._seq += 1
-        e = Event(kind, node, self.clock.now(), self._seq, incarnation=self.incarnation[node], **kw)
+        e = HistoryEvent(kind, node, self.clock.now(), self._seq, incarnation=self.incarnation[node], **kw)
         self.history.events.append(e)
         return e
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import random
 
-from agent.consensus.simcluster import cut_log as cut_records
 from agent.store import MemoryDisk, Store, StoreCorrupt
+from chaos.quorumsim import cut_log as cut_records
 from chaos.simcluster import SimCluster
 
 

@@ -1,9 +1,12 @@
 """Quorum commit of versioned routing tables: one single-decree Paxos slot per table version.
 
-- paxos.py: the sans-IO acceptor, the proposer's ballot (`Attempt`) and certificate checks;
+- paxos.py: the sans-IO acceptor, the proposer's ballot (`BallotAttempt`) and certificate checks;
 - node.py / proposer.py: ConsensusNode, which drives them over a Transport, a Clock and a Store;
 - log.py: CommittedLog, the certified commits a node installs in version order (persist, send, install);
-- wire.py: RoutingTable <-> consensus_pb2.RoutingTable;
-- simcluster.py: a simulated cluster (SimNetwork, MemoryDisk) that records histories for chaos/checkers.py;
-- serve.py: `python -m agent.consensus.serve`, a consensus-only process (bench/commit.py's worker).
+- recovery.py / rebuild.py: rebuilding after store loss, snapshot catch-up, fail-stop on a failed store;
+- signing.py: signed votes (and member claims) under mTLS.
+
+Tables go on the wire through dataplane_shim.certify (one encoder, one decoder, shared with the shim). The
+harnesses live outside the product: chaos/quorumsim.py (a simulated cluster that records histories for
+chaos/checkers.py) and bench/consensus_serve.py (a consensus-only process, bench/commit.py's worker).
 """

@@ -22,16 +22,16 @@ from google.protobuf.message import Message
 from agent.clock import Clock, Timer
 from agent.config import ConsensusConfig
 from agent.consensus.log import CommittedLog, shape_mismatch
-from agent.consensus.paxos import Acceptor, Attempt, quorum_size, round0_owner
+from agent.consensus.paxos import Acceptor, BallotAttempt, quorum_size, round0_owner
 from agent.consensus.proposer import Outcome, Pending, ProposerMixin
 from agent.consensus.rebuild import Rebuild
 from agent.consensus.recovery import RecoveryMixin
 from agent.consensus.signing import VoteSigner
-from agent.consensus.wire import TableWireError, table_from_pb, table_to_pb
 from agent.store import Store, StoreFailed
 from agent.transport import Transport
 from controlplane.errors import InvalidTable
 from controlplane.table import RoutingTable
+from dataplane_shim.certify import TableWireError, table_from_pb, table_to_pb
 from elasticmoe.v1 import consensus_pb2 as pb
 
 __all__ = ["CommitCallback", "ConsensusNode", "Outcome", "Verifier", "validity_verifier"]
@@ -78,10 +78,10 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
         self._callbacks: list[CommitCallback] = []
         self._peer_heads: dict[str, int] = {}
         self._rtt: dict[str, float] = {}  # smoothed accept round trips, for the thrifty first wave
-        self._accept_rest: dict[int, tuple[Attempt, pb.AcceptRequest, list[str]]] = {}
+        self._accept_rest: dict[int, tuple[BallotAttempt, pb.AcceptRequest, list[str]]] = {}
         self._pending: dict[int, Pending] = {}
-        self._last_attempt: Attempt | None = None
-        self._attempts: dict[int, Attempt] = {}
+        self._last_attempt: BallotAttempt | None = None
+        self._attempts: dict[int, BallotAttempt] = {}
         self._timers: dict[tuple[str, int], Timer] = {}
         self._catching_up = ""
         self._recoveries: dict[int, int] = {}
@@ -304,7 +304,7 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
         return ok, gain, why
 
     # ---- learner ------------------------------------------------------------------------------------
-    def _learned(self, c: pb.Commit, src: str | None, broadcast: bool, attempt: Attempt | None = None) -> str:
+    def _learned(self, c: pb.Commit, src: str | None, broadcast: bool, attempt: BallotAttempt | None = None) -> str:
         """Offer a certified commit to the log; as its proposer, send it on between persist and install."""
         self._last_attempt = attempt
         try:

@@ -178,7 +178,7 @@ class Acceptor:
 
 
 @dataclass
-class Attempt:
+class BallotAttempt:
     """One ballot of one proposer for one version: phase 1 (unless round 0), phase 2, certificate.
 
     Feed it replies with `on_promise` / `on_accepted`; each returns "accept" (phase 1 done: send

@@ -13,7 +13,7 @@ from google.protobuf.message import Message
 
 from agent.clock import Clock
 from agent.config import ConsensusConfig
-from agent.consensus.paxos import Acceptor, Attempt, ballot_of, round0_owner
+from agent.consensus.paxos import Acceptor, BallotAttempt, ballot_of, round0_owner
 from agent.store import Store
 from agent.transport import Transport
 from elasticmoe.v1 import consensus_pb2 as pb
@@ -72,17 +72,17 @@ class ProposerMixin(NodeFields):
     live_voters: Callable[[], list[str]]
     rejections: deque[tuple[int, str, str]]
     _pending: dict[int, Pending]
-    _attempts: dict[int, Attempt]
+    _attempts: dict[int, BallotAttempt]
     _recoveries: dict[int, int]
     _preburned: set[int]
     _burn_written: pb.AcceptorState | None
     _rtt: dict[str, float]
-    _accept_rest: dict[int, tuple[Attempt, pb.AcceptRequest, list[str]]]
+    _accept_rest: dict[int, tuple[BallotAttempt, pb.AcceptRequest, list[str]]]
 
     def _check(self, p: pb.Proposal) -> tuple[bool, float, str]:
         raise NotImplementedError
 
-    def _learned(self, c: pb.Commit, src: str | None, broadcast: bool, attempt: Attempt | None = None) -> str:
+    def _learned(self, c: pb.Commit, src: str | None, broadcast: bool, attempt: BallotAttempt | None = None) -> str:
         raise NotImplementedError
 
     def _persist(self, st: pb.AcceptorState) -> bool:
@@ -142,7 +142,7 @@ class ProposerMixin(NodeFields):
         else:
             promised = ballot_of(st.promised) if st.HasField("promised") else (0, "")
             rnd = max(1, min_round, int(st.proposer_round), promised[0] + 1)
-        att = Attempt(self.node_id, v, (rnd, self.node_id), self.voters, pend.value if pend else None)
+        att = BallotAttempt(self.node_id, v, (rnd, self.node_id), self.voters, pend.value if pend else None)
         self._attempts[v] = att
         me_voter = self.node_id in self.voters
         new = pb.AcceptorState()
@@ -203,7 +203,7 @@ class ProposerMixin(NodeFields):
                         self.transport.call(dst, "Consensus/Prepare", req, self.timeout,
                                             partial(self._on_promise, v, att, dst))
 
-    def _broadcast_accept(self, v: int, att: Attempt) -> None:
+    def _broadcast_accept(self, v: int, att: BallotAttempt) -> None:
         """Send the accept to just enough voters for a quorum (live ones first, fastest recently first), and
         to the others after `thrifty_ms` or at the first refusal or failure: fewer disk writes and wake-ups
         per commit, the same outcome (`thrifty_ms = 0` sends to every voter at once)."""
@@ -223,12 +223,12 @@ class ProposerMixin(NodeFields):
         if rest:
             self._arm("thrifty", v, self.cfg.thrifty_ms / 1000.0, lambda: self._accept_the_rest(v, att))
 
-    def _send_accept(self, v: int, att: Attempt, req: pb.AcceptRequest, dst: str) -> None:
+    def _send_accept(self, v: int, att: BallotAttempt, req: pb.AcceptRequest, dst: str) -> None:
         t0 = self.clock.now()
         self.transport.call(dst, "Consensus/Accept", req, self.timeout,
                             lambda r: self._on_accepted(v, att, dst, r, self.clock.now() - t0))
 
-    def _accept_the_rest(self, v: int, att: Attempt) -> None:
+    def _accept_the_rest(self, v: int, att: BallotAttempt) -> None:
         entry = self._accept_rest.get(v)
         if entry is None or entry[0] is not att or att.done:
             return
@@ -237,13 +237,13 @@ class ProposerMixin(NodeFields):
         for dst in entry[2]:
             self._send_accept(v, att, entry[1], dst)
 
-    def _on_promise(self, v: int, att: Attempt, src: str, r: Message | None) -> None:
+    def _on_promise(self, v: int, att: BallotAttempt, src: str, r: Message | None) -> None:
         if self.running and isinstance(r, pb.Promise):
             self._peer_heads[src] = int(r.committed_head)
             if self._attempts.get(v) is att:
                 self._step(v, att, att.on_promise(src, r))
 
-    def _on_accepted(self, v: int, att: Attempt, src: str, r: Message | None, rtt: float = 0.0) -> None:
+    def _on_accepted(self, v: int, att: BallotAttempt, src: str, r: Message | None, rtt: float = 0.0) -> None:
         if not self.running:
             return
         if isinstance(r, pb.Accepted):
@@ -260,7 +260,7 @@ class ProposerMixin(NodeFields):
                 self.rejections.append((v, src, r.reason))
             self._step(v, att, att.on_accepted(src, r))
 
-    def _step(self, v: int, att: Attempt, ev: str) -> None:
+    def _step(self, v: int, att: BallotAttempt, ev: str) -> None:
         if ev == "accept":
             if self.node_id in self.voters:  # accept our own value first, durably
                 req = att.accept_request()
@@ -296,12 +296,12 @@ class ProposerMixin(NodeFields):
         if att.max_head_seen[0] > self.log.head.version:
             self.catch_up(att.max_head_seen[1])
 
-    def _attempt_timeout(self, v: int, att: Attempt) -> None:
+    def _attempt_timeout(self, v: int, att: BallotAttempt) -> None:
         if self._attempts.get(v) is att and not att.done:
             self._attempt_failed(v, att, f"no quorum within {self.cfg.accept_timeout_ms} ms "
                                  f"({len(att.promises) if att.phase == 1 else len(att.accepts)}/{att.quorum})", retry=True)
 
-    def _attempt_failed(self, v: int, att: Attempt, reason: str, retry: bool) -> None:
+    def _attempt_failed(self, v: int, att: BallotAttempt, reason: str, retry: bool) -> None:
         att.done = True
         if self._attempts.get(v) is att:
             del self._attempts[v]

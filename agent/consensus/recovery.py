@@ -10,7 +10,7 @@ from functools import partial
 from google.protobuf.message import Message
 
 from agent.clock import Timer
-from agent.consensus.paxos import Attempt
+from agent.consensus.paxos import BallotAttempt
 from agent.consensus.proposer import NodeFields, Outcome
 from agent.consensus.rebuild import Rebuild
 from agent.consensus.signing import VoteSigner
@@ -35,7 +35,7 @@ class RecoveryMixin(NodeFields):
     def propose(self, table: RoutingTable, plan: pb.Plan, on_done: Callable[[Outcome], None]) -> None:
         raise NotImplementedError
 
-    def _learned(self, c: pb.Commit, src: str | None, broadcast: bool, attempt: Attempt | None = None) -> str:
+    def _learned(self, c: pb.Commit, src: str | None, broadcast: bool, attempt: BallotAttempt | None = None) -> str:
         raise NotImplementedError
 
     def _arm(self, kind: str, v: int, delay: float, fn: Callable[[], None]) -> None:

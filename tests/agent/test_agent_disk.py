@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.cluster import ROOT, LocalCluster
 from agent.store import parse
+from chaos.localcluster import ROOT, LocalCluster
 
 pytestmark = pytest.mark.slow
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.cluster import ROOT, LocalCluster, free_ports, write_config
 from agent.datadir import DataDirError, DataDirLock
+from chaos.localcluster import ROOT, LocalCluster, free_ports, write_config
 
 pytestmark = pytest.mark.slow
 

@@ -39,7 +39,7 @@ def test_parse_ops_errors(words: list[str], needle: str) -> None:
 # ---- out-of-range numbers are one argparse line, not a ValueError traceback (issue 17 item 8) ---------
 
 def _closed_port() -> str:
-    from agent.cluster import free_ports
+    from chaos.localcluster import free_ports
 
     return f"127.0.0.1:{free_ports(1)[0]}"
 

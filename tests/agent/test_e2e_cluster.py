@@ -16,7 +16,7 @@ import grpc
 import numpy as np
 import pytest
 
-from agent.cluster import ROOT, LocalCluster, free_ports
+from chaos.localcluster import ROOT, LocalCluster, free_ports
 from elasticmoe.v1 import dataplane_pb2 as dpb
 from elasticmoe.v1 import dataplane_pb2_grpc
 

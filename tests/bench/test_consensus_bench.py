@@ -1,4 +1,4 @@
-"""bench/commit.py end to end, small: three real `agent.consensus.serve` processes over gRPC."""
+"""bench/commit.py end to end, small: three real `bench.consensus_serve` processes over gRPC."""
 
 from __future__ import annotations
 

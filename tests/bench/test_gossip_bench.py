@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from agent.gossip_sim import GossipSim, profile_gossip
 from bench import detect, gossip
+from chaos.gossipsim import GossipSim, profile_gossip
 
 
 def test_bench_gossip_json(capsys: pytest.CaptureFixture[str]) -> None:

@@ -78,7 +78,7 @@ def test_four_agent_processes_two_schedules_no_violations() -> None:
 def test_stable_ports_lie_below_the_ephemeral_range_and_are_free() -> None:
     import socket
 
-    from agent.cluster import stable_ports
+    from chaos.localcluster import stable_ports
 
     ports = stable_ports(4)
     assert len(set(ports)) == 4 and all(20000 <= p < 32000 for p in ports)

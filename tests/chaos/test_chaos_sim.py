@@ -14,11 +14,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.consensus.simcluster import Event
 from chaos import schedules
 from chaos.__main__ import main
 from chaos.checkers import Op, linearizable, write_once_linearizable
 from chaos.invariants import INVARIANTS, check_cluster, check_history, check_i4, check_i5, check_i6
+from chaos.quorumsim import HistoryEvent
 from chaos.simcluster import CommitRecord, History, Shape, SimCluster, WindowRecord
 from chaos.simengine import TokenStats
 from chaos.simrun import run_schedule
@@ -37,8 +37,8 @@ def _table(version: int, parent: int, hot_on_rank0: bool = False) -> object:
     return GEN.successor(phy) if version == 2 else type(GEN)(TOPO, 8, phy, version, parent)
 
 
-def _ev(kind: str, node: str, seq: int, **kw: object) -> Event:
-    return Event(kind, node, float(seq), seq, **kw)  # type: ignore[arg-type]
+def _ev(kind: str, node: str, seq: int, **kw: object) -> HistoryEvent:
+    return HistoryEvent(kind, node, float(seq), seq, **kw)  # type: ignore[arg-type]
 
 
 def test_short_sim_run_has_zero_violations(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -6,15 +6,15 @@ import math
 
 import pytest
 
-from agent.consensus.simcluster import Event
 from chaos import safety
 from chaos.checkers import Op, check, linearizable
+from chaos.quorumsim import HistoryEvent
 
 A, B = b"A" * 32, b"B" * 32
 
 
-def ev(kind: str, node: str, seq: int, **kw: object) -> Event:
-    return Event(kind, node, float(seq), seq, **kw)  # type: ignore[arg-type]
+def ev(kind: str, node: str, seq: int, **kw: object) -> HistoryEvent:
+    return HistoryEvent(kind, node, float(seq), seq, **kw)  # type: ignore[arg-type]
 
 
 def test_wing_gong_register() -> None:
@@ -71,15 +71,15 @@ def test_safety_finds_a_proposer_that_ignores_accepted_values(monkeypatch: pytes
     """Mutation check: a proposer that proposes its own value after phase 1 must be caught."""
     from agent.consensus import paxos
 
-    real = paxos.Attempt.on_promise
+    real = paxos.BallotAttempt.on_promise
 
-    def own_value(self: paxos.Attempt, src: str, m: object) -> str:
+    def own_value(self: paxos.BallotAttempt, src: str, m: object) -> str:
         mine = self.value
         out = real(self, src, m)  # type: ignore[arg-type]
         if out == "accept" and mine is not None:
             self.value = mine
         return out
 
-    monkeypatch.setattr(paxos.Attempt, "on_promise", own_value)
+    monkeypatch.setattr(paxos.BallotAttempt, "on_promise", own_value)
     found = [safety.run_schedule(1_000_003 + i, nodes=16).violations for i in range(8)]
     assert any(found), "the broken proposer went unnoticed"

@@ -14,10 +14,10 @@ from agent.clock import RealClock
 from agent.config import ConsensusConfig
 from agent.consensus.node import ConsensusNode, Outcome
 from agent.consensus.paxos import round0_owner
-from agent.consensus.serve import parse_peers
-from agent.consensus.simcluster import successor_table
 from agent.store import Store
 from agent.transport.grpc import GrpcTransport
+from bench.consensus_serve import parse_peers
+from chaos.quorumsim import successor_table
 from controlplane.table import initial_table
 from controlplane.topology import Topology
 from elasticmoe.v1 import consensus_pb2 as pb

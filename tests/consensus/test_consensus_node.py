@@ -8,18 +8,18 @@ import pytest
 from agent.config import ConsensusConfig
 from agent.consensus.node import ConsensusNode, Outcome
 from agent.consensus.paxos import round0_owner
-from agent.consensus.simcluster import SimCluster, successor_table
 from agent.store import MemoryDisk, Store, parse
 from chaos.checkers import check
+from chaos.quorumsim import QuorumSim, successor_table
 from controlplane.table import RoutingTable
 from elasticmoe.v1 import consensus_pb2 as pb
 
 
-def cluster(seed: int = 5, voters: int = 5, nodes: int = 5, **cfg: int) -> SimCluster:
-    return SimCluster(nodes, voters, seed, ConsensusConfig(**{"accept_timeout_ms": 50, "sync_interval_ms": 0, **cfg}))
+def cluster(seed: int = 5, voters: int = 5, nodes: int = 5, **cfg: int) -> QuorumSim:
+    return QuorumSim(nodes, voters, seed, ConsensusConfig(**{"accept_timeout_ms": 50, "sync_interval_ms": 0, **cfg}))
 
 
-def commit_next(c: SimCluster) -> None:
+def commit_next(c: QuorumSim) -> None:
     v = c.nodes[c.up()[0]].head.version + 1
     owner = round0_owner(v, c.voters)
     c.propose(owner)
@@ -196,7 +196,7 @@ def test_a_full_disk_stops_the_votes_and_the_node_catches_up_when_it_recovers() 
     assert c.nodes[full].head.version == c.nodes[c.ids[0]].head.version
 
 
-def _amnesia(c: SimCluster, cut: bool = False) -> tuple[str, str, str]:
+def _amnesia(c: QuorumSim, cut: bool = False) -> tuple[str, str, str]:
     """The next version (v) chosen by {owner, b} alone; then b loses its store (`cut`: only the records it
     wrote for v, its log cut at a record boundary) while the owner is down, and the third voter, which never
     heard of v, proposes another table for it through b."""

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from agent.consensus.paxos import (
     Acceptor,
-    Attempt,
+    BallotAttempt,
     ballot_pb,
     check_certificate,
     quorum_size,
@@ -70,7 +70,7 @@ def test_acceptor_rejections_name_their_reason() -> None:
 
 
 def test_phase1_adopts_highest_accepted_value() -> None:
-    att = Attempt("e", 2, (5, "e"), VOTERS, value("mine"))
+    att = BallotAttempt("e", 2, (5, "e"), VOTERS, value("mine"))
     old, new = value("old"), value("new")
     for src, b, v in (("a", (1, "a"), old), ("b", (3, "c"), new)):
         m = pb.Promise(ok=True, from_node=src, promised=ballot_pb((5, "e")), accepted_ballot=ballot_pb(b), accepted=v)
@@ -89,7 +89,7 @@ def test_phase1_adopts_highest_accepted_value() -> None:
 
 
 def test_attempt_fails_once_a_quorum_is_out_of_reach() -> None:
-    att = Attempt("e", 2, (1, "e"), VOTERS, value("mine"))
+    att = BallotAttempt("e", 2, (1, "e"), VOTERS, value("mine"))
     for i, src in enumerate("abc"):
         m = pb.Promise(ok=False, from_node=src, promised=ballot_pb((7, "b")), reason="promised higher")
         assert att.on_promise(src, m) == ("failed" if i == 2 else "")
@@ -129,7 +129,7 @@ def test_random_interleavings_choose_at_most_one_value(n_voters: int, choices: l
     acceptors = {v: Acceptor(v, voters) for v in voters}
     proposers = ["a", "b", "z"]  # z is not a voter
     rounds = dict.fromkeys(proposers, 0)
-    attempts: dict[str, Attempt] = {}
+    attempts: dict[str, BallotAttempt] = {}
     net: list[tuple[str, str, object]] = []  # (dst, src, msg) in flight
     accepted_by: dict[tuple[tuple[int, str], bytes], set[str]] = defaultdict(set)
     committed: set[bytes] = set()
@@ -139,7 +139,7 @@ def test_random_interleavings_choose_at_most_one_value(n_voters: int, choices: l
         rounds[p] += 1
         r = 0 if rounds[p] == 1 and p == round0_owner(2, voters) else rounds[p]
         rounds[p] = max(rounds[p], r)
-        att = Attempt(p, 2, (r, p), voters, value(p))
+        att = BallotAttempt(p, 2, (r, p), voters, value(p))
         attempts[p] = att
         req: object = att.accept_request() if r == 0 else att.prepare_request()
         net.extend((v, p, req) for v in voters)

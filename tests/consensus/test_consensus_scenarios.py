@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from agent.config import ConsensusConfig
-from agent.consensus.simcluster import SimCluster
 from chaos.checkers import check
+from chaos.quorumsim import QuorumSim
 from tests.datadriven import check_file
 
 DIR = Path(__file__).resolve().parents[1] / "scenarios" / "consensus"
@@ -25,12 +25,12 @@ FILES = sorted(DIR.glob("*.txt"))
 
 class Driver:
     def __init__(self) -> None:
-        self.c: SimCluster | None = None
+        self.c: QuorumSim | None = None
         self.labels: dict[bytes, str] = {}
         self.seen_outcomes = 0
 
     @property
-    def cl(self) -> SimCluster:
+    def cl(self) -> QuorumSim:
         if self.c is None:
             raise ValueError("no cluster: the first command must be `cluster`")
         return self.c
@@ -46,11 +46,11 @@ class Driver:
 
     def do_cluster(self, pos: list[str], kw: dict[str, str]) -> str:
         cfg = ConsensusConfig(accept_timeout_ms=int(kw.get("timeout_ms", 50)), sync_interval_ms=int(kw.get("sync_ms", 0)))
-        self.c = SimCluster(int(kw["nodes"]), int(kw["voters"]), int(kw.get("seed", 1)), cfg)
+        self.c = QuorumSim(int(kw["nodes"]), int(kw["voters"]), int(kw.get("seed", 1)), cfg)
         return "voters: " + " ".join(self.c.voters)
 
     def do_propose(self, pos: list[str], kw: dict[str, str]) -> str:
-        from agent.consensus.simcluster import successor_table
+        from chaos.quorumsim import successor_table
 
         node = self.cl.nodes[pos[0]]
         t = successor_table(node.head, self.cl.rng)

@@ -11,11 +11,11 @@ import pytest
 from agent.config import ConsensusConfig
 from agent.consensus.paxos import MAX_ROUND, round0_owner
 from agent.consensus.signing import VoteSigner
-from agent.consensus.simcluster import SimCluster
-from agent.consensus.wire import table_to_pb
 from agent.security import write_dev_certs
 from chaos.checkers import check
+from chaos.quorumsim import QuorumSim
 from controlplane.table import RoutingTable
+from dataplane_shim.certify import table_to_pb
 from elasticmoe.v1 import consensus_pb2 as pb
 
 IDS = ["n00", "n01", "n02"]
@@ -30,9 +30,9 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return d, other
 
 
-def _cluster(certs: tuple[Path, Path] | None) -> SimCluster:
+def _cluster(certs: tuple[Path, Path] | None) -> QuorumSim:
     signers = {n: VoteSigner.from_cert_dir(certs[0], n) for n in IDS} if certs else None
-    c = SimCluster(3, 3, 5, ConsensusConfig(accept_timeout_ms=50, sync_interval_ms=0), signers=signers)
+    c = QuorumSim(3, 3, 5, ConsensusConfig(accept_timeout_ms=50, sync_interval_ms=0), signers=signers)
     c.run(0.1)
     c.propose(round0_owner(2, c.voters))
     c.run(0.3)
@@ -40,7 +40,7 @@ def _cluster(certs: tuple[Path, Path] | None) -> SimCluster:
     return c
 
 
-def _forge(c: SimCluster, phy_fill: int | None = None) -> pb.Commit:
+def _forge(c: QuorumSim, phy_fill: int | None = None) -> pb.Commit:
     """A commit of version 3 that no quorum voted for, naming two voters in its certificate."""
     head = c.nodes["n00"].head
     phy = head.phy2log.copy()
@@ -54,7 +54,7 @@ def _forge(c: SimCluster, phy_fill: int | None = None) -> pb.Commit:
     return pb.Commit(table=table_to_pb(t), qc=qc, proposer="n00")
 
 
-def _learn(c: SimCluster, commit: pb.Commit, to: str = "n02") -> pb.CommitAck:
+def _learn(c: QuorumSim, commit: pb.Commit, to: str = "n02") -> pb.CommitAck:
     r = c.nodes[to]._handle("mallory", "Consensus/Learn", commit)
     assert isinstance(r, pb.CommitAck)
     return r

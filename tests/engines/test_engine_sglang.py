@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from agent.cluster import ROOT
+from chaos.localcluster import ROOT
 
 pytestmark = pytest.mark.engine
 

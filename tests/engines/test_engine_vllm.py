@@ -24,7 +24,7 @@ import grpc
 import numpy as np
 import pytest
 
-from agent.cluster import ROOT, LocalCluster, free_ports
+from chaos.localcluster import ROOT, LocalCluster, free_ports
 from elasticmoe.v1 import admin_pb2, admin_pb2_grpc
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

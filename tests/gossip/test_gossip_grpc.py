@@ -14,9 +14,9 @@ import uvloop
 
 from agent.clock import RealClock
 from agent.gossip_node import GossipNode
-from agent.gossip_sim import profile_gossip
 from agent.membership import MemberStatus
 from agent.transport.grpc import GrpcTransport
+from chaos.gossipsim import profile_gossip
 
 N = 8
 SHAPE = (58, 256)  # DeepSeek-V3

@@ -17,7 +17,7 @@ import grpc
 import numpy as np
 import pytest
 
-from agent.cluster import LocalCluster
+from chaos.localcluster import LocalCluster
 from elasticmoe.v1 import admin_pb2, admin_pb2_grpc, dataplane_pb2_grpc
 from elasticmoe.v1 import dataplane_pb2 as dpb
 

@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 from agent.broadcasts import RumourQueue, retransmit_limit
 from agent.clock import FakeClock
 from agent.gossip_node import GossipNode
-from agent.gossip_sim import GossipSim, profile_gossip
 from agent.membership import MemberStatus, Suspicion
 from agent.transport import InvalidArgument
 from agent.transport.sim import SimNetwork
+from chaos.gossipsim import GossipSim, profile_gossip
 from elasticmoe.v1 import gossip_pb2 as pb
 
 # ---- rumour queue ---------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """Membership and load-gossip scenarios in etcd-raft `testdata` style (tests/scenarios/membership/*.txt).
 
 Each block is a command, a `----` line and the output it must print, then a blank line; `#` lines are
-comments. The first line of a file may be `# seed N` (default 0). Commands: see agent.gossip_sim.Scenario
+comments. The first line of a file may be `# seed N` (default 0). Commands: see chaos.gossipsim.Scenario
 (add-nodes, tick, run, partition, heal, crash, pause, resume, leave, loss, publish, stabilize, members,
 view, history, config). The format and EMOE_REWRITE=1: tests/datadriven.py.
 """
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.gossip_sim import Scenario
+from chaos.gossipsim import Scenario
 from tests.datadriven import check_file, parse, render
 
 DIR = Path(__file__).resolve().parents[1] / "scenarios" / "membership"

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from agent.consensus.signing import VoteSigner
-from agent.gossip_sim import GossipSim
 from agent.membership import MemberStatus
 from agent.security import write_dev_certs
+from chaos.gossipsim import GossipSim
 from elasticmoe.v1 import gossip_pb2 as gpb
 
 IDS = ["n1", "n2", "n3", "n4"]

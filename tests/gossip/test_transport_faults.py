@@ -8,8 +8,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.cluster import free_ports
 from agent.transport.faults import ENV, FaultFile, write_faults
+from chaos.localcluster import free_ports
 from elasticmoe.v1 import gossip_pb2 as gpb
 
 

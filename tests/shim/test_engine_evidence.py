@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.gossip_sim import GossipSim, profile_gossip
 from agent.membership import MemberStatus
 from agent.transport.sim import LinkSpec
+from chaos.gossipsim import GossipSim, profile_gossip
 from dataplane_shim.errors import BadInput
 from dataplane_shim.link import MAX_UNREACHABLE, check_load_report, make_load_report
 

@@ -1,6 +1,6 @@
 """A simulated consensus cluster for scenario tests and chaos schedules.
 
-`SimCluster` runs ConsensusNodes on agent.transport.sim.SimNetwork (seeded latency, loss, duplication,
+`QuorumSim` runs ConsensusNodes on agent.transport.sim.SimNetwork (seeded latency, loss, duplication,
 reordering, partitions, crashes) in virtual time, each node with a MemoryDisk that survives its crashes,
 and records a history of installs, accepts, proposals, crashes and recoveries for chaos/checkers.py.
 """
@@ -29,7 +29,7 @@ def cut_log(disk: MemoryDisk, records: int) -> tuple[int, ...]:
 
 
 @dataclass
-class Event:
+class HistoryEvent:
     """One entry of a recorded history (chaos/checkers.py reads these).
 
     kind: "install" (a node installed a commit), "accept" (a voter durably accepted `digest` at `ballot`;
@@ -77,7 +77,7 @@ def successor_table(head: RoutingTable, rng: random.Random) -> RoutingTable:
     raise RuntimeError(f"no successor found for table version {head.version}")
 
 
-class SimCluster:
+class QuorumSim:
     """`nodes` consensus nodes (`voters` of them, drawn from the seed, vote; all learn) on a SimNetwork,
     each with a MemoryDisk that survives crashes, recording a history for the checkers."""
 
@@ -97,16 +97,16 @@ class SimCluster:
         self.signers = signers or {}  # node id -> agent.consensus.signing.VoteSigner (mTLS clusters)
         self.nodes: dict[str, ConsensusNode] = {}
         self.incarnation = dict.fromkeys(self.ids, 0)
-        self.history: list[Event] = []
+        self.history: list[HistoryEvent] = []
         self.outcomes: list[tuple[str, Outcome]] = []
         self._seq = 0
         self._ops = 0
         for n in self.ids:
             self._boot(n)
 
-    def _ev(self, kind: str, node: str, **kw: Any) -> Event:
+    def _ev(self, kind: str, node: str, **kw: Any) -> HistoryEvent:
         self._seq += 1
-        e = Event(kind, node, self.clock.now(), self._seq, incarnation=self.incarnation[node], **kw)
+        e = HistoryEvent(kind, node, self.clock.now(), self._seq, incarnation=self.incarnation[node], **kw)
         self.history.append(e)
         return e
 

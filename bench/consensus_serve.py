@@ -1,6 +1,6 @@
 """A consensus-only process: one ConsensusNode (or EtcdBackend) on a grpc.aio server, on uvloop.
 
-    python -m agent.consensus.serve --node-id a0 --listen 127.0.0.1:7501 \
+    python -m bench.consensus_serve --node-id a0 --listen 127.0.0.1:7501 \
         --peers a0@127.0.0.1:7501,a1@127.0.0.1:7502,a2@127.0.0.1:7503 --data-dir /tmp/a0
 
 Runs until SIGTERM/SIGINT. With `--bench-versions N` it is the commit benchmark's worker (bench/commit.py):
@@ -28,8 +28,8 @@ from agent.clock import RealClock
 from agent.config import ClusterConfig, ConsensusConfig
 from agent.consensus.node import ConsensusNode, Outcome
 from agent.consensus.paxos import round0_owner
-from agent.consensus.simcluster import successor_table
 from agent.store import Store
+from chaos.quorumsim import successor_table
 from controlplane.table import RoutingTable, initial_table
 from controlplane.topology import Topology
 from elasticmoe.v1 import consensus_pb2 as pb
@@ -156,7 +156,7 @@ async def run(a: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m agent.consensus.serve", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.consensus_serve", description=__doc__.split("\n")[0])
     ap.add_argument("--node-id", required=True)
     ap.add_argument("--listen", required=True, help="host:port for this node's gRPC server")
     ap.add_argument("--peers", default="", help="node_id@host:port,... (the voters; this node may be listed)")
