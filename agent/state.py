@@ -11,6 +11,7 @@ import asyncio
 import logging
 import time
 import zlib
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,10 +33,13 @@ from agent.wire import make_plan, op_to_pb, plan_kind
 from controlplane.controller import (
     Controller,
     DecisionParams,
+    Explain,
     ManualProposal,
+    OpTransition,
     ProposalFailed,
     RanksLost,
     Ready,
+    Record,
     TableCommitted,
     WindowClosed,
 )
@@ -101,6 +105,7 @@ class NodeState(AdminView):
         self._table_waiters: list[asyncio.Future[None]] = []
         self._health = "STARTING"
         self.hooks = Hooks()
+        self.journal: deque[Record] = deque(maxlen=1024)  # the controller's proposal records and resolutions
         self._voters = list(cfg.consensus.voters) or sorted(cfg.seed_map) or [cfg.node_id]
         self.gossip: GossipNode | None = None
         self.consensus: CommitBackend | None = None
@@ -290,16 +295,27 @@ class NodeState(AdminView):
         return "" if turn is None or turn == self.node_id else turn
 
     def _perform(self, ready: Ready) -> None:
-        """Take the Ready, advance, then send. Ready.persist holds the controller's own proposal records: its
-        state is soft (after a restart it starts from the committed head), so they are not written; the
-        acceptor state that safety needs is persisted by consensus before any reply. Advancing before sending
-        keeps a re-entrant step (a proposal that fails at once) from seeing these proposals again."""
-        proposals = list(ready.proposals)
-        ex = self._controller.last_explain()
-        if ex is not None and not proposals:
-            self._latest_explain = apb.ExplainReply(version=0, trigger=str(getattr(ex, "trigger", "")),
-                                                    outcome=str(getattr(ex, "outcome", "no change")))
+        """Consume the controller's whole Ready in its contract's order (etcd-raft's): persist, advance, install,
+        report, send.
+        - persist: its proposal records and resolutions go to the decision journal. The controller's state is
+          soft (after a restart it starts from the committed head), so the journal is in memory; the acceptor
+          state that safety needs is persisted by the commit backend before any reply leaves;
+        - advance before sending: a re-entrant step (a proposal that fails at once) does not see these again;
+        - install: what the controller took as its new head must be the backend's (they learn commits together);
+        - report: its last Explain is what `emoe explain` shows for version 0; lifecycle moves are counted;
+        - send: each proposal goes to the commit backend."""
+        self.journal.extend(ready.persist)
+        proposals, installs, events = list(ready.proposals), list(ready.install), list(ready.events)
         self._controller.advance()
+        for t in installs:
+            if t.version > self._backend.head.version:
+                log.error("controller installed v%d beyond the committed head v%d", t.version, self._backend.head.version)
+        explains = [e for e in events if isinstance(e, Explain)]
+        if explains and not proposals:
+            self._latest_explain = apb.ExplainReply(version=0, trigger=explains[-1].trigger, outcome=explains[-1].outcome)
+        for e in events:
+            if isinstance(e, OpTransition):
+                self._telemetry.record_transition(e.kind, e.state)
         for decision in proposals:
             self._propose(decision)
 
@@ -384,14 +400,16 @@ class NodeState(AdminView):
     async def _submit(self, ops: tuple[Operation, ...], trigger: str, force: bool) -> Any:
         ready = self._controller.step(ManualProposal(ops, force))
         proposals = list(ready.proposals)
-        ex = self._controller.last_explain()
+        explains = [e for e in ready.events if isinstance(e, Explain)]
+        self.journal.extend(ready.persist)
         self._controller.advance()
         mine = [d for d in proposals if d.kind == "manual"]
         for d in proposals:
             if d not in mine:
                 self._propose(d)
         if not mine:
-            why = f"{getattr(ex, 'outcome', 'REFUSED')}: {getattr(ex, 'detail', '')}".rstrip(": ")
+            ex = explains[-1] if explains else None
+            why = f"{ex.outcome if ex else 'REFUSED'}: {ex.detail if ex else ''}".rstrip(": ")
             return None, f"{trigger} not proposed by the decision core: {why}"
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self._propose(mine[0], force=force, done=fut)

@@ -141,6 +141,9 @@ class Telemetry:
             "emoe.gossip.bytes", unit="By", description="bytes of load gossip sent and received")
         self._commit_latency = meter.create_histogram(
             "emoe.commit.latency", unit="ms", description="proposal to commit, per committed version")
+        self._transitions = meter.create_counter(
+            "emoe.decision.transitions", unit="{transition}",
+            description="decision lifecycle moves (PROPOSED, COMMITTED, ACTIVE, DONE, ROLLED_BACK, ...) by plan kind")
 
     # ---- construction ------------------------------------------------------------------------------
 
@@ -231,3 +234,6 @@ class Telemetry:
 
     def record_commit_latency(self, ms: float) -> None:
         self._commit_latency.record(float(ms))
+
+    def record_transition(self, kind: str, state: str) -> None:
+        self._transitions.add(1, {"kind": kind, "state": state})

@@ -67,3 +67,34 @@ def test_a_forged_member_claiming_a_live_nodes_rank_cannot_get_it_drained() -> N
     c.run(3.0)
     for n in c.up():
         assert victim in c.states[n].head().active_ranks, f"{n} drained rank {victim} of a live node"
+
+
+def test_the_node_consumes_the_whole_ready_in_order() -> None:
+    """NodeState takes every part of the controller's Ready: every proposal it made reaches the decision
+    journal, and its resolution after it."""
+    from controlplane.controller import ProposalRecord, Resolution
+
+    c = SimCluster(3, Shape(ranks_per_node=2, slots_per_rank=4), seed=6)
+    c.run(2.0)
+    st = c.states["n01"]
+    ok, why = _drain_restore(c, "n01", 0)
+    assert ok, why
+    recs = list(st.journal)
+    proposed = [r.version for r in recs if isinstance(r, ProposalRecord)]
+    resolved = {r.version: r.outcome for r in recs if isinstance(r, Resolution)}
+    assert len(proposed) >= 2 and set(proposed) <= set(resolved), recs  # every proposal ended, recorded
+    assert "COMMITTED" in resolved.values()
+    for i, r in enumerate(recs):  # each resolution comes after its proposal's record
+        if isinstance(r, Resolution):
+            assert any(isinstance(q, ProposalRecord) and q.version == r.version for q in recs[:i]), recs
+
+
+def test_lifecycle_moves_are_counted() -> None:
+    from agent.telemetry import Telemetry
+
+    tel = Telemetry.for_tests()
+    tel.record_transition("manual", "PROPOSED")
+    tel.record_transition("manual", "COMMITTED")
+    points = tel.metrics()["emoe.decision.transitions"]
+    assert {(p.attributes["kind"], p.attributes["state"]) for p in points} == {("manual", "PROPOSED"),
+                                                                              ("manual", "COMMITTED")}
