@@ -74,16 +74,20 @@ class VoteSigner:
 
     def check_claim(self, member: str, claim: bytes, cert_der: bytes, signature: bytes) -> str:
         """Why `claim` is not `member`'s own signed word, or ""."""
+        return self._check(member, cert_der, signature, _CLAIM_DOMAIN + claim, "claim signature")
+
+    def _check(self, name: str, cert_der: bytes, signature: bytes, signed: bytes, what: str) -> str:
+        """Why `signature` over `signed` is not by `name` under a certificate the cluster CA issued it, or ""."""
         try:
             cn, pub = self._voter_key(cert_der)
         except SignatureError as e:
-            return f"{member}: {e}"
-        if cn != member:
-            return f"{member}: signed with the certificate of {cn!r}"
+            return f"{name}: {e}"
+        if cn != name:
+            return f"{name}: signed with the certificate of {cn!r}"
         try:
-            pub.verify(signature, _CLAIM_DOMAIN + claim, ec.ECDSA(hashes.SHA256()))
+            pub.verify(signature, signed, ec.ECDSA(hashes.SHA256()))
         except InvalidSignature:
-            return f"{member}: claim signature does not verify"
+            return f"{name}: {what} does not verify"
         return ""
 
     def _voter_key(self, cert_der: bytes) -> tuple[str, ec.EllipticCurvePublicKey]:
@@ -115,17 +119,7 @@ class VoteSigner:
     def check_vote(self, voter: str, version: int, ballot: tuple[int, str], table_hash: bytes, cert_der: bytes,
                    signature: bytes) -> str:
         """Why this vote's signature does not verify, or ""."""
-        try:
-            cn, pub = self._voter_key(cert_der)
-        except SignatureError as e:
-            return f"{voter}: {e}"
-        if cn != voter:
-            return f"{voter}: signed with the certificate of {cn!r}"
-        try:
-            pub.verify(signature, accept_digest(version, ballot, table_hash), ec.ECDSA(hashes.SHA256()))
-        except InvalidSignature:
-            return f"{voter}: signature does not verify"
-        return ""
+        return self._check(voter, cert_der, signature, accept_digest(version, ballot, table_hash), "signature")
 
     def check_certificate(self, c: pb.Commit, voters: Iterable[str]) -> str:
         """Why `c`'s quorum certificate lacks verifiable signatures of the voters it names, or "". (Which voters
