@@ -74,6 +74,7 @@ class EtcdBackend:
         if self.store is not None:
             for c in self.store.open().commits:
                 self._adopt(c, persist=False)
+            self.store.settle_loss()  # a cut local log votes on nothing here: etcd holds the history
         self.running = True
         self._spawn(self._run())
 
