@@ -42,6 +42,11 @@ class Voter:
             return True, plan.verified_gain, "validity only (replay span not held here)"
         # replay only the windows since the last change of expert mix, as the proposer planned on them
         floor = max(0.0, min(self.params.tau, plan.verified_gain) - self.tolerance)
+        if plan_kind(plan) == "rollback":
+            # back to a parent the cluster committed and verified before: refused only if this node's replay
+            # shows it clearly worse (windows differ between nodes while members restart, and a refused
+            # rollback leaves in place a change that realised worse)
+            floor = -self.tolerance
         ok, gain, reason = verify_decision(head, proposed, replay, floor, drift_tv=self.params.drift_tv)
         return ok, gain, reason
 
