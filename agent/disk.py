@@ -63,6 +63,11 @@ def write_atomic(path: Path, data: bytes, tmp_suffix: str = ".tmp", sync: bool =
         fsync_dir(path.parent)
 
 
+def mark_path(log: Path) -> Path:
+    """Where the high-water mark of the log at `log` lives (agent.store)."""
+    return log.with_name(log.name + ".mark")
+
+
 class FileDisk:
     """A file opened for append; every append is write + fsync."""
 
@@ -75,7 +80,7 @@ class FileDisk:
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         if created and sync:  # make the new directory entry durable too
             fsync_dir(self.path.parent)
-        self.mark_path = self.path.with_name(self.path.name + ".mark")
+        self.mark_path = mark_path(self.path)
         self._mark_fd = -1
 
     def read_mark(self) -> bytes | None:

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
-from agent.disk import Disk, FileDisk, MemoryDisk, fsync_dir, write_atomic
+from agent.disk import Disk, FileDisk, MemoryDisk, fsync_dir, mark_path, write_atomic
 from elasticmoe.v1 import consensus_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -108,15 +108,19 @@ def _decode(kind: int, payload: bytes, rec: Recovered) -> str:
     return ""
 
 
-def high_water(log_path: str | Path) -> int | None:
-    """The high-water mark kept beside a log file (None: none, or unreadable)."""
-    try:
-        raw = Path(log_path).with_name(Path(log_path).name + ".mark").read_bytes()
-    except OSError:
-        return None
+def _parse_mark(raw: bytes) -> int | None:
+    """A high-water mark's value (None: not a mark)."""
     if len(raw) < _MARK.size or raw[:4] != _MARK_MAGIC:
         return None
     return int(_MARK.unpack_from(raw)[1])
+
+
+def high_water(log_path: str | Path) -> int | None:
+    """The high-water mark kept beside a log file (None: none, or unreadable)."""
+    try:
+        return _parse_mark(mark_path(Path(log_path)).read_bytes())
+    except OSError:
+        return None
 
 
 def parse(data: bytes) -> tuple[Recovered, int]:
@@ -228,13 +232,11 @@ class Store:
 
     def _read_high(self) -> int | None:
         raw = self._disk.read_mark()
-        if raw is None:
-            return None
-        if len(raw) < _MARK.size or raw[:4] != _MARK_MAGIC:
+        high = None if raw is None else _parse_mark(raw)
+        if raw is not None and high is None:
             log.warning("%s: unreadable high-water mark (%d bytes); not checking for a cut log this time",
                         self.where, len(raw))
-            return None
-        return int(_MARK.unpack_from(raw)[1])
+        return high
 
     def _write_high(self, sync: bool) -> None:
         try:

@@ -259,7 +259,7 @@ class DataPlane:
 
     def __init__(self, engines: list[Engine], genesis: RoutingTable, step_s: float = 0.05,
                  tokens_per_step: int = 32, seed: int = 0) -> None:
-        from chaos.tokens import Fabric, Retries, TokenStats
+        from chaos.tokens import Fabric, Retries, TokenStats, rank_shim
         from dataplane_shim.counters import DeviceCounters
         from dataplane_shim.shim import Shim
 
@@ -276,13 +276,7 @@ class DataPlane:
         self.shims: dict[int, Shim] = {}
         self.ranks: dict[int, list[int]] = {e.i: list(range(e.i * R, (e.i + 1) * R)) for e in engines}
         for g in range(topo.ranks):
-            mem = genesis.phy2log[:, g * S:(g + 1) * S].copy()  # weights loaded at boot for the genesis table
-            self.mem[g] = mem
-
-            def mover(layers: np.ndarray, slots: np.ndarray, experts: np.ndarray, mem: np.ndarray = mem) -> None:
-                mem[layers, slots] = experts
-
-            self.shims[g] = Shim(topo, g, genesis, counters=counters, mover=mover, wait_polls=0, poll_sleep_s=0.0)
+            self.shims[g], self.mem[g] = rank_shim(genesis, g, counters)
         self.retries = {g: Retries() for g in self.shims}
         self.fabric = Fabric(S, self.shims.get, self.mem.__getitem__, self.stats, time.monotonic)
 

@@ -10,7 +10,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from agent.store import parse
+from chaos.quorumsim import cut_point
 
 FILLER = "filler"
 
@@ -65,8 +65,7 @@ def cut_log(log: Path, records: int) -> int:
     if not log.exists():
         return 0
     data = log.read_bytes()
-    ends = parse(data)[0].ends
-    keep = ends[-records - 1] if len(ends) > records else 0
+    keep = cut_point(data, records)
     with log.open("r+b") as f:
         f.truncate(keep)
         os.fsync(f.fileno())

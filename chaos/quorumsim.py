@@ -21,10 +21,15 @@ from controlplane.topology import Topology
 from elasticmoe.v1 import consensus_pb2 as pb
 
 
+def cut_point(data: bytes, records: int) -> int:
+    """Where a log must end to lose its last `records` whole records (a cut at a record boundary)."""
+    ends = parse(data)[0].ends
+    return ends[-records - 1] if len(ends) > records else 0
+
+
 def cut_log(disk: MemoryDisk, records: int) -> tuple[int, ...]:
     """Cut `disk`'s log before its last `records` whole records; returns the committed versions it keeps."""
-    ends = parse(bytes(disk.data))[0].ends
-    del disk.data[ends[-records - 1] if len(ends) > records else 0:]
+    del disk.data[cut_point(bytes(disk.data), records):]
     return tuple(sorted(int(c.table.version) for c in parse(bytes(disk.data))[0].commits))
 
 

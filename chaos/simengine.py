@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.membership import Member, MemberStatus
-from chaos.tokens import Fabric, Retries, TokenStats, route_step
+from chaos.tokens import Fabric, Retries, TokenStats, rank_shim, route_step
 from controlplane.table import RoutingTable
 from dataplane_shim.link import make_load_report
 from dataplane_shim.shim import Shim
@@ -44,14 +44,7 @@ class NodeEngine:
         S = cluster.topo.slots_per_rank
         self.shims: dict[int, Shim] = {}
         for g in ranks:
-            mem = head.phy2log[:, g * S:(g + 1) * S].copy()  # weights loaded at boot for its table
-            cluster.mem[g] = mem
-
-            def mover(layers: I64, slots: I64, experts: I64, mem: I64 = mem) -> None:
-                mem[layers, slots] = experts
-
-            self.shims[g] = Shim(cluster.topo, g, head, counters=cluster.counters, mover=mover, wait_polls=0,
-                                 poll_sleep_s=0.0)
+            self.shims[g], cluster.mem[g] = rank_shim(head, g, cluster.counters)
         self.dead_ranks: set[int] = set()
         self.retry = {g: Retries() for g in ranks}
         self.fabric = Fabric(S, cluster.shim_of, lambda d: cluster.mem[d], cluster.tokens, cluster.clock.now)

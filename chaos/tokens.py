@@ -18,6 +18,8 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from controlplane.table import RoutingTable
+from dataplane_shim.counters import DeviceCounters
 from dataplane_shim.shim import Shim
 
 I64 = npt.NDArray[np.int64]
@@ -48,6 +50,18 @@ class Fabric:
     memory_of: Callable[[int], I64]
     stats: TokenStats
     now: Callable[[], float]
+
+
+def rank_shim(table: RoutingTable, rank: int, counters: DeviceCounters) -> tuple[Shim, I64]:
+    """A rank's shim booted on `table`, and its real expert memory [L, S] (loaded for `table`, then written
+    only by the shim's mover)."""
+    S = table.topology.slots_per_rank
+    mem = table.phy2log[:, rank * S:(rank + 1) * S].copy()
+
+    def mover(layers: I64, slots: I64, experts: I64) -> None:
+        mem[layers, slots] = experts
+
+    return Shim(table.topology, rank, table, counters=counters, mover=mover, wait_polls=0, poll_sleep_s=0.0), mem
 
 
 def deliver(fab: Fabric, src: int, shim: Shim, layer: int, experts: I64, age: I64, count: bool,
