@@ -267,7 +267,7 @@ class NodeState(AdminView):
         if not lost or self.controller is None:
             return
         log.warning("node %s declared dead: ranks %s lost, proposing repair", m.node_id, list(lost))
-        self._perform(self.controller.step(RanksLost(lost)))
+        self._perform(self.controller.step(RanksLost(lost, self._planner(self._window_seq + 1))))
 
     def _close_window(self, seq: int, total: npt.NDArray[np.uint64]) -> None:
         for h in self.hooks.window_closed:

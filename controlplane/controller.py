@@ -83,9 +83,11 @@ class ManualProposal:
 
 @dataclass(frozen=True)
 class RanksLost:
-    """Ranks found dead (membership): drain them and re-home their lone experts."""
+    """Ranks found dead (membership): drain them and re-home their lone experts. `planner`: as in WindowClosed,
+    the node whose turn it is when it is another one (that node repairs at once; this one waits a window)."""
 
     ranks: tuple[int, ...]
+    planner: str = ""
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,7 @@ class Controller:
         self._life = Lifecycle()
         self._observe: _Observation | None = None
         self._rollback_due: _Observation | None = None
+        self._waiting_since: int | None = None  # the window a repair or rollback began waiting for its planner
         self._cool_until = np.full((head.layers, head.experts), -1, dtype=np.int64)
         self._lost: set[int] = set()
         self._paused = False
@@ -211,7 +214,7 @@ class Controller:
             self._on_manual(event)
         elif isinstance(event, RanksLost):
             self._lost |= {int(r) for r in event.ranks if int(r) in self.head.active_ranks}
-            self._propose_pending()
+            self._propose_pending(event.planner)
         elif isinstance(event, SetPaused):
             self._paused = event.paused
             self._note("", DecisionOutcome.PAUSED if event.paused else DecisionOutcome.RESUMED)
@@ -244,7 +247,7 @@ class Controller:
         self._imbalance = rep.imbalance
         self._ready.events.append(rep)
         self._observe_window()
-        if self._propose_pending():
+        if self._propose_pending(ev.planner):
             return
         p = self.params
         count = self.monitor.budget.count
@@ -307,6 +310,7 @@ class Controller:
                 o.life = o.life.to(OpState.EXPIRED, EndReason.SUPERSEDED)
                 self._ready.events.append(OpTransition(o.version, "rebalance", o.life.state, o.life.reason))
             self._observe = self._rollback_due = None
+        self._waiting_since = None
         self.head = t
         self._ready.install.append(t)
         self._lost &= set(t.active_ranks)
@@ -333,10 +337,23 @@ class Controller:
         self._attempt(a, a.decision.trigger if a.decision else "manual")
 
     # ---- proposing ---------------------------------------------------------------------------
-    def _propose_pending(self) -> bool:
-        """Repair, then a due rollback, when nothing is in flight; True if one of them was attempted."""
-        if self._inflight is not None:
+    def _propose_pending(self, planner: str) -> bool:
+        """Repair, then a due rollback, when nothing is in flight; True if one of them was attempted or waits.
+        Every node sees the same rank loss or due rollback at about the same time, and when all of them propose
+        at once their ballots duel (at 64 nodes a rollback landed seconds late this way). So the node whose turn
+        it is (`planner` empty) proposes at once; another waits one window, then proposes if nothing has
+        committed meanwhile (the planner may be down, or see it otherwise)."""
+        if self._inflight is not None or not (self._lost or self._rollback_due):
             return False
+        seq = self.monitor.last_seq if self.monitor.last_seq is not None else -1
+        if planner and (self._waiting_since is None or seq <= self._waiting_since):
+            if self._waiting_since is None:
+                self._waiting_since = seq
+            what = "repair" if self._lost else "rollback"
+            self._note(what, DecisionOutcome.NOT_DESIGNATED,
+                       f"{planner} proposes the {what}; this node waits until window {self._waiting_since + 1} closes")
+            return True
+        self._waiting_since = None
         if self._lost:
             lost = sorted(self._lost)
             a = repair(self.head, lost, self.monitor.buffer, self.params)

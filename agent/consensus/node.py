@@ -29,6 +29,7 @@ from agent.consensus.recovery import RecoveryMixin
 from agent.consensus.signing import VoteSigner
 from agent.store import Store, StoreFailed
 from agent.transport import Transport
+from agent.wire import plan_kind
 from controlplane.errors import InvalidTable
 from controlplane.table import RoutingTable
 from dataplane_shim.certify import TableWireError, table_from_pb, table_to_pb
@@ -298,7 +299,11 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
         except Exception as e:  # a verifier bug must not take the acceptor down; it votes no and says why
             log.exception("verifier raised on version %d", p.version)
             return False, 0.0, f"verifier raised {type(e).__name__}: {e}"
-        if ok and p.plan.verified_gain - gain > self.cfg.verify_tolerance:
+        # A rollback returns to a parent the cluster committed and verified before: the verifier refuses it only
+        # when this node's own replay shows it clearly worse, and its gain need not match the proposer's (the
+        # nodes' windows differ while members restart, and a refused rollback leaves a change that realised
+        # worse in place)
+        if ok and plan_kind(p.plan) != "rollback" and p.plan.verified_gain - gain > self.cfg.verify_tolerance:
             return False, gain, (f"replay gain {gain:.4f} is below the proposer's {p.plan.verified_gain:.4f} "
                                  f"by more than verify_tolerance {self.cfg.verify_tolerance}")
         return ok, gain, why

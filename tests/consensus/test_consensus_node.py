@@ -85,6 +85,21 @@ def test_tolerance_against_the_proposers_gain() -> None:
     assert "verify_tolerance" in outs[0].reason
 
 
+def test_a_rollback_is_not_held_to_the_proposers_gain() -> None:
+    """A rollback returns to a committed parent: voters whose own replay shows a smaller gain than the
+    proposer's (their windows differ while members restart) still accept it (64-node sim, seed 1000141: the
+    first rollback was refused this way and the second landed past I6's deadline)."""
+    c = cluster(seed=6)
+    for n in c.ids:
+        c.nodes[n].verifier = lambda head, t, plan: (True, 0.01, "")
+    owner = round0_owner(2, c.voters)
+    node = c.nodes[owner]
+    outs: list[Outcome] = []
+    node.propose(successor_table(node.head, c.rng), pb.Plan(verified_gain=0.2, kind=pb.PLAN_ROLLBACK), outs.append)
+    c.run(1.0)
+    assert len(outs) == 1 and outs[0].committed, outs[0].reason
+
+
 def test_learn_with_a_bad_certificate_changes_nothing() -> None:
     c = cluster()
     commit_next(c)

@@ -216,6 +216,35 @@ def test_lost_ranks_are_repaired_first() -> None:
 
 
 
+def test_a_repair_or_rollback_waits_a_window_for_the_node_whose_turn_it_is() -> None:
+    """All nodes see a rank loss or a due rollback at once; only the planner proposes at once, the others a
+    window later if nothing committed (64 proposers dueled a rollback past I6's deadline, seed 1000141)."""
+    c, head = setup()
+    feed(c, 0, windows(4, 1)[0])
+    c.advance()
+    r = c.step(RanksLost((3,), planner="n1"))
+    assert not r.proposals and c.last_explain().outcome == "NOT_DESIGNATED"  # type: ignore[union-attr]
+    c.advance()
+    r = c.step(WindowClosed(1, W, windows(4, 2)[1], planner="n1"))
+    assert len(r.proposals) == 1 and r.proposals[0].kind == "repair"  # the planner did not repair: this one does
+
+    c, head = setup(rollback_windows=2, theta=50.0)
+    ws = windows(3, 10)
+    bad = apply_ops(head, [Migrate(0, 5, 2, 0), Migrate(1, 5, 2, 0)])
+    c.step(TableCommitted(bad))
+    c.advance()
+    c.step(WindowClosed(0, 0, ws[0], planner="n1"))
+    c.advance()
+    r = c.step(WindowClosed(1, W, ws[1], planner="n1"))  # the rollback is due: n1 proposes it
+    assert not r.proposals and c.last_explain().outcome == "NOT_DESIGNATED"  # type: ignore[union-attr]
+    c.advance()
+    rolled = apply_ops(bad, [Migrate(0, 5, 0, 2), Migrate(1, 5, 0, 2)])
+    c.step(TableCommitted(rolled))  # n1's rollback commits: nothing left to do here
+    c.advance()
+    r = c.step(WindowClosed(2, 2 * W, ws[2], planner="n1"))
+    assert not r.proposals and c.state == "idle"
+
+
 def test_after_a_repair_one_window_above_theta_plans() -> None:
     """A rank loss is a drift of its own: the first window above theta after the repair plans at once,
     where it would otherwise wait for budget_windows (2) windows."""
