@@ -1,7 +1,8 @@
 """Agent side of the local link: the `elasticmoe.v1.DataplaneLink` servicer on a unix socket.
 
 `WatchTables(from_version)` streams every certified commit newer than `from_version` from a
-`TableSource`, then each new one as it commits; `ReportLoad` hands each well-formed `LoadReport` to the
+`TableSource`, then each new one as it commits, and tells `presence` (agent.ranklink) when a rank's stream
+opens and when it ends (the rank's process left); `ReportLoad` hands each well-formed `LoadReport` to the
 sink. A malformed report (shape, byte length, or one the sink refuses with ValueError) ends the stream
 with INVALID_ARGUMENT and the reason; reports before it were delivered, the bad one changed nothing.
 """
@@ -13,6 +14,7 @@ from typing import Protocol
 
 import grpc
 
+from agent.ranklink import RankPresence
 from dataplane_shim.link import check_load_report
 from elasticmoe.v1 import consensus_pb2 as cpb
 from elasticmoe.v1 import dataplane_pb2 as dpb
@@ -20,7 +22,11 @@ from elasticmoe.v1 import dataplane_pb2_grpc as dgrpc
 
 
 class TableSource(Protocol):
-    """Committed tables, in version order. (The servicer needs only these two; a `head()` is not used.)"""
+    """Committed tables, in version order."""
+
+    def head_version(self) -> int:
+        """The committed head's version (the genesis table's, 1, has no commit record to send)."""
+        ...
 
     def commits_since(self, version: int) -> list[cpb.Commit]:
         """Certified commits with table.version > version, ascending."""
@@ -36,8 +42,8 @@ LoadSink = Callable[[dpb.LoadReport], None]
 
 class DataplaneLinkServicer(dgrpc.DataplaneLinkServicer):
     def __init__(self, source: TableSource, sink: LoadSink, *, layers: int | None = None,
-                 experts: int | None = None) -> None:
-        self.source, self.sink = source, sink
+                 experts: int | None = None, presence: RankPresence | None = None) -> None:
+        self.source, self.sink, self.presence = source, sink, presence
         self.layers, self.experts = layers, experts
         self.accepted = 0
         self.rejected = 0
@@ -46,12 +52,21 @@ class DataplaneLinkServicer(dgrpc.DataplaneLinkServicer):
         self, request: dpb.WatchTablesRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[dpb.TableUpdate]:
         v = request.from_version
-        while True:
-            for c in self.source.commits_since(v):
-                if c.table.version > v:
-                    yield dpb.TableUpdate(commit=c)
-                    v = c.table.version
-            await self.source.wait_for_newer(v)
+        ranks = list(request.ranks)
+        if self.presence is not None:
+            self.presence.attach(ranks)
+        try:
+            while True:
+                for c in self.source.commits_since(v):
+                    if c.table.version > v:
+                        yield dpb.TableUpdate(commit=c)
+                        v = c.table.version
+                # versions up to the head without a commit record to send (the genesis table) are not waited for
+                # (a stream from version 0 waited for "newer than 0" forever at once: a busy loop in the agent)
+                await self.source.wait_for_newer(max(v, self.source.head_version()))
+        finally:  # the client went away (its process exited, or it closed the stream), or this server stops
+            if self.presence is not None:
+                self.presence.detach(ranks)
 
     async def ReportLoad(  # noqa: N802
         self, request_iterator: AsyncIterator[dpb.LoadReport], context: grpc.aio.ServicerContext
@@ -74,13 +89,13 @@ class DataplaneLinkServicer(dgrpc.DataplaneLinkServicer):
 
 
 async def serve_unix(path: str, source: TableSource, sink: LoadSink, *, layers: int | None = None,
-                     experts: int | None = None) -> grpc.aio.Server:
+                     experts: int | None = None, presence: RankPresence | None = None) -> grpc.aio.Server:
     """Start a grpc.aio server for the link on `unix:{path}`; the caller stops it."""
     from agent.decode_guard import DecodeGuardInterceptor
 
     server = grpc.aio.server(interceptors=[DecodeGuardInterceptor()])
     dgrpc.add_DataplaneLinkServicer_to_server(  # type: ignore[no-untyped-call]
-        DataplaneLinkServicer(source, sink, layers=layers, experts=experts), server)
+        DataplaneLinkServicer(source, sink, layers=layers, experts=experts, presence=presence), server)
     server.add_insecure_port(f"unix:{path}")
     await server.start()
     return server

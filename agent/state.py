@@ -21,12 +21,12 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
-from agent.adminview import AdminView
 from agent.commit import CommitBackend
 from agent.config import AgentConfig
 from agent.consensus.paxos import planner_turn
 from agent.consensus.proposer import Outcome
 from agent.loadpath import ClusterWindows, LoadReportError, LocalWindows
+from agent.manual import ManualPath
 from agent.membership import Member, MemberStatus
 from agent.voter import Voter
 from agent.wire import make_plan, op_to_pb, plan_kind
@@ -34,7 +34,6 @@ from controlplane.controller import (
     Controller,
     DecisionParams,
     Explain,
-    ManualProposal,
     OpTransition,
     ProposalFailed,
     RanksLost,
@@ -44,9 +43,8 @@ from controlplane.controller import (
     WindowClosed,
 )
 from controlplane.decision import Decision
-from controlplane.errors import ControlPlaneError
 from controlplane.load import table_step_imbalance
-from controlplane.ops import Operation, apply_ops, describe
+from controlplane.ops import describe
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
 from elasticmoe.v1 import admin_pb2 as apb
@@ -56,6 +54,7 @@ from elasticmoe.v1 import dataplane_pb2 as dpb
 if TYPE_CHECKING:
     from agent.clock import Clock
     from agent.gossip_node import GossipNode
+    from agent.ranklink import RankPresence
     from agent.store import Store
     from agent.telemetry import Telemetry
     from agent.transport import Transport
@@ -74,7 +73,7 @@ class Hooks:
     proposing: list[Callable[[RoutingTable], Callable[[Outcome], None]]] = field(default_factory=list)
 
 
-class NodeState(AdminView):
+class NodeState(ManualPath):
     """One node. The real process passes nothing and gets a RealClock, GrpcTransport and file Store; the
     in-process simulator injects a FakeClock-driven clock, a SimTransport and an in-memory Store."""
 
@@ -105,6 +104,8 @@ class NodeState(AdminView):
         self._table_waiters: list[asyncio.Future[None]] = []
         self._health = "STARTING"
         self.hooks = Hooks()
+        self.presence: RankPresence | None = None  # this node's engine ranks on the local link (serve_shim)
+        self._tasks: set[asyncio.Future[Any]] = set()
         self.journal: deque[Record] = deque(maxlen=1024)  # the controller's proposal records and resolutions
         self._voters = list(cfg.consensus.voters) or sorted(cfg.seed_map) or [cfg.node_id]
         self.gossip: GossipNode | None = None
@@ -188,6 +189,8 @@ class NodeState(AdminView):
     def stop(self, graceful: bool = True) -> None:
         """Leave the cluster (graceful: peers learn at once instead of by suspicion) and stop the protocols."""
         self._health = "NOT_SERVING"
+        if self.presence is not None:
+            self.presence.close()
         if self.gossip is not None:
             if graceful:
                 self.gossip.leave()
@@ -205,9 +208,23 @@ class NodeState(AdminView):
             self.telemetry.shutdown()
 
     async def serve_shim(self, path: str) -> grpc.aio.Server:
+        """The local link for this node's engine ranks; a rank whose process leaves (its link closes) is lost
+        first-hand, in milliseconds (agent.ranklink), and restored when it attaches again."""
+        from agent.ranklink import RankPresence
         from agent.shim_link import serve_unix
 
-        return await serve_unix(path, self, self.on_load_report)
+        def back(ranks: tuple[int, ...]) -> None:
+            for r in ranks:
+                if r not in self.head().active_ranks:
+                    log.warning("rank %d: its engine process attached again: restoring it", r)
+                    t = asyncio.ensure_future(self.restore(r))
+                    self._tasks.add(t)
+                    t.add_done_callback(self._tasks.discard)
+
+        if self.clock is None:
+            raise RuntimeError(f"{self.node_id}: serve_shim() before start()")
+        self.presence = RankPresence(self.clock, self._my_ranks(), lambda r: self._lose_ranks(r, "", "link"), back)
+        return await serve_unix(path, self, self.on_load_report, presence=self.presence)
 
     # ---- shim link: TableSource + load sink ---------------------------------------------------
     def head_version(self) -> int:
@@ -263,11 +280,16 @@ class NodeState(AdminView):
                                         and o.status == MemberStatus.ALIVE
                                         for g in o.ranks}
         claimed = set(m.ranks) & set(self.head().active_ranks)
-        lost = tuple(sorted(claimed - held))
-        if not lost or self.controller is None:
-            return
-        log.warning("node %s declared dead: ranks %s lost, proposing repair", m.node_id, list(lost))
-        self._perform(self.controller.step(RanksLost(lost, self._planner(self._window_seq + 1))))
+        self._lose_ranks(tuple(sorted(claimed - held)), self._planner(self._window_seq + 1), f"node {m.node_id}")
+
+    def _lose_ranks(self, ranks: tuple[int, ...], planner: str, why: str) -> None:
+        """Repair `ranks` (those active in the head): `planner` proposes at once, this node a window later unless
+        it is the planner ('') (the link's first-hand evidence: no other node knows yet)."""
+        lost = tuple(r for r in ranks if r in self.head().active_ranks)
+        if lost and self.controller is not None:
+            log.warning("ranks %s lost (%s): repairing", list(lost), "their engine process left" if why == "link"
+                        else f"{why} declared dead")
+            self._perform(self.controller.step(RanksLost(lost, planner)))
 
     def _close_window(self, seq: int, total: npt.NDArray[np.uint64]) -> None:
         for h in self.hooks.window_closed:
@@ -396,54 +418,3 @@ class NodeState(AdminView):
 
     def head(self) -> RoutingTable:
         return self._backend.head
-
-    async def _submit(self, ops: tuple[Operation, ...], trigger: str, force: bool) -> Any:
-        ready = self._controller.step(ManualProposal(ops, force))
-        proposals = list(ready.proposals)
-        explains = [e for e in ready.events if isinstance(e, Explain)]
-        self.journal.extend(ready.persist)
-        self._controller.advance()
-        mine = [d for d in proposals if d.kind == "manual"]
-        for d in proposals:
-            if d not in mine:
-                self._propose(d)
-        if not mine:
-            ex = explains[-1] if explains else None
-            why = f"{ex.outcome if ex else 'REFUSED'}: {ex.detail if ex else ''}".rstrip(": ")
-            return None, f"{trigger} not proposed by the decision core: {why}"
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._propose(mine[0], force=force, done=fut)
-        return await asyncio.wait_for(fut, timeout=20.0), ""
-
-    async def propose_manual(self, ops: tuple[Operation, ...], force: bool) -> apb.ProposeReply:
-        try:
-            apply_ops(self.head(), ops).validate()
-        except ControlPlaneError as e:
-            return apb.ProposeReply(committed=False, reason=str(e))
-        outcome, why = await self._submit(ops, "manual", force)
-        if outcome is None:
-            return apb.ProposeReply(committed=False, reason=why)
-        return apb.ProposeReply(committed=bool(outcome.committed), version=int(outcome.version),
-                                reason=str(outcome.reason or ""))
-
-    async def _elastic(self, ops_fn: Any, what: str) -> apb.AdminAck:
-        from controlplane.elastic import DrainRefused
-
-        try:
-            ops = ops_fn()
-        except DrainRefused as e:
-            return apb.AdminAck(ok=False, reason=str(e), version=self.head().version)
-        outcome, why = await self._submit(ops, what, True)
-        if outcome is None:
-            return apb.AdminAck(ok=False, reason=why, version=self.head().version)
-        return apb.AdminAck(ok=bool(outcome.committed), reason=str(outcome.reason or what), version=int(outcome.version))
-
-    async def drain(self, rank: int) -> apb.AdminAck:
-        from controlplane.elastic import plan_drain
-
-        return await self._elastic(lambda: plan_drain(self.head(), rank, self.cluster_load()), f"drain r{rank}")
-
-    async def restore(self, rank: int) -> apb.AdminAck:
-        from controlplane.elastic import plan_restore
-
-        return await self._elastic(lambda: plan_restore(self.head(), rank), f"restore r{rank}")

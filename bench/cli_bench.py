@@ -50,9 +50,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="a stability profile (emoe profile) as the elastic planner's prior (default: none)")
     p.add_argument("--kill-rank", action="append", default=[], metavar="R@STEP",
                    help="rank R dies at STEP (repeatable): recovery, delayed and dropped tokens per policy")
-    p.add_argument("--detect-s", type=float, default=2.477,
-                   help="membership's time to declare a dead node (default 2.477 s: detect_p99_s of "
-                        "python -m bench.detect --nodes 64); converted to steps with the step-time model")
+    p.add_argument("--detect-s", type=float, default=0.26,
+                   help="time until a killed rank is known lost (default 0.26 s: its process died, its node's agent "
+                        "saw its local link close, detect_p99_ms of python -m bench.rankexit; a whole node's death "
+                        "is found by membership: 2.477 s, detect_p99_s of python -m bench.detect --nodes 64); "
+                        "converted to steps with the step-time model")
     p.add_argument("--detect-steps", type=int, default=None, help="detection delay in steps (overrides --detect-s)")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-progress", action="store_true")

@@ -5,8 +5,8 @@ Model (the same for every policy; what differs is how each reacts):
   its slowest *live* rank; the mean is over live ranks). Its senders' share of the batch is kept as demand.
 - a token-expert pair routed to a slot on a dead rank is not served. Policies that run this project's shim
   (`elastic`) never send it: before detection the shim's dispatch waits on the dead peer's version counter
-  (bounded) and holds the pair; once membership declares the node dead (`detect` steps after the kill) the
-  shim masks the rank at once, so pairs of experts that still have a replica go there, and pairs of experts
+  (bounded) and holds the pair; once the rank is known lost (`detect` steps after the kill: its own agent
+  sees its local link close, or membership declares its whole node dead) the shim masks the rank at once, so pairs of experts that still have a replica go there, and pairs of experts
   whose only replicas were on R stay held until the repair table lands. Held pairs are `delayed` (with their
   delay in steps), or `dropped` if the trace ends first. A held pair adds no load when it is finally served
   (a small under-count of the repair's load, the same direction for every holding policy).

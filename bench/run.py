@@ -238,10 +238,13 @@ class BenchConfig:
     copy_share: float = 0.5
     elastic_params: dict[str, Any] = field(default_factory=dict)
     kills: tuple[Kill, ...] = ()
-    # membership's time to declare a crashed node dead: detect_p99_s of `python -m bench.detect --nodes 64
-    # --json` (SWIM + Lifeguard, lan profile, 5% loss): 2.477 s. Converted to steps with the step-time model
-    # (the trailing-W mean step time at the kill) unless detect_steps is given.
-    detect_s: float = 2.477
+    # the time until the killed rank is known lost: a rank's process dies while its node's agent lives, and
+    # that agent sees the rank's local link close (agent.ranklink): detect_p99_ms of `python -m bench.rankexit
+    # --json`, 0.26 s (0.25 s of it the reconnect grace). A whole node's death is found by membership instead:
+    # detect_p99_s of `python -m bench.detect --nodes 64 --json` (SWIM + Lifeguard, lan, 5% loss), 2.477 s.
+    # Converted to steps with the step-time model (the trailing-W mean step time at the kill) unless
+    # detect_steps is given.
+    detect_s: float = 0.26
     detect_steps: int | None = None
     initial: str = "static"  # every policy's boot placement: "static" or "eplb:SPEC" (fitted on initial_totals)
     initial_totals: npt.NDArray[np.int64] | None = None  # [L, E] for "eplb:SPEC"

@@ -37,6 +37,9 @@ class _Source:
     def __init__(self, commits: list[pb.Commit]) -> None:
         self.commits = commits
 
+    def head_version(self) -> int:
+        return max((c.table.version for c in self.commits), default=1)
+
     def commits_since(self, version: int) -> list[pb.Commit]:
         return [c for c in self.commits if c.table.version > version]
 

@@ -190,7 +190,7 @@ def test_watch_tables_from_beyond_the_head_streams_nothing(loop: asyncio.Abstrac
 @pytest.mark.asyncio
 async def test_malformed_report_bytes_get_invalid_argument(tmp_path: Path) -> None:
     got: list[dpb.LoadReport] = []
-    src = type("S", (), {"commits_since": lambda self, v: [], "wait_for_newer": lambda self, v: asyncio.sleep(3600)})()
+    src = type("S", (), {"head_version": lambda self: 1, "commits_since": lambda self, v: [], "wait_for_newer": lambda self, v: asyncio.sleep(3600)})()
     sock = str(tmp_path / "shim.sock")
     srv = await serve_unix(sock, src, got.append, layers=LAYERS, experts=8)
     try:

@@ -36,6 +36,9 @@ class Source:
     def head(self) -> int:
         return self.commits[-1].table.version if self.commits else 0
 
+    def head_version(self) -> int:
+        return self.head()
+
     def commits_since(self, version: int) -> list[cpb.Commit]:
         return [c for c in self.commits if c.table.version > version]
 
@@ -71,6 +74,37 @@ async def test_watch_tables_catches_up_then_streams_new_commits(served: tuple[st
         await stream.aclose()
     assert seen == [2, 3, 4]
     assert table_from_commit(src.commits[-1], TOPO).version == 4  # what arrives is certified
+
+
+@pytest.mark.asyncio
+async def test_a_watch_from_before_genesis_waits_instead_of_spinning(tmp_path: object) -> None:
+    """The genesis table (v1) has no commit record: a stream from version 0 must wait for v2, not ask again and
+    again (it did: every wait for "newer than 0" returned at once, a busy loop in the agent)."""
+    class Genesis(Source):
+        calls = 0
+
+        def head(self) -> int:  # the agent's head is genesis (v1) before any commit
+            return max(1, super().head())
+
+        def commits_since(self, version: int) -> list[cpb.Commit]:
+            Genesis.calls += 1
+            return super().commits_since(version)
+
+    d = tempfile.mkdtemp(prefix="emoe-")
+    path = os.path.join(d, "shim.sock")
+    src = Genesis()
+    server = await serve_unix(path, src, lambda r: None, layers=2, experts=4)
+    try:
+        async with ShimLink(path, shim_id="r0") as link:
+            stream = link.watch_tables(0)
+            first = asyncio.ensure_future(anext(stream))
+            await asyncio.sleep(0.5)
+            assert Genesis.calls <= 2 and not first.done()
+            src.commit(2)
+            assert (await asyncio.wait_for(first, 5)).table.version == 2
+            await stream.aclose()
+    finally:
+        await server.stop(None)
 
 
 @pytest.mark.asyncio

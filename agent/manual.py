@@ -1,0 +1,78 @@
+"""The operator's path into the decision core (Admin Propose, Drain, Restore; a rank back on the local link is
+restored the same way): the operations go through the controller's manual event, so that what it refuses
+is refused with its own reason, and the node's proposal is awaited. Mixed into NodeState."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any
+
+from agent.adminview import AdminView
+from controlplane.controller import Controller, Explain, ManualProposal, Record
+from controlplane.decision import Decision
+from controlplane.errors import ControlPlaneError
+from controlplane.ops import Operation, apply_ops
+from elasticmoe.v1 import admin_pb2 as apb
+
+
+class ManualPath(AdminView):
+    journal: deque[Record]  # the controller's proposal records and resolutions
+
+    @property
+    def _controller(self) -> Controller:
+        raise NotImplementedError
+
+    def _propose(self, decision: Decision, force: bool = False, done: asyncio.Future[Any] | None = None) -> None:
+        raise NotImplementedError
+
+    async def _submit(self, ops: tuple[Operation, ...], trigger: str, force: bool) -> Any:
+        ready = self._controller.step(ManualProposal(ops, force))
+        proposals = list(ready.proposals)
+        explains = [e for e in ready.events if isinstance(e, Explain)]
+        self.journal.extend(ready.persist)
+        self._controller.advance()
+        mine = [d for d in proposals if d.kind == "manual"]
+        for d in proposals:
+            if d not in mine:
+                self._propose(d)
+        if not mine:
+            ex = explains[-1] if explains else None
+            why = f"{ex.outcome if ex else 'REFUSED'}: {ex.detail if ex else ''}".rstrip(": ")
+            return None, f"{trigger} not proposed by the decision core: {why}"
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._propose(mine[0], force=force, done=fut)
+        return await asyncio.wait_for(fut, timeout=20.0), ""
+
+    async def propose_manual(self, ops: tuple[Operation, ...], force: bool) -> apb.ProposeReply:
+        try:
+            apply_ops(self.head(), ops).validate()
+        except ControlPlaneError as e:
+            return apb.ProposeReply(committed=False, reason=str(e))
+        outcome, why = await self._submit(ops, "manual", force)
+        if outcome is None:
+            return apb.ProposeReply(committed=False, reason=why)
+        return apb.ProposeReply(committed=bool(outcome.committed), version=int(outcome.version),
+                                reason=str(outcome.reason or ""))
+
+    async def _elastic(self, ops_fn: Any, what: str) -> apb.AdminAck:
+        from controlplane.elastic import DrainRefused
+
+        try:
+            ops = ops_fn()
+        except DrainRefused as e:
+            return apb.AdminAck(ok=False, reason=str(e), version=self.head().version)
+        outcome, why = await self._submit(ops, what, True)
+        if outcome is None:
+            return apb.AdminAck(ok=False, reason=why, version=self.head().version)
+        return apb.AdminAck(ok=bool(outcome.committed), reason=str(outcome.reason or what), version=int(outcome.version))
+
+    async def drain(self, rank: int) -> apb.AdminAck:
+        from controlplane.elastic import plan_drain
+
+        return await self._elastic(lambda: plan_drain(self.head(), rank, self.cluster_load()), f"drain r{rank}")
+
+    async def restore(self, rank: int) -> apb.AdminAck:
+        from controlplane.elastic import plan_restore
+
+        return await self._elastic(lambda: plan_restore(self.head(), rank), f"restore r{rank}")

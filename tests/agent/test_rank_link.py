@@ -1,0 +1,144 @@
+"""A rank's engine process leaving is known first-hand by its own agent: the local link closes (agent.ranklink).
+
+Unit: RankPresence on a fake clock. End to end: 3 agent processes; a real shim process for rank 1 (node 0)
+holds its link open, is killed with SIGKILL, and the cluster commits a repair that drains rank 1, well before
+membership could have said anything (node 0's agent is alive); a new shim process for rank 1 attaches and
+the rank is restored."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from agent.clock import FakeClock
+from agent.ranklink import RankPresence
+from chaos.localcluster import ROOT, LocalCluster
+
+
+def _presence(ranks: tuple[int, ...] = (0, 1)) -> tuple[FakeClock, RankPresence, list[tuple[str, tuple[int, ...]]]]:
+    clock = FakeClock()
+    seen: list[tuple[str, tuple[int, ...]]] = []
+    p = RankPresence(clock, ranks, lambda r: seen.append(("lost", r)), lambda r: seen.append(("back", r)), 0.25)
+    return clock, p, seen
+
+
+def test_a_rank_whose_link_stays_closed_is_lost_once_and_back_when_it_attaches() -> None:
+    clock, p, seen = _presence()
+    p.attach([1])
+    p.detach([1])
+    clock.advance(0.2)
+    assert seen == []  # within the grace: a reconnect is not a loss
+    clock.advance(0.1)
+    assert seen == [("lost", (1,))]
+    clock.advance(5.0)
+    assert seen == [("lost", (1,))]  # once
+    p.attach([1])
+    assert seen == [("lost", (1,)), ("back", (1,))]
+
+
+def test_a_quick_reconnect_two_streams_others_ranks_and_shutdown_are_no_loss() -> None:
+    clock, p, seen = _presence()
+    p.attach([0])
+    p.detach([0])
+    clock.advance(0.1)
+    p.attach([0])  # the shim reconnected within the grace
+    clock.advance(1.0)
+    p.attach([0])
+    p.detach([0])  # one of two streams of rank 0 ended: the other is still open
+    clock.advance(1.0)
+    p.attach([7])
+    p.detach([7])  # not this node's rank
+    clock.advance(1.0)
+    p.detach([0])
+    p.close()  # the agent stops: its server ends the streams
+    clock.advance(1.0)
+    assert seen == []
+
+
+def test_a_rank_that_never_attached_is_not_lost() -> None:
+    clock, p, seen = _presence()
+    clock.advance(10.0)
+    assert seen == []
+
+
+SHIM = textwrap.dedent("""
+    import asyncio, sys
+    from dataplane_shim.link import ShimLink
+
+    async def main():
+        link = ShimLink(sys.argv[1], shim_id="engine-rank-1", ranks=[1])
+
+        async def watch():  # holds the link open for as long as the process lives
+            async for _ in link.watch_tables(0):
+                pass
+
+        task = asyncio.ensure_future(watch())
+        await asyncio.sleep(1.0)  # the stream is open on the agent's side by now
+        print("attached", flush=True)
+        await task
+
+    asyncio.run(main())
+""")
+
+pytestmark = pytest.mark.slow
+SHAPE = {"nodes": 3, "ranks_per_node": 2, "slots_per_rank": 4, "layers": 4, "experts": 16, "top_k": 2}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    c = LocalCluster(3, tmp_path_factory.mktemp("ranklink"), SHAPE, profile="test")
+    with c.running(timeout=60):
+        yield c
+
+
+def _shim(cluster: LocalCluster) -> subprocess.Popen[str]:
+    p = subprocess.Popen([sys.executable, "-c", SHIM, cluster.shim_socket(0)], cwd=ROOT, stdout=subprocess.PIPE,
+                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.stdout is not None and p.stdout.readline().startswith("attached"), "the shim did not attach"
+    return p
+
+
+def _kill(p: subprocess.Popen[str]) -> None:
+    p.send_signal(signal.SIGKILL)
+    p.wait(10)
+    if p.stdout is not None:
+        p.stdout.close()
+
+
+def _active(cluster: LocalCluster, i: int) -> list[int]:
+    r = subprocess.run([sys.executable, "-m", "agent.cli", "placement", "--agent", cluster.addresses[i], "--json",
+                        "--layer", "-1"], capture_output=True, text=True, cwd=ROOT, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return list(json.loads(r.stdout)["active_ranks"])
+
+
+def _wait(cluster: LocalCluster, i: int, pred: object, limit_s: float = 20.0) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit_s:
+        if pred(_active(cluster, i)):  # type: ignore[operator]
+            return time.monotonic() - t0
+        time.sleep(0.1)
+    raise AssertionError(f"agent {i}: active ranks {_active(cluster, i)} after {limit_s} s")
+
+
+def test_a_killed_rank_process_is_repaired_and_restored_when_it_returns(cluster: LocalCluster) -> None:
+    assert 1 in _active(cluster, 2)
+    shim = _shim(cluster)
+    time.sleep(0.5)
+    _kill(shim)
+    took = _wait(cluster, 2, lambda act: 1 not in act)  # another node learned the repair
+    print(f"\nrank 1's process killed: drained on node 2 after {took:.2f} s (polled)")
+    assert 0 in _active(cluster, 2)  # node 0's other rank, and node 0 itself, stay
+    back = _shim(cluster)
+    try:
+        _wait(cluster, 2, lambda act: 1 in act)
+    finally:
+        _kill(back)
