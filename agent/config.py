@@ -208,7 +208,8 @@ class DecisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # One live voter plans each window: the round-0 owner of the next version, handing over to the next
     # live voter in the rotation after this many windows without a new head (so a planner that is stuck,
     # cut off from a quorum, or finds nothing worth proposing yields). The others vote, replay and stand by;
-    # repairs and rollbacks are proposed by every node. 0: every node plans every window.
+    # a repair or due rollback is proposed by the planner at once and by the others a window later if nothing
+    # committed (a rank whose process left: by its own node at once). 0: every node plans every window.
     handover_windows: int = 2
 
     def validate(self) -> None:

@@ -54,12 +54,17 @@ class DecisionParams:
     cooldown_windows: int = 10  # experts of a rolled-back change are left alone this many windows
     plan_block: int = 20  # the planner estimates on totals per block of this many steps (0: per window);
     #                       finer blocks see per-step peaks: on ESFT intent, 20 steps verify 0.050 vs 0.039
-    min_op_gain: float = 7e-4  # each copy of a plan must lower its own layer's objective (sum over replay
-    #                            blocks of the max rank load) by this fraction: per layer, so a move's worth
-    #                            does not shrink with the model's depth. DeepSeek-V3 decode after a workload
-    #                            shift (58 x 256, 64 ranks, bench): 5e-4 -> 1.1645 mean step imbalance for 183
-    #                            GB from an EPLB boot, 453 GB from a static one; 7e-4 -> 1.1643 / 174 GB and
-    #                            384 GB; 1e-3 -> 1.1684 / 144 GB and 309 GB with a slower first segment
+    # Each copy of a plan must lower its own layer's objective (sum over replay blocks of the max rank load)
+    # by min_op_gain: per layer, so a move's worth does not shrink with the model's depth; and pro rata of the
+    # layer's slots, so it scales with the pool: rewriting every slot of a layer must gain `repack_gain` of
+    # its objective, each copy repack_gain / (slots in the layer). 0.224: 7e-4 a copy at 64 ranks x 5 slots
+    # (DeepSeek-V3 decode), 2.8e-3 at 16 x 5 (ESFT). A fixed 7e-4 moved as many bytes after the ESFT drift as
+    # one whole EPLB rearrangement (a re-pack of 25 of 26 layers; bench, 16 runs: 8 moved more than 1/5 of
+    # periodic EPLB's bytes, none at 2.8e-3). DeepSeek-V3 decode after a workload shift (bench): 5e-4 ->
+    # 1.1645 mean step imbalance for 183 GB from an EPLB boot, 453 GB from a static one; 7e-4 -> 1.1643 /
+    # 174 GB and 384 GB; 1e-3 -> 1.1684 / 144 GB; 3e-3 -> 1.2091 / 31 GB. min_op_gain set: that, fixed.
+    repack_gain: float = 0.224
+    min_op_gain: float | None = None
     fast_theta: float = 1.3  # a window this far above theta spends the whole error budget at once: a drift
     #                          (ESFT intent -> law: 1.06 -> 1.83) is fixed one window after it shows
     drift_tv: float = 0.05  # plan only on the trailing windows whose expert shares (total variation per
@@ -77,14 +82,23 @@ class DecisionParams:
             raise InvalidParams(f"tau={self.tau!r}: expected a fraction in [0, 1)")
         if not 0.0 <= self.band < self.theta:
             raise InvalidParams(f"band={self.band!r}: expected 0 <= band < theta")
-        if not self.fast_theta >= self.theta or not 0.0 <= self.min_op_gain < 1.0 or not self.drift_tv >= 0.0:
+        mog = self.min_op_gain if self.min_op_gain is not None else 0.0
+        if not self.fast_theta >= self.theta or not 0.0 <= mog < 1.0 or not self.drift_tv >= 0.0:
             raise InvalidParams(f"fast_theta={self.fast_theta!r}, min_op_gain={self.min_op_gain!r}, "
                                 f"drift_tv={self.drift_tv!r}: expected fast_theta >= theta, min_op_gain in [0, 1), "
                                 "drift_tv >= 0")
         if self.cooldown_windows < 0 or self.plan_block < 0:
             raise InvalidParams(f"cooldown_windows={self.cooldown_windows!r}, plan_block={self.plan_block!r}: "
                                 "expected >= 0")
+        if not 0.0 <= self.repack_gain < 1000.0:
+            raise InvalidParams(f"repack_gain={self.repack_gain!r}: expected a fraction >= 0")
         self.cost_model()  # validates the cost figures
+
+    def op_gain(self, head: RoutingTable) -> float:
+        """What each copy of a plan on `head` must gain, as a fraction of its layer's objective."""
+        if self.min_op_gain is not None:
+            return self.min_op_gain
+        return self.repack_gain / head.topology.slots
 
     def cost_model(self, ranks: int = 1) -> CostModel:
         """The cost model of a decision on `ranks` active ranks: cost_budget_s is per active rank (copies into
@@ -171,7 +185,7 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
     cm = p.cost_model(len(head.active_ranks))
     k = buf.same_mix(p.drift_tv)
     X = buf.block_totals(k)
-    pl = plan(head, X, buf.steps_of(k), cm, p.max_ops, p.tau, profile, cooldown, p.min_op_gain)
+    pl = plan(head, X, buf.steps_of(k), cm, p.max_ops, p.tau, profile, cooldown, p.op_gain(head))
     refused = list(pl.refused)
     if p.retarget and X.shape[0]:
         pl = _widen(head, X, pl, p, cooldown, cm, _tokens_per_step(buf))
@@ -243,7 +257,7 @@ def _widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: Decision
     objs = [retarget.layer_objective(cands[0], X)]
     if og.sum() - objs[0].sum() < p.tau * o0.sum():
         return pl
-    lam = p.min_op_gain * o0
+    lam = p.op_gain(head) * o0
     known: dict[int, dict[int, list[Operation]]] = {}  # candidate -> its operations per layer, when it has them
     for start in ((head.phy2log, {}), retarget.recount(head, w)):
         phy, by_layer = retarget.exchange(head, start, w, lam)

@@ -138,6 +138,17 @@ def test_new_params_validation() -> None:
             DecisionParams(**bad)  # type: ignore[arg-type]
 
 
+def test_a_copys_price_is_pro_rata_of_the_layers_slots() -> None:
+    """Rewriting a layer's every slot must gain repack_gain of its objective, each copy its share: the price of
+    a copy scales with the pool (DeepSeek-V3 decode 8x8x5: 7e-4, as tuned there; ESFT 2x8x5: 4x that)."""
+    p = DecisionParams()
+    dsv3, esft = initial_table(Topology(8, 8, 5), 2, 256), initial_table(Topology(2, 8, 5), 2, 64)
+    assert p.op_gain(dsv3) == pytest.approx(7e-4) and p.op_gain(esft) == pytest.approx(2.8e-3)
+    assert DecisionParams(min_op_gain=1e-3).op_gain(esft) == 1e-3  # set: fixed
+    with pytest.raises(InvalidParams, match="repack_gain"):
+        DecisionParams(repack_gain=-1.0)
+
+
 def test_a_change_made_by_swaps_in_a_full_cluster_can_be_rolled_back() -> None:
     """Every slot is full and the head swapped experts between ranks (as the large-gap planner does): no
     order of consolidations, migrations and replications fits, so the rollback uses drops, moves and swaps.
