@@ -20,6 +20,8 @@ most net of `min_op_gain` per copied slot, and replays the result step by step b
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import numpy.typing as npt
 
@@ -89,7 +91,8 @@ def ops_to(head: RoutingTable, target: RoutingTable, layers: list[int]) -> list[
     """Operations that give `head` the experts `target` has on every rank, in the given layers: drops (an
     expert losing replicas), then migrations and replications into free slots, and a swap wherever full
     ranks wait on each other. Applying them to head gives target's rank sets; experts that stay keep their
-    slots. None if some layer cannot be expressed (not seen in practice; the layer is then left out)."""
+    slots, unless full ranks wait on each other where no swap fits: then a move goes through a free slot first
+(made, if need be, by dropping a spare replica and copying it back). None if some layer cannot be expressed."""
     G, S = head.topology.ranks, head.topology.slots_per_rank
     out: list[Operation] = []
     for lay in layers:
@@ -105,6 +108,7 @@ def ops_to(head: RoutingTable, target: RoutingTable, layers: list[int]) -> list[
                 arrive.setdefault(e, []).append(g)
         moves: list[list[int]] = []  # [expert, src, dst]
         reps: list[tuple[int, int]] = []
+        detours = 0
         for e in sorted(set(leave) | set(arrive)):
             lv, ar = leave.get(e, []), arrive.get(e, [])
             for src, dst in zip(lv, ar, strict=False):
@@ -141,9 +145,15 @@ def ops_to(head: RoutingTable, target: RoutingTable, layers: list[int]) -> list[
             # full ranks wait on each other: swap a waiting move with a move out of its destination
             pair = next(((m1, m2) for m1 in moves for m2 in moves
                          if m2 is not m1 and m2[1] == m1[2] and m2[0] not in have[m1[1]]
-                         and m1[0] not in have[m1[2]]), None)
+                         and m1[0] not in have[m1[2]] and (m2[2] == m1[1] or m2[0] not in want[m1[1]])), None)
             if pair is None:
-                return None
+                # no swap fits (it would put a second replica on a rank): route a waiting move through a rank
+                # with a free slot, making one if every slot is full by dropping a spare replica of an expert
+                # that stays there (copied back once the rank frees up)
+                detours += 1
+                if detours > 4 * G * S or not _detour(lay, have, want, free, moves, reps, out):
+                    return None
+                continue
             (e1, h1, g1), m2 = pair
             e2, _, x = m2
             out.append(Swap(lay, e1, h1, e2, g1))
@@ -157,6 +167,50 @@ def ops_to(head: RoutingTable, target: RoutingTable, layers: list[int]) -> list[
             else:
                 m2[1] = h1
     return out
+
+
+def _detour(lay: int, have: list[set[int]], want: list[set[int]], free: list[int], moves: list[list[int]],
+            reps: list[tuple[int, int]], out: list[Operation]) -> bool:
+    """One waiting move of ops_to goes to a rank with a free slot first (it continues from there later); if no
+    rank has one, a spare replica (its expert has another) of an expert that rank keeps is dropped to make one,
+    and its copy back is queued. False if neither is possible."""
+    def fits(b: int) -> list[int] | None:
+        return next((m for m in moves if m[1] != b and m[0] not in have[b] and m[0] not in want[b]), None)
+
+    G = len(have)
+    b = next((g for g in range(G) if free[g] > 0 and fits(g) is not None), None)
+    if b is None:
+        b = _spare_slot(lay, have, want, free, reps, out, fits)
+    m = fits(b) if b is not None else None
+    if b is None or m is None:
+        return False
+    e, src, _ = m
+    out.append(Migrate(lay, e, src, b))
+    have[src].discard(e)
+    have[b].add(e)
+    free[src] += 1
+    free[b] -= 1
+    m[1] = b
+    return True
+
+
+def _spare_slot(lay: int, have: list[set[int]], want: list[set[int]], free: list[int], reps: list[tuple[int, int]],
+                out: list[Operation], fits: Callable[[int], list[int] | None]) -> int | None:
+    """A rank made to have a free slot that a waiting move fits: a spare replica of an expert it keeps is
+    dropped there (and queued to be copied back). None if there is none."""
+    count: dict[int, int] = {}
+    for h in have:
+        for e in h:
+            count[e] = count.get(e, 0) + 1
+    for g in range(len(have)):
+        spare = next((e for e in sorted(have[g] & want[g]) if count[e] >= 2), None)
+        if spare is not None and fits(g) is not None:
+            out.append(Drop(lay, spare, g))
+            have[g].discard(spare)
+            free[g] += 1
+            reps.append((spare, g))
+            return g
+    return None
 
 
 def _loads(hold: npt.NDArray[np.bool_], w: F64, cnt: I64) -> F64:
