@@ -35,7 +35,10 @@ class DecisionParams:
     """Knobs of the decision core (agent.config.DecisionConfig carries the first seven)."""
 
     window: int = 100  # W steps per window
-    theta: float = 1.15  # act when step imbalance exceeds this ...
+    theta: float = 1.10  # act when step imbalance exceeds this ... (1.15 left ESFT with lanes in lockstep at
+    #                      1.126 after the drift, 0.03 above hindsight for the rest of the segment: bench, 16
+    #                      ESFT runs, 15 passed at 1.15, 16 at 1.10 with 0.5-1.5 GB more moved; DeepSeek-V3 decode
+    #                      unchanged)
     budget_windows: int = 2  # ... for B consecutive windows
     tau: float = 0.02  # minimum verified relative gain of a rebalance
     rollback_windows: int = 3  # N windows after a change before judging it (rolled back if not better)

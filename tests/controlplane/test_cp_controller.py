@@ -69,7 +69,7 @@ def test_proposes_after_the_budget_is_spent_and_only_once() -> None:
     assert d.kind == "rebalance" and d.table.version == head.version + 1 and d.table.parent == head.version
     assert d.verified_gain >= c.params.tau and d.table.is_valid() and d.ops
     assert apply_ops(head, d.ops).content_equal(d.table)
-    assert "> theta 1.15 for 2 windows" in d.trigger and d.refused
+    assert "> theta 1.10 for 2 windows" in d.trigger and d.refused
     assert isinstance(r.persist[0], ProposalRecord) and r.persist[0].digest == d.table.digest
     assert any(isinstance(e, Explain) and e.outcome == "PROPOSED" for e in r.events)
     assert any(isinstance(e, OpTransition) and e.state == "PROPOSED" for e in r.events)
@@ -133,7 +133,7 @@ def test_observation_holds_a_follow_up_until_the_gain_is_confirmed() -> None:
 
 
 def test_a_large_breach_spends_the_budget_at_once() -> None:
-    c, head = setup(fast_theta=2.0)  # the test windows run at ~2.8: far above theta 1.15
+    c, head = setup(fast_theta=2.0)  # the test windows run at ~2.8: far above theta 1.10
     r = feed(c, 0, windows(0, 1)[0])
     assert len(r.proposals) == 1 and "fast theta" in r.proposals[0].trigger
     c2, _ = setup(fast_theta=5.0)  # below the fast threshold: B = 2 windows as before
