@@ -213,11 +213,16 @@ class NodeState(ManualPath):
         from agent.ranklink import RankPresence
         from agent.shim_link import serve_unix
 
+        async def restore(r: int) -> None:
+            ack = await self.restore(r)
+            if not ack.ok:
+                log.warning("rank %d is back but was not restored: %s (emoe restore %d retries)", r, ack.reason, r)
+
         def back(ranks: tuple[int, ...]) -> None:
             for r in ranks:
                 if r not in self.head().active_ranks:
                     log.warning("rank %d: its engine process attached again: restoring it", r)
-                    t = asyncio.ensure_future(self.restore(r))
+                    t = asyncio.ensure_future(restore(r))
                     self._tasks.add(t)
                     t.add_done_callback(self._tasks.discard)
 
