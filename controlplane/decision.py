@@ -62,7 +62,7 @@ class DecisionParams:
     # layer's slots, so it scales with the pool: rewriting every slot of a layer must gain `repack_gain` of
     # its objective, each copy repack_gain / (slots in the layer). 0.224: 7e-4 a copy at 64 ranks x 5 slots
     # (DeepSeek-V3 decode), 2.8e-3 at 16 x 5 (ESFT). A fixed 7e-4 moved as many bytes after the ESFT drift as
-    # one whole EPLB rearrangement (a re-pack of 25 of 26 layers; bench, 16 runs: 8 moved more than 1/5 of
+    # one whole EPLB rearrangement (a re-pack of 25 of 26 layers; bench, 16 runs: 9 moved more than 1/5 of
     # periodic EPLB's bytes, none at 2.8e-3). DeepSeek-V3 decode after a workload shift (bench): 5e-4 ->
     # 1.1645 mean step imbalance for 183 GB from an EPLB boot, 453 GB from a static one; 7e-4 -> 1.1643 /
     # 174 GB and 384 GB; 1e-3 -> 1.1684 / 144 GB; 3e-3 -> 1.2091 / 31 GB. min_op_gain set: that, fixed.
