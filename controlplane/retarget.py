@@ -92,7 +92,7 @@ def ops_to(head: RoutingTable, target: RoutingTable, layers: list[int]) -> list[
     expert losing replicas), then migrations and replications into free slots, and a swap wherever full
     ranks wait on each other. Applying them to head gives target's rank sets; experts that stay keep their
     slots, unless full ranks wait on each other where no swap fits: then a move goes through a free slot first
-(made, if need be, by dropping a spare replica and copying it back). None if some layer cannot be expressed."""
+    (made, if need be, by dropping a spare replica and copying it back). None if a layer cannot be expressed."""
     G, S = head.topology.ranks, head.topology.slots_per_rank
     out: list[Operation] = []
     for lay in layers:
