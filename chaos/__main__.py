@@ -4,7 +4,8 @@ Runs seeded fault schedules (chaos/schedules.py) against the in-process simulate
 (chaos/simcluster.py: full agents, shims and reference engines on a simulated network) and checks
 invariants I1-I7 (chaos/invariants.py). `--schedule FILE` plays scenario files instead of generated ones.
 `--runner processes` (real agent processes on loopback) is provided by chaos/procrunner.py when present.
-Prints one JSON object with --json; exit status 1 if any invariant was violated.
+Prints one JSON object with --json; exit status 1 if any invariant was violated or any schedule raised (its
+traceback is printed and kept in its report; the other schedules run on).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def _tally(collected: Any, a: argparse.Namespace, out: Path | None, t0: float) -
     """Write each report as it arrives (so that --resume loses at most the schedules in flight), say
     which schedules violated what, and show progress."""
     for i, r, old in collected:
+        if r.get("error"):
+            print(f"schedule {i} (seed {r['seed']}): raised\n{r['error']}", file=sys.stderr)
         if any(r["violation_counts"].values()):
             print(f"schedule {i} (seed {r['seed']}): {r['violation_counts']} after {r['done']}", file=sys.stderr)
         if out is not None and not old:
@@ -106,6 +109,7 @@ def run_sim(a: argparse.Namespace) -> int:
     finally:
         if ex is not None:
             ex.shutdown(cancel_futures=True)
+    errors = [r["seed"] for r in results if r.get("error")]
     for r in results:
         for k, v in r["violation_counts"].items():
             totals[k] += v
@@ -118,14 +122,15 @@ def run_sim(a: argparse.Namespace) -> int:
                "convergence_p99_s": round(p99(conv), 3), "convergence_max_s": round(max(conv, default=0.0), 3),
                "detection_p99_s": round(p99(detect), 3), "commits": commits, "wall_s": round(took, 1),
                "cpu_s": round(cpu, 1), "cpu_s_per_schedule": round(cpu / max(1, a.schedules), 2),
-               "shape": shape, "profile": a.profile, "skew": a.skew, "disks": a.disks, "resumed": len(done)}
+               "shape": shape, "profile": a.profile, "skew": a.skew, "disks": a.disks, "resumed": len(done),
+               "errors": len(errors), "error_seeds": errors[:20]}
     if out is not None:
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if a.json:
         print(json.dumps(summary))
     else:
         print(" ".join(f"{k}={v}" for k, v in summary.items()))
-    return 1 if any(totals.values()) else 0
+    return 1 if any(totals.values()) or errors else 0
 
 
 def run_processes(a: argparse.Namespace) -> int:

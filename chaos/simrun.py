@@ -80,6 +80,13 @@ def run_job(args: tuple[int, int, list[str] | None, dict[str, Any]]) -> dict[str
     nodes, seed, lines, config = args
     kw = dict(config)
     shape = Shape(**kw.pop("shape"))
-    out = run_schedule(nodes, seed, lines, shape, **kw).to_json()
+    t0 = time.process_time()
+    try:
+        out = run_schedule(nodes, seed, lines, shape, **kw).to_json()
+    except Exception:  # noqa: BLE001 - a schedule that raises is a failed schedule, reported, not a dead pool
+        import traceback
+
+        out = RunResult(seed, nodes, list(lines or []), cpu_s=time.process_time() - t0).to_json()
+        out["error"] = traceback.format_exc(limit=12)
     out["config"] = config  # what --resume compares
     return out

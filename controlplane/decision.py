@@ -300,7 +300,10 @@ def _widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: Decision
     ops = [o for o, _ in keep] + more
     op_layers = [lay for _, lay in keep] + [o.layer for o in more]  # type: ignore[union-attr]
     base = float(o0.sum())
-    on = retarget.layer_objective(apply_ops(head, ops), X).astype(np.float64)
+    try:
+        on = retarget.layer_objective(apply_ops(head, ops), X).astype(np.float64)
+    except InvalidOperation:  # a planner defect must not take the controller down: the greedy plan stands
+        return pl
     note = (f"large gap: head {o0.sum() / floor:.3f} x an even split, greedy plan {og.sum() / floor:.3f}, full "
             f"re-pack {objs[0].sum() / floor:.3f}; {len(wide)} of {L} layers re-packed ({len(more)} ops), "
             f"{float(on.sum()) / floor:.3f} planned")
@@ -392,7 +395,10 @@ def rollback(head: RoutingTable, target: RoutingTable, buf: ReplayBuffer, p: Dec
         ops = tuple(found) if found is not None else None
     if ops is None:
         return Attempt(None, DecisionOutcome.ROLLBACK_NOT_EXPRESSIBLE, "no order of the operations fits the free slots")
-    table = apply_ops(head, ops)
+    try:
+        table = apply_ops(head, ops)
+    except InvalidOperation as e:  # a planner defect must not take the controller down: refused, and said why
+        return Attempt(None, DecisionOutcome.ROLLBACK_NOT_EXPRESSIBLE, f"operations do not apply: {e}")
     if not same_ranks(table, target):
         return Attempt(None, DecisionOutcome.ROLLBACK_NOT_EXPRESSIBLE, "operations do not reproduce the parent's placement")
     table.validate()

@@ -12,6 +12,11 @@ class ControlPlaneError(Exception):
         super().__init__(f"{self.code}: {message}")
         self.message = message
 
+    def __reduce__(self) -> tuple[type, tuple[str, ...]]:
+        # rebuilt from what __init__ took (the default would pass the formatted text back in): an error raised
+        # in a worker process reaches its pool intact
+        return type(self), (self.message,)
+
 
 class InvalidTable(ControlPlaneError):
     code = "INVALID_TABLE"
@@ -32,4 +37,7 @@ class InvalidOperation(ControlPlaneError):
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(f"{reason}: {message}")
-        self.reason = reason
+        self.reason, self.detail = reason, message
+
+    def __reduce__(self) -> tuple[type, tuple[str, ...]]:
+        return type(self), (self.reason, self.detail)

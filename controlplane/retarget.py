@@ -109,6 +109,7 @@ def ops_to(head: RoutingTable, target: RoutingTable, layers: list[int]) -> list[
         moves: list[list[int]] = []  # [expert, src, dst]
         reps: list[tuple[int, int]] = []
         detours = 0
+        active = set(head.active_ranks)  # a drained rank's empty slots are no place to park an expert
         for e in sorted(set(leave) | set(arrive)):
             lv, ar = leave.get(e, []), arrive.get(e, [])
             for src, dst in zip(lv, ar, strict=False):
@@ -151,7 +152,7 @@ def ops_to(head: RoutingTable, target: RoutingTable, layers: list[int]) -> list[
                 # with a free slot, making one if every slot is full by dropping a spare replica of an expert
                 # that stays there (copied back once the rank frees up)
                 detours += 1
-                if detours > 4 * G * S or not _detour(lay, have, want, free, moves, reps, out):
+                if detours > 4 * G * S or not _detour(lay, have, want, free, moves, reps, out, active):
                     return None
                 continue
             (e1, h1, g1), m2 = pair
@@ -170,11 +171,13 @@ def ops_to(head: RoutingTable, target: RoutingTable, layers: list[int]) -> list[
 
 
 def _detour(lay: int, have: list[set[int]], want: list[set[int]], free: list[int], moves: list[list[int]],
-            reps: list[tuple[int, int]], out: list[Operation]) -> bool:
+            reps: list[tuple[int, int]], out: list[Operation], active: set[int]) -> bool:
     """One waiting move of ops_to goes to a rank with a free slot first (it continues from there later); if no
     rank has one, a spare replica (its expert has another) of an expert that rank keeps is dropped to make one,
     and its copy back is queued. False if neither is possible."""
     def fits(b: int) -> list[int] | None:
+        if b not in active:
+            return None
         return next((m for m in moves if m[1] != b and m[0] not in have[b] and m[0] not in want[b]), None)
 
     G = len(have)

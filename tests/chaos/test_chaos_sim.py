@@ -231,6 +231,33 @@ def test_resume_keeps_the_reports_of_an_interrupted_run(tmp_path: Path, capsys: 
     assert main(["run", "--runner", "sim", "--schedules", "1", "--resume"]) == 2  # needs --out
 
 
+def test_a_schedule_that_raises_is_reported_and_the_others_run_on(monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """An exception in one schedule (a planner defect raised InvalidOperation out of a rollback; the error did
+    not even unpickle in the pool's parent) killed the whole 1000-schedule run with BrokenProcessPool."""
+    import pickle
+
+    import chaos.simrun
+    from controlplane.errors import InvalidOperation
+
+    e = pickle.loads(pickle.dumps(InvalidOperation("RANK_INACTIVE", "rank 28 is not active")))
+    assert (e.reason, str(e)) == ("RANK_INACTIVE", "INVALID_OPERATION: RANK_INACTIVE: rank 28 is not active")
+    real = chaos.simrun.run_schedule
+
+    def flaky(nodes: int, seed: int, *a: object, **kw: object) -> object:
+        if seed % 1_000_003 == 1:  # the second schedule
+            raise InvalidOperation("RANK_INACTIVE", "planted")
+        return real(nodes, seed, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(chaos.simrun, "run_schedule", flaky)
+    assert main(["run", "--runner", "sim", "--nodes", "3", "--schedules", "3", "--json", "--jobs", "1",
+                 "--faults", "1"]) == 1
+    res = capsys.readouterr()
+    summary = json.loads(res.out.strip().splitlines()[-1])
+    assert summary["errors"] == 1 and summary["error_seeds"] == [1_000_004] and summary["commits"] > 0
+    assert "RANK_INACTIVE: planted" in res.err
+
+
 def test_skew_joins_the_generated_faults_only_when_asked() -> None:
     plain = [schedules.generate(random.Random(s), 8, faults=6) for s in range(40)]
     skewed = [schedules.generate(random.Random(s), 8, faults=6, skew=True) for s in range(40)]
