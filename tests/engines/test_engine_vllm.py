@@ -207,9 +207,10 @@ def test_vllm_eplb_agrees_and_installs_without_agents(tmp_path: Path) -> None:
 
     def deliver(t: Any, *ranks: int) -> Callable[[], None]:
         def go() -> None:
-            for r in ranks:
-                (cdir / f"rank{r}" / f"v{t.version}.commit").write_bytes(
-                    certified_commit(t, ["a", "b"], 2).SerializeToString())
+            for r in ranks:  # whole or not at all: a rank that read a half-written file skipped that version
+                tmp = cdir / f"rank{r}" / f"v{t.version}.commit.tmp"
+                tmp.write_bytes(certified_commit(t, ["a", "b"], 2).SerializeToString())
+                tmp.replace(cdir / f"rank{r}" / f"v{t.version}.commit")
         return go
 
     with open(tmp_path / "ranks.log", "wb") as log:
