@@ -164,7 +164,7 @@ def _run(cluster: LocalCluster, out: Path, proc: subprocess.Popen[bytes]) -> Non
 
 
 def _install(out: Path, proc: subprocess.Popen[bytes], v2_to_rank0: Callable[[], None],
-             v2_to_rank1: Callable[[], None], v3_to_both: Callable[[], None]) -> None:
+             v2_to_rank1: Callable[[], None], v3_to_both: Callable[[], None]) -> list[dict[str, Any]]:
     """v2 (free a redundant slot of expert 0 in layer 0, fill it with expert 2) reaches rank 0 only: neither
     installs it; once rank 1 has it, both install it through vLLM's rearrange with the weights moved; v3
     empties a slot (expert 1 of layer 1 consolidated onto rank 1): vLLM takes -1 as an idle slot."""
@@ -187,6 +187,7 @@ def _install(out: Path, proc: subprocess.Popen[bytes], v2_to_rank0: Callable[[],
     for x in done:
         assert x["p2l"][1] == [0, -1, 2, 3, 4, 5, 6, 7, 0, 1] and x["replica_count"][1][:2] == [2, 1]
         assert x["weights_ok"] and x["dropped"] == 0
+    return list(done)
 
 
 def test_vllm_eplb_agrees_and_installs_without_agents(tmp_path: Path) -> None:
@@ -222,8 +223,9 @@ def test_vllm_eplb_agrees_and_installs_without_agents(tmp_path: Path) -> None:
             first = _wait("reports", lambda: (r := _ranks(out)) and all(x["last_report"] for x in r) and r, 180, proc)
             for x in first:  # per step: expert 0 has 2 slots x 50 tokens, expert 1 2 slots x 1, others 1
                 assert x["last_report"] == [[100, 2, 1, 1, 1, 1, 1, 1]] * 2
-            _install(out, proc, deliver(v2, 0), deliver(v2, 1), deliver(v3, 0, 1))
-            after = _wait("a report under v3", lambda: (r := _ranks(out)) and r[0]["reports"] > first[0]["reports"] + 5
+            on_v3 = _install(out, proc, deliver(v2, 0), deliver(v2, 1), deliver(v3, 0, 1))
+            # counted from the install: a report taken just before it still shows v2's layer 1
+            after = _wait("a report under v3", lambda: (r := _ranks(out)) and r[0]["reports"] > on_v3[0]["reports"] + 5
                           and r, 30, proc)
             assert after[0]["last_report"] == [[50, 2, 2, 1, 1, 1, 1, 1], [100, 1, 1, 1, 1, 1, 1, 1]]
         finally:
