@@ -15,14 +15,11 @@ Ranks that never attached are never reported: an engine that has not started is 
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
 from functools import partial
 
 from agent.clock import Clock, Timer
-
-log = logging.getLogger("emoe.agent")
 
 GRACE_S = 0.25  # a link that reopens within this is the same process reconnecting (the shim retries after 50 ms)
 
@@ -71,7 +68,4 @@ class RankPresence:
         self.on_lost((r,))
 
     def _mine(self, ranks: Iterable[int]) -> list[int]:
-        out = [int(r) for r in ranks if int(r) in self.ranks]
-        if len(out) != len(set(out)):
-            return sorted(set(out))
-        return out
+        return sorted({int(r) for r in ranks} & self.ranks)

@@ -228,7 +228,8 @@ class NodeState(ManualPath):
 
         if self.clock is None:
             raise RuntimeError(f"{self.node_id}: serve_shim() before start()")
-        self.presence = RankPresence(self.clock, self._my_ranks(), lambda r: self._lose_ranks(r, "", "link"), back)
+        self.presence = RankPresence(self.clock, self._my_ranks(),
+                                     lambda r: self._lose_ranks(r, "", "their engine process left"), back)
         return await serve_unix(path, self, self.on_load_report, presence=self.presence)
 
     # ---- shim link: TableSource + load sink ---------------------------------------------------
@@ -285,15 +286,15 @@ class NodeState(ManualPath):
                                         and o.status == MemberStatus.ALIVE
                                         for g in o.ranks}
         claimed = set(m.ranks) & set(self.head().active_ranks)
-        self._lose_ranks(tuple(sorted(claimed - held)), self._planner(self._window_seq + 1), f"node {m.node_id}")
+        self._lose_ranks(tuple(sorted(claimed - held)), self._planner(self._window_seq + 1),
+                         f"node {m.node_id} declared dead")
 
     def _lose_ranks(self, ranks: tuple[int, ...], planner: str, why: str) -> None:
         """Repair `ranks` (those active in the head): `planner` proposes at once, this node a window later unless
         it is the planner ('') (the link's first-hand evidence: no other node knows yet)."""
         lost = tuple(r for r in ranks if r in self.head().active_ranks)
         if lost and self.controller is not None:
-            log.warning("ranks %s lost (%s): repairing", list(lost), "their engine process left" if why == "link"
-                        else f"{why} declared dead")
+            log.warning("ranks %s lost (%s): repairing", list(lost), why)
             self._perform(self.controller.step(RanksLost(lost, planner)))
 
     def _close_window(self, seq: int, total: npt.NDArray[np.uint64]) -> None:

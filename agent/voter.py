@@ -41,12 +41,11 @@ class Voter:
         if replay is None:  # none of the windows the proposer replayed is here: validity is the whole check
             return True, plan.verified_gain, "validity only (replay span not held here)"
         # replay only the windows since the last change of expert mix, as the proposer planned on them
-        floor = max(0.0, min(self.params.tau, plan.verified_gain) - self.tolerance)
-        if plan_kind(plan) == "rollback":
-            # back to a parent the cluster committed and verified before: refused only if this node's replay
-            # shows it clearly worse (windows differ between nodes while members restart, and a refused
-            # rollback leaves in place a change that realised worse)
-            floor = -self.tolerance
+        # a rollback goes back to a parent the cluster committed and verified before: refused only if this
+        # node's replay shows it clearly worse (windows differ between nodes while members restart, and a
+        # refused rollback leaves in place a change that realised worse)
+        floor = (-self.tolerance if plan_kind(plan) == "rollback"
+                 else max(0.0, min(self.params.tau, plan.verified_gain) - self.tolerance))
         ok, gain, reason = verify_decision(head, proposed, replay, floor, drift_tv=self.params.drift_tv)
         return ok, gain, reason
 

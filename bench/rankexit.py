@@ -52,27 +52,23 @@ class _Idle:
         await asyncio.sleep(3600)
 
 
+async def _attached(presence: RankPresence) -> None:
+    while presence.open[0] < 1:
+        await asyncio.sleep(0.01)
+
+
 async def measure(kills: int) -> list[float]:
     out: list[float] = []
     with tempfile.TemporaryDirectory(prefix="emoe-") as d:
         sock = os.path.join(d, "shim.sock")
         lost: asyncio.Queue[float] = asyncio.Queue()
-        attached = asyncio.Event()
         presence = RankPresence(RealClock(), [0], lambda r: lost.put_nowait(time.monotonic()), lambda r: None)
-        attach = presence.attach
-
-        def on_attach(ranks: list[int]) -> None:
-            attach(ranks)
-            attached.set()
-
-        presence.attach = on_attach  # type: ignore[method-assign]
         server = await serve_unix(sock, _Idle(), lambda r: None, presence=presence)  # type: ignore[arg-type]
         try:
             for i in range(kills):
-                attached.clear()
                 p = subprocess.Popen([sys.executable, "-c", SHIM, sock], cwd=ROOT,
                                      env={**os.environ, "PYTHONPATH": str(ROOT)})
-                await asyncio.wait_for(attached.wait(), 30)
+                await asyncio.wait_for(_attached(presence), 30)
                 await asyncio.sleep(0.2)
                 t0 = time.monotonic()
                 p.send_signal(signal.SIGKILL)

@@ -72,15 +72,20 @@ def test_own_check_failure_sends_nothing() -> None:
     assert c.net.stats.msgs_by_method["Consensus/Accept"] == 0
 
 
-def test_tolerance_against_the_proposers_gain() -> None:
+def _proposed_where_voters_replay_less(plan: pb.Plan) -> list[Outcome]:
+    """The round-0 owner proposes `plan` (gain 0.2) to voters whose own replay gains 0.01."""
     c = cluster(seed=6)
     for n in c.ids:
         c.nodes[n].verifier = lambda head, t, plan: (True, 0.01, "")
-    owner = round0_owner(2, c.voters)
-    node = c.nodes[owner]
+    node = c.nodes[round0_owner(2, c.voters)]
     outs: list[Outcome] = []
-    node.propose(successor_table(node.head, c.rng), pb.Plan(verified_gain=0.2), outs.append)
+    node.propose(successor_table(node.head, c.rng), plan, outs.append)
     c.run(1.0)
+    return outs
+
+
+def test_tolerance_against_the_proposers_gain() -> None:
+    outs = _proposed_where_voters_replay_less(pb.Plan(verified_gain=0.2))
     assert len(outs) == 1 and not outs[0].committed
     assert "verify_tolerance" in outs[0].reason
 
@@ -89,14 +94,7 @@ def test_a_rollback_is_not_held_to_the_proposers_gain() -> None:
     """A rollback returns to a committed parent: voters whose own replay shows a smaller gain than the
     proposer's (their windows differ while members restart) still accept it (64-node sim, seed 1000141: the
     first rollback was refused this way and the second landed past I6's deadline)."""
-    c = cluster(seed=6)
-    for n in c.ids:
-        c.nodes[n].verifier = lambda head, t, plan: (True, 0.01, "")
-    owner = round0_owner(2, c.voters)
-    node = c.nodes[owner]
-    outs: list[Outcome] = []
-    node.propose(successor_table(node.head, c.rng), pb.Plan(verified_gain=0.2, kind=pb.PLAN_ROLLBACK), outs.append)
-    c.run(1.0)
+    outs = _proposed_where_voters_replay_less(pb.Plan(verified_gain=0.2, kind=pb.PLAN_ROLLBACK))
     assert len(outs) == 1 and outs[0].committed, outs[0].reason
 
 
