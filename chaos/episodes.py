@@ -1,5 +1,6 @@
 """The process runner's fault episodes (chaos/procrunner.py plays them on real agent processes): which nodes
-are killed, paused, partitioned, lose or corrupt their logs, or fill their disks, and for how long."""
+are killed, paused, partitioned, lose or corrupt their logs, or fill their disks, what the network does to
+their packets (loss, delay with reordering, duplication), and for how long."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ class Episode:
     pause: list[int] = field(default_factory=list)
     groups: list[list[int]] = field(default_factory=list)  # partition: no traffic between groups
     loss: float = 0.0  # packet loss on every node's input (namespaces only)
+    delay_ms: float = 0.0  # every packet to a node held this long plus up to as long again: reordered (namespaces)
+    dup: float = 0.0  # share of packets delivered twice (namespaces only)
     restart_all: bool = False  # kill -9 of every agent, all restarted at the end of the hold
     lose_store: list[int] = field(default_factory=list)  # kill -9, log lost, restart: rebuild as a learner
     corrupt: list[int] = field(default_factory=list)  # kill -9, a byte flipped mid-log; restart must refuse
@@ -26,6 +29,10 @@ class Episode:
             parts.append("partition " + " | ".join(",".join(ids[k] for k in g) for g in self.groups))
         if self.loss:
             parts.append(f"loss {self.loss:.0%}")
+        if self.delay_ms:
+            parts.append(f"delay {self.delay_ms:g}-{2 * self.delay_ms:g} ms (reordering)")
+        if self.dup:
+            parts.append(f"duplicate {self.dup:.0%}")
         parts += ["kill -9 every agent"] if self.restart_all else []
         parts += [f"lose the log of {ids[k]}" for k in self.lose_store]
         parts += [f"corrupt the log of {ids[k]}" for k in self.corrupt]
@@ -34,10 +41,11 @@ class Episode:
         return f"{'; '.join(parts)} for {self.hold_s:.1f} s"
 
 
-def make_schedule(rng: random.Random, n: int, loss: bool = False, disks: bool = False) -> list[Episode]:
-    """One to three episodes; each one or two fault kinds on distinct nodes (`loss` and `disks` add kinds)."""
+def make_schedule(rng: random.Random, n: int, net: bool = False, disks: bool = False) -> list[Episode]:
+    """One to three episodes; each one or two fault kinds on distinct nodes (`net`: packet loss, delay and
+    duplication; `disks`: whole-cluster restart and the store faults)."""
     out = []
-    menu = ["partition", "kill", "pause"] + (["loss"] if loss else [])
+    menu = ["partition", "kill", "pause"] + (["loss", "delay", "duplicate"] if net else [])
     menu += ["restart-all", "lose-store", "corrupt", "disk-full", "cut-log"] if disks else []
     for _ in range(rng.randint(1, 3)):
         ep = Episode(hold_s=round(rng.uniform(0.8, 2.5), 2))
@@ -50,6 +58,10 @@ def make_schedule(rng: random.Random, n: int, loss: bool = False, disks: bool = 
             continue
         if "loss" in kinds:
             ep.loss = rng.choice((0.05, 0.2, 0.4))
+        if "delay" in kinds:
+            ep.delay_ms = rng.choice((20.0, 60.0, 150.0))
+        if "duplicate" in kinds:
+            ep.dup = rng.choice((0.1, 0.3))
         for kind, lst in (("lose-store", ep.lose_store), ("corrupt", ep.corrupt), ("disk-full", ep.disk_full),
                           ("cut-log", ep.cut_log)):
             if kind in kinds:

@@ -1,27 +1,32 @@
-"""Real network faults for the process runner: each agent in a network namespace of its own, all on one
-bridge, faults applied by the kernel.
+"""Real network faults for the process runner: each agent in a network namespace of its own, all joined by
+one switch process, faults applied to the packets the agents' kernels send and receive.
 
-    hub namespace  emoe<tag>hub   bridge br0, one veth per node (and one to the runner)
-    node k         emoe<tag>n<k>  eth0 = 10.213.<net>.<k+1>/24, lo up; the agent listens on eth0
-    the runner     (root namespace) veth emoe<tag>r = 10.213.<net>.254/24, for status calls and checks
+    node k         emoe<tag>n<k>  eth0 = 10.213.<net>.<k+1>/24 (a TAP device), lo up; the agent listens on eth0
+    the runner     (root namespace) TAP emoe<tag>r = 10.213.<net>.254/24, for status calls and checks
+    the switch     `python -m chaos.wire`, holding the other end of every TAP device (chaos/wire.py)
 
-Faults are nftables rules in each node's namespace (table `inet emoe`, input hook, so that packets vanish
-as on a cut link and no error comes back to the sender): a partition drops every packet from a peer on the
-other side; loss drops a random share of incoming packets (`numgen random`). Delay, duplication and
-reordering need the kernel's netem qdisc; where the kernel has it (`netem_available()`), `delay()` uses
-it, and where it does not (this machine's kernel is built without CONFIG_NET_SCH_NETEM) the runner keeps
-those three in the transport's fault file and says so in its report. The shim link is a unix socket (a
-path in the file system), which namespaces do not separate.
-Everything lives in namespaces this lab creates and `close()` deletes; nothing touches other interfaces.
-The addresses are private ones used only inside these namespaces and the runner's veth into them.
+Partitions and loss are nftables rules in each node's namespace (table `inet emoe`, input hook, so that
+packets vanish as on a cut link and no error comes back to the sender): a partition drops every packet from
+a peer on the other side; loss drops a random share of incoming packets (`numgen random`). Delay, jitter
+(hence reordering) and duplication are the switch's: this machine's kernel has neither the netem qdisc nor
+nftables' `queue`, so no rule in it can hold a packet back (chaos/wire.py says more). The shim link is a
+unix socket (a path in the file system), which namespaces do not separate.
+Everything lives in namespaces and TAP devices this lab creates and `close()` deletes; nothing touches other
+interfaces. The addresses are private ones used only inside these namespaces and the runner's TAP into them.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import select
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 class NetnsError(RuntimeError):
@@ -42,6 +47,8 @@ def unavailable() -> str:
     for tool, pkg in (("ip", "iproute2"), ("nft", "nftables")):
         if shutil.which(tool) is None:
             return f"no `{tool}` command (Debian package {pkg})"
+    if not os.path.exists("/dev/net/tun"):
+        return "no /dev/net/tun (TAP devices)"
     probe = f"emoeprobe{os.getpid() % 100000}"
     r = _ip("netns", "add", probe, check=False)
     if r.returncode != 0:
@@ -54,28 +61,17 @@ def unavailable() -> str:
     return "" if r.returncode == 0 else f"nft in a namespace: {r.stderr.strip()}"
 
 
-def netem_available() -> bool:
-    """Whether the kernel has the netem qdisc (delay, duplication, reordering)."""
-    try:
-        with open("/proc/config.gz", "rb") as f:
-            import gzip
-
-            return b"CONFIG_NET_SCH_NETEM=" in gzip.decompress(f.read())
-    except OSError:
-        return shutil.which("tc") is not None  # no config to read: try it
-
-
 class NetLab:
     def __init__(self, n: int, tag: str | None = None) -> None:
         self.n = n
         self.tag = tag or str(os.getpid() % 100000)
         self.net = os.getpid() % 200 + 20  # third octet: concurrent labs on one machine use distinct subnets
-        self.hub = f"emoe{self.tag}hub"
         self.nodes = [f"emoe{self.tag}n{k}" for k in range(n)]
         self.root_if = f"emoe{self.tag}r"
         self._made: list[str] = []
         self._cut: dict[int, set[int]] = {k: set() for k in range(n)}  # node -> peers whose packets it drops
         self._loss: dict[int, float] = dict.fromkeys(range(n), 0.0)
+        self.wire: subprocess.Popen[str] | None = None
 
     def addr(self, k: int) -> str:
         return f"10.213.{self.net}.{k + 1}"
@@ -88,29 +84,37 @@ class NetLab:
         """The command prefix that runs a process in node k's namespace."""
         return ["ip", "netns", "exec", self.nodes[k]]
 
+    def tap(self, k: int) -> str:
+        return f"emoe{self.tag}t{k}"
+
     def up(self) -> NetLab:
         try:
-            _ip("netns", "add", self.hub)
-            self._made.append(self.hub)
-            _ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
-            _ip("-n", self.hub, "link", "set", "br0", "up")
+            self.wire = subprocess.Popen([sys.executable, "-m", "chaos.wire", *(self.tap(k) for k in range(self.n)),
+                                          self.root_if], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         text=True)
+            if self._answer() != "ready":
+                raise NetnsError(f"chaos.wire did not start (exit {self.wire.poll()})")
             for k, ns in enumerate(self.nodes):
                 _ip("netns", "add", ns)
                 self._made.append(ns)
                 _ip("-n", ns, "link", "set", "lo", "up")
-                _ip("-n", self.hub, "link", "add", f"v{k}", "type", "veth", "peer", "name", "eth0", "netns", ns)
-                _ip("-n", self.hub, "link", "set", f"v{k}", "master", "br0", "up")
+                _ip("link", "set", self.tap(k), "netns", ns)
+                _ip("-n", ns, "link", "set", self.tap(k), "name", "eth0")
                 _ip("-n", ns, "addr", "add", f"{self.addr(k)}/24", "dev", "eth0")
                 _ip("-n", ns, "link", "set", "eth0", "up")
                 self._apply(k)
-            _ip("link", "add", self.root_if, "type", "veth", "peer", "name", "vr", "netns", self.hub)
-            _ip("-n", self.hub, "link", "set", "vr", "master", "br0", "up")
             _ip("addr", "add", f"{self.runner_addr}/24", "dev", self.root_if)
             _ip("link", "set", self.root_if, "up")
         except BaseException:
             self.close()
             raise
         return self
+
+    def _answer(self, timeout_s: float = 10.0) -> str:
+        """The switch's next line on stdout ("" if it exited or said nothing within `timeout_s`)."""
+        assert self.wire is not None and self.wire.stdout is not None
+        ready, _, _ = select.select([self.wire.stdout], [], [], timeout_s)
+        return self.wire.stdout.readline().strip() if ready else ""
 
     # ---- faults ---------------------------------------------------------------------------------
     def _apply(self, k: int) -> None:
@@ -148,26 +152,54 @@ class NetLab:
             self._loss[k] = p
             self._apply(k)
 
-    def delay(self, k: int, spec: list[str]) -> None:
-        """`tc netem` on node k's eth0 (e.g. ["delay", "20ms"]; [] removes it); needs netem_available()."""
-        base = ["ip", "netns", "exec", self.nodes[k], "tc", "qdisc"]
-        if not spec:
-            subprocess.run([*base, "del", "dev", "eth0", "root"], capture_output=True, timeout=10)
-            return
-        r = subprocess.run([*base, "replace", "dev", "eth0", "root", "netem", *spec], capture_output=True,
-                           text=True, timeout=10)
-        if r.returncode != 0:
-            raise NetnsError(f"tc netem {' '.join(spec)} on {self.nodes[k]}: {r.stderr.strip()}")
+    def delay(self, delay_ms: float = 0.0, jitter_ms: float = 0.0, dup: float = 0.0,
+              nodes: Iterable[int] | None = None) -> None:
+        """Frames delivered to each of `nodes` (default all) held `delay_ms` + uniform(0, `jitter_ms`) (frames
+        overtake each other when jitter exceeds their spacing), a share `dup` of them delivered twice; all zero
+        lifts it."""
+        if self.wire is None or self.wire.stdin is None:
+            raise NetnsError("the lab is not up")
+        spec = {"ports": None if nodes is None else sorted(nodes), "delay_ms": delay_ms, "jitter_ms": jitter_ms,
+                "dup": dup}
+        self.wire.stdin.write(json.dumps(spec) + "\n")
+        self.wire.stdin.flush()
+        said = self._answer()
+        if said != "ok":
+            raise NetnsError(f"chaos.wire {spec}: {said or 'no answer'}")
+
+    def stats(self) -> dict[str, int]:
+        """The switch's frame counts: forwarded, delayed, duplicated, dropped (empty when it is not up)."""
+        if self.wire is None or self.wire.stdin is None or self.wire.poll() is not None:
+            return {}
+        self.wire.stdin.write('{"stats": true}\n')
+        self.wire.stdin.flush()
+        try:
+            return dict(json.loads(self._answer()))
+        except ValueError:
+            return {}
 
     def heal(self) -> None:
         for k in range(self.n):
             self._cut[k] = set()
             self._loss[k] = 0.0
             self._apply(k)
+        if self.wire is not None and self.wire.poll() is None:
+            self.delay()
 
     def close(self) -> None:
-        """Delete every namespace this lab made (their interfaces go with them) and the runner's veth."""
-        _ip("link", "del", self.root_if, check=False)
+        """Stop the switch (its TAP devices, the runner's included, go with it), then delete every namespace
+        this lab made."""
+        if self.wire is not None:
+            if self.wire.stdin is not None:
+                self.wire.stdin.close()
+            try:
+                self.wire.wait(10)
+            except subprocess.TimeoutExpired:
+                self.wire.kill()
+                self.wire.wait(10)
+            if self.wire.stdout is not None:
+                self.wire.stdout.close()
+            self.wire = None
         for ns in reversed(self._made):
             _ip("netns", "del", ns, check=False)
         self._made.clear()

@@ -1,17 +1,19 @@
-"""The real-process chaos runner: `emoe agent` processes on loopback, faults by signal and by partition file.
+"""The real-process chaos runner: `emoe agent` processes, faults by signal, by the kernel's packet filters and a
+switch process between network namespaces, and on tmpfs data_dirs (the fault file only where none of that exists).
 
 - agents: `chaos.localcluster.LocalCluster` (one process each, own data dir, own shim socket);
 - engines: one asyncio task per agent in this process, a shim client over the agent's unix socket
   (`dataplane_shim.link.ShimLink`): it reports skewed load every window (the hot experts move at each
   schedule, so real plans are proposed, voted and committed), installs every certified table it is
   streamed (re-connecting after its agent restarts) and checks each one;
-- network: as root with nftables, each agent in a network namespace of its own on one bridge
-  (chaos/netns.py), and partitions and packet loss are kernel rules in those namespaces; elsewhere the
+- network: as root with nftables, each agent in a network namespace of its own, joined by a switch process
+  (chaos/netns.py, chaos/wire.py); partitions and packet loss are kernel rules in those namespaces, and the
+  switch delays (with reordering) and duplicates the packets between them; elsewhere the
   agents share loopback and partitions go through the transport's test-only fault file
   (`agent.transport.faults`, EMOE_FAULTS_FILE); `partition_mechanism` in the result says which;
 - faults, from a seeded generator, one to three episodes per schedule, each holding 0.8-2.5 s: kill -9
   then restart, SIGSTOP then SIGCONT, partitions (isolate one node, minority | majority, halves), packet
-  loss (namespaces only), and with `disks` (root: each data_dir a tmpfs of its own, chaos/procfaults.py)
+  loss, delay and duplication (namespaces only), and with `disks` (root: each data_dir a tmpfs of its own, chaos/procfaults.py)
   a whole-cluster kill -9 and restart, a lost log (the node rebuilds as a learner), a full disk (the node
   fail-stops, then resumes), and a byte flipped mid-log (the restart must refuse, naming the offset; then
   `emoe store repair` and a restart that rebuilds);
@@ -60,8 +62,9 @@ ROLLBACK_WINDOWS = 3  # decision.rollback_windows (the default)
 I6_GRACE_WINDOWS = 10
 MECHANISM = ("transport fault file (EMOE_FAULTS_FILE, agent/transport/faults.py): each agent drops gRPC "
              "calls to and from the listed peers; network namespaces unused ({why})")
-NETNS_MECHANISM = ("kernel: each agent in its own network namespace on one bridge; partitions and packet loss are "
-                   "nftables drop rules on each namespace's input (chaos/netns.py)")
+NETNS_MECHANISM = ("kernel: each agent in its own network namespace, joined by a switch process on TAP devices; "
+                   "partitions and packet loss are nftables drop rules on each namespace's input, delay, reordering "
+                   "and duplication are the switch's (chaos/netns.py, chaos/wire.py)")
 
 
 def _drop_map(ids: list[str], groups: list[list[int]]) -> dict[str, list[str]]:
@@ -81,6 +84,7 @@ class ProcRunner:
         self.faults_path = str(base / "faults.json")
         why = unavailable() if netns else "not asked for"
         self.lab = NetLab(nodes) if not why else None
+        self.wire_stats: dict[str, int] = {}
         self.mechanism = NETNS_MECHANISM if self.lab is not None else MECHANISM.format(why=why)
         sections: dict[str, dict[str, Any]] = {"decision": DECISION}
         if self.lab is not None:  # an isolated network of namespaces this runner made: plaintext is fine there
@@ -101,7 +105,7 @@ class ProcRunner:
                     break
         else:
             self.disks = "disk faults not asked for"
-        self.fault_kinds = {"loss": self.lab is not None, "disks": disks and not self.disks}
+        self.fault_kinds = {"net": self.lab is not None, "disks": disks and not self.disks}
         self.topo = Topology(nodes, SHAPE["ranks_per_node"], SHAPE["slots_per_rank"])
         self.checks = Checks(self.topo, self.cluster.ids, tau=DECISION["tau"])
         self.windows: dict[int, np.ndarray] = {}  # window seq -> load the engines reported, summed [L, E]
@@ -118,7 +122,8 @@ class ProcRunner:
         self.down: set[int] = set()
         self.failed: set[int] = set()  # agents that did not come back after a restart (not live)
         self.convergence: list[float] = []
-        self.fault_counts = {"kill": 0, "pause": 0, "partition": 0, "loss": 0, "restart_all": 0, "lose_store": 0,
+        self.fault_counts = {"kill": 0, "pause": 0, "partition": 0, "loss": 0, "delay": 0,
+                             "duplicate": 0, "restart_all": 0, "lose_store": 0,
                              "corrupt": 0, "disk_full": 0, "cut_log": 0}
         self.log = log or (lambda *a: None)
 
@@ -167,6 +172,10 @@ class ProcRunner:
         if ep.loss and self.lab is not None:
             self.lab.loss(ep.loss)
             self.fault_counts["loss"] += 1
+        if (ep.delay_ms or ep.dup) and self.lab is not None:
+            self.lab.delay(ep.delay_ms, ep.delay_ms, ep.dup)
+            self.fault_counts["delay"] += bool(ep.delay_ms)
+            self.fault_counts["duplicate"] += bool(ep.dup)
         if ep.restart_all:
             ep.kill = list(range(self.n))
             self.fault_counts["restart_all"] += 1
@@ -335,6 +344,7 @@ class ProcRunner:
             for ch in self.channels:
                 await ch.close()
             if self.lab is not None:
+                self.wire_stats = self.lab.stats()
                 self.lab.close()
             for k in range(self.n):
                 procfaults.umount(self.data_dir(k))
@@ -353,7 +363,7 @@ class ProcRunner:
             "restart_failures": sorted(self.cluster.ids[k] for k in self.failed),
             "commits": self.checks.max_version - 1, "installs_checked": sum(e.installs for e in self.engines),
             "faults": self.fault_counts, "i6_judged": self.checks.i6_judged,
-            "tokens": tokens,
+            "tokens": tokens, "switch_frames": self.wire_stats,
             "details": self.checks.details[:20], "seed": self.seed, "wall_s": round(time.monotonic() - t_start, 1),
         }
 
