@@ -175,11 +175,16 @@ class GossipConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Lifeguard / memberlist AwarenessMaxMultiplier 8: a node that misses nacks or must refute scales its
     # probe timeouts by up to this factor instead of blaming others for its own slowness.
     awareness_max_mult: int = 8
+    # a rank a repair drained (its node declared dead, its engine process gone) is restored by its own node
+    # this long after the repair once the node serves and sees a quorum and the rank's engine is attached;
+    # doubling each time it is repaired again within a minute (agent/rejoin.py). 0: only `emoe restore`.
+    rejoin_ms: int = 3000
 
     def validate(self) -> None:
         _bounded("gossip", self, {
             **{f: (1, DAY_MS) for f in ("interval_ms", "probe_interval_ms", "probe_timeout_ms", "pushpull_interval_ms",
                                         "reconnect_interval_ms", "dead_reclaim_ms", "suspicion_min_ms")},
+            "rejoin_ms": (0, DAY_MS),
             **{f: (1, 64) for f in ("indirect_checks", "retransmit_mult", "fanout", "suspicion_confirmations",
                                     "awareness_max_mult")},
             "piggyback_bytes": (1, 64 << 20)})

@@ -26,7 +26,9 @@ class ManualPath(AdminView):
     def _propose(self, decision: Decision, force: bool = False, done: asyncio.Future[Any] | None = None) -> None:
         raise NotImplementedError
 
-    async def _submit(self, ops: tuple[Operation, ...], trigger: str, force: bool) -> Any:
+    def _step_manual(self, ops: tuple[Operation, ...], trigger: str, force: bool) -> tuple[Decision | None, str]:
+        """The controller's manual event: the decision it made of `ops` (not yet proposed; any other proposal it
+        made, proposed), or None and why it refused."""
         ready = self._controller.step(ManualProposal(ops, force))
         proposals = list(ready.proposals)
         explains = [e for e in ready.events if isinstance(e, Explain)]
@@ -40,9 +42,29 @@ class ManualPath(AdminView):
             ex = explains[-1] if explains else None
             why = f"{ex.outcome if ex else 'REFUSED'}: {ex.detail if ex else ''}".rstrip(": ")
             return None, f"{trigger} not proposed by the decision core: {why}"
+        return mine[0], ""
+
+    async def _submit(self, ops: tuple[Operation, ...], trigger: str, force: bool) -> Any:
+        d, why = self._step_manual(ops, trigger, force)
+        if d is None:
+            return None, why
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._propose(mine[0], force=force, done=fut)
+        self._propose(d, force=force, done=fut)
         return await asyncio.wait_for(fut, timeout=20.0), ""
+
+    def _restore_now(self, rank: int) -> str:
+        """Propose the restore of `rank` without waiting for its outcome (agent.rejoin watches the commits);
+        "" or why it was refused."""
+        from controlplane.elastic import DrainRefused, plan_restore
+
+        try:
+            ops = plan_restore(self.head(), rank)
+        except DrainRefused as e:
+            return str(e)
+        d, why = self._step_manual(ops, f"restore r{rank}", True)
+        if d is not None:
+            self._propose(d, force=True)
+        return why
 
     async def propose_manual(self, ops: tuple[Operation, ...], force: bool) -> apb.ProposeReply:
         try:

@@ -28,6 +28,7 @@ from agent.consensus.proposer import Outcome
 from agent.loadpath import ClusterWindows, LoadReportError, LocalWindows
 from agent.manual import ManualPath
 from agent.membership import Member, MemberStatus
+from agent.rejoin import Rejoin
 from agent.voter import Voter
 from agent.wire import make_plan, op_to_pb, plan_kind
 from controlplane.controller import (
@@ -105,6 +106,8 @@ class NodeState(ManualPath):
         self._health = "STARTING"
         self.hooks = Hooks()
         self.presence: RankPresence | None = None  # this node's engine ranks on the local link (serve_shim)
+        self.rejoin: Rejoin | None = None  # restores this node's ranks a repair drained, once they are back
+        self._reported: dict[int, float] = {}  # rank -> when its engine last reported load here
         self._tasks: set[asyncio.Future[Any]] = set()
         self.journal: deque[Record] = deque(maxlen=1024)  # the controller's proposal records and resolutions
         self._voters = list(cfg.consensus.voters) or sorted(cfg.seed_map) or [cfg.node_id]
@@ -177,6 +180,8 @@ class NodeState(ManualPath):
         if marked and not had_store:
             mark_owner(self.data_dir, self.node_id)
         self.controller = Controller(self.params, backend.head)
+        self.rejoin = Rejoin(clock, self._my_ranks(), self.cfg.gossip.rejoin_ms / 1000, self._restore_now)
+        self.rejoin.recovered(backend.commits_since(0), backend.head)
         self.gossip = GossipNode(self.node_id, self.cfg.advertise_address, self._my_ranks(), self.cfg.gossip, clock,
                                  transport, {n: a for n, a in self.cfg.seed_map.items() if n != self.node_id},
                                  rng_seed=self.rng_seed if self.rng_seed is not None else zlib.crc32(self.node_id.encode()),
@@ -255,6 +260,8 @@ class NodeState(ManualPath):
         if r.unreachable_ranks and self.gossip is not None:  # the engine's own evidence (Lifeguard)
             who = self.gossip.suspect_ranks(r.unreachable_ranks)
             log.warning("rank %d could not reach ranks %s: suspecting %s", r.rank, list(r.unreachable_ranks), who)
+        if self.clock is not None:
+            self._reported[int(r.rank)] = self.clock.now()
         if r.steps == 0:  # evidence only (a peer the engine lost), no load
             return
         counts = np.frombuffer(r.counts, dtype="<u4").reshape(c.layers, c.experts)
@@ -289,6 +296,14 @@ class NodeState(ManualPath):
         self._lose_ranks(tuple(sorted(claimed - held)), self._planner(self._window_seq + 1),
                          f"node {m.node_id} declared dead")
 
+    def _rank_here(self, r: int) -> bool:
+        """First-hand evidence that rank r's engine runs: its link to this agent is open, or it reported load
+        within the last two seconds."""
+        if self.presence is not None and self.presence.open[r] > 0:
+            return True
+        t = self._reported.get(r)
+        return t is not None and self.clock is not None and self.clock.now() - t < 2.0
+
     def _lose_ranks(self, ranks: tuple[int, ...], planner: str, why: str) -> None:
         """Repair `ranks` (those active in the head): `planner` proposes at once, this node a window later unless
         it is the planner ('') (the link's first-hand evidence: no other node knows yet)."""
@@ -304,6 +319,9 @@ class NodeState(ManualPath):
             self._head_seq = max(self._head_seq, seq - 1)
         self._window_seq = seq
         self.voter.remember(seq, total)
+        if self.rejoin is not None:
+            self.rejoin.due(self._rank_here, able=self._health == "SERVING"
+                            and 2 * len(self._live_voters()) > len(self._voters))
         head = self._backend.head
         imb = float(table_step_imbalance(head, total.astype(np.int64)))
         self._imbalance = (self._imbalance + [imb])[-600:]
@@ -385,6 +403,8 @@ class NodeState(ManualPath):
         end = int(commit.plan.replay_to_step) // self.params.window
         self._head_seq = end - 1 if 0 < end <= self._window_seq + 1 else self._window_seq
         self._perform(self._controller.step(TableCommitted(table, kind=plan_kind(commit.plan))))
+        if self.rejoin is not None:
+            self.rejoin.committed(table.version, table.parent, table.active_ranks, plan_kind(commit.plan))
         rec = self._explain.get(table.version)
         if rec is not None:
             rec.outcome = "committed"

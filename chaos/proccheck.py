@@ -69,6 +69,7 @@ class Checks:
         self._valid: dict[tuple[int, bytes], str] = {}  # (version, hash) -> "" or why invalid
         self.tables: dict[int, RoutingTable] = {}  # valid committed tables by version
         self.triggers: dict[int, tuple[str, float, bool]] = {}  # version -> (trigger, verified gain, rebalance?)
+        self.kinds: dict[int, str] = {}  # version -> plan kind (rebalance, repair, rollback, restore, manual, ...)
         self.installed_at: dict[int, float] = {}  # version -> when an engine first installed it (monotonic)
         self.i6_judged = 0
 
@@ -118,6 +119,7 @@ class Checks:
                     self.note("I3", f"{v}:{h.hex()}", f"v{v}: {self._valid[(v, h)]}")
                 trig, gain = c.plan.trigger, float(c.plan.verified_gain)
                 self.triggers[v] = (trig, gain, _is_rebalance(c.plan))
+                self.kinds[v] = plan_kind(c.plan)
                 if _is_rebalance(c.plan) and gain < self.tau - 1e-12:
                     self.note("I6", f"gain:{v}", f"v{v} committed a rebalance with verified gain {gain:.4f} < tau "
                                                  f"{self.tau} ({trig!r})")

@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -122,6 +123,7 @@ class ProcRunner:
         self.down: set[int] = set()
         self.failed: set[int] = set()  # agents that did not come back after a restart (not live)
         self.convergence: list[float] = []
+        self.serving_s: list[float] = []  # restart issued -> that agent answering Admin Status again
         self.fault_counts = {"kill": 0, "pause": 0, "partition": 0, "loss": 0, "delay": 0,
                              "duplicate": 0, "restart_all": 0, "lose_store": 0,
                              "corrupt": 0, "disk_full": 0, "cut_log": 0}
@@ -218,7 +220,9 @@ class ProcRunner:
         self.healed_at = time.monotonic()  # I5's clock starts when the faults are lifted (restart issued)
         for k in ep.kill:
             self.down.discard(k)
-            if not await self.wait_serving([k]):  # counted once; the node is left out of I5 until it is back
+            ok = await self.wait_serving([k])
+            self.serving_s.append(time.monotonic() - self.healed_at)
+            if not ok:  # counted once; the node is left out of I5 until it is back
                 self.failed.add(k)
                 self.checks.note("I7", f"{ids[k]}:restart{self.fault_counts['kill']}",
                                  f"{ids[k]} not serving 30 s after restart: {self.log_tail(k)}")
@@ -361,11 +365,19 @@ class ProcRunner:
             "partition_mechanism": self.mechanism, "disk_faults": self.disks or "on",
             "convergence_max_s": None if np.isnan(conv).all() else round(float(np.max(conv)), 3),
             "restart_failures": sorted(self.cluster.ids[k] for k in self.failed),
-            "commits": self.checks.max_version - 1, "installs_checked": sum(e.installs for e in self.engines),
+            "restart_to_serving_s": _quantiles(self.serving_s),
+            "commits": self.checks.max_version - 1,
+            "commit_kinds": dict(sorted(Counter(self.checks.kinds.values()).items())), "installs_checked": sum(e.installs for e in self.engines),
             "faults": self.fault_counts, "i6_judged": self.checks.i6_judged,
             "tokens": tokens, "switch_frames": self.wire_stats,
             "details": self.checks.details[:20], "seed": self.seed, "wall_s": round(time.monotonic() - t_start, 1),
         }
+
+
+def _quantiles(xs: list[float]) -> dict[str, float | None]:
+    a = np.array(xs) if xs else np.array([np.nan])
+    return {q: None if np.isnan(a).all() else round(float(np.percentile(a, p)), 3)
+            for q, p in (("p50", 50), ("p99", 99), ("max", 100))}
 
 
 def run_processes(nodes: int, schedules: int, seed: int, out: Path | None = None, progress: bool = False,
