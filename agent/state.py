@@ -260,7 +260,7 @@ class NodeState(ManualPath):
         if r.unreachable_ranks and self.gossip is not None:  # the engine's own evidence (Lifeguard)
             who = self.gossip.suspect_ranks(r.unreachable_ranks)
             log.warning("rank %d could not reach ranks %s: suspecting %s", r.rank, list(r.unreachable_ranks), who)
-        if self.clock is not None:
+        if self.clock is not None and self.rejoin is not None and r.rank in self.rejoin.ranks:
             self._reported[int(r.rank)] = self.clock.now()
         if r.steps == 0:  # evidence only (a peer the engine lost), no load
             return
