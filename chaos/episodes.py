@@ -15,6 +15,7 @@ class Episode:
     groups: list[list[int]] = field(default_factory=list)  # partition: no traffic between groups
     loss: float = 0.0  # packet loss on every node's input (namespaces only)
     delay_ms: float = 0.0  # every packet to a node held this long plus up to as long again: reordered (namespaces)
+    slow: list[int] = field(default_factory=list)  # the nodes delay_ms applies to (empty: all; one: a gray failure)
     dup: float = 0.0  # share of packets delivered twice (namespaces only)
     restart_all: bool = False  # kill -9 of every agent, all restarted at the end of the hold
     lose_store: list[int] = field(default_factory=list)  # kill -9, log lost, restart: rebuild as a learner
@@ -30,7 +31,8 @@ class Episode:
         if self.loss:
             parts.append(f"loss {self.loss:.0%}")
         if self.delay_ms:
-            parts.append(f"delay {self.delay_ms:g}-{2 * self.delay_ms:g} ms (reordering)")
+            where = f"{','.join(ids[k] for k in self.slow)}'s cable" if self.slow else "every cable"
+            parts.append(f"delay {self.delay_ms:g}-{2 * self.delay_ms:g} ms on {where} (reordering)")
         if self.dup:
             parts.append(f"duplicate {self.dup:.0%}")
         parts += ["kill -9 every agent"] if self.restart_all else []
@@ -59,7 +61,8 @@ def make_schedule(rng: random.Random, n: int, net: bool = False, disks: bool = F
         if "loss" in kinds:
             ep.loss = rng.choice((0.05, 0.2, 0.4))
         if "delay" in kinds:
-            ep.delay_ms = rng.choice((20.0, 60.0, 150.0))
+            ep.delay_ms = rng.choice((20.0, 60.0, 150.0, 400.0))
+            ep.slow = [nodes[-1]] if rng.random() < 0.5 else []  # one slow node (not popped: it may also fail)
         if "duplicate" in kinds:
             ep.dup = rng.choice((0.1, 0.3))
         for kind, lst in (("lose-store", ep.lose_store), ("corrupt", ep.corrupt), ("disk-full", ep.disk_full),

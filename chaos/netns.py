@@ -154,9 +154,9 @@ class NetLab:
 
     def delay(self, delay_ms: float = 0.0, jitter_ms: float = 0.0, dup: float = 0.0,
               nodes: Iterable[int] | None = None) -> None:
-        """Frames delivered to each of `nodes` (default all) held `delay_ms` + uniform(0, `jitter_ms`) (frames
-        overtake each other when jitter exceeds their spacing), a share `dup` of them delivered twice; all zero
-        lifts it."""
+        """The cable of each of `nodes` (default all): every frame to or from the node held `delay_ms` +
+        uniform(0, `jitter_ms`) (frames overtake each other when jitter exceeds their spacing; a frame between
+        two such nodes is held by both), a share `dup` of them delivered twice; all zero lifts it."""
         if self.wire is None or self.wire.stdin is None:
             raise NetnsError("the lab is not up")
         spec = {"ports": None if nodes is None else sorted(nodes), "delay_ms": delay_ms, "jitter_ms": jitter_ms,

@@ -39,6 +39,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -175,7 +176,9 @@ class ProcRunner:
             self.lab.loss(ep.loss)
             self.fault_counts["loss"] += 1
         if (ep.delay_ms or ep.dup) and self.lab is not None:
-            self.lab.delay(ep.delay_ms, ep.delay_ms, ep.dup)
+            if ep.slow and ep.dup:
+                self.lab.delay(dup=ep.dup)
+            self.lab.delay(ep.delay_ms, ep.delay_ms, ep.dup, nodes=ep.slow or None)
             self.fault_counts["delay"] += bool(ep.delay_ms)
             self.fault_counts["duplicate"] += bool(ep.dup)
         if ep.restart_all:
@@ -374,6 +377,17 @@ class ProcRunner:
         }
 
 
+async def _until_terminated(run: Coroutine[Any, Any, dict[str, Any]]) -> dict[str, Any]:
+    """`run`, cancelled by SIGTERM as by Ctrl-C, so that its cleanup (agents, namespaces, tmpfs mounts) runs."""
+    task = asyncio.ensure_future(run)
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        return await task
+    finally:
+        loop.remove_signal_handler(signal.SIGTERM)
+
+
 def _quantiles(xs: list[float]) -> dict[str, float | None]:
     a = np.array(xs) if xs else np.array([np.nan])
     return {q: None if np.isnan(a).all() else round(float(np.percentile(a, p)), 3)
@@ -391,7 +405,7 @@ def run_processes(nodes: int, schedules: int, seed: int, out: Path | None = None
     say = (lambda msg: print(msg, file=sys.stderr, flush=True)) if progress else None
     with tempfile.TemporaryDirectory(prefix="emoe-chaos-") as tmp:
         runner = ProcRunner(nodes, Path(tmp), seed, log=say, netns=netns, disks=disks)
-        result = asyncio.run(runner.run(schedules))
+        result = asyncio.run(_until_terminated(runner.run(schedules)))
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "report.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -411,5 +425,9 @@ def main(a: argparse.Namespace) -> int:
     except (ValueError, RuntimeError) as e:
         print(f"chaos run --runner processes: {e}", file=sys.stderr)
         return 2
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        print("chaos run --runner processes: interrupted; agents stopped, namespaces and mounts removed",
+              file=sys.stderr)
+        return 130
     print(json.dumps(res) if a.json else json.dumps(res, indent=2))
     return 1 if any(res["violations"].values()) else 0

@@ -3,17 +3,19 @@
 This kernel has neither the netem qdisc nor nftables' `queue` (checked: `tc qdisc ... netem` and
 `nft ... queue` are refused), so nothing in it can hold a packet back. Each namespace's eth0 is instead a TAP
 device whose other end is this process: a learning Ethernet switch that forwards every frame at once, or,
-for a port given a delay, after `delay + uniform(0, jitter)` (so that frames overtake each other: reordering),
-sending a share `dup` of them twice. The agents' own kernels see the result: TCP retransmits, duplicate
-segments, out-of-order delivery and slow handshakes are theirs to handle, as on a slow network. Loss and
-partitions stay nftables rules inside each namespace (chaos/netns.py).
+through a port given a delay, after `delay + uniform(0, jitter)` (so that frames overtake each other:
+reordering), sending a share `dup` of them twice; a port's fault is its cable's, in both directions. The
+agents' own kernels see the result: TCP retransmits, duplicate segments, out-of-order delivery and slow
+handshakes are theirs to handle, as on a slow network. Loss and partitions stay nftables rules inside each
+namespace (chaos/netns.py).
 
     python -m chaos.wire TAP0 TAP1 ...     creates the TAP devices (this network namespace), prints "ready"
 
 then reads one JSON object per line on stdin, {"ports": [k, ...] | null (all), "delay_ms": d, "jitter_ms": j,
-"dup": p}, which sets the fault on frames delivered to those ports, and answers "ok" (or "error: ...") on
-stdout; {"stats": true} answers the frame counts (forwarded, delayed, duplicated, dropped) as JSON. It exits when stdin closes, and its TAP devices go with it. Frames a port cannot take (its queue full)
-are dropped, as a switch would.
+"dup": p}, which sets the fault on those ports' cables (every frame to or from them), and answers "ok" (or
+"error: ...") on stdout; {"stats": true} answers the frame counts (forwarded, delayed, duplicated, dropped)
+as JSON. It exits when stdin closes, and its TAP devices go with it. Frames a port cannot take (its queue
+full) are dropped, as a switch would.
 """
 
 from __future__ import annotations
@@ -50,7 +52,9 @@ def open_tap(name: str) -> int:
 
 
 class Link:
-    """What happens to frames delivered to one port."""
+    """What one port's cable does to the frames through it, both ways: a frame from port a to port b is
+    held by a's cable and then by b's (so a delay on every port holds each frame twice), and may be
+    duplicated by either."""
 
     __slots__ = ("delay_s", "jitter_s", "dup")
 
@@ -63,6 +67,9 @@ class Link:
             if not 0.0 <= v <= hi:
                 raise ValueError(f"{name} {v}: expected 0..{hi:g}")
         self.delay_s, self.jitter_s, self.dup = delay / 1000, jitter / 1000, dup
+
+    def hold(self, rng: random.Random) -> float:
+        return self.delay_s + (rng.uniform(0.0, self.jitter_s) if self.jitter_s else 0.0)
 
     @property
     def idle(self) -> bool:
@@ -105,17 +112,19 @@ class Switch:
         self.macs[frame[6:12]] = port
         dst = frame[:6]
         out = self.macs.get(dst) if dst != BROADCAST else None
+        src = self.links[port]
         for p in [out] if out is not None else range(len(self.fds)):
             if p == port:
                 continue
-            lk = self.links[p]
-            if lk.idle:
+            dst = self.links[p]
+            if src.idle and dst.idle:
                 self.send(p, frame)
                 continue
-            copies = 2 if lk.dup and self.rng.random() < lk.dup else 1
+            copies = 1 + (self.rng.random() < src.dup)  # a frame crosses its sender's cable, then its receiver's
+            copies += sum(self.rng.random() < dst.dup for _ in range(copies))
             self.duplicated += copies - 1
             for _ in range(copies):
-                due = now + lk.delay_s + (self.rng.uniform(0.0, lk.jitter_s) if lk.jitter_s else 0.0)
+                due = now + src.hold(self.rng) + dst.hold(self.rng)
                 self.seq += 1
                 heapq.heappush(self.pending, (due, self.seq, p, frame))
                 self.delayed += 1

@@ -57,6 +57,11 @@ def test_the_switch_learns_floods_delays_reorders_and_duplicates() -> None:
     assert sorted(set(got)) == list(range(100, 140))  # every frame arrives ...
     assert got != sorted(got)  # ... some overtaken (jitter 100 ms over 1 ms spacing)
     assert len(got) - 40 == sw.duplicated > 0  # ... some twice
+    rs_b = _read(rs[1])
+    sw.frame_in(0, _frame(A, B, 8), now=2.0)  # port 0's cable holds frames it sends too
+    assert _read(rs[1]) == rs_b == [] and sw.due(2.05) is not None and _read(rs[1]) == []
+    sw.due(2.5)
+    assert 8 in _read(rs[1])
     assert sw.control(json.dumps({"ports": None, "delay_ms": 0})) == "ok"
     sw.frame_in(1, _frame(B, A, 7), now=2.0)
     assert _read(rs[0]) == [7]  # lifted: at once
@@ -99,8 +104,10 @@ def test_agents_kernels_see_the_delay_and_the_duplicates_through_real_namespaces
             return float(r.stdout)
 
         assert connect_ms() < 50
-        lab.delay(100.0)  # each direction: a connect and one echo are two round trips
-        assert connect_ms() >= 390
+        lab.delay(100.0, nodes=[1])  # node 1's cable, both ways: a connect and one echo are two round trips
+        assert 390 <= connect_ms() < 700
+        lab.delay(100.0)  # every cable: a frame between two nodes is held twice
+        assert connect_ms() >= 790
         lab.delay(dup=1.0)
         connect_ms()
         assert lab.stats()["duplicated"] > 0
