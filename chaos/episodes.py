@@ -13,6 +13,7 @@ class Episode:
     kill: list[int] = field(default_factory=list)
     pause: list[int] = field(default_factory=list)
     groups: list[list[int]] = field(default_factory=list)  # partition: no traffic between groups
+    deaf: list[int] = field(default_factory=list)  # one-way: these nodes hear no peer, every peer hears them
     loss: float = 0.0  # packet loss on every node's input (namespaces only)
     delay_ms: float = 0.0  # every packet to a node held this long plus up to as long again: reordered (namespaces)
     slow: list[int] = field(default_factory=list)  # the nodes delay_ms applies to (empty: all; one: a gray failure)
@@ -28,6 +29,7 @@ class Episode:
         parts = [f"kill -9 {ids[k]}" for k in self.kill] + [f"SIGSTOP {ids[k]}" for k in self.pause]
         if self.groups:
             parts.append("partition " + " | ".join(",".join(ids[k] for k in g) for g in self.groups))
+        parts += [f"{ids[k]} hears no peer (one-way)" for k in self.deaf]
         if self.loss:
             parts.append(f"loss {self.loss:.0%}")
         if self.delay_ms:
@@ -44,10 +46,10 @@ class Episode:
 
 
 def make_schedule(rng: random.Random, n: int, net: bool = False, disks: bool = False) -> list[Episode]:
-    """One to three episodes; each one or two fault kinds on distinct nodes (`net`: packet loss, delay and
-    duplication; `disks`: whole-cluster restart and the store faults)."""
+    """One to three episodes; each one or two fault kinds on distinct nodes (`net`: packet loss, delay,
+    duplication and one-way links; `disks`: whole-cluster restart and the store faults)."""
     out = []
-    menu = ["partition", "kill", "pause"] + (["loss", "delay", "duplicate"] if net else [])
+    menu = ["partition", "kill", "pause"] + (["loss", "delay", "duplicate", "one-way"] if net else [])
     menu += ["restart-all", "lose-store", "corrupt", "disk-full", "cut-log"] if disks else []
     for _ in range(rng.randint(1, 3)):
         ep = Episode(hold_s=round(rng.uniform(0.8, 2.5), 2))
@@ -73,6 +75,8 @@ def make_schedule(rng: random.Random, n: int, net: bool = False, disks: bool = F
             shape = rng.choice(["isolate", "minority", "halves"])
             cut = {"isolate": 1, "minority": (n - 1) // 2, "halves": n // 2}[shape]
             ep.groups = [sorted(nodes[:cut]), sorted(nodes[cut:])]
+        if "one-way" in kinds and not ep.groups:
+            ep.deaf = [nodes.pop()]
         if "kill" in kinds:
             ep.kill = [nodes.pop()]
         if "pause" in kinds:

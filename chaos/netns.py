@@ -144,6 +144,12 @@ class NetLab:
         for k in range(self.n):
             self._apply(k)
 
+    def deafen(self, k: int) -> None:
+        """Node k receives nothing from its peers while they still receive from it: a one-way link (a NIC or
+        a filter broken in one direction), so that k is declared dead by peers it can still reach."""
+        self._cut[k] = set(range(self.n)) - {k}
+        self._apply(k)
+
     def loss(self, p: float, nodes: Iterable[int] | None = None) -> None:
         """Drop a share `p` of the packets each of `nodes` (default all) receives."""
         if not 0.0 <= p <= 1.0:

@@ -12,8 +12,8 @@ switch process between network namespaces, and on tmpfs data_dirs (the fault fil
   agents share loopback and partitions go through the transport's test-only fault file
   (`agent.transport.faults`, EMOE_FAULTS_FILE); `partition_mechanism` in the result says which;
 - faults, from a seeded generator, one to three episodes per schedule, each holding 0.8-2.5 s: kill -9
-  then restart, SIGSTOP then SIGCONT, partitions (isolate one node, minority | majority, halves), packet
-  loss, delay and duplication (namespaces only), and with `disks` (root: each data_dir a tmpfs of its own, chaos/procfaults.py)
+  then restart, SIGSTOP then SIGCONT, partitions (isolate one node, minority | majority, halves), one-way
+  links, packet loss, delay and duplication (namespaces only), and with `disks` (root: each data_dir a tmpfs of its own, chaos/procfaults.py)
   a whole-cluster kill -9 and restart, a lost log (the node rebuilds as a learner), a full disk (the node
   fail-stops, then resumes), and a byte flipped mid-log (the restart must refuse, naming the offset; then
   `emoe store repair` and a restart that rebuilds);
@@ -125,7 +125,7 @@ class ProcRunner:
         self.failed: set[int] = set()  # agents that did not come back after a restart (not live)
         self.convergence: list[float] = []
         self.serving_s: list[float] = []  # restart issued -> that agent answering Admin Status again
-        self.fault_counts = {"kill": 0, "pause": 0, "partition": 0, "loss": 0, "delay": 0,
+        self.fault_counts = {"kill": 0, "pause": 0, "partition": 0, "one_way": 0, "loss": 0, "delay": 0,
                              "duplicate": 0, "restart_all": 0, "lose_store": 0,
                              "corrupt": 0, "disk_full": 0, "cut_log": 0}
         self.log = log or (lambda *a: None)
@@ -172,6 +172,9 @@ class ProcRunner:
             else:
                 write_faults(self.faults_path, _drop_map(ids, ep.groups))
             self.fault_counts["partition"] += 1
+        for k in ep.deaf if self.lab is not None else []:
+            self.lab.deafen(k)
+            self.fault_counts["one_way"] += 1
         if ep.loss and self.lab is not None:
             self.lab.loss(ep.loss)
             self.fault_counts["loss"] += 1
