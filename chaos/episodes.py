@@ -1,6 +1,6 @@
 """The process runner's fault episodes (chaos/procrunner.py plays them on real agent processes): which nodes
 are killed, paused, partitioned, lose or corrupt their logs, or fill their disks, what the network does to
-their packets (loss, delay with reordering, duplication), and for how long."""
+their packets (loss, delay with reordering, duplication, one-way links), and for how long."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ class Episode:
     groups: list[list[int]] = field(default_factory=list)  # partition: no traffic between groups
     deaf: list[int] = field(default_factory=list)  # one-way: these nodes hear no peer, every peer hears them
     loss: float = 0.0  # packet loss on every node's input (namespaces only)
-    delay_ms: float = 0.0  # every packet to a node held this long plus up to as long again: reordered (namespaces)
+    delay_ms: float = 0.0  # packets through a node's cable held this long plus up to as long again: reordered
     slow: list[int] = field(default_factory=list)  # the nodes delay_ms applies to (empty: all; one: a gray failure)
     dup: float = 0.0  # share of packets delivered twice (namespaces only)
     restart_all: bool = False  # kill -9 of every agent, all restarted at the end of the hold

@@ -91,7 +91,7 @@ class NetLab:
         try:
             self.wire = subprocess.Popen([sys.executable, "-m", "chaos.wire", *(self.tap(k) for k in range(self.n)),
                                           self.root_if], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         text=True)
+                                         text=True, start_new_session=True)  # ends when its stdin closes, not on ^C
             if self._answer() != "ready":
                 raise NetnsError(f"chaos.wire did not start (exit {self.wire.poll()})")
             for k, ns in enumerate(self.nodes):
