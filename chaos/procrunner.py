@@ -11,19 +11,20 @@ switch process between network namespaces, and on tmpfs data_dirs (the fault fil
   switch delays (with reordering) and duplicates the packets between them; elsewhere the
   agents share loopback and partitions go through the transport's test-only fault file
   (`agent.transport.faults`, EMOE_FAULTS_FILE); `partition_mechanism` in the result says which;
-- faults, from a seeded generator, one to three episodes per schedule, each holding 0.8-2.5 s: kill -9
-  then restart, SIGSTOP then SIGCONT, partitions (isolate one node, minority | majority, halves), one-way
-  links, packet loss, delay and duplication (namespaces only), and with `disks` (root: each data_dir a tmpfs of its own, chaos/procfaults.py)
-  a whole-cluster kill -9 and restart, a lost log (the node rebuilds as a learner), a full disk (the node
-  fail-stops, then resumes), and a byte flipped mid-log (the restart must refuse, naming the offset; then
-  `emoe store repair` and a restart that rebuilds);
+- faults, from a seeded generator, one to three episodes per schedule, each holding 0.8-2.5 s: kill -9 then
+  restart, SIGSTOP then SIGCONT, partitions (isolate one node, minority | majority, halves), one-way links,
+  packet loss, delay and duplication (namespaces only), and with `disks` (root: each data_dir a tmpfs of its
+  own, chaos/procfaults.py) a whole-cluster kill -9 and restart, a lost log (the node rebuilds as a
+  learner), a full disk (the node fail-stops, then resumes), and a byte flipped mid-log (the restart must
+  refuse, naming the offset; then `emoe store repair` and a restart that rebuilds);
 - checks (chaos.proccheck): I1 one table per version across every agent's store log; I2 each log and each
   engine strictly increasing with parent = previous; I3 every committed table certified and valid; I5
   after the last heal of a schedule every live agent and engine reach one version within `converge_s`
   (the time is reported); I6 every committed rebalance has a verified gain >= tau, and one that made the
   load the engines reported worse than its parent would have (over the next 3 fault-free windows) is
   superseded within 3 + 10 windows; I7 every commit a node had on disk and the head it acknowledged
-  before kill -9 are there after its restart. I4 needs token routing, which these engines do not do.
+  before kill -9 are there after its restart; I4 no token accepted by a slot whose rank's memory lacks its
+  expert, as the engines route tokens between their shims on the streamed tables (chaos.proccheck.DataPlane).
 Every wait is bounded; every process is killed in `finally`.
 """
 
@@ -65,8 +66,8 @@ I6_GRACE_WINDOWS = 10
 MECHANISM = ("transport fault file (EMOE_FAULTS_FILE, agent/transport/faults.py): each agent drops gRPC "
              "calls to and from the listed peers; network namespaces unused ({why})")
 NETNS_MECHANISM = ("kernel: each agent in its own network namespace, joined by a switch process on TAP devices; "
-                   "partitions and packet loss are nftables drop rules on each namespace's input, delay, reordering "
-                   "and duplication are the switch's (chaos/netns.py, chaos/wire.py)")
+                   "partitions, one-way links and packet loss are nftables drop rules on each namespace's input; "
+                   "delay, reordering and duplication are the switch's (chaos/netns.py, chaos/wire.py)")
 
 
 def _drop_map(ids: list[str], groups: list[list[int]]) -> dict[str, list[str]]:
@@ -373,7 +374,8 @@ class ProcRunner:
             "restart_failures": sorted(self.cluster.ids[k] for k in self.failed),
             "restart_to_serving_s": _quantiles(self.serving_s),
             "commits": self.checks.max_version - 1,
-            "commit_kinds": dict(sorted(Counter(self.checks.kinds.values()).items())), "installs_checked": sum(e.installs for e in self.engines),
+            "commit_kinds": dict(sorted(Counter(self.checks.kinds.values()).items())),
+            "installs_checked": sum(e.installs for e in self.engines),
             "faults": self.fault_counts, "i6_judged": self.checks.i6_judged,
             "tokens": tokens, "switch_frames": self.wire_stats,
             "details": self.checks.details[:20], "seed": self.seed, "wall_s": round(time.monotonic() - t_start, 1),
