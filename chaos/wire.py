@@ -62,7 +62,7 @@ class Link:
         self.delay_s = self.jitter_s = self.dup = 0.0
 
     def set(self, spec: dict[str, object]) -> None:
-        delay, jitter, dup = (float(spec.get(k, 0.0) or 0.0) for k in ("delay_ms", "jitter_ms", "dup"))  # type: ignore[arg-type]
+        delay, jitter, dup = (float(spec.get(k) or 0.0) for k in ("delay_ms", "jitter_ms", "dup"))  # type: ignore[arg-type]
         for name, v, hi in (("delay_ms", delay, MAX_DELAY_MS), ("jitter_ms", jitter, MAX_DELAY_MS), ("dup", dup, 1.0)):
             if not 0.0 <= v <= hi:
                 raise ValueError(f"{name} {v}: expected 0..{hi:g}")
@@ -84,7 +84,7 @@ class Switch:
         self.pending: list[tuple[float, int, int, bytes]] = []  # (due, seq, port, frame)
         self.seq = 0
         self.rng = random.Random(seed)
-        self.forwarded = self.delayed = self.duplicated = self.dropped = 0
+        self.forwarded = self.delayed = self.duplicated = self.dropped = 0  # delayed frames are forwarded later
 
     def control(self, line: str) -> str:
         try:
@@ -110,21 +110,20 @@ class Switch:
         if len(frame) < 14:
             return
         self.macs[frame[6:12]] = port
-        dst = frame[:6]
-        out = self.macs.get(dst) if dst != BROADCAST else None
-        src = self.links[port]
+        out = self.macs.get(frame[:6]) if frame[:6] != BROADCAST else None
+        tx = self.links[port]
         for p in [out] if out is not None else range(len(self.fds)):
             if p == port:
                 continue
-            dst = self.links[p]
-            if src.idle and dst.idle:
+            rx = self.links[p]
+            if tx.idle and rx.idle:
                 self.send(p, frame)
                 continue
-            copies = 1 + (self.rng.random() < src.dup)  # a frame crosses its sender's cable, then its receiver's
-            copies += sum(self.rng.random() < dst.dup for _ in range(copies))
+            copies = 1 + (self.rng.random() < tx.dup)  # a frame crosses its sender's cable, then its receiver's
+            copies += sum(self.rng.random() < rx.dup for _ in range(copies))
             self.duplicated += copies - 1
             for _ in range(copies):
-                due = now + src.hold(self.rng) + dst.hold(self.rng)
+                due = now + tx.hold(self.rng) + rx.hold(self.rng)
                 self.seq += 1
                 heapq.heappush(self.pending, (due, self.seq, p, frame))
                 self.delayed += 1
