@@ -26,10 +26,11 @@ class ManualPath(AdminView):
     def _propose(self, decision: Decision, force: bool = False, done: asyncio.Future[Any] | None = None) -> None:
         raise NotImplementedError
 
-    def _step_manual(self, ops: tuple[Operation, ...], trigger: str, force: bool) -> tuple[Decision | None, str]:
+    def _step_manual(self, ops: tuple[Operation, ...], trigger: str, force: bool,
+                     why: str = "") -> tuple[Decision | None, str]:
         """The controller's manual event: the decision it made of `ops` (not yet proposed; any other proposal it
         made, proposed), or None and why it refused."""
-        ready = self._controller.step(ManualProposal(ops, force))
+        ready = self._controller.step(ManualProposal(ops, force, why))
         proposals = list(ready.proposals)
         explains = [e for e in ready.events if isinstance(e, Explain)]
         self.journal.extend(ready.persist)
@@ -61,7 +62,7 @@ class ManualPath(AdminView):
             ops = plan_restore(self.head(), rank)
         except DrainRefused as e:
             return str(e)
-        d, why = self._step_manual(ops, f"restore r{rank}", True)
+        d, why = self._step_manual(ops, f"restore r{rank}", True, f"rank {rank} is back after its repair (rejoin)")
         if d is not None:
             self._propose(d, force=True)
         return why

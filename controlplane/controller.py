@@ -79,6 +79,7 @@ class ProposalFailed:
 class ManualProposal:
     ops: tuple[Operation, ...]
     force: bool = False
+    why: str = ""  # who asks, when not an operator (the trigger says so): e.g. a node restoring its own rank
 
 
 @dataclass(frozen=True)
@@ -333,7 +334,7 @@ class Controller:
         if self._inflight is not None:
             self._note("manual", DecisionOutcome.PROPOSAL_IN_FLIGHT, f"v{self._inflight.table.version} awaits its outcome")
             return
-        a = manual(self.head, self.monitor.buffer, self.params, tuple(ev.ops), ev.force)
+        a = manual(self.head, self.monitor.buffer, self.params, tuple(ev.ops), ev.force, ev.why)
         self._attempt(a, a.decision.trigger if a.decision else "manual")
 
     # ---- proposing ---------------------------------------------------------------------------

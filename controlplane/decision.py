@@ -311,8 +311,10 @@ def _widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: Decision
                 tuple((lay, float(o0[lay] - on[lay]) / base) for lay in sorted(set(op_layers))), note)
 
 
-def manual(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, ops: tuple[Operation, ...], force: bool) -> Attempt:
-    """An operator's operations: valid always required; gain >= tau and the budget unless forced."""
+def manual(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, ops: tuple[Operation, ...], force: bool,
+           why: str = "") -> Attempt:
+    """An operator's operations (or, with `why`, the agent's own on the operator's path): valid always required;
+    gain >= tau and the budget unless forced."""
     try:
         table = apply_ops(head, ops)
         table.validate()
@@ -326,7 +328,8 @@ def manual(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, ops: tuple[
         code = Reason.GAIN_BELOW_TAU.value if vg < p.tau else Reason.OVER_BUDGET.value
         return Attempt(None, code, "use force to propose anyway", (Refused(None, code, vg, cost),), 0.0, vg, cost)
     lo, hi = _span(buf)
-    trig = f"manual: operator proposal{' (forced)' if force else ''}: " + "; ".join(describe(o) for o in ops)
+    who = why or f"operator proposal{' (forced)' if force else ''}"
+    trig = f"manual: {who}: " + "; ".join(describe(o) for o in ops)
     return Attempt(Decision(table, tuple(ops), vg, vg, cost, trig, (), "manual", lo, hi), DecisionOutcome.PROPOSED, "", (), vg, vg, cost)
 
 

@@ -103,3 +103,5 @@ def test_a_node_cut_off_until_declared_dead_gets_its_rank_back_after_the_partiti
     c.heal()
     c.run(8.0)  # membership heals, the node catches up, then waits rejoin_ms (3 s) and proposes the restore
     assert all(rank in c.states[n].head().active_ranks for n in c.ids), {n: c.states[n].head().active_ranks for n in c.ids}
+    restores = [x.plan.trigger for x in c.states[c.ids[0]].commits_since(0) if "restore r3" in x.plan.trigger]
+    assert restores and "rank 3 is back after its repair (rejoin)" in restores[-1], restores  # not "operator"
