@@ -75,6 +75,31 @@ def test_four_agent_processes_two_schedules_no_violations() -> None:
     # spans on a loaded machine), so the count is not asserted: tests above show both I6 checks fire
 
 
+def test_sigterm_cancels_the_run_so_that_its_cleanup_runs() -> None:
+    """A SIGTERM to the runner cancels the run like Ctrl-C: its `finally` (agents, namespaces, mounts) runs;
+    before, the default action killed the process and left namespaces and tmpfs mounts behind."""
+    import asyncio
+    import os
+    import signal
+
+    from chaos.procrunner import _until_terminated
+
+    cleaned: list[str] = []
+
+    async def run() -> dict[str, str]:
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            await asyncio.sleep(10)
+            return {}
+        finally:
+            cleaned.append("cleanup")
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(_until_terminated(run()))
+    assert cleaned == ["cleanup"]
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handler goes with the run
+
+
 def test_stable_ports_lie_below_the_ephemeral_range_and_are_free() -> None:
     import socket
 
