@@ -1,4 +1,5 @@
-"""A rank's engine process leaving is known first-hand by its own agent: the local link closes (agent.ranklink).
+"""A rank's engine process leaving is known first-hand by its own agent: the local link closes (agent.ranklink);
+a node declared dead while its engine ran restores its ranks itself when it runs again (agent.rejoin).
 
 Unit: RankPresence on a fake clock. End to end: 3 agent processes; a real shim process for rank 1 (node 0)
 holds its link open, is killed with SIGKILL, and the cluster commits a repair that drains rank 1, well before
@@ -74,13 +75,27 @@ SHIM = textwrap.dedent("""
     from dataplane_shim.link import ShimLink
 
     async def main():
-        link = ShimLink(sys.argv[1], shim_id="engine-rank-1", ranks=[1])
+        ranks = [int(r) for r in (sys.argv[2] if len(sys.argv) > 2 else "1").split(",")]
+        link = ShimLink(sys.argv[1], shim_id="engine-ranks-" + "-".join(map(str, ranks)), ranks=ranks)
 
         async def watch():  # holds the link open for as long as the process lives
             async for _ in link.watch_tables(0):
                 pass
 
+        async def load():  # uniform load, one report per rank per step (windows close on it)
+            from dataplane_shim.link import make_load_report
+            import numpy as np
+
+            step = 0
+            while True:
+                for r in ranks:
+                    await link.report_load(make_load_report(f"rank{r}", r, step, 1, 0, np.full((4, 16), 8)))
+                step += 1
+                await asyncio.sleep(0.02)
+
         task = asyncio.ensure_future(watch())
+        if len(sys.argv) > 3:
+            asyncio.ensure_future(load())
         await asyncio.sleep(1.0)  # the stream is open on the agent's side by now
         print("attached", flush=True)
         await task
@@ -99,9 +114,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
         yield c
 
 
-def _shim(cluster: LocalCluster) -> subprocess.Popen[str]:
-    p = subprocess.Popen([sys.executable, "-c", SHIM, cluster.shim_socket(0)], cwd=ROOT, stdout=subprocess.PIPE,
-                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+def _shim(cluster: LocalCluster, ranks: str = "1", load: bool = False) -> subprocess.Popen[str]:
+    p = subprocess.Popen([sys.executable, "-c", SHIM, cluster.shim_socket(0), ranks, *(["load"] if load else [])],
+                         cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert p.stdout is not None and p.stdout.readline().startswith("attached"), "the shim did not attach"
     return p
 
@@ -142,3 +157,28 @@ def test_a_killed_rank_process_is_repaired_and_restored_when_it_returns(cluster:
         _wait(cluster, 2, lambda act: 1 in act)
     finally:
         _kill(back)
+
+
+def test_a_node_stopped_past_its_suspicion_restores_its_ranks_itself_when_it_runs_again(cluster: LocalCluster) -> None:
+    """SIGSTOP of node 0's agent while its engine runs (the engine's link stays open and it reports load): the
+    others declare node 0 dead and repair its ranks; after SIGCONT node 0 restores them itself
+    (agent/rejoin.py; checked as load windows close, so an idle cluster restores when load resumes). Before,
+    they stayed drained until an operator ran `emoe restore`."""
+    shim = _shim(cluster, "0,1", load=True)  # rank 1 back if the test before left it drained; windows close
+    _wait(cluster, 2, lambda act: {0, 1} <= set(act))
+    try:
+        cluster.signal(0, signal.SIGSTOP)
+        try:
+            took = _wait(cluster, 2, lambda act: not {0, 1} & set(act))
+            print(f"\nnode 0 stopped: its ranks drained on node 2 after {took:.2f} s (polled)")
+        finally:
+            cluster.signal(0, signal.SIGCONT)
+        # rank 1 flapped in the test before (killed, restored, killed): its wait has doubled, to 12 s at most here
+        took = _wait(cluster, 2, lambda act: {0, 1} <= set(act), limit_s=45.0)
+        print(f"node 0 running again: its ranks restored on node 2 after {took:.2f} s (polled)")
+        r = subprocess.run([sys.executable, "-m", "agent.cli", "history", "--agent", cluster.addresses[2], "--json",
+                            "--limit", "10"], capture_output=True, text=True, cwd=ROOT, timeout=30)
+        assert r.returncode == 0, r.stderr
+        assert "is back after its repair (rejoin)" in r.stdout, r.stdout
+    finally:
+        _kill(shim)
