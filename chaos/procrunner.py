@@ -363,14 +363,14 @@ class ProcRunner:
                 os.environ.pop(ENV, None)
             else:
                 os.environ[ENV] = old
-        conv = np.array(self.convergence) if self.convergence else np.array([np.nan])
+        conv = _quantiles(self.convergence)
         tokens = self.dataplane.report(self.checks)
         return {
             "runner": "processes", "nodes": self.n, "schedules": schedules,
             "violations": self.checks.violations(),
-            "convergence_p99_s": None if np.isnan(conv).all() else round(float(np.percentile(conv, 99)), 3),
+            "convergence_p99_s": conv["p99"],
             "partition_mechanism": self.mechanism, "disk_faults": self.disks or "on",
-            "convergence_max_s": None if np.isnan(conv).all() else round(float(np.max(conv)), 3),
+            "convergence_max_s": conv["max"],
             "restart_failures": sorted(self.cluster.ids[k] for k in self.failed),
             "restart_to_serving_s": _quantiles(self.serving_s),
             "commits": self.checks.max_version - 1,
