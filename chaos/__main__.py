@@ -5,7 +5,9 @@ Runs seeded fault schedules (chaos/schedules.py) against the in-process simulate
 invariants I1-I7 (chaos/invariants.py). `--schedule FILE` plays scenario files instead of generated ones.
 `--runner processes` (real agent processes on loopback) is provided by chaos/procrunner.py when present.
 Prints one JSON object with --json; exit status 1 if any invariant was violated or any schedule raised (its
-traceback is printed and kept in its report; the other schedules run on).
+traceback is printed and kept in its report; the other schedules run on). `--out DIR` keeps one report per
+schedule; `--resume` re-runs only those missing, and `--resume --tally` runs nothing and sums what DIR holds
+(the figures so far of a long run, still going or cut off).
 """
 
 from __future__ import annotations
@@ -49,6 +51,21 @@ def _tally(collected: Any, a: argparse.Namespace, out: Path | None, t0: float) -
         yield r
 
 
+def _fault_kinds(results: list[dict[str, Any]]) -> dict[str, int]:
+    """How many faults of each kind the schedules injected (`partition bridge`, `restart-cluster rolling`:
+    kinds with a mode keep it), most frequent first."""
+    n: dict[str, int] = {}
+    for r in results:
+        for line in r.get("lines") or []:
+            w = line.split()
+            if not w or w[0] in ("tick", "add-nodes", "stabilize", "heal", "clear-link"):
+                continue
+            moded = w[0] in ("partition", "restart-cluster") and len(w) > 1 and not w[1].startswith("n")
+            k = " ".join(w[:2]) if moded else w[0]
+            n[k] = n.get(k, 0) + 1
+    return dict(sorted(n.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def run_sim(a: argparse.Namespace) -> int:
     from chaos.schedules import load
 
@@ -89,7 +106,10 @@ def run_sim(a: argparse.Namespace) -> int:
                 done[i] = r
         if done:
             print(f"resuming: {len(done)} of {len(jobs)} schedules already in {out}", file=sys.stderr)
-    todo = [i for i in range(len(jobs)) if i not in done]
+    if a.tally and not a.resume:
+        print("--tally needs --resume --out DIR (it sums the reports an earlier run wrote there)", file=sys.stderr)
+        return 2
+    todo = [] if a.tally else [i for i in range(len(jobs)) if i not in done]
     ex: ProcessPoolExecutor | None = None
     if a.jobs > 1 and len(todo) > 1:
         import multiprocessing as mp
@@ -102,7 +122,10 @@ def run_sim(a: argparse.Namespace) -> int:
     def collected() -> Any:
         it = iter(fresh)
         for i in range(len(jobs)):
-            yield i, done[i] if i in done else next(it), i in done
+            if i in done:
+                yield i, done[i], True
+            elif not a.tally:
+                yield i, next(it), False
 
     try:
         results = list(_tally(collected(), a, out, t0))
@@ -118,14 +141,21 @@ def run_sim(a: argparse.Namespace) -> int:
         commits += r["commits"]
         cpu += r["cpu_s"]
     took = time.perf_counter() - t0
-    summary = {"runner": "sim", "nodes": a.nodes, "schedules": a.schedules, "violations": totals,
+    tokens: dict[str, int] = {}
+    for r in results:
+        for k, v in r.get("tokens", {}).items():
+            tokens[k] = tokens.get(k, 0) + v
+    summary = {"runner": "sim", "nodes": a.nodes, "schedules": a.schedules, "done": len(results),
+               "seeds": [results[0]["seed"], results[-1]["seed"]] if results else [], "violations": totals,
                "convergence_p99_s": round(p99(conv), 3), "convergence_max_s": round(max(conv, default=0.0), 3),
                "detection_p99_s": round(p99(detect), 3), "commits": commits, "wall_s": round(took, 1),
-               "cpu_s": round(cpu, 1), "cpu_s_per_schedule": round(cpu / max(1, a.schedules), 2),
+               "cpu_s": round(cpu, 1), "cpu_s_per_schedule": round(cpu / max(1, len(results)), 2),
                "shape": shape, "profile": a.profile, "skew": a.skew, "disks": a.disks, "resumed": len(done),
-               "errors": len(errors), "error_seeds": errors[:20]}
+               "errors": len(errors), "error_seeds": errors[:20], "repairs": sum(r.get("repairs", 0) for r in results),
+               "i6_judged": sum(r.get("i6_judged", 0) for r in results), "tokens": tokens,
+               "faults": _fault_kinds(results)}
     if out is not None:
-        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        (out / ("tally.json" if a.tally else "summary.json")).write_text(json.dumps(summary, indent=1))
     if a.json:
         print(json.dumps(summary))
     else:
@@ -169,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--resume", action="store_true",
                    help="with --out: keep the reports an interrupted run of the same command wrote there")
     r.add_argument("--out", help="directory for one JSON report per run and summary.json")
+    r.add_argument("--tally", action="store_true",
+                   help="with --resume --out DIR: run nothing, sum the reports DIR holds for this command "
+                        "(a run still going, or cut off, so far) into DIR/tally.json")
     r.add_argument("--progress", type=int, default=0, help="print progress every N schedules (stderr)")
     r.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)

@@ -231,6 +231,26 @@ def test_resume_keeps_the_reports_of_an_interrupted_run(tmp_path: Path, capsys: 
     assert main(["run", "--runner", "sim", "--schedules", "1", "--resume"]) == 2  # needs --out
 
 
+def test_tally_sums_a_partial_run_without_running_anything(tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    """A 1000-schedule run outlives a session: --tally gives its figures so far from the reports on disk."""
+    argv = ["run", "--runner", "sim", "--nodes", "4", "--seed", "7", "--json", "--jobs", "1", "--out", str(tmp_path)]
+    assert main([*argv, "--schedules", "2"]) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    r1 = json.loads((tmp_path / "run-00001.json").read_text())
+    assert main([*argv, "--schedules", "5", "--resume", "--tally"]) == 0
+    part = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert sorted(p.name for p in tmp_path.glob("run-*.json")) == ["run-00000.json", "run-00001.json"]  # ran none
+    assert (part["schedules"], part["done"], part["resumed"]) == (5, 2, 2)
+    assert part["seeds"] == [7 * 1_000_003, r1["seed"]] and part["commits"] == first["commits"]
+    assert part["tokens"]["sent"] == sum(json.loads(f.read_text())["tokens"]["sent"]
+                                         for f in tmp_path.glob("run-*.json")) > 0
+    assert sum(part["faults"].values()) >= 2 and "tick" not in part["faults"]
+    assert json.loads((tmp_path / "tally.json").read_text()) == part
+    assert main([*argv, "--schedules", "2", "--tally"]) == 2  # needs --resume
+    assert "--tally needs --resume" in capsys.readouterr().err
+
+
 def test_a_schedule_that_raises_is_reported_and_the_others_run_on(monkeypatch: pytest.MonkeyPatch,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """An exception in one schedule (a planner defect raised InvalidOperation out of a rollback; the error did
@@ -268,3 +288,4 @@ def test_skew_joins_the_generated_faults_only_when_asked() -> None:
                        Shape(layers=4, experts=16, slots_per_rank=4))
     assert res.counts() == dict.fromkeys(INVARIANTS, 0), res.violations
     assert any(" skew n" in d for d in res.done)
+
