@@ -83,7 +83,9 @@ class History:
     windows: dict[int, WindowRecord] = field(default_factory=dict)  # first close of each cluster window
     faults: list[tuple[float, str]] = field(default_factory=list)
     convergence_s: list[float | None] = field(default_factory=list)  # one per settle(): time to converge
-    detect_s: dict[str, float] = field(default_factory=dict)  # crashed node -> first DEAD verdict after it
+    # one per outage that some node declared: (node, crashed at, first DEAD verdict while it was down); an
+    # outage restarted before anyone declared it has none
+    detections: list[tuple[str, float, float]] = field(default_factory=list)
 
 
 class SimCluster:
@@ -117,6 +119,7 @@ class SimCluster:
         self.states: dict[str, NodeState] = {}
         self.engines: dict[str, NodeEngine] = {}
         self.down: set[str] = set()       # crashed (kill -9), not restarted
+        self.down_since: dict[str, float] = {}  # a node down and not yet declared dead: when it crashed
         self.lost: set[str] = set()       # crashed for good (rank loss): not restarted by settle()
         self.paused: set[str] = set()
         self.rates: dict[str, float] = {}  # skewed node clocks: local seconds per real second
@@ -192,8 +195,10 @@ class SimCluster:
                                                            float(c.plan.verified_gain), t, plan_kind(c.plan))
 
     def _member(self, observer: str, m: Member) -> None:
-        if m.status == MemberStatus.DEAD and m.node_id in self.down:
-            self.history.detect_s.setdefault(m.node_id, self.clock.now())
+        t0 = self.down_since.get(m.node_id)
+        if m.status == MemberStatus.DEAD and m.node_id in self.down and t0 is not None:
+            self.history.detections.append((m.node_id, t0, self.clock.now()))
+            del self.down_since[m.node_id]  # this outage is declared: later verdicts are echoes
 
     def shim_of(self, rank: int) -> Shim | None:
         n = self.node_of_rank[rank]
@@ -237,6 +242,7 @@ class SimCluster:
         self.engines[n].running = False
         self.gone_shim_stats += [sh.stats for sh in self.engines[n].shims.values()]
         self.down.add(n)
+        self.down_since[n] = self.clock.now()
         self.paused.discard(n)
         if lost:
             self.lost.add(n)
@@ -247,6 +253,7 @@ class SimCluster:
         self._fault(f"restart {n}")
         self.net.restart(n)
         self.down.discard(n)
+        self.down_since.pop(n, None)
         self.lost.discard(n)
         self.incarnation[n] += 1
         self._boot(n)

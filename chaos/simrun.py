@@ -54,11 +54,7 @@ def run_schedule(nodes: int, seed: int, lines: list[str] | None = None, shape: S
     res.i6_judged = rep.i6_judged
     res.commits = len(c.history.commits)
     res.repairs = sum(1 for r in c.history.commits.values() if r.kind == "repair")
-    crash_t = {}
-    for t, what in c.history.faults:
-        if what.startswith("crash "):
-            crash_t.setdefault(what.split()[1], t)
-    res.detect_s = [round(t - crash_t[n], 3) for n, t in c.history.detect_s.items() if n in crash_t]
+    res.detect_s = [round(t - t0, 3) for _, t0, t in c.history.detections]
     tk = asdict(c.tokens)
     tk.pop("i4_examples")
     res.tokens = tk

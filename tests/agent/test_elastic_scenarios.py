@@ -88,7 +88,8 @@ def test_kill_one_node_of_eight_under_load() -> None:
     t_kill = c.clock.now()
     c.crash(victim, lost=True)
     t_all = _wait_all_detect(c, victim)
-    t_first = c.history.detect_s[victim]
+    [(_, t_crash, t_first)] = [d for d in c.history.detections if d[0] == victim]
+    assert t_crash == t_kill
     to_dead_at_detection = c.tokens.to_dead_undetected
     g = c.ranks_of[victim][0]
     assert all(g in sh.masked for n in c.up() for sh in c.engines[n].shims.values())  # every survivor masks it
