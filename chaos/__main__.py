@@ -7,7 +7,8 @@ invariants I1-I7 (chaos/invariants.py). `--schedule FILE` plays scenario files i
 Prints one JSON object with --json; exit status 1 if any invariant was violated or any schedule raised (its
 traceback is printed and kept in its report; the other schedules run on). `--out DIR` keeps one report per
 schedule; `--resume` re-runs only those missing, and `--resume --tally` runs nothing and sums what DIR holds
-(the figures so far of a long run, still going or cut off).
+(the figures so far of a long run, still going or cut off); `--resume --recheck K` first re-runs K kept
+schedules and refuses to resume if this tree does not reproduce their reports.
 """
 
 from __future__ import annotations
@@ -66,6 +67,24 @@ def _fault_kinds(results: list[dict[str, Any]]) -> dict[str, int]:
     return dict(sorted(n.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+def _recheck(done: dict[int, dict[str, Any]], jobs: list[Any], k: int) -> list[str]:
+    """Re-run the `k` cheapest kept schedules that committed something and compare their reports with the
+    kept ones in every field but CPU time: a run resumed by other code (a later commit, another session)
+    must produce the same reports, or its totals mix two programs. Returns one line per mismatch."""
+    kept = sorted((r.get("cpu_s", 0.0), i) for i, r in done.items() if r.get("commits") and not r.get("error"))
+    bad = []
+    for _, i in kept[:k]:
+        t0 = time.perf_counter()
+        new = run_job(jobs[i])
+        diff = sorted(f for f in set(done[i]) | set(new) if f != "cpu_s" and done[i].get(f) != new.get(f))
+        print(f"recheck schedule {i} (seed {new['seed']}): "
+              f"{'differs in ' + ', '.join(diff) if diff else 'identical'} ({time.perf_counter() - t0:.0f} s)",
+              file=sys.stderr)
+        if diff:
+            bad.append(f"schedule {i} differs in {', '.join(diff)}")
+    return bad
+
+
 def run_sim(a: argparse.Namespace) -> int:
     from chaos.schedules import load
 
@@ -109,6 +128,16 @@ def run_sim(a: argparse.Namespace) -> int:
     if a.tally and not a.resume:
         print("--tally needs --resume --out DIR (it sums the reports an earlier run wrote there)", file=sys.stderr)
         return 2
+    if a.recheck:
+        if not a.resume:
+            print("--recheck needs --resume --out DIR (it re-runs reports an earlier run wrote there)",
+                  file=sys.stderr)
+            return 2
+        bad = _recheck(done, jobs, a.recheck)
+        if bad:
+            print(f"--recheck: this tree does not reproduce the reports in {out}: {'; '.join(bad)}; not resuming "
+                  f"(continue the run from the code that wrote them, or start a new --out)", file=sys.stderr)
+            return 2
     todo = [] if a.tally else [i for i in range(len(jobs)) if i not in done]
     ex: ProcessPoolExecutor | None = None
     if a.jobs > 1 and len(todo) > 1:
@@ -199,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--resume", action="store_true",
                    help="with --out: keep the reports an interrupted run of the same command wrote there")
     r.add_argument("--out", help="directory for one JSON report per run and summary.json")
+    r.add_argument("--recheck", type=int, default=0, metavar="K",
+                   help="with --resume: first re-run K of the kept schedules (the cheapest that committed) and "
+                        "resume only if this tree reproduces their reports (all fields but CPU time)")
     r.add_argument("--tally", action="store_true",
                    help="with --resume --out DIR: run nothing, sum the reports DIR holds for this command "
                         "(a run still going, or cut off, so far) into DIR/tally.json")

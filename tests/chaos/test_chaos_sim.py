@@ -251,6 +251,28 @@ def test_tally_sums_a_partial_run_without_running_anything(tmp_path: Path,
     assert "--tally needs --resume" in capsys.readouterr().err
 
 
+def test_recheck_resumes_only_where_this_tree_reproduces_the_kept_reports(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A long run resumed from other code (a later commit) would mix two programs' figures: --recheck re-runs
+    kept schedules first and refuses to resume when a report differs."""
+    argv = ["run", "--runner", "sim", "--nodes", "4", "--seed", "7", "--json", "--jobs", "1", "--out", str(tmp_path)]
+    assert main([*argv, "--schedules", "2"]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--schedules", "3", "--resume", "--recheck", "2"]) == 0
+    err = capsys.readouterr().err
+    assert err.count(": identical") >= 1 and (tmp_path / "run-00002.json").exists()
+    f = max(tmp_path.glob("run-*.json"), key=lambda f: json.loads(f.read_text())["commits"])
+    r = json.loads(f.read_text())
+    assert r["commits"] > 0
+    r["violations"]["I1"] = ["a report this code would not write"]  # "another program wrote it"
+    f.write_text(json.dumps(r))
+    assert main([*argv, "--schedules", "4", "--resume", "--recheck", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "differs in violations" in err and "not resuming" in err
+    assert not (tmp_path / "run-00003.json").exists()  # nothing more run
+    assert main([*argv, "--schedules", "4", "--recheck", "1"]) == 2  # needs --resume
+
+
 def test_a_schedule_that_raises_is_reported_and_the_others_run_on(monkeypatch: pytest.MonkeyPatch,
                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     """An exception in one schedule (a planner defect raised InvalidOperation out of a rollback; the error did
