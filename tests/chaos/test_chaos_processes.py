@@ -180,6 +180,7 @@ def test_real_network_and_disk_faults_no_violations() -> None:
         assert res["faults"][kind] >= 1, res["faults"]
     assert res["switch_frames"]["delayed"] > 0 and res["switch_frames"]["duplicated"] > 0, res["switch_frames"]
     assert res["restart_failures"] == [] and res["commits"] >= 1
+    assert res["head_again_s"]["max"] is not None  # a killed agent's head was read again after its restart (I7)
 
 
 def test_the_process_runners_data_plane_catches_a_token_on_memory_that_lacks_its_expert() -> None:
