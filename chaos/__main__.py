@@ -3,7 +3,7 @@
 Runs seeded fault schedules (chaos/schedules.py) against the in-process simulated cluster
 (chaos/simcluster.py: full agents, shims and reference engines on a simulated network) and checks
 invariants I1-I7 (chaos/invariants.py). `--schedule FILE` plays scenario files instead of generated ones.
-`--runner processes` (real agent processes on loopback) is provided by chaos/procrunner.py when present.
+`--runner processes` (real agent processes on loopback) is provided by chaos/procmain.py when present.
 Prints one JSON object with --json; exit status 1 if any invariant was violated or any schedule raised (its
 traceback is printed and kept in its report; the other schedules run on). `--out DIR` keeps one report per
 schedule; `--resume` re-runs only those missing, and `--resume --tally` runs nothing and sums what DIR holds
@@ -193,13 +193,13 @@ def run_sim(a: argparse.Namespace) -> int:
 
 
 def run_processes(a: argparse.Namespace) -> int:
-    """Hook for the real-process runner (chaos/procrunner.py: `main(args) -> int`)."""
+    """Hook for the real-process runner (chaos/procmain.py: `main(args) -> int`)."""
     try:
-        from chaos import procrunner  # type: ignore[attr-defined]
+        from chaos import procmain
     except ImportError:
-        print("--runner processes: chaos/procrunner.py is not available in this tree", file=sys.stderr)
+        print("--runner processes: chaos/procmain.py is not available in this tree", file=sys.stderr)
         return 2
-    return int(procrunner.main(a))
+    return int(procmain.main(a))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,7 +60,8 @@ def test_checks_fire_on_conflicting_reordered_uncertified_and_lost_commits() -> 
 
 @pytest.mark.slow
 def test_four_agent_processes_two_schedules_no_violations() -> None:
-    from chaos.procrunner import MECHANISM, run_processes
+    from chaos.procmain import run_processes
+    from chaos.procrunner import MECHANISM
 
     res = run_processes(4, 2, seed=9, netns=False)  # seed 9: three episodes with kill -9, SIGSTOP and partitions
     assert res["runner"] == "processes" and res["nodes"] == 4 and res["schedules"] == 2
@@ -82,7 +83,7 @@ def test_sigterm_cancels_the_run_so_that_its_cleanup_runs() -> None:
     import os
     import signal
 
-    from chaos.procrunner import _until_terminated
+    from chaos.procmain import _until_terminated
 
     cleaned: list[str] = []
 
@@ -167,7 +168,8 @@ def test_real_network_and_disk_faults_no_violations() -> None:
     cut at a record boundary (noticed, rebuilt), a corrupt log (refused, repaired), a full disk, with 0
     violations."""
     from chaos.netns import unavailable
-    from chaos.procrunner import NETNS_MECHANISM, run_processes
+    from chaos.procmain import run_processes
+    from chaos.procrunner import NETNS_MECHANISM
 
     why = unavailable()
     if why:
