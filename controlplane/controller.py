@@ -342,11 +342,20 @@ class Controller:
         """Repair, then a due rollback, when nothing is in flight; True if one of them was attempted or waits.
         Every node sees the same rank loss or due rollback at about the same time, and when all of them propose
         at once their ballots duel (at 64 nodes a rollback landed seconds late this way). So the node whose turn
-        it is (`planner` empty) proposes at once; another waits one window, then proposes if nothing has
-        committed meanwhile (the planner may be down, or see it otherwise)."""
+        it is (`planner` empty) proposes at once. A rollback waits for this node's turn: a planner that cannot
+        propose it (down, or restarted and so without the observation) hands the turn on after
+        `handover_windows` windows, to one node. Waiting one window and then proposing from every node did
+        not work where windows close in bursts (after a rolling restart three closed at once: 63 nodes
+        proposed the same rollback together and it landed after its deadline). A repair waits one window,
+        then proposes if nothing has committed meanwhile: it may be this node's first-hand evidence (its
+        engine's link), which the planner does not have."""
         if self._inflight is not None or not (self._lost or self._rollback_due):
             return False
         seq = self.monitor.last_seq if self.monitor.last_seq is not None else -1
+        if planner and not self._lost:
+            self._note("rollback", DecisionOutcome.NOT_DESIGNATED,
+                       f"{planner} proposes the rollback; this node waits for its turn")
+            return True
         if planner and (self._waiting_since is None or seq <= self._waiting_since):
             if self._waiting_since is None:
                 self._waiting_since = seq

@@ -216,9 +216,10 @@ def test_lost_ranks_are_repaired_first() -> None:
 
 
 
-def test_a_repair_or_rollback_waits_a_window_for_the_node_whose_turn_it_is() -> None:
-    """All nodes see a rank loss or a due rollback at once; only the planner proposes at once, the others a
-    window later if nothing committed (64 proposers dueled a rollback past I6's deadline, seed 1000141)."""
+def test_a_repair_waits_a_window_and_a_rollback_is_proposed_by_the_node_whose_turn_it_is() -> None:
+    """All nodes see a rank loss or a due rollback at once; only the planner proposes at once. Another node
+    repairs a window later if nothing committed (64 proposers dueled a rollback past I6's deadline, seed
+    1000141); a rollback waits for its turn (the next test)."""
     c, head = setup()
     feed(c, 0, windows(4, 1)[0])
     c.advance()
@@ -243,6 +244,29 @@ def test_a_repair_or_rollback_waits_a_window_for_the_node_whose_turn_it_is() -> 
     c.advance()
     r = c.step(WindowClosed(2, 2 * W, ws[2], planner="n1"))
     assert not r.proposals and c.state == "idle"
+
+
+def test_a_due_rollback_waits_for_this_nodes_turn_however_fast_windows_close() -> None:
+    """A rollback is proposed by one node at a time: the node whose turn it is. Waiting one window and then
+    proposing from every node failed where windows close in bursts: after a rolling restart, windows 61-63
+    closed within 10 ms, the planner had restarted (and so had no observation), and 63 nodes proposed the same
+    rollback together; it landed after I6's deadline (seed 1000571)."""
+    c, head = setup(rollback_windows=2, theta=50.0)
+    ws = windows(7, 10)
+    bad = apply_ops(head, [Migrate(0, 5, 2, 0), Migrate(1, 5, 2, 0)])
+    c.step(TableCommitted(bad))
+    c.advance()
+    c.step(WindowClosed(0, 0, ws[0], planner="n1"))
+    c.advance()
+    for k in range(1, 5):  # the rollback is due from window 1; n1, then n2, hold the turn
+        r = c.step(WindowClosed(k, k * W, ws[k], planner="n1" if k < 3 else "n2"))
+        assert not r.proposals and c.state == "idle", k
+        ex = c.last_explain()
+        assert ex is not None and ex.outcome == "NOT_DESIGNATED" and "proposes the rollback" in ex.detail, k
+        c.advance()
+    r = c.step(WindowClosed(5, 5 * W, ws[5], planner=""))  # this node's turn
+    assert len(r.proposals) == 1 and r.proposals[0].kind == "rollback"
+    assert same_ranks(r.proposals[0].table, head)
 
 
 def test_after_a_repair_one_window_above_theta_plans() -> None:
