@@ -72,7 +72,11 @@ def check_i5(history: History) -> list[str]:
 
 def check_i6(history: History, genesis: RoutingTable, tau: float, rollback_windows: int, *, grace: int = 3,
              margin: float = 0.05) -> tuple[list[str], int]:
-    """(violations, rebalances judged on realised effect)."""
+    """(violations, rebalances judged on realised effect). A rebalance whose step imbalance over the first `n`
+    windows after it is worse than its parent's by more than `margin` must be superseded (rolled back)
+    within `n + grace` windows, unless the load moved meanwhile so that over the last `n` windows before that
+    deadline it is no longer worse by `margin`: then rolling it back would be the change that replay shows
+    to be worse, which the controller refuses (decision.rollback: ROLLBACK_NOT_BETTER) and I6 forbids."""
     out: list[str] = []
     judged = 0
     tables = {genesis.version: genesis, **{v: r.table for v, r in history.commits.items()}}
@@ -94,10 +98,16 @@ def check_i6(history: History, genesis: RoutingTable, tau: float, rollback_windo
         cf = float(np.mean([table_step_imbalance(parent, w.total.astype(np.int64)) for w in after[:n]]))
         if real <= cf * (1.0 + margin):
             continue
+        late = after[grace:n + grace]
+        real_late = float(np.mean([table_step_imbalance(r.table, w.total.astype(np.int64)) for w in late]))
+        cf_late = float(np.mean([table_step_imbalance(parent, w.total.astype(np.int64)) for w in late]))
+        if real_late <= cf_late * (1.0 + margin):
+            continue  # no longer worse on the load at its deadline: keeping it is right
         deadline = after[n + grace - 1].t
         if not any(c.version > r.version and c.t <= deadline for c in commits):
             out.append(f"I6: version {r.version} realised step imbalance {real:.3f} vs {cf:.3f} without it over "
-                       f"{n} windows, not rolled back within {n + grace} windows")
+                       f"{n} windows ({real_late:.3f} vs {cf_late:.3f} over the last {n} before the deadline), "
+                       f"not rolled back within {n + grace} windows")
     return out, judged
 
 

@@ -133,8 +133,10 @@ class Checks:
         """I6, realised effect: a committed rebalance whose step imbalance over the next `n` windows (the load
         the engines reported, `windows[seq]` summed over engines; window seq starts at t0 + seq x span) is
         worse than its parent's by more than `margin` must be superseded within `n + grace` windows of its
-        first install. Judged only when no fault was active in that span (`faulty` intervals): cut off from
-        a quorum, no rollback can commit) and once the deadline is past `now` (a rollback may still come)."""
+        first install, unless over the last `n` windows before that deadline it is no longer worse by `margin`
+        (the load moved; chaos.invariants.check_i6). Judged only when no fault was active in that span (`faulty`
+        intervals: cut off from a quorum, no rollback can commit) and once the deadline is past `now` (a
+        rollback may still come)."""
         tables = {genesis.version: genesis, **self.tables}
         for v in sorted(self.tables):
             rebalance = self.triggers.get(v, ("", 0.0, False))[2]
@@ -148,10 +150,16 @@ class Checks:
                     or not all(k in windows for k in seqs)):
                 continue
             self.i6_judged += 1
-            real = float(np.mean([float(table_step_imbalance(tables[v], windows[k].astype(np.int64))) for k in seqs]))
-            cf = float(np.mean([float(table_step_imbalance(parent, windows[k].astype(np.int64))) for k in seqs]))
+
+            def mean(table: RoutingTable, ks: list[int]) -> float:
+                return float(np.mean([float(table_step_imbalance(table, windows[k].astype(np.int64))) for k in ks]))
+
+            real, cf = mean(tables[v], seqs), mean(parent, seqs)
             if real <= cf * (1.0 + margin):
                 continue
+            late = [k for k in range(first + grace, first + grace + n) if k in windows]
+            if late and mean(tables[v], late) <= mean(parent, late) * (1.0 + margin):
+                continue  # the load moved: no longer worse at its deadline (chaos.invariants.check_i6)
             later = [w for w, at in self.installed_at.items() if w > v and at <= deadline]
             if not later:
                 self.note("I6", f"realised:{v}", f"v{v} realised step imbalance {real:.3f} vs {cf:.3f} without it "

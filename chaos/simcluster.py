@@ -62,7 +62,7 @@ class WindowRecord:
     t: float
     total: npt.NDArray[np.uint64]
     head: int
-    clean: bool  # no fault active while it was observed
+    clean: bool  # no fault active at its close (a node that crashed and restarted inside the window is not seen)
 
 
 @dataclass

@@ -144,6 +144,8 @@ def test_i6_realised_check_fires_on_a_regression_left_in_place_only() -> None:
     assert faulted.i6_judged == 0 and faulted.violations()["I6"] == 0
     good = judge(helps, {2: 0.25})
     assert good.i6_judged == 1 and good.violations()["I6"] == 0
+    moved = judge({k: hurts[k] if k < 6 else helps[k] for k in range(20)}, {2: 0.25})  # worse in windows 3-5,
+    assert moved.i6_judged == 1 and moved.violations()["I6"] == 0  # better in 6-8: no rollback is owed
     rolled = dict(trig)
     rolled[2] = ("rollback: v1 realised better", 0.0, False)  # rollbacks are not judged as rebalances
     ch = Checks(topo, ["n1", "n2"], tau=0.02)

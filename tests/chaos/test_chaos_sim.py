@@ -146,6 +146,31 @@ def test_i6_gain_below_tau_and_unrolled_regression() -> None:
     assert not v  # rolled back in time
 
 
+def test_i6_keeps_a_change_the_load_at_its_deadline_no_longer_finds_worse() -> None:
+    """Worse over its first windows, but the load moved: over the last windows before its deadline it is no
+    better to roll back, which the controller refuses (ROLLBACK_NOT_BETTER) and I6 must not demand (seed
+    1000571: v44 realised 1.754 vs 1.564, then 1.544 vs 1.734 on the windows where the rollback was due)."""
+    t2 = _table(2, 1, hot_on_rank0=True)
+    worse = np.zeros((2, 8), np.uint64)
+    worse[:, 0] = 100
+    worse[:, 2] = 100
+    moved = np.zeros((2, 8), np.uint64)
+    moved[:, 5] = 100  # an expert neither table moved: both equal
+    moved[:, 6] = 50
+
+    def history(late: np.ndarray) -> History:
+        h = History()
+        h.commits[2] = CommitRecord(2, 1, 1.0, "step imbalance 1.5 > theta", 0.5, t2, "rebalance")  # type: ignore[arg-type]
+        for s in range(6):
+            h.windows[s] = WindowRecord(s, 2.0 + s, worse if s < 3 else late, 2, True)
+        return h
+
+    v, judged = check_i6(history(worse), GEN, 0.02, 2)
+    assert judged == 1 and len(v) == 1 and "not rolled back" in v[0]  # still worse at the deadline
+    v, judged = check_i6(history(moved), GEN, 0.02, 2)
+    assert judged == 1 and not v
+
+
 def test_i7_commit_lost_across_restart() -> None:
     h = _clean_history()
     h.events += [_ev("crash", "a", 5, versions=(1, 2)), _ev("recover", "a", 6, versions=(1,), version=1)]
