@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from agent.commit import CommitBackend
 from agent.config import AgentConfig
-from agent.consensus.paxos import planner_turn
+from agent.consensus.paxos import planner_turn, turn_distance
 from agent.consensus.proposer import Outcome
 from agent.loadpath import ClusterWindows, LoadReportError, LocalWindows
 from agent.manual import ManualPath
@@ -329,7 +329,8 @@ class NodeState(ManualPath):
         if self.paused:
             return
         steps = np.minimum(total, np.iinfo(np.uint32).max).astype(np.uint32)[None]
-        ready = self._controller.step(WindowClosed(seq, seq * self.params.window, steps, self._planner(seq)))
+        ready = self._controller.step(WindowClosed(seq, seq * self.params.window, steps, self._planner(seq),
+                                                   self._backup(seq)))
         self._perform(ready)
 
     def _planner(self, seq: int) -> str:
@@ -339,6 +340,13 @@ class NodeState(ManualPath):
         turn = planner_turn(self._backend.head.version + 1, self._voters, self._live_voters(),
                             seq - self._head_seq - 1, k) if k else None
         return "" if turn is None or turn == self.node_id else turn
+
+    def _backup(self, seq: int) -> int:
+        """This node's place after window `seq`'s planner in the turn order (paxos.turn_distance): how many
+        windows a due rollback waits for the nodes before it."""
+        k = self.cfg.decision.handover_windows
+        return turn_distance(self._backend.head.version + 1, self._voters, self._live_voters(),
+                             seq - self._head_seq - 1, k, self.node_id) if k else 0
 
     def _perform(self, ready: Ready) -> None:
         """Consume the controller's whole Ready in its contract's order (etcd-raft's): persist, advance, install,

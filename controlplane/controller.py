@@ -52,12 +52,14 @@ __all__ = [
 class WindowClosed:
     """Cluster-wide per-step counts of one window: steps uint32 [W, L, E]. `planner`: the node that plans
     this window when it is another one (this controller observes, and keeps its budget spent for when the
-    turn comes to it); empty: this controller plans."""
+    turn comes to it); empty: this controller plans. `backup`: this node's place after the planner in the
+    turn order, the windows a due rollback waits before this node proposes it itself."""
 
     window_seq: int
     first_step: int
     steps: npt.NDArray[np.uint32]
     planner: str = ""
+    backup: int = 1
 
 
 @dataclass(frozen=True)
@@ -248,7 +250,7 @@ class Controller:
         self._imbalance = rep.imbalance
         self._ready.events.append(rep)
         self._observe_window()
-        if self._propose_pending(ev.planner):
+        if self._propose_pending(ev.planner, ev.backup):
             return
         p = self.params
         count = self.monitor.budget.count
@@ -338,30 +340,28 @@ class Controller:
         self._attempt(a, a.decision.trigger if a.decision else "manual")
 
     # ---- proposing ---------------------------------------------------------------------------
-    def _propose_pending(self, planner: str) -> bool:
+    def _propose_pending(self, planner: str, backup: int = 1) -> bool:
         """Repair, then a due rollback, when nothing is in flight; True if one of them was attempted or waits.
         Every node sees the same rank loss or due rollback at about the same time, and when all of them propose
         at once their ballots duel (at 64 nodes a rollback landed seconds late this way). So the node whose turn
-        it is (`planner` empty) proposes at once. A rollback waits for this node's turn: a planner that cannot
-        propose it (down, or restarted and so without the observation) hands the turn on after
-        `handover_windows` windows, to one node. Waiting one window and then proposing from every node did
-        not work where windows close in bursts (after a rolling restart three closed at once: 63 nodes
-        proposed the same rollback together and it landed after its deadline). A repair waits one window,
-        then proposes if nothing has committed meanwhile: it may be this node's first-hand evidence (its
-        engine's link), which the planner does not have."""
+        it is (`planner` empty) proposes at once. Another waits one window for a repair (it may rest on this
+        node's first-hand evidence, its engine's link, which the planner does not have) and `backup` windows
+        for a rollback: its place after the planner in the turn order, so that the backups propose one after
+        another. Waiting one window and then proposing from every node failed where windows close in bursts
+        (after a rolling restart windows 61-63 closed at once and 63 nodes proposed the same rollback); waiting
+        for this node's own turn failed where a rolling restart walks the nodes in the turn's order (each
+        planner had just restarted without the observation, and the rollback never came, seed 1000261)."""
         if self._inflight is not None or not (self._lost or self._rollback_due):
             return False
         seq = self.monitor.last_seq if self.monitor.last_seq is not None else -1
-        if planner and not self._lost:
-            self._note("rollback", DecisionOutcome.NOT_DESIGNATED,
-                       f"{planner} proposes the rollback; this node waits for its turn")
-            return True
-        if planner and (self._waiting_since is None or seq <= self._waiting_since):
+        wait = 1 if self._lost else max(1, backup)
+        if planner and (self._waiting_since is None or seq - self._waiting_since < wait):
             if self._waiting_since is None:
                 self._waiting_since = seq
             what = "repair" if self._lost else "rollback"
             self._note(what, DecisionOutcome.NOT_DESIGNATED,
-                       f"{planner} proposes the {what}; this node waits until window {self._waiting_since + 1} closes")
+                       f"{planner} proposes the {what}; this node waits until window {self._waiting_since + wait} "
+                       f"closes")
             return True
         self._waiting_since = None
         if self._lost:

@@ -60,6 +60,18 @@ def planner_turn(version: int, voters: Iterable[str], live: Iterable[str], windo
     return order[(max(0, windows_since_head) // handover) % len(order)] if order else None
 
 
+def turn_distance(version: int, voters: Iterable[str], live: Iterable[str], windows_since_head: int,
+                  handover: int, me: str) -> int:
+    """How many places after this window's planner (planner_turn) `me` comes in the turn order: 0 if it is the
+    planner; a node outside the order (not a live voter) comes after every live voter."""
+    vs, up = sorted(set(voters)), set(live)
+    order = [x for x in (vs[(version + i) % len(vs)] for i in range(len(vs))) if x in up]
+    if not order:
+        return 0
+    p = (max(0, windows_since_head) // handover) % len(order)
+    return (order.index(me) - p) % len(order) if me in order else len(order)
+
+
 def _state_ballot(m: pb.AcceptorState, name: str) -> Ballot:
     return ballot_of(getattr(m, name)) if m.HasField(name) else NO_BALLOT
 

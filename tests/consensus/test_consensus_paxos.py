@@ -180,3 +180,15 @@ def test_random_interleavings_choose_at_most_one_value(n_voters: int, choices: l
     chosen = {h for (_, h), who in accepted_by.items() if len(who) >= quorum_size(len(voters))}
     assert len(chosen) <= 1, f"two values chosen: {chosen}"
     assert committed <= chosen
+
+
+def test_turn_distance_orders_every_live_voter_after_the_planner() -> None:
+    from agent.consensus.paxos import planner_turn, turn_distance
+
+    voters, live = ["a", "b", "c", "d"], ["a", "b", "d"]  # c is down
+    for w in range(8):
+        planner = planner_turn(5, voters, live, w, 2)
+        places = {n: turn_distance(5, voters, live, w, 2, n) for n in live}
+        assert places[planner] == 0 and sorted(places.values()) == [0, 1, 2], (w, places)
+    assert turn_distance(5, voters, live, 0, 2, "c") == 3  # not a live voter: after all of them
+    assert turn_distance(5, voters, [], 0, 2, "a") == 0

@@ -219,7 +219,7 @@ def test_lost_ranks_are_repaired_first() -> None:
 def test_a_repair_waits_a_window_and_a_rollback_is_proposed_by_the_node_whose_turn_it_is() -> None:
     """All nodes see a rank loss or a due rollback at once; only the planner proposes at once. Another node
     repairs a window later if nothing committed (64 proposers dueled a rollback past I6's deadline, seed
-    1000141); a rollback waits for its turn (the next test)."""
+    1000141); a rollback waits for the nodes before it in the turn order (the next test)."""
     c, head = setup()
     feed(c, 0, windows(4, 1)[0])
     c.advance()
@@ -246,25 +246,27 @@ def test_a_repair_waits_a_window_and_a_rollback_is_proposed_by_the_node_whose_tu
     assert not r.proposals and c.state == "idle"
 
 
-def test_a_due_rollback_waits_for_this_nodes_turn_however_fast_windows_close() -> None:
-    """A rollback is proposed by one node at a time: the node whose turn it is. Waiting one window and then
-    proposing from every node failed where windows close in bursts: after a rolling restart, windows 61-63
-    closed within 10 ms, the planner had restarted (and so had no observation), and 63 nodes proposed the same
-    rollback together; it landed after I6's deadline (seed 1000571)."""
+def test_a_due_rollback_waits_for_the_nodes_before_it_in_the_turn_order() -> None:
+    """A rollback is proposed by one node at a time: the planner at once, each other node `backup` windows
+    after it fell due (its place after the planner in the turn order). Waiting one window and then proposing
+    from every node failed where windows close in bursts: after a rolling restart windows 61-63 closed within
+    10 ms and 63 nodes proposed the same rollback together (seed 1000571); waiting for this node's own turn
+    failed where the rolling restart walked the nodes in the turn's order and every planner had just
+    restarted without the observation (seed 1000261)."""
     c, head = setup(rollback_windows=2, theta=50.0)
     ws = windows(7, 10)
     bad = apply_ops(head, [Migrate(0, 5, 2, 0), Migrate(1, 5, 2, 0)])
     c.step(TableCommitted(bad))
     c.advance()
-    c.step(WindowClosed(0, 0, ws[0], planner="n1"))
+    c.step(WindowClosed(0, 0, ws[0], planner="n1", backup=4))
     c.advance()
-    for k in range(1, 5):  # the rollback is due from window 1; n1, then n2, hold the turn
-        r = c.step(WindowClosed(k, k * W, ws[k], planner="n1" if k < 3 else "n2"))
+    for k in range(1, 5):  # the rollback is due from window 1; n1, then n2, hold the turn; 4 nodes come first
+        r = c.step(WindowClosed(k, k * W, ws[k], planner="n1" if k < 3 else "n2", backup=4))
         assert not r.proposals and c.state == "idle", k
         ex = c.last_explain()
         assert ex is not None and ex.outcome == "NOT_DESIGNATED" and "proposes the rollback" in ex.detail, k
         c.advance()
-    r = c.step(WindowClosed(5, 5 * W, ws[5], planner=""))  # this node's turn
+    r = c.step(WindowClosed(5, 5 * W, ws[5], planner="n2", backup=4))  # nobody before it rolled back: it does
     assert len(r.proposals) == 1 and r.proposals[0].kind == "rollback"
     assert same_ranks(r.proposals[0].table, head)
 
