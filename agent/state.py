@@ -293,7 +293,7 @@ class NodeState(ManualPath):
                                         and o.status == MemberStatus.ALIVE
                                         for g in o.ranks}
         claimed = set(m.ranks) & set(self.head().active_ranks)
-        self._lose_ranks(tuple(sorted(claimed - held)), self._planner(self._window_seq + 1),
+        self._lose_ranks(tuple(sorted(claimed - held)), self._turn(self._window_seq + 1)[0],
                          f"node {m.node_id} declared dead")
 
     def _rank_here(self, r: int) -> bool:
@@ -329,24 +329,19 @@ class NodeState(ManualPath):
         if self.paused:
             return
         steps = np.minimum(total, np.iinfo(np.uint32).max).astype(np.uint32)[None]
-        ready = self._controller.step(WindowClosed(seq, seq * self.params.window, steps, self._planner(seq),
-                                                   self._backup(seq)))
+        ready = self._controller.step(WindowClosed(seq, seq * self.params.window, steps, *self._turn(seq)))
         self._perform(ready)
 
-    def _planner(self, seq: int) -> str:
-        """The node planning window `seq` in this view ('' if this one; paxos.planner_turn). Views may differ a moment
-        (two plan, consensus picks one); a voter counts itself live; a non-voter plans only if it sees no voter."""
+    def _turn(self, seq: int) -> tuple[str, int]:
+        """The node planning window `seq` in this view ('' if this one; paxos.planner_turn), and this node's place
+        after it (paxos.turn_distance: the windows a due rollback waits). Views may differ a moment (two plan,
+        consensus picks one); a voter counts itself live; a non-voter plans only if it sees no voter."""
         k = self.cfg.decision.handover_windows
-        turn = planner_turn(self._backend.head.version + 1, self._voters, self._live_voters(),
-                            seq - self._head_seq - 1, k) if k else None
-        return "" if turn is None or turn == self.node_id else turn
-
-    def _backup(self, seq: int) -> int:
-        """This node's place after window `seq`'s planner in the turn order (paxos.turn_distance): how many
-        windows a due rollback waits for the nodes before it."""
-        k = self.cfg.decision.handover_windows
-        return turn_distance(self._backend.head.version + 1, self._voters, self._live_voters(),
-                             seq - self._head_seq - 1, k, self.node_id) if k else 0
+        if not k:
+            return "", 0
+        args = (self._backend.head.version + 1, self._voters, self._live_voters(), seq - self._head_seq - 1, k)
+        turn = planner_turn(*args)
+        return ("" if turn is None or turn == self.node_id else turn), turn_distance(*args, self.node_id)
 
     def _perform(self, ready: Ready) -> None:
         """Consume the controller's whole Ready in its contract's order (etcd-raft's): persist, advance, install,
