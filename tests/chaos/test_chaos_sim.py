@@ -171,6 +171,28 @@ def test_i6_keeps_a_change_the_load_at_its_deadline_no_longer_finds_worse() -> N
     assert judged == 1 and not v
 
 
+def test_i6_gives_the_grace_windows_time_after_a_burst_of_windows() -> None:
+    """A change is judged from the first window that began after its commit, and the grace to roll it back runs
+    in windows' time after the observed windows: after a stall (a down node holds the agents' windows until
+    `lag` newer ones arrive) windows close in a burst, and counting them one by one left no time to commit
+    (seed 1000304: windows 65-67 closed within 10 ms)."""
+    t2 = _table(2, 1, hot_on_rank0=True)
+    worse = np.zeros((2, 8), np.uint64)
+    worse[:, 0] = 100
+    worse[:, 2] = 100
+    h = History()
+    h.commits[2] = CommitRecord(2, 1, 1.0, "step imbalance 1.5 > theta", 0.5, t2, "rebalance")  # type: ignore[arg-type]
+    closes = [1.01, 2.0, 5.0, 5.01, 5.02, 5.03, 6.0, 7.0, 8.0]  # window 0 open at the commit; a burst at 5 s
+    for s, t in enumerate(closes):
+        h.windows[s] = WindowRecord(s, t, worse, 2, True)
+    h.commits[3] = CommitRecord(3, 2, 7.5, "rollback: x", 0.0, GEN, "rollback")  # type: ignore[arg-type]
+    v, judged = check_i6(h, GEN, 0.02, 2)
+    assert judged == 1 and not v  # observed on windows 1-2 (closed 5.0 s): 3 windows' time, to 8.0 s
+    h.commits[3].t = 8.5
+    v, judged = check_i6(h, GEN, 0.02, 2)
+    assert judged == 1 and len(v) == 1 and "not rolled back" in v[0]
+
+
 def test_i7_commit_lost_across_restart() -> None:
     h = _clean_history()
     h.events += [_ev("crash", "a", 5, versions=(1, 2)), _ev("recover", "a", 6, versions=(1,), version=1)]
