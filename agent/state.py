@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from agent.commit import CommitBackend
 from agent.config import AgentConfig
-from agent.consensus.paxos import planner_turn, turn_distance
+from agent.consensus.paxos import turn
 from agent.consensus.proposer import Outcome
 from agent.loadpath import ClusterWindows, LoadReportError, LocalWindows
 from agent.manual import ManualPath
@@ -339,9 +339,9 @@ class NodeState(ManualPath):
         k = self.cfg.decision.handover_windows
         if not k:
             return "", 0
-        args = (self._backend.head.version + 1, self._voters, self._live_voters(), seq - self._head_seq - 1, k)
-        turn = planner_turn(*args)
-        return ("" if turn is None or turn == self.node_id else turn), turn_distance(*args, self.node_id)
+        planner, place = turn(self._backend.head.version + 1, self._voters, self._live_voters(),
+                              seq - self._head_seq - 1, k, self.node_id)
+        return ("" if planner is None or planner == self.node_id else planner), place
 
     def _perform(self, ready: Ready) -> None:
         """Consume the controller's whole Ready in its contract's order (etcd-raft's): persist, advance, install,

@@ -55,25 +55,25 @@ def planner_turn(version: int, voters: Iterable[str], live: Iterable[str], windo
                  handover: int) -> str | None:
     """Who plans the next window for `version`: the live voters in round-0 order (its round-0 owner first),
     the turn passing on every `handover` windows without a new head; None if no voter is live."""
-    order = _turn_order(version, voters, live)
-    return order[(max(0, windows_since_head) // handover) % len(order)] if order else None
-
-
-def _turn_order(version: int, voters: Iterable[str], live: Iterable[str]) -> list[str]:
-    """The live voters in round-0 order for `version`, its round-0 owner first."""
-    vs, up = sorted(set(voters)), set(live)
-    return [x for x in (vs[(version + i) % len(vs)] for i in range(len(vs))) if x in up]
+    return turn(version, voters, live, windows_since_head, handover, "")[0]
 
 
 def turn_distance(version: int, voters: Iterable[str], live: Iterable[str], windows_since_head: int,
                   handover: int, me: str) -> int:
     """How many places after this window's planner (planner_turn) `me` comes in the turn order: 0 if it is the
     planner; a node outside the order (not a live voter) comes after every live voter."""
-    order = _turn_order(version, voters, live)
+    return turn(version, voters, live, windows_since_head, handover, me)[1]
+
+
+def turn(version: int, voters: Iterable[str], live: Iterable[str], windows_since_head: int, handover: int,
+         me: str) -> tuple[str | None, int]:
+    """planner_turn and turn_distance from one walk of the turn order (an agent needs both every window)."""
+    vs, up = sorted(set(voters)), set(live)
+    order = [x for x in (vs[(version + i) % len(vs)] for i in range(len(vs))) if x in up]
     if not order:
-        return 0
+        return None, 0
     p = (max(0, windows_since_head) // handover) % len(order)
-    return (order.index(me) - p) % len(order) if me in order else len(order)
+    return order[p], (order.index(me) - p) % len(order) if me in order else len(order)
 
 
 def _state_ballot(m: pb.AcceptorState, name: str) -> Ballot:
