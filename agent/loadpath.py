@@ -98,6 +98,11 @@ class ClusterWindows:
         else:
             del self._count[k]
 
+    @property
+    def newest(self) -> int:
+        """The newest window seq any node has reported (-1: none yet)."""
+        return self._newest
+
     def ready(self, live_nodes: list[str]) -> list[tuple[int, npt.NDArray[np.uint64]]]:
         """Cluster windows (seq, sum over live nodes uint64 [L, E]) newly closed, in order."""
         # called on every window arrival: first a check that nothing can close (no window held by as many

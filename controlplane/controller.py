@@ -69,6 +69,9 @@ class TableCommitted:
 
     table: RoutingTable
     kind: str = "rebalance"
+    # the newest window any node had reported when this node learned of the commit (-1: none yet): the window
+    # open at the commit is the one after it, so the change is judged from the window after that
+    newest_window: int = -1
 
 
 @dataclass(frozen=True)
@@ -179,6 +182,10 @@ class _Observation:
 
     version: int
     parent: RoutingTable
+    # the first window judged: the first that began after the commit. The one open at it ran mostly under the
+    # parent, on the load the change was planned on, and would confirm the plan's own estimate. None: not known
+    # at the commit (no window reported yet): the first window to close is skipped.
+    start: int | None = None
     windows: int = 0
     realised: float = 0.0  # sum over steps of step imbalance under the change
     counterfactual: float = 0.0  # ... under its parent
@@ -249,7 +256,7 @@ class Controller:
         rep = self.monitor.observe(ev.window_seq, ev.first_step, ev.steps, table, base)
         self._imbalance = rep.imbalance
         self._ready.events.append(rep)
-        self._observe_window()
+        self._observe_window(ev.window_seq)
         if self._propose_pending(ev.planner, ev.backup):
             return
         p = self.params
@@ -320,7 +327,7 @@ class Controller:
         if kind == "repair":  # a rank loss is a drift of its own: the next window above theta may plan at once
             self.monitor.budget.count = max(self.monitor.budget.count, self.params.budget_windows - 1)
         if kind == "rebalance" and t.parent == prev.version:
-            self._observe = _Observation(t.version, prev)
+            self._observe = _Observation(t.version, prev, ev.newest_window + 2 if ev.newest_window >= 0 else None)
 
     def _on_failed(self, ev: ProposalFailed) -> None:
         d = self._inflight
@@ -396,9 +403,13 @@ class Controller:
         self._ready.events.append(OpTransition(d.table.version, d.kind, OpState.PROPOSED, ""))
         self._note(trigger, DecisionOutcome.PROPOSED, d.describe(), d, a)
 
-    def _observe_window(self) -> None:
+    def _observe_window(self, seq: int) -> None:
         o = self._observe
         if o is None:
+            return
+        if o.start is None:
+            o.start = seq + 1
+        if seq < o.start:
             return
         buf = self.monitor.buffer
         real = buf.stats(self.head, last=1).step_imbalance()

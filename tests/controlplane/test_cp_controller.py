@@ -100,14 +100,19 @@ def test_commit_install_observe_and_keep() -> None:
     feed(c, 0, ws[0])
     d = feed(c, 1, ws[1]).proposals[0]
     c.advance()
-    r = c.step(TableCommitted(d.table))
+    r = c.step(TableCommitted(d.table, newest_window=2))  # window 3 was open at the commit
     assert r.install == [d.table] and c.head is d.table and c.inflight is None and c.state == "observing"
     states = [e.state for e in r.events if isinstance(e, OpTransition)]
     assert states == ["COMMITTED", "ACTIVE"]
     c.advance()
+    for seq in (2, 3):  # window 2 closes late, window 3 ran mostly under the parent: neither is judged
+        feed(c, seq, ws[seq])
+        o = c._observe  # noqa: SLF001 - the observation under test
+        assert o is not None and o.windows == 0, seq
+        c.advance()
     outcomes = []
     kept = False
-    for seq in range(2, 2 + c.params.rollback_windows):
+    for seq in range(4, 4 + c.params.rollback_windows):
         r = feed(c, seq, ws[seq])
         outcomes.append(c.last_explain().outcome)  # type: ignore[union-attr]
         kept |= any(isinstance(e, OpTransition) and e.state == "DONE" and e.reason == "KEPT" for e in r.events)
@@ -165,12 +170,13 @@ def test_a_change_that_did_not_help_is_rolled_back_once() -> None:
     ws = windows(3, 10)
     # another proposer's "rebalance" that moves hot expert 5 next to hot expert 0 (rank 0): worse
     bad = apply_ops(head, [Migrate(0, 5, 2, 0), Migrate(1, 5, 2, 0)])
-    c.step(TableCommitted(bad))
+    c.step(TableCommitted(bad, newest_window=-1))  # no window reported yet: the first to close is skipped
     c.advance()
     assert c.state == "observing"
-    feed(c, 0, ws[0])
-    c.advance()
-    r = feed(c, 1, ws[1])
+    for seq in (0, 1):
+        assert not feed(c, seq, ws[seq]).proposals
+        c.advance()
+    r = feed(c, 2, ws[2])
     assert len(r.proposals) == 1
     rb = r.proposals[0]
     assert rb.kind == "rollback" and rb.trigger.startswith("rollback:") and kind_of_trigger(rb.trigger) == "rollback"
@@ -180,11 +186,35 @@ def test_a_change_that_did_not_help_is_rolled_back_once() -> None:
     r = c.step(TableCommitted(rb.table))
     assert any(isinstance(e, OpTransition) and e.state == "ROLLED_BACK" for e in r.events)
     assert c.state == "idle"  # a rollback is not itself observed: no oscillation
-    assert c._cool_until[0, 5] >= 1 and c._cool_until[1, 5] >= 1  # noqa: SLF001 - the anti-oscillation memory
+    assert c._cool_until[0, 5] >= 2 and c._cool_until[1, 5] >= 2  # noqa: SLF001 - the anti-oscillation memory
     c.advance()
-    for seq in range(2, 6):
+    for seq in range(3, 7):
         assert not feed(c, seq, ws[seq]).proposals
         c.advance()
+
+
+def test_a_change_is_judged_on_windows_that_began_after_its_commit() -> None:
+    """The window open at a commit ran mostly under the parent, on the load the change was planned on: judged
+    on it, a change that helps that load is confirmed and kept at once, whatever the load does next. Here the
+    change (expert 5 off rank 2, which also holds hot expert 4, onto rank 0) helps the load while 4 and 5 are
+    hot, and the load turns to 0 and 5 (now on one rank) from the first window after the commit: it is judged
+    on those, and rolled back."""
+    c, head = setup(rollback_windows=2, theta=50.0)  # theta high: no rebalance interferes
+    before, after = windows(11, 3, hot=(4, 5)), windows(12, 3, hot=(0, 5))
+    change = apply_ops(head, [Migrate(0, 5, 2, 0), Migrate(1, 5, 2, 0)])
+    for seq in (0, 1):
+        feed(c, seq, before[seq])
+        c.advance()
+    c.step(TableCommitted(change, newest_window=1))  # window 2 is open at the commit
+    c.advance()
+    r = feed(c, 2, before[2])
+    assert not any(isinstance(e, OpTransition) and e.reason == "KEPT" for e in r.events)
+    assert c.state == "observing" and c._observe is not None and c._observe.windows == 0  # noqa: SLF001
+    c.advance()
+    assert not feed(c, 3, after[0]).proposals
+    c.advance()
+    r = feed(c, 4, after[1])
+    assert [d.kind for d in r.proposals] == ["rollback"] and same_ranks(r.proposals[0].table, head)
 
 
 def test_manual_proposals() -> None:
@@ -232,17 +262,18 @@ def test_a_repair_waits_a_window_and_a_rollback_is_proposed_by_the_node_whose_tu
     c, head = setup(rollback_windows=2, theta=50.0)
     ws = windows(3, 10)
     bad = apply_ops(head, [Migrate(0, 5, 2, 0), Migrate(1, 5, 2, 0)])
-    c.step(TableCommitted(bad))
+    c.step(TableCommitted(bad, newest_window=0))  # window 1 was open at the commit: judged from window 2
     c.advance()
-    c.step(WindowClosed(0, 0, ws[0], planner="n1"))
-    c.advance()
-    r = c.step(WindowClosed(1, W, ws[1], planner="n1"))  # the rollback is due: n1 proposes it
+    for k in (1, 2):
+        c.step(WindowClosed(k, k * W, ws[k], planner="n1"))
+        c.advance()
+    r = c.step(WindowClosed(3, 3 * W, ws[3], planner="n1"))  # the rollback is due: n1 proposes it
     assert not r.proposals and c.last_explain().outcome == "NOT_DESIGNATED"  # type: ignore[union-attr]
     c.advance()
     rolled = apply_ops(bad, [Migrate(0, 5, 0, 2), Migrate(1, 5, 0, 2)])
     c.step(TableCommitted(rolled))  # n1's rollback commits: nothing left to do here
     c.advance()
-    r = c.step(WindowClosed(2, 2 * W, ws[2], planner="n1"))
+    r = c.step(WindowClosed(4, 4 * W, ws[4], planner="n1"))
     assert not r.proposals and c.state == "idle"
 
 
@@ -256,17 +287,18 @@ def test_a_due_rollback_waits_for_the_nodes_before_it_in_the_turn_order() -> Non
     c, head = setup(rollback_windows=2, theta=50.0)
     ws = windows(7, 10)
     bad = apply_ops(head, [Migrate(0, 5, 2, 0), Migrate(1, 5, 2, 0)])
-    c.step(TableCommitted(bad))
+    c.step(TableCommitted(bad, newest_window=-1))
     c.advance()
-    c.step(WindowClosed(0, 0, ws[0], planner="n1", backup=4))
-    c.advance()
-    for k in range(1, 5):  # the rollback is due from window 1; n1, then n2, hold the turn; 4 nodes come first
-        r = c.step(WindowClosed(k, k * W, ws[k], planner="n1" if k < 3 else "n2", backup=4))
+    for k in (0, 1):  # window 0 was open at the commit: skipped; judged on 1 and 2
+        c.step(WindowClosed(k, k * W, ws[k], planner="n1", backup=4))
+        c.advance()
+    for k in range(2, 6):  # the rollback is due from window 2; n1, then n2, hold the turn; 4 nodes come first
+        r = c.step(WindowClosed(k, k * W, ws[k], planner="n1" if k < 4 else "n2", backup=4))
         assert not r.proposals and c.state == "idle", k
         ex = c.last_explain()
         assert ex is not None and ex.outcome == "NOT_DESIGNATED" and "proposes the rollback" in ex.detail, k
         c.advance()
-    r = c.step(WindowClosed(5, 5 * W, ws[5], planner="n2", backup=4))  # nobody before it rolled back: it does
+    r = c.step(WindowClosed(6, 6 * W, ws[6], planner="n2", backup=4))  # nobody before it rolled back: it does
     assert len(r.proposals) == 1 and r.proposals[0].kind == "rollback"
     assert same_ranks(r.proposals[0].table, head)
 
