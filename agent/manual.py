@@ -9,6 +9,7 @@ from collections import deque
 from typing import Any
 
 from agent.adminview import AdminView
+from agent.clock import Clock
 from controlplane.controller import Controller, Explain, ManualProposal, Record
 from controlplane.decision import Decision
 from controlplane.errors import ControlPlaneError
@@ -18,6 +19,7 @@ from elasticmoe.v1 import admin_pb2 as apb
 
 class ManualPath(AdminView):
     journal: deque[Record]  # the controller's proposal records and resolutions
+    clock: Clock | None
 
     @property
     def _controller(self) -> Controller:
@@ -45,6 +47,19 @@ class ManualPath(AdminView):
             return None, f"{trigger} not proposed by the decision core: {why}"
         return mine[0], ""
 
+    async def _settled(self, limit_s: float = 10.0, poll_s: float = 0.05) -> None:
+        """Wait, at most `limit_s` on this node's clock, until this node has no proposal in flight: an operator's
+        drain or proposal made while a rebalance awaits its outcome is planned on the head that outcome leaves
+        (was refused at once, PROPOSAL_IN_FLIGHT). Past the limit the controller refuses it with its reason."""
+        clock = self.clock
+        if clock is None:
+            return
+        t0 = clock.now()
+        while self._controller.inflight is not None and clock.now() - t0 < limit_s:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            clock.call_later(poll_s, lambda f=fut: f.done() or f.set_result(None))
+            await fut
+
     async def _submit(self, ops: tuple[Operation, ...], trigger: str, force: bool) -> Any:
         d, why = self._step_manual(ops, trigger, force)
         if d is None:
@@ -68,6 +83,7 @@ class ManualPath(AdminView):
         return why
 
     async def propose_manual(self, ops: tuple[Operation, ...], force: bool) -> apb.ProposeReply:
+        await self._settled()
         try:
             apply_ops(self.head(), ops).validate()
         except ControlPlaneError as e:
@@ -81,6 +97,7 @@ class ManualPath(AdminView):
     async def _elastic(self, ops_fn: Any, what: str) -> apb.AdminAck:
         from controlplane.elastic import DrainRefused
 
+        await self._settled()
         try:
             ops = ops_fn()
         except DrainRefused as e:

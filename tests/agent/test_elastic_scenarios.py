@@ -122,6 +122,34 @@ def test_kill_one_node_of_eight_under_load() -> None:
     assert rep_all.ok, rep_all.violations
 
 
+def test_a_drain_while_a_proposal_is_in_flight_waits_for_its_outcome_and_drains() -> None:
+    """An operator's drain on a node whose own proposal awaits its outcome was refused at once
+    (PROPOSAL_IN_FLIGHT); it waits for that outcome and plans the drain on the head it leaves."""
+    from controlplane.ops import Replicate
+
+    c = SimCluster(4, Shape(layers=2, experts=16, ranks_per_node=1, slots_per_rank=8), seed=2)
+    c.run(1.0)
+    st = c.states["n00"]
+    c.partition([["n00"], c.ids[1:]])  # n00's proposal cannot reach a quorum until the heal
+    c.clock.call_later(1.0, c.heal)
+
+    async def both() -> tuple[object, object]:
+        p = asyncio.ensure_future(st.propose_manual((Replicate(0, 3, 2),), True))
+        await asyncio.sleep(0)
+        assert st.controller is not None and st.controller.inflight is not None  # the replicate is in flight
+        d = asyncio.ensure_future(st.drain(3))
+        return await p, await d
+
+    prop, ack = c.admin(both, limit_s=30.0, tries=1)
+    assert ack.ok, ack.reason  # type: ignore[attr-defined]
+    head = st.head()
+    assert 3 not in head.active_ranks and head.version >= 3, head.version
+    c.heal_all()
+    assert c.settle(20.0) is not None
+    rep = check_cluster(c)
+    assert rep.ok, rep.violations
+
+
 def test_drain_below_minimum_viable_size_is_refused_with_the_numbers() -> None:
     # 4 ranks x 4 slots hold 16 experts: no room anywhere for rank 0's lone replicas
     c = SimCluster(4, Shape(layers=2, experts=16, ranks_per_node=1, slots_per_rank=4), seed=1)
