@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from agent.adminview import AdminView
@@ -57,7 +58,7 @@ class ManualPath(AdminView):
         t0 = clock.now()
         while self._controller.inflight is not None and clock.now() - t0 < limit_s:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            clock.call_later(poll_s, lambda f=fut: f.done() or f.set_result(None))
+            clock.call_later(poll_s, _resolver(fut))
             await fut
 
     async def _submit(self, ops: tuple[Operation, ...], trigger: str, force: bool) -> Any:
@@ -116,3 +117,11 @@ class ManualPath(AdminView):
         from controlplane.elastic import plan_restore
 
         return await self._elastic(lambda: plan_restore(self.head(), rank), f"restore r{rank}")
+
+
+def _resolver(fut: asyncio.Future[None]) -> Callable[[], None]:
+    def fire() -> None:
+        if not fut.done():
+            fut.set_result(None)
+
+    return fire

@@ -74,9 +74,9 @@ def check_i6(history: History, genesis: RoutingTable, tau: float, rollback_windo
              margin: float = 0.05) -> tuple[list[str], int]:
     """(violations, rebalances judged on realised effect). A rebalance whose step imbalance over the first `n`
     windows that began after it is worse than its parent's by more than `margin` must be superseded (rolled
-    back) within `n + grace` windows and at least `grace` windows' time after the n-th, unless the load moved meanwhile so that over the last `n` windows before that
-    deadline it is no longer worse by `margin`: then rolling it back would be the change that replay shows
-    to be worse, which the controller refuses (decision.rollback: ROLLBACK_NOT_BETTER) and I6 forbids."""
+    back) within `n + grace` windows and at least `grace` windows' time after the n-th, unless the load moved
+    meanwhile so that over the last `n` windows before that deadline it is no longer worse by `margin`: then
+    rolling it back would be the change that replay shows to be worse, which the controller refuses (decision.rollback: ROLLBACK_NOT_BETTER) and I6 forbids."""
     out: list[str] = []
     judged = 0
     tables = {genesis.version: genesis, **{v: r.table for v, r in history.commits.items()}}

@@ -130,13 +130,14 @@ class Checks:
     def realised(self, genesis: RoutingTable, windows: dict[int, np.ndarray], t0: float, span: float,
                  faulty: list[tuple[float, float]], n: int, grace: int, margin: float = 0.05,
                  now: float = float("inf")) -> None:
-        """I6, realised effect: a committed rebalance whose step imbalance over the next `n` windows (the load
-        the engines reported, `windows[seq]` summed over engines; window seq starts at t0 + seq x span) is
-        worse than its parent's by more than `margin` must be superseded within `n + grace` windows of its
-        first install, unless over the last `n` windows before that deadline it is no longer worse by `margin`
-        (the load moved; chaos.invariants.check_i6). Judged only when no fault was active in that span (`faulty`
+        """I6, realised effect: a committed rebalance whose step imbalance over the `n` windows from the first
+        that starts after its first install (the load the engines reported, `windows[seq]` summed over engines;
+        window seq starts at t0 + seq x span) is worse than its parent's by more than `margin` must be
+        superseded within `n + grace` windows, unless over the last `n` windows before that deadline it is no
+        longer worse by `margin` (the load moved). Judged only when no fault was active in that span (`faulty`
         intervals: cut off from a quorum, no rollback can commit) and once the deadline is past `now` (a
-        rollback may still come)."""
+        rollback may still come). The rule of chaos.invariants.check_i6; these windows are on the engines'
+        fixed clock, so the deadline is a time and cannot be swallowed by a burst of window closes."""
         tables = {genesis.version: genesis, **self.tables}
         for v in sorted(self.tables):
             rebalance = self.triggers.get(v, ("", 0.0, False))[2]
