@@ -70,19 +70,20 @@ def check_i5(history: History) -> list[str]:
             if s is None]
 
 
-def check_i6(history: History, genesis: RoutingTable, tau: float, rollback_windows: int, *, grace: int = 3,
-             margin: float = 0.05) -> tuple[list[str], int]:
-    """(violations, rebalances judged on realised effect). A rebalance whose step imbalance over the first `n`
-    windows that began after it is worse than its parent's by more than `margin` must be superseded (rolled
-    back) within `n + grace` windows and at least `grace` windows' time after the n-th, unless the load moved
-    meanwhile so that over the last `n` windows before that deadline it is no longer worse by `margin`: then
-    rolling it back would be the change that replay shows to be worse, which the controller refuses (decision.rollback: ROLLBACK_NOT_BETTER) and I6 forbids."""
+def check_i6(history: History, genesis: RoutingTable, tau: float, rollback_windows: int, span: float, *,
+             grace: int = 3, margin: float = 0.05) -> tuple[list[str], int]:
+    """(violations, rebalances judged on realised effect). Window seq k holds the engines' steps from k x `span`
+    seconds on. A rebalance whose step imbalance over the first `n` windows that began at or after its commit
+    is worse than its parent's by more than `margin` must be superseded (rolled back) within `n + grace`
+    windows, and at least `grace` windows' time after the n-th closed, unless the load moved meanwhile so that
+    over the last `n` windows before that deadline it is no longer worse by `margin`: then rolling it back would
+    be the change that replay shows to be worse, which the controller refuses (decision.rollback:
+    ROLLBACK_NOT_BETTER) and I6 forbids."""
     out: list[str] = []
     judged = 0
     tables = {genesis.version: genesis, **{v: r.table for v, r in history.commits.items()}}
-    wins: list[WindowRecord] = sorted(history.windows.values(), key=lambda w: w.t)
+    wins: list[WindowRecord] = sorted(history.windows.values(), key=lambda w: w.seq)
     commits: list[CommitRecord] = sorted(history.commits.values(), key=lambda r: r.version)
-    period = float(np.median(np.diff([w.t for w in wins]))) if len(wins) > 1 else 0.0  # a window's usual length
     for r in commits:
         if r.kind != "rebalance":
             continue
@@ -90,9 +91,12 @@ def check_i6(history: History, genesis: RoutingTable, tau: float, rollback_windo
             out.append(f"I6: version {r.version} committed a rebalance with verified gain {r.verified_gain:.4f} < "
                        f"tau {tau}")
         parent = tables.get(r.parent)
-        # judged from the first window that began after the commit (the one open at it ran mostly under the
-        # parent, on the load the change was planned on)
-        after = [w for w in wins if w.t > r.t][1:]
+        # judged from the first window that began after the commit, by the engines' steps: the one open at it
+        # ran mostly under the parent, on the load the change was planned on; and windows close late when the
+        # agents' view stalls (a down, unsuspected node holds them `lag` windows), so the first window to close
+        # after a commit may have begun seconds before it (seed 1000010: v21 committed at 75.003 s, during
+        # window 75; windows 73-75 closed after it)
+        after = [w for w in wins if w.seq * span >= r.t - 1e-9]
         n = rollback_windows
         if parent is None or len(after) < n + grace or not all(w.clean for w in after[:n + grace]):
             continue  # not enough fault-free windows after it to judge its realised effect
@@ -106,10 +110,10 @@ def check_i6(history: History, genesis: RoutingTable, tau: float, rollback_windo
         cf_late = float(np.mean([table_step_imbalance(parent, w.total.astype(np.int64)) for w in late]))
         if real_late <= cf_late * (1.0 + margin):
             continue  # no longer worse on the load at its deadline: keeping it is right
-        # `grace` windows to propose and commit after the n observed ones: counted in windows' time, since the
-        # agents' windows close in a burst after a stall (a down, unsuspected node holds them for `lag` windows;
-        # seed 1000304's windows 65-67 closed within 10 ms) and a burst leaves no time to commit anything
-        deadline = max(after[n + grace - 1].t, after[n - 1].t + grace * period)
+        # `grace` windows to propose and commit after the n observed ones have closed: counted in windows' time,
+        # since after a stall the agents' windows close in a burst (seed 1000304's windows 65-67 closed within
+        # 10 ms) and a burst leaves no time to commit anything
+        deadline = max(after[n + grace - 1].t, after[n - 1].t + grace * span)
         if not any(c.version > r.version and c.t <= deadline for c in commits):
             out.append(f"I6: version {r.version} realised step imbalance {real:.3f} vs {cf:.3f} without it over "
                        f"{n} windows ({real_late:.3f} vs {cf_late:.3f} over the last {n} before the deadline), "
@@ -118,13 +122,13 @@ def check_i6(history: History, genesis: RoutingTable, tau: float, rollback_windo
 
 
 def check_history(history: History, tokens: TokenStats, genesis: RoutingTable, tau: float, rollback_windows: int,
-                  conflicts: Iterable[str] = ()) -> Report:
+                  span: float, conflicts: Iterable[str] = ()) -> Report:
     rep = Report()
     for k, v in check_consensus(history, conflicts).items():
         rep.violations[k] += v
     rep.violations["I4"] += check_i4(tokens)
     rep.violations["I5"] += check_i5(history)
-    i6, rep.i6_judged = check_i6(history, genesis, tau, rollback_windows)
+    i6, rep.i6_judged = check_i6(history, genesis, tau, rollback_windows, span)
     rep.violations["I6"] += i6
     rep.convergence_s = [s for s in history.convergence_s if s is not None]
     return rep
@@ -138,4 +142,4 @@ def check_cluster(c: object) -> Report:
         raise TypeError(f"expected a SimCluster, got {type(c).__name__}")
     conflicts = [m for n in c.up() for m in c.states[n].consensus.conflicts]
     d = c.config(c.ids[0]).decision
-    return check_history(c.history, c.tokens, c.genesis, d.tau, d.rollback_windows, conflicts)
+    return check_history(c.history, c.tokens, c.genesis, d.tau, d.rollback_windows, c.window * c.step_s, conflicts)

@@ -86,32 +86,32 @@ def _clean_history() -> History:
 
 
 def test_clean_history_passes() -> None:
-    rep = check_history(_clean_history(), TokenStats(), GEN, 0.02, 2)
+    rep = check_history(_clean_history(), TokenStats(), GEN, 0.02, 2, 1.0)
     assert rep.ok, rep.violations
 
 
 def test_i1_two_tables_for_one_version() -> None:
     h = _clean_history()
     h.events.append(_ev("install", "c", 5, version=2, parent=1, digest=b"\x01" * 32))
-    assert check_history(h, TokenStats(), GEN, 0.02, 2).violations["I1"]
+    assert check_history(h, TokenStats(), GEN, 0.02, 2, 1.0).violations["I1"]
 
 
 def test_i2_versions_must_increase() -> None:
     h = _clean_history()
     h.events.append(_ev("install", "a", 5, version=2, parent=1, digest=h.events[0].digest))
-    assert check_history(h, TokenStats(), GEN, 0.02, 2).violations["I2"]
+    assert check_history(h, TokenStats(), GEN, 0.02, 2, 1.0).violations["I2"]
 
 
 def test_i3_invalid_table() -> None:
     h = _clean_history()
     h.events.append(_ev("install", "a", 5, version=3, parent=2, digest=b"\x02" * 32, valid=False))
-    assert check_history(h, TokenStats(), GEN, 0.02, 2).violations["I3"]
+    assert check_history(h, TokenStats(), GEN, 0.02, 2, 1.0).violations["I3"]
     phy = GEN.phy2log.copy()
     phy[:, 0] = -1  # expert 0 has no replica
     bad = type(GEN)(TOPO, 8, phy, 3, 2)
     h2 = _clean_history()
     h2.commits[3] = CommitRecord(3, 2, 0.0, "manual: x", 0.0, bad, "manual")
-    assert check_history(h2, TokenStats(), GEN, 0.02, 2).violations["I3"]
+    assert check_history(h2, TokenStats(), GEN, 0.02, 2, 1.0).violations["I3"]
 
 
 def test_i4_token_to_memory_that_lacks_its_expert_or_to_a_dead_rank() -> None:
@@ -129,7 +129,7 @@ def test_i6_gain_below_tau_and_unrolled_regression() -> None:
     t2 = _table(2, 1, hot_on_rank0=True)
     h = History()
     h.commits[2] = CommitRecord(2, 1, 1.0, "step imbalance 1.5 > theta", 0.001, t2, "rebalance")  # type: ignore[arg-type]
-    v, _ = check_i6(h, GEN, 0.02, 2)
+    v, _ = check_i6(h, GEN, 0.02, 2, 1.0)
     assert any("verified gain" in m for m in v)
     # realised: load only on expert 0 and 2; the new table moves nothing useful -> equal or worse; make it
     # worse: expert 2's load now shares rank 0 with expert 0's
@@ -139,10 +139,10 @@ def test_i6_gain_below_tau_and_unrolled_regression() -> None:
     for s in range(6):
         h.windows[s] = WindowRecord(s, 2.0 + s, load, 2, True)
     h.commits[2].verified_gain = 0.5
-    v, judged = check_i6(h, GEN, 0.02, 2, margin=-1.0)  # any realised effect counts as worse here
+    v, judged = check_i6(h, GEN, 0.02, 2, 1.0, margin=-1.0)  # any realised effect counts as worse here
     assert judged == 1 and any("not rolled back" in m for m in v)
     h.commits[3] = CommitRecord(3, 2, 5.0, "rollback: x", 0.0, GEN, "rollback")  # type: ignore[arg-type]
-    v, _ = check_i6(h, GEN, 0.02, 2, margin=-1.0)
+    v, _ = check_i6(h, GEN, 0.02, 2, 1.0, margin=-1.0)
     assert not v  # rolled back in time
 
 
@@ -165,9 +165,9 @@ def test_i6_keeps_a_change_the_load_at_its_deadline_no_longer_finds_worse() -> N
             h.windows[s] = WindowRecord(s, 2.0 + s, worse if s < 3 else late, 2, True)
         return h
 
-    v, judged = check_i6(history(worse), GEN, 0.02, 2)
+    v, judged = check_i6(history(worse), GEN, 0.02, 2, 1.0)
     assert judged == 1 and len(v) == 1 and "not rolled back" in v[0]  # still worse at the deadline
-    v, judged = check_i6(history(moved), GEN, 0.02, 2)
+    v, judged = check_i6(history(moved), GEN, 0.02, 2, 1.0)
     assert judged == 1 and not v
 
 
@@ -186,17 +186,43 @@ def test_i6_gives_the_grace_windows_time_after_a_burst_of_windows() -> None:
     for s, t in enumerate(closes):
         h.windows[s] = WindowRecord(s, t, worse, 2, True)
     h.commits[3] = CommitRecord(3, 2, 7.5, "rollback: x", 0.0, GEN, "rollback")  # type: ignore[arg-type]
-    v, judged = check_i6(h, GEN, 0.02, 2)
+    v, judged = check_i6(h, GEN, 0.02, 2, 1.0)
     assert judged == 1 and not v  # observed on windows 1-2 (closed 5.0 s): 3 windows' time, to 8.0 s
     h.commits[3].t = 8.5
-    v, judged = check_i6(h, GEN, 0.02, 2)
+    v, judged = check_i6(h, GEN, 0.02, 2, 1.0)
     assert judged == 1 and len(v) == 1 and "not rolled back" in v[0]
+
+
+def test_i6_judges_on_the_windows_that_began_after_the_commit_however_late_they_close() -> None:
+    """Window k holds the engines' steps from k x span on; the agents close it late when their view stalls. A
+    change committed during window 3 while windows 0-2 had not closed yet is judged on windows 4 and 5, not on
+    the first windows to close after it (seed 1000010: v21 committed at 75.003 s during window 75, judged on
+    windows 74 and 75, which closed after it; the agents judged it on 76 and 77 and rolled it back in time)."""
+    t2 = _table(2, 1, hot_on_rank0=True)
+    worse = np.zeros((2, 8), np.uint64)
+    worse[:, 0] = 100
+    worse[:, 2] = 100
+    even = np.zeros((2, 8), np.uint64)
+    even[:, 5] = 100  # an expert neither table moved: both equal
+
+    def history(before: np.ndarray, since: np.ndarray) -> History:
+        h = History()
+        h.commits[2] = CommitRecord(2, 1, 3.2, "step imbalance 1.5 > theta", 0.5, t2, "rebalance")  # type: ignore[arg-type]
+        closes = [3.5, 3.5, 3.51, 4.5, 5.5, 6.5, 7.5, 8.5, 9.5, 10.5]  # windows 0-2 close after the commit
+        for k, t in enumerate(closes):
+            h.windows[k] = WindowRecord(k, t, before if k < 4 else since, 2, True)
+        return h
+
+    v, judged = check_i6(history(worse, even), GEN, 0.02, 2, 1.0)
+    assert judged == 1 and not v  # worse only on the load before it: nothing to roll back
+    v, judged = check_i6(history(even, worse), GEN, 0.02, 2, 1.0)
+    assert judged == 1 and len(v) == 1 and "not rolled back" in v[0]  # worse on windows 4-5: due
 
 
 def test_i7_commit_lost_across_restart() -> None:
     h = _clean_history()
     h.events += [_ev("crash", "a", 5, versions=(1, 2)), _ev("recover", "a", 6, versions=(1,), version=1)]
-    assert check_history(h, TokenStats(), GEN, 0.02, 2).violations["I7"]
+    assert check_history(h, TokenStats(), GEN, 0.02, 2, 1.0).violations["I7"]
 
 
 def test_planted_faults_in_a_live_cluster_are_caught() -> None:
