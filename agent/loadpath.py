@@ -98,10 +98,13 @@ class ClusterWindows:
         else:
             del self._count[k]
 
-    @property
-    def newest(self) -> int:
-        """The newest window seq any node has reported (-1: none yet)."""
-        return self._newest
+    def newest_reported(self) -> int:
+        """The newest window seq reported, as far as this node can vouch for it: no more than `lag` + 1 past the
+        last closed window (a live node `lag` windows ahead closes it, so a newer seq came from a dead node, a
+        skewed clock or a forged window); -1 before the first window closed."""
+        if self.last_closed < 0:
+            return -1
+        return min(self._newest, self.last_closed + self.lag + 1)
 
     def ready(self, live_nodes: list[str]) -> list[tuple[int, npt.NDArray[np.uint64]]]:
         """Cluster windows (seq, sum over live nodes uint64 [L, E]) newly closed, in order."""

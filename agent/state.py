@@ -405,7 +405,7 @@ class NodeState(ManualPath):
         # the turn restarts at the window that proposed this table (the same on every node, however late it learns)
         end = int(commit.plan.replay_to_step) // self.params.window
         self._head_seq = end - 1 if 0 < end <= self._window_seq + 1 else self._window_seq
-        self._perform(self._controller.step(TableCommitted(table, plan_kind(commit.plan), self.cluster.newest)))
+        self._perform(self._controller.step(TableCommitted(table, plan_kind(commit.plan), self.cluster.newest_reported())))
         if self.rejoin is not None:
             self.rejoin.committed(table.version, table.parent, table.active_ranks, plan_kind(commit.plan))
         rec = self._explain.get(table.version)

@@ -69,8 +69,8 @@ class TableCommitted:
 
     table: RoutingTable
     kind: str = "rebalance"
-    # the newest window any node had reported when this node learned of the commit (-1: none yet): the window
-    # open at the commit is the one after it, so the change is judged from the window after that
+    # the newest window reported when this node learned of the commit (-1: not known): the window open at the
+    # commit is the one after it, so the change is judged from the window after that
     newest_window: int = -1
 
 

@@ -57,6 +57,23 @@ def test_a_lagging_node_cannot_stall_cluster_windows() -> None:
     assert [k for k, _ in cw.ready(["fast", "slow"])] == [3]
 
 
+def test_the_newest_reported_window_is_vouched_for_by_the_last_closed_one() -> None:
+    """What a commit's observation starts from (controller.TableCommitted.newest_window): the newest window
+    reported, but a seq far past the last closed window (a dead node's, a skewed clock's, a forged one) cannot
+    push it out of reach, where the change would never be judged and no rebalance could follow it."""
+    cw = ClusterWindows(lag=2)
+    one = np.ones((2, 2), np.uint32)
+    assert cw.newest_reported() == -1  # nothing closed yet: not known
+    for k in range(3):
+        cw.add("a", k, one)
+        cw.add("b", k, one)
+    cw.add("a", 3, one)
+    assert [k for k, _ in cw.ready(["a", "b"])] == [0, 1, 2]
+    assert cw.newest_reported() == 3  # a reported window 3; 4 is open
+    cw.add("c", 10**9, one)  # not a live node's: nothing closes
+    assert cw.ready(["a", "b"]) == [] and cw.newest_reported() == 2 + 2 + 1
+
+
 class _ReferenceClusterWindows:
     """ClusterWindows without its fast path (the definition: every call looks at every live node)."""
 
