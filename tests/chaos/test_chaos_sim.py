@@ -125,6 +125,14 @@ def test_i5_not_converged() -> None:
     assert check_i5(h) and not check_i5(History(convergence_s=[0.4]))
 
 
+def _load(per_expert: dict[int, int]) -> np.ndarray:
+    """A window of 2 layers x 8 experts with these tokens per expert in every layer."""
+    w = np.zeros((2, 8), np.uint64)
+    for e, n in per_expert.items():
+        w[:, e] = n
+    return w
+
+
 def test_i6_gain_below_tau_and_unrolled_regression() -> None:
     t2 = _table(2, 1, hot_on_rank0=True)
     h = History()
@@ -133,9 +141,7 @@ def test_i6_gain_below_tau_and_unrolled_regression() -> None:
     assert any("verified gain" in m for m in v)
     # realised: load only on expert 0 and 2; the new table moves nothing useful -> equal or worse; make it
     # worse: expert 2's load now shares rank 0 with expert 0's
-    load = np.zeros((2, 8), np.uint64)
-    load[:, 0] = 100
-    load[:, 2] = 100
+    load = _load({0: 100, 2: 100})
     for s in range(6):
         h.windows[s] = WindowRecord(s, 2.0 + s, load, 2, True)
     h.commits[2].verified_gain = 0.5
@@ -151,12 +157,8 @@ def test_i6_keeps_a_change_the_load_at_its_deadline_no_longer_finds_worse() -> N
     better to roll back, which the controller refuses (ROLLBACK_NOT_BETTER) and I6 must not demand (seed
     1000571: v44 realised 1.754 vs 1.564, then 1.544 vs 1.734 on the windows where the rollback was due)."""
     t2 = _table(2, 1, hot_on_rank0=True)
-    worse = np.zeros((2, 8), np.uint64)
-    worse[:, 0] = 100
-    worse[:, 2] = 100
-    moved = np.zeros((2, 8), np.uint64)
-    moved[:, 5] = 100  # an expert neither table moved: both equal
-    moved[:, 6] = 50
+    worse = _load({0: 100, 2: 100})  # expert 2 shares rank 0 with expert 0 under t2
+    moved = _load({5: 100, 6: 50})  # experts neither table moved: both equal
 
     def history(late: np.ndarray) -> History:
         h = History()
@@ -177,9 +179,7 @@ def test_i6_gives_the_grace_windows_time_after_a_burst_of_windows() -> None:
     `lag` newer ones arrive) windows close in a burst, and counting them one by one left no time to commit
     (seed 1000304: windows 65-67 closed within 10 ms)."""
     t2 = _table(2, 1, hot_on_rank0=True)
-    worse = np.zeros((2, 8), np.uint64)
-    worse[:, 0] = 100
-    worse[:, 2] = 100
+    worse = _load({0: 100, 2: 100})  # expert 2 shares rank 0 with expert 0 under t2
     h = History()
     h.commits[2] = CommitRecord(2, 1, 1.0, "step imbalance 1.5 > theta", 0.5, t2, "rebalance")  # type: ignore[arg-type]
     closes = [1.01, 2.0, 5.0, 5.01, 5.02, 5.03, 6.0, 7.0, 8.0]  # window 0 open at the commit; a burst at 5 s
@@ -199,11 +199,8 @@ def test_i6_judges_on_the_windows_that_began_after_the_commit_however_late_they_
     the first windows to close after it (seed 1000010: v21 committed at 75.003 s during window 75, judged on
     windows 74 and 75, which closed after it; the agents judged it on 76 and 77 and rolled it back in time)."""
     t2 = _table(2, 1, hot_on_rank0=True)
-    worse = np.zeros((2, 8), np.uint64)
-    worse[:, 0] = 100
-    worse[:, 2] = 100
-    even = np.zeros((2, 8), np.uint64)
-    even[:, 5] = 100  # an expert neither table moved: both equal
+    worse = _load({0: 100, 2: 100})  # expert 2 shares rank 0 with expert 0 under t2
+    even = _load({5: 100})  # an expert neither table moved: both equal
 
     def history(before: np.ndarray, since: np.ndarray) -> History:
         h = History()
