@@ -216,6 +216,27 @@ def test_i6_judges_on_the_windows_that_began_after_the_commit_however_late_they_
     assert judged == 1 and len(v) == 1 and "not rolled back" in v[0]  # worse on windows 4-5: due
 
 
+def test_i6_does_not_judge_a_change_whose_rollback_was_due_after_the_run_stopped() -> None:
+    """A rollback due after the run stopped was not yet late: the change is not judged (seed 1000634: v24
+    committed at 86.0 s with its deadline at 93.5 s, the run stopped at 91.7 s; replayed further, a rebalance
+    superseded it at 92.0 s). Before `end` the same history is a violation."""
+    t2 = _table(2, 1, hot_on_rank0=True)
+    worse = _load({0: 100, 2: 100})  # expert 2 shares rank 0 with expert 0 under t2
+    h = History()
+    h.commits[2] = CommitRecord(2, 1, 1.0, "step imbalance 1.5 > theta", 0.5, t2, "rebalance")  # type: ignore[arg-type]
+    for s in range(6):
+        h.windows[s] = WindowRecord(s, 2.0 + s, worse, 2, True)  # judged on 1-2, deadline max(7.0, 3.0 + 3)
+    v, judged = check_i6(h, GEN, 0.02, 2, 1.0, end=6.5)
+    assert judged == 0 and not v
+    v, judged = check_i6(h, GEN, 0.02, 2, 1.0, end=7.5)
+    assert judged == 1 and len(v) == 1 and "not rolled back" in v[0]
+    assert not check_history(h, TokenStats(), GEN, 0.02, 2, 1.0, end=6.5).violations["I6"]
+    assert check_history(h, TokenStats(), GEN, 0.02, 2, 1.0, end=7.5).violations["I6"]
+    h.commits[3] = CommitRecord(3, 2, 6.9, "rollback: x", 0.0, GEN, "rollback")  # type: ignore[arg-type]
+    v, judged = check_i6(h, GEN, 0.02, 2, 1.0, end=7.5)
+    assert judged == 1 and not v
+
+
 def test_i7_commit_lost_across_restart() -> None:
     h = _clean_history()
     h.events += [_ev("crash", "a", 5, versions=(1, 2)), _ev("recover", "a", 6, versions=(1,), version=1)]
