@@ -155,6 +155,10 @@ class ConsensusConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     log_retain: int = 1024
     # after a failed write (disk full, I/O error) the node stops voting and checks the disk this often
     disk_retry_ms: int = 1000
+    # "new": the voters are bootstrapping a new cluster, so an empty store may be a founding member's (it still
+    # asks the others whether they knew it: agent/consensus/rebuild.py); "existing": the cluster exists, so
+    # an empty store was lost, and the node rebuilds as a learner (etcd's initial-cluster-state)
+    initial_cluster_state: Literal["new", "existing"] = "new"
 
     def validate(self) -> None:
         _bounded("consensus", self, {"accept_timeout_ms": (1, DAY_MS), "max_attempts": (1, 1000),

@@ -173,7 +173,8 @@ class NodeState(ManualPath):
             backend = ConsensusNode(self.node_id, self._voters, store, clock, transport, self.cfg.consensus, genesis,
                                     verifier=self.voter.verify, live_voters=self._live_voters,
                                     members=lambda: self.gossip.live_nodes() if self.gossip is not None else [],
-                                    had_store=had_store, signer=signer)
+                                    had_store=had_store, signer=signer, enrolment=None if self.rng_seed is None
+                                    else zlib.crc32(b"e%d" % self.rng_seed) | 1)  # seeded runs: reproducible
         self.consensus = backend
         backend.on_commit(self._on_commit)
         backend.start()  # recovers the committed log: the controller plans from the recovered head

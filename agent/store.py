@@ -1,4 +1,5 @@
-"""Append-only, fsync'd log of committed tables and acceptor state.
+"""Append-only, fsync'd log of committed tables and acceptor state (and of the voters that enrolled here
+from an empty store, for agent/consensus/rebuild.py).
 
 Records are framed `<u32 length><u32 crc32><u8 kind><payload>` (little-endian; the crc covers kind and
 payload). Every append is written and fsync'd before it returns, so a reply or a send that follows it
@@ -52,6 +53,9 @@ _MARK = struct.Struct("<4sQ")
 _MARK_MAGIC = b"EMK1"
 KIND_COMMIT = 1
 KIND_ACCEPTOR = 2
+KIND_KNOWN = 3  # the voters that enrolled here from an empty store (agent/consensus/rebuild.py): the whole map
+KIND_REBUILD = 4  # this node's own rebuild: started (before any request) or done (before its first vote)
+_KINDS = (KIND_COMMIT, KIND_ACCEPTOR, KIND_KNOWN, KIND_REBUILD)
 MAX_RECORD = 256 << 20  # a length beyond this is a torn header, not a record
 
 
@@ -85,6 +89,8 @@ class Recovered:
 
     commits: list[pb.Commit] = field(default_factory=list)
     acceptor: dict[int, pb.AcceptorState] = field(default_factory=dict)
+    known: dict[str, int] = field(default_factory=dict)  # voter -> enrolment id it last enrolled here with
+    rebuild: pb.RebuildMark | None = None  # the last rebuild mark (None: this store never rebuilt)
     records: int = 0
     torn_bytes: int = 0
     lost_bytes: int = 0  # acknowledged bytes missing at the end (the log is shorter than its high-water mark)
@@ -101,6 +107,10 @@ def _decode(kind: int, payload: bytes, rec: Recovered) -> str:
         elif kind == KIND_ACCEPTOR:
             st = pb.AcceptorState.FromString(payload)
             rec.acceptor[st.version] = st
+        elif kind == KIND_KNOWN:
+            rec.known = dict(pb.KnownVoters.FromString(payload).enrolment)
+        elif kind == KIND_REBUILD:
+            rec.rebuild = pb.RebuildMark.FromString(payload)
         else:
             return f"unknown record kind {kind}"
     except DecodeError as e:
@@ -159,7 +169,7 @@ def _whole_record_after(data: bytes, start: int) -> int:
     recovery stopped early, to tell a torn tail (nothing whole after it) from corruption in the middle."""
     for off in range(start + 1, len(data) - _HEADER.size + 1):
         length, crc, kind = _HEADER.unpack_from(data, off)
-        if kind not in (KIND_COMMIT, KIND_ACCEPTOR) or length > len(data) - off - _HEADER.size:
+        if kind not in _KINDS or length > len(data) - off - _HEADER.size:
             continue
         payload = data[off + _HEADER.size:off + _HEADER.size + length]
         if zlib.crc32(bytes([kind]) + payload) == crc and not _decode(kind, payload, Recovered()):
@@ -184,6 +194,10 @@ def torn_tail(data: bytes, rec: Recovered) -> bool:
     return _whole_record_after(data, off) < 0
 
 
+def _known_frame(known: dict[str, int]) -> bytes:
+    return frame(KIND_KNOWN, pb.KnownVoters(enrolment=known).SerializeToString(deterministic=True))
+
+
 class Store:
     """The node's durable consensus state. `open()` recovers; every `save_*`/`append_*` is durable on return,
     or raises `StoreFailed` (then nothing was acknowledged, and the store refuses writes until `resume()`)."""
@@ -199,6 +213,8 @@ class Store:
         self.truncated = 0  # bytes of torn tail cut off by the last open()
         self.lost = 0  # acknowledged bytes the last open() found missing (cut at a record boundary)
         self._high = 0  # the high-water mark on disk: max(log size, a loss not yet settled)
+        self.known: dict[str, int] = {}  # voter -> enrolment id it last enrolled here with (consensus/rebuild.py)
+        self.rebuild: pb.RebuildMark | None = None  # this node's own last rebuild mark
 
     @property
     def where(self) -> str:
@@ -216,6 +232,7 @@ class Store:
                         "acknowledged; truncated", self.where, len(data) - end, end, rec.bad_reason)
             self._disk.truncate(end)
         self.truncated = len(data) - end
+        self.known, self.rebuild = dict(rec.known), rec.rebuild
         self._opened = True
         self.size = end
         self.failed = ""
@@ -306,16 +323,33 @@ class Store:
     def save_acceptor(self, state: pb.AcceptorState) -> None:
         self._append(frame(KIND_ACCEPTOR, state.SerializeToString()))
 
+    def enrol(self, voter: str, enrolment: int) -> None:
+        """Record that `voter` enrolled here from an empty store under `enrolment` (durable on return; kept
+        by compaction)."""
+        if self.known.get(voter) != enrolment:
+            known = {**self.known, voter: enrolment}
+            self._append(_known_frame(known))
+            self.known = known
+
+    def save_rebuild(self, mark: pb.RebuildMark) -> None:
+        """Record this node's own rebuild: started, or done (durable on return; an unfinished one is kept by
+        compaction)."""
+        self._append(frame(KIND_REBUILD, mark.SerializeToString()))
+        self.rebuild = mark
+
     def compact(self, commits: list[pb.Commit], acceptor: list[pb.AcceptorState]) -> bool:
         """Replace the log by just these records (the commits still to keep, in order, and the acceptor state
-        of undecided versions), atomically: a crash leaves either the old log or the new one. A compaction
+        of undecided versions, and the known voters), atomically: a crash leaves either the old log or the new one. A compaction
         that cannot be written leaves the old log in place (False); nothing is lost by skipping it."""
         if not self._opened:
             raise StoreError("store not opened: call open() (recovery) before compacting")
         if self.failed:
             return False
         data = b"".join([frame(KIND_COMMIT, c.SerializeToString()) for c in commits]
-                        + [frame(KIND_ACCEPTOR, st.SerializeToString()) for st in acceptor])
+                        + [frame(KIND_ACCEPTOR, st.SerializeToString()) for st in acceptor]
+                        + ([_known_frame(self.known)] if self.known else [])
+                        + ([frame(KIND_REBUILD, self.rebuild.SerializeToString())]
+                           if self.rebuild is not None and not self.rebuild.done else []))
         # Lower the mark first, durably: a crash between the two leaves a log longer than its mark (checks
         # less), never a shorter one (a false alarm). A loss not yet settled keeps the mark at its high.
         new_high = len(data) if not self.lost else max(len(data), self._high)

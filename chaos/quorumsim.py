@@ -8,6 +8,7 @@ and records a history of installs, accepts, proposals, crashes and recoveries fo
 from __future__ import annotations
 
 import random
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -123,6 +124,7 @@ class QuorumSim:
         node = ConsensusNode(n, self.voters, store, self.net.clock(n), self.net.transport(n), self.cfg,
                              self.genesis, live_voters=self.live_voters, members=lambda: self.ids,
                              rng=random.Random(self.rng.random()), had_store=self.incarnation[n] > 0,
+                             enrolment=zlib.crc32(f"{n}/{self.incarnation[n]}".encode()) | 1,
                              signer=self.signers.get(n))
 
         def installed(c: pb.Commit, t: RoutingTable, n: str = n) -> None:

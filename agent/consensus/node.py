@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import random
 import zlib
 from collections import deque
@@ -57,7 +58,7 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
                  cfg: ConsensusConfig, head: RoutingTable, verifier: Verifier = validity_verifier,
                  live_voters: Callable[[], list[str]] | None = None,
                  members: Callable[[], list[str]] | None = None, rng: random.Random | None = None,
-                 had_store: bool = False, signer: VoteSigner | None = None) -> None:
+                 had_store: bool = False, signer: VoteSigner | None = None, enrolment: int | None = None) -> None:
         if not voters:
             raise ValueError("voters is empty: expected at least one configured voter")
         self.node_id = node_id
@@ -88,6 +89,8 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
         self._recoveries: dict[int, int] = {}
         self.acceptor = Acceptor(node_id, self.voters)
         self.had_store = had_store  # this node ran before (its data_dir says so): an empty store was lost
+        # this start's enrolment id, should it rebuild (agent/consensus/rebuild.py): fresh at every start
+        self.enrolment = enrolment or int.from_bytes(os.urandom(8), "little") | 1
         self.rebuild: Rebuild | None = None  # set while a node with an empty store may not vote yet
         # proposals made before a new node heard whether it may vote (right after start): run once it knows
         self._deferred: list[tuple[float, RoutingTable, pb.Plan, Callable[[Outcome], None]]] = []
@@ -102,12 +105,21 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
         self.acceptor = Acceptor(self.node_id, self.voters, rec.acceptor)
         self.acceptor.prune(self.log.head.version)
         cut = rec.lost_bytes > 0  # the log was cut at a record boundary: votes it gave may be forgotten
-        if (rec.records == 0 or cut) and self.node_id in self.voters and len(self.voters) > 1:
-            self.rebuild = Rebuild(self.node_id, self.voters, self.log.head.version, self.had_store or cut)
-            if self.had_store or cut:
-                what = (f"lost the last {rec.lost_bytes} bytes of its log" if cut
-                        else "store is empty but this node ran before")
-                log.warning("%s: %s: rebuilding from the other voters as a learner", self.node_id, what)
+        resumed = rec.rebuild is not None and not rec.rebuild.done  # a rebuild this store had not finished
+        if (rec.records == 0 or cut or resumed) and self.node_id in self.voters and len(self.voters) > 1:
+            strict = self.had_store or cut or resumed or self.cfg.initial_cluster_state == "existing"
+            self.rebuild = Rebuild(self.node_id, self.voters, self.log.head.version, strict)
+            self.rebuild.why_strict = (f"lost the last {rec.lost_bytes} bytes of its log" if cut
+                                       else "restarted during its rebuild" if resumed
+                                       else "store is empty but this node ran before" if self.had_store
+                                       else "initial_cluster_state = 'existing'" if strict else "")
+            try:  # before any request: a start that finds this mark unfinished is strict (it may have voted)
+                self.store.save_rebuild(pb.RebuildMark(enrolment=self.enrolment, strict=strict))
+            except StoreFailed:
+                self._store_failed()
+            if strict:
+                log.warning("%s: %s: rebuilding from the other voters as a learner", self.node_id,
+                            self.rebuild.why_strict)
         self.running = True
         self.transport.serve(self._handle, service="Consensus")
         if self.rebuild is not None:
@@ -273,7 +285,12 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
             why = self._learned(req, src, broadcast=False)
             return pb.CommitAck(ok=not why, from_node=self.node_id, committed_head=self.log.head.version, reason=why)
         if method == "Consensus/CatchUp" and isinstance(req, pb.CatchUpRequest):
+            knew = self._enrol(src, int(req.enrolment))
+            if knew is None:
+                return None  # an enrolment that cannot be recorded is not answered (agent/consensus/rebuild.py)
             reply = self.log.catchup_reply(req, self.cfg.catchup_batch)
+            reply.knew_you = knew
+            self._peer_is_up(src)
             reply.acceptor_high = max(self.acceptor.states, default=0)
             reply.rebuilding = self.rebuild is not None
             return reply

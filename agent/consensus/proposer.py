@@ -313,7 +313,9 @@ class ProposerMixin(NodeFields):
             return
         pend.votes = att.votes()
         pend.reasons.append(f"ballot {att.ballot}: {reason}")
-        contested = any("promised" in r or "parent" in r or "committed" in r for r in att.rejects.values())
+        # a voter that is busy (rebuilding, deciding whether it may vote, on a failed disk) may take the next ballot
+        contested = any("promised" in r or "parent" in r or "committed" in r or r.startswith("UNAVAILABLE")
+                        for r in att.rejects.values())
         verify_rejected = bool(att.rejects) and not contested
         if not retry or verify_rejected or pend.attempts >= self.cfg.max_attempts:
             self._finish(v, Outcome(False, v, "; ".join(pend.reasons), pend.votes, self.clock.now() - pend.t0))

@@ -26,6 +26,7 @@ class RecoveryMixin(NodeFields):
 
     signer: VoteSigner | None
     rebuild: Rebuild | None
+    enrolment: int
     _deferred: list[tuple[float, RoutingTable, pb.Plan, Callable[[Outcome], None]]]
     _timers: dict[tuple[str, int], Timer]
 
@@ -56,10 +57,16 @@ class RecoveryMixin(NodeFields):
         """Why this node may not vote now ("" when it may)."""
         if self.store.failed:
             return f"{self.node_id}'s {self.failure}"
-        if self.rebuild is not None:
-            if not self.rebuild.may_vote(self.log.head.version):
-                return f"{self.node_id} is a {self.rebuild.describe(self.log.head.version)}"
-            if self.rebuild.strict:
+        rb = self.rebuild
+        if rb is not None:
+            if not rb.may_vote(self.log.head.version):
+                return f"{self.node_id} is a {rb.describe(self.log.head.version)}"
+            try:  # durable before the first vote: a later start trusts this store again
+                self.store.save_rebuild(pb.RebuildMark(enrolment=self.enrolment, strict=rb.strict, done=True))
+            except StoreFailed:
+                self._store_failed()
+                return f"{self.node_id}'s {self.failure}"
+            if rb.strict:
                 log.warning("%s: rebuilt (head %d): voting again", self.node_id, self.log.head.version)
             self.rebuild = None
             self.store.settle_loss()  # a cut log found at start is settled: the next start trusts it again
@@ -78,16 +85,29 @@ class RecoveryMixin(NodeFields):
                 self._deferred.append((t0, table, plan, on_done))
             else:
                 on_done(Outcome(False, table.version, f"UNAVAILABLE: {self._abstains()}"))
-        req = pb.CatchUpRequest(from_version=self.log.head.version, from_node=self.node_id, limit=self.cfg.catchup_batch)
+        rb.early.clear()
         for dst in rb.others:
-            self.transport.call(dst, "Consensus/CatchUp", req, self.timeout, partial(self._on_rebuild_reply, dst))
+            self._ask_rebuild_one(dst)
         self._arm("rebuild", 0, self.timeout, self._ask_rebuild)
+
+    def _ask_rebuild_one(self, dst: str) -> None:
+        req = pb.CatchUpRequest(from_version=self.log.head.version, from_node=self.node_id,
+                                limit=self.cfg.catchup_batch, enrolment=self.enrolment)
+        self.transport.call(dst, "Consensus/CatchUp", req, self.timeout, partial(self._on_rebuild_reply, dst))
+
+    def _peer_is_up(self, peer: str) -> None:
+        """A voter just called us: while deciding, ask it now rather than at the next retry (the members of a new
+        cluster start one after another, and each decides once enough of the others answered)."""
+        rb = self.rebuild
+        if rb is not None and not rb.decided and peer in rb.others and not rb.answered(peer) and peer not in rb.early:
+            rb.early.add(peer)  # once per round: two deciding nodes would otherwise ask each other without end
+            self._ask_rebuild_one(peer)
 
     def _on_rebuild_reply(self, peer: str, r: Message | None) -> None:
         rb = self.rebuild
         if rb is None or not self.running or not isinstance(r, pb.CatchUpReply):
             return
-        rb.report(peer, int(r.committed_head), int(r.acceptor_high), bool(r.rebuilding))
+        rb.report(peer, int(r.committed_head), int(r.acceptor_high), bool(r.rebuilding), bool(r.knew_you))
         if not self._snapshot(peer, r):  # (a snapshot asks the peer for the rest itself)
             self._learn_in_order(r.commits)
             if r.committed_head > self.log.head.version:
@@ -95,6 +115,20 @@ class RecoveryMixin(NodeFields):
         if rb.decided:
             self._disarm("rebuild", 0)
             self._rebuild_decided()
+
+    def _enrol(self, peer: str, enrolment: int) -> bool | None:
+        """Record a voter's enrolment (CatchUpRequest.enrolment) durably, before the reply leaves. Returns
+        whether it had enrolled here under another id (it ran before), or None when the record cannot be made
+        durable (then the request is not answered: an unrecorded answer would break rebuild's argument)."""
+        if not enrolment or peer not in self.voters or peer == self.node_id:
+            return False
+        before = self.store.known.get(peer)
+        try:
+            self.store.enrol(peer, enrolment)
+        except StoreFailed:
+            self._store_failed()
+            return None
+        return before is not None and before != enrolment
 
     def _learn_in_order(self, commits: Iterable[pb.Commit]) -> None:
         """Learn a reply's commits from the one after our head on, stopping at the first that is refused."""

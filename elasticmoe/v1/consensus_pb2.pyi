@@ -250,28 +250,55 @@ class CommitAck(_message.Message):
     def __init__(self, ok: _Optional[bool] = ..., from_node: _Optional[str] = ..., committed_head: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class CatchUpRequest(_message.Message):
-    __slots__ = ("from_version", "from_node", "limit")
+    __slots__ = ("from_version", "from_node", "limit", "enrolment")
     FROM_VERSION_FIELD_NUMBER: _ClassVar[int]
     FROM_NODE_FIELD_NUMBER: _ClassVar[int]
     LIMIT_FIELD_NUMBER: _ClassVar[int]
+    ENROLMENT_FIELD_NUMBER: _ClassVar[int]
     from_version: int
     from_node: str
     limit: int
-    def __init__(self, from_version: _Optional[int] = ..., from_node: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+    enrolment: int
+    def __init__(self, from_version: _Optional[int] = ..., from_node: _Optional[str] = ..., limit: _Optional[int] = ..., enrolment: _Optional[int] = ...) -> None: ...
 
 class CatchUpReply(_message.Message):
-    __slots__ = ("commits", "committed_head", "acceptor_high", "rebuilding", "snapshot")
+    __slots__ = ("commits", "committed_head", "acceptor_high", "rebuilding", "snapshot", "knew_you")
     COMMITS_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_HEAD_FIELD_NUMBER: _ClassVar[int]
     ACCEPTOR_HIGH_FIELD_NUMBER: _ClassVar[int]
     REBUILDING_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
+    KNEW_YOU_FIELD_NUMBER: _ClassVar[int]
     commits: _containers.RepeatedCompositeFieldContainer[Commit]
     committed_head: int
     acceptor_high: int
     rebuilding: bool
     snapshot: bool
-    def __init__(self, commits: _Optional[_Iterable[_Union[Commit, _Mapping]]] = ..., committed_head: _Optional[int] = ..., acceptor_high: _Optional[int] = ..., rebuilding: _Optional[bool] = ..., snapshot: _Optional[bool] = ...) -> None: ...
+    knew_you: bool
+    def __init__(self, commits: _Optional[_Iterable[_Union[Commit, _Mapping]]] = ..., committed_head: _Optional[int] = ..., acceptor_high: _Optional[int] = ..., rebuilding: _Optional[bool] = ..., snapshot: _Optional[bool] = ..., knew_you: _Optional[bool] = ...) -> None: ...
+
+class KnownVoters(_message.Message):
+    __slots__ = ("enrolment",)
+    class EnrolmentEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    ENROLMENT_FIELD_NUMBER: _ClassVar[int]
+    enrolment: _containers.ScalarMap[str, int]
+    def __init__(self, enrolment: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class RebuildMark(_message.Message):
+    __slots__ = ("enrolment", "strict", "done")
+    ENROLMENT_FIELD_NUMBER: _ClassVar[int]
+    STRICT_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    enrolment: int
+    strict: bool
+    done: bool
+    def __init__(self, enrolment: _Optional[int] = ..., strict: _Optional[bool] = ..., done: _Optional[bool] = ...) -> None: ...
 
 class AcceptorState(_message.Message):
     __slots__ = ("version", "promised", "accepted_ballot", "accepted", "proposer_round")

@@ -213,6 +213,7 @@ def _amnesia(c: QuorumSim, cut: bool = False) -> tuple[str, str, str]:
     """The next version (v) chosen by {owner, b} alone; then b loses its store (`cut`: only the records it
     wrote for v, its log cut at a record boundary) while the owner is down, and the third voter, which never
     heard of v, proposes another table for it through b."""
+    c.run(0.2)  # the founding members of the new cluster hear from each other (agent/consensus/rebuild.py)
     v = c.nodes[c.voters[0]].head.version + 1
     owner = round0_owner(v, c.voters)
     b, third = [x for x in c.voters if x != owner]
