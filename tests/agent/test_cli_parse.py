@@ -1,5 +1,9 @@
 from __future__ import annotations
 
+import io
+import subprocess
+import sys
+import threading
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -11,6 +15,7 @@ from agent.cli import main, render
 from agent.cli.admin import CliError, parse_ops
 from agent.security import server_credentials, write_dev_certs
 from agent.wire import ops_from_pb
+from chaos.localcluster import ROOT
 from controlplane.ops import Consolidate, Drop, Migrate, Replicate, Swap
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import consensus_pb2 as pb
@@ -194,3 +199,45 @@ def test_offline_tools_bound_their_numbers(argv: list[str], needle: str, capsys:
         main(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and needle in err and "Traceback" not in err, err
+
+
+# ---- a reader that goes away (`emoe status --json | head -1`) ends the command quietly ------------------
+
+class _ClosedPipe(io.StringIO):
+    def write(self, s: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_closed_stdout_ends_quietly(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EMOE_CERT_DIR", raising=False)
+    srv, addr = _serve(_status, None)
+    try:
+        for argv in (["status", "--json"], ["status"]):
+            monkeypatch.setattr(sys, "stdout", _ClosedPipe())
+            assert main([*argv, "--agent", addr]) == 141
+            monkeypatch.undo()
+            assert capsys.readouterr().err == ""
+    finally:
+        srv.stop(None)
+
+
+def test_piped_into_a_reader_that_closed_early(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real process: its stdout is a pipe whose reader has gone when the answer arrives."""
+    monkeypatch.delenv("EMOE_CERT_DIR", raising=False)
+    gate = threading.Event()
+
+    def status(req: apb.StatusRequest, ctx: grpc.ServicerContext) -> apb.StatusReply:
+        gate.wait(30)  # answer only once the reader has closed its end
+        return _status(req, ctx)
+
+    srv, addr = _serve(status, None)
+    try:
+        with subprocess.Popen([sys.executable, "-m", "agent.cli", "status", "--json", "--agent", addr], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) as p:
+            assert p.stdout is not None and p.stderr is not None
+            p.stdout.close()
+            gate.set()
+            err = p.stderr.read().decode()
+            assert p.wait(timeout=60) == 141 and err == "", err
+    finally:
+        srv.stop(None)
