@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import io
+import socket
 import subprocess
 import sys
 import threading
@@ -111,7 +112,7 @@ def test_plaintext_client_against_a_tls_agent(tls_dir: Path, capsys: pytest.Capt
     try:
         assert main(["status", "--agent", addr]) == 1
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and addr in err and "may require TLS" in err and "EMOE_CERT_DIR" in err, err
+        assert err.count("\n") == 1 and addr in err and "requires TLS" in err and "EMOE_CERT_DIR" in err, err
         monkeypatch.setenv("EMOE_CERT_DIR", str(tls_dir))
         assert main(["status", "--agent", addr]) == 0, capsys.readouterr().err
     finally:
@@ -151,6 +152,82 @@ def test_the_agents_own_unavailable_answer_is_kept(capsys: pytest.CaptureFixture
         srv.stop(None)
     assert main(["status", "--agent", addr]) == 1  # nothing listens there now
     assert "unreachable (connection refused" in capsys.readouterr().err
+
+
+_SLOW_AGENT = """
+import time
+from concurrent import futures
+import grpc
+from elasticmoe.v1 import admin_pb2 as apb
+
+def status(req, ctx):
+    print("called", flush=True)
+    time.sleep(120)
+
+srv = grpc.server(futures.ThreadPoolExecutor(2))
+srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("elasticmoe.v1.Admin", {
+    "Status": grpc.unary_unary_rpc_method_handler(status, request_deserializer=apb.StatusRequest.FromString,
+                                                  response_serializer=apb.StatusReply.SerializeToString)})])
+print(srv.add_insecure_port("127.0.0.1:0"), flush=True)
+srv.start()
+time.sleep(120)
+"""
+
+
+def test_a_plaintext_agent_killed_mid_call_is_unreachable_not_tls(capsys: pytest.CaptureFixture[str],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """kill -9 of a plaintext agent while it answers: the connection closes, and then nothing listens. That
+    is no reason to suggest TLS."""
+    monkeypatch.delenv("EMOE_CERT_DIR", raising=False)
+    with subprocess.Popen([sys.executable, "-c", _SLOW_AGENT], cwd=ROOT, stdout=subprocess.PIPE, text=True) as p:
+        assert p.stdout is not None
+        addr = f"127.0.0.1:{int(p.stdout.readline())}"
+
+        def kill_once_called() -> None:
+            assert p.stdout is not None
+            if p.stdout.readline().strip() == "called":
+                p.kill()
+
+        killer = threading.Thread(target=kill_once_called)
+        killer.start()
+        try:
+            assert main(["status", "--agent", addr]) == 1
+        finally:
+            p.kill()
+            killer.join()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"agent {addr}: unreachable" in err and "refuse" in err, err
+    assert "TLS" not in err, err
+
+
+def test_a_plaintext_listener_that_closes_the_connection_gets_no_tls_hint(capsys: pytest.CaptureFixture[str],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """gRPC reports this exactly as it does a TLS agent called in plaintext ("Socket closed"): what listens
+    there is asked, and it does not speak TLS."""
+    monkeypatch.delenv("EMOE_CERT_DIR", raising=False)
+    lsn = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def close_each() -> None:
+        lsn.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = lsn.accept()
+            except TimeoutError:
+                continue
+            conn.close()
+
+    t = threading.Thread(target=close_each)
+    t.start()
+    try:
+        addr = f"127.0.0.1:{lsn.getsockname()[1]}"
+        assert main(["status", "--agent", addr]) == 1
+    finally:
+        stop.set()
+        t.join()
+        lsn.close()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unreachable (the agent closed the connection" in err and "TLS" not in err, err
 
 
 # ---- read commands with nothing to show yet say so ---------------------------------------------------
