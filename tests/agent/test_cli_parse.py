@@ -318,3 +318,24 @@ def test_piped_into_a_reader_that_closed_early(monkeypatch: pytest.MonkeyPatch) 
             assert p.wait(timeout=60) == 141 and err == "", err
     finally:
         srv.stop(None)
+
+
+def test_propose_prints_why_the_proposal_failed(capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EMOE_CERT_DIR", raising=False)
+    why = ("ballot (1, 'node1'): no quorum within 500 ms (1/2): node2: UNAVAILABLE: store failed: write of 358 "
+           "bytes at offset 0 failed: No space left on device; node3: no reply")
+    srv = grpc.server(futures.ThreadPoolExecutor(2))
+    srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("elasticmoe.v1.Admin", {
+        "Propose": grpc.unary_unary_rpc_method_handler(
+            lambda req, ctx: apb.ProposeReply(committed=False, version=2, reason=why),
+            request_deserializer=apb.ProposeRequest.FromString,
+            response_serializer=apb.ProposeReply.SerializeToString)})])
+    port = srv.add_insecure_port("127.0.0.1:0")
+    srv.start()
+    try:
+        assert main(["propose", "replicate", "0", "1", "2", "--agent", f"127.0.0.1:{port}"]) == 1
+    finally:
+        srv.stop(None)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"refused: {why}" in err, err
