@@ -26,13 +26,14 @@ VOTER_REASON_MAX = 200  # characters of one voter's reason in an outcome: a peer
 
 def voters_not_counted(att: BallotAttempt) -> str:
     """Who kept `att` from its quorum: each voter that refused, with its reason (cut to VOTER_REASON_MAX), then
-    each that has not answered the current phase ("n3: no reply")."""
+    those that have not answered the current phase ("no reply from n3, n4")."""
     def clip(r: str) -> str:
         return r if len(r) <= VOTER_REASON_MAX else r[:VOTER_REASON_MAX - 3] + "..."
 
     answered = att.promises if att.phase == 1 else att.accepts
     said = [f"{k}: {clip(r)}" for k, r in sorted(att.rejects.items())]
-    return "; ".join(said + [f"{k}: no reply" for k in att.voters if k not in answered and k not in att.rejects])
+    silent = [k for k in att.voters if k not in answered and k not in att.rejects]
+    return "; ".join(said + ([f"no reply from {', '.join(silent)}"] if silent else []))
 
 
 @dataclass

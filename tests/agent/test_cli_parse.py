@@ -324,7 +324,7 @@ def test_propose_prints_why_the_proposal_failed(capsys: pytest.CaptureFixture[st
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("EMOE_CERT_DIR", raising=False)
     why = ("ballot (1, 'node1'): no quorum within 500 ms (1/2): node2: UNAVAILABLE: store failed: write of 358 "
-           "bytes at offset 0 failed: No space left on device; node3: no reply")
+           "bytes at offset 0 failed: No space left on device; no reply from node3")
     srv = grpc.server(futures.ThreadPoolExecutor(2))
     srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("elasticmoe.v1.Admin", {
         "Propose": grpc.unary_unary_rpc_method_handler(
