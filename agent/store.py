@@ -46,7 +46,8 @@ from elasticmoe.v1 import consensus_pb2 as pb
 log = logging.getLogger(__name__)
 
 __all__ = ["Disk", "FileDisk", "MemoryDisk", "Recovered", "Store", "StoreCorrupt", "StoreError", "StoreFailed",
-           "frame", "fsync_dir", "high_water", "parse", "torn_tail", "write_atomic"]  # disks re-exported
+           "corrupt_where", "frame", "fsync_dir", "high_water", "parse", "torn_tail",
+           "write_atomic"]  # disks re-exported
 
 _HEADER = struct.Struct("<IIB")
 _MARK = struct.Struct("<4sQ")
@@ -64,12 +65,13 @@ class StoreError(RuntimeError):
 
 
 class StoreCorrupt(StoreError):
-    """A bad record with whole records after it: acknowledged data is damaged. Nothing was changed on disk."""
+    """A bad record that is not a torn tail (see `torn_tail`): data that may have been acknowledged is damaged.
+    `context` says where it lies (`corrupt_where`). Nothing was changed on disk."""
 
-    def __init__(self, where: str, offset: int, reason: str, size: int) -> None:
+    def __init__(self, where: str, offset: int, reason: str, size: int, context: str) -> None:
         self.where, self.offset, self.reason, self.size = where, offset, reason, size
-        super().__init__(f"{where}: corrupt record at offset {offset} of {size} bytes ({reason}), with whole "
-                         f"records after it; refusing to start. The log is left as it is. To rebuild this node "
+        super().__init__(f"{where}: corrupt record at offset {offset} of {size} bytes ({reason}), {context}; "
+                         f"refusing to start. The log is left as it is. To rebuild this node "
                          f"from its peers, stop it and run `emoe store repair --config <agent.toml>` (moves the "
                          f"log aside; the node rejoins as a learner and votes again once it has caught up)")
 
@@ -177,6 +179,15 @@ def _whole_record_after(data: bytes, start: int) -> int:
     return -1
 
 
+def corrupt_where(data: bytes, offset: int) -> str:
+    """Where a bad record at `offset` that is not a torn tail lies, for the operator: before whole records,
+    or last in the log (then its full length is on disk and not all zeros, as no crash leaves a record)."""
+    if _whole_record_after(data, offset) >= 0:
+        return "with whole records after it"
+    return ("the last record in the log, and not a torn tail: it was whole on disk, so it may have been "
+            "acknowledged")
+
+
 def torn_tail(data: bytes, rec: Recovered) -> bool:
     """Whether the bytes after the last whole record are a tail torn by a crash: the last record, cut short
     by the end of the file (a write that did not finish) or zero-filled to its end (a file extended before
@@ -222,12 +233,13 @@ class Store:
 
     def open(self) -> Recovered:
         """Read the log, truncate a torn tail, and return the committed tables and acceptor state.
-        Raises `StoreCorrupt` (changing nothing) when a bad record has whole records after it."""
+        Raises `StoreCorrupt` (changing nothing) when a bad record is not a torn tail."""
         data = self._disk.read_all()
         rec, end = parse(data)
         if end < len(data):
             if not torn_tail(data, rec):
-                raise StoreCorrupt(self.where, rec.bad_offset, rec.bad_reason, len(data))
+                raise StoreCorrupt(self.where, rec.bad_offset, rec.bad_reason, len(data),
+                                   corrupt_where(data, rec.bad_offset))
             log.warning("%s: torn tail of %d bytes at offset %d (%s): a write cut short by a crash, never "
                         "acknowledged; truncated", self.where, len(data) - end, end, rec.bad_reason)
             self._disk.truncate(end)

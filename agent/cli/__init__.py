@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from importlib.metadata import entry_points
@@ -35,7 +36,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Exit status when stdout's reader went away (`emoe status --json | head -1`): 141 = 128 + SIGPIPE, what the
+# shell reports for cat, seq or git cut off the same way, so `set -o pipefail` scripts already treat it as
+# theirs. Not 0: the output was not all delivered; not 1: that means the command itself failed.
+EXIT_CLOSED_PIPE = 141
+
+
+def _stdout_to_devnull() -> None:
+    """Point the stdout descriptor at /dev/null, so that the interpreter's last flush of what is still
+    buffered does not raise BrokenPipeError again at exit (the recipe in Python's `signal` documentation)."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file descriptor: nothing is flushed to one at exit
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        try:
+            return _dispatch(argv)
+        finally:
+            sys.stdout.flush()  # a reader that went away shows here, not as a traceback at exit
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        return EXIT_CLOSED_PIPE
+
+
+def _dispatch(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

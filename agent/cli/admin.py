@@ -5,11 +5,15 @@ naming the agent and the reason, with a non-zero exit."""
 from __future__ import annotations
 
 import argparse
+import enum
 import json
 import os
+import socket
+import ssl
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import grpc
@@ -100,9 +104,52 @@ def _channel(address: str) -> grpc.Channel:
     return grpc.insecure_channel(address)
 
 
-def unavailable_reason(code: grpc.StatusCode | None, detail: str, tls: bool) -> str:
+class Listener(enum.Enum):
+    """What answers at an agent's address when a call failed without an answer from the agent itself."""
+
+    TLS = "speaks TLS"
+    OTHER = "accepts connections, and does not answer as a TLS server"
+    REFUSED = "refuses connections"
+    UNKNOWN = "cannot be asked (no HOST:PORT, or no route)"
+
+
+def probe_listener(address: str, timeout: float = 2.0) -> Listener:
+    """Send a TLS ClientHello to `address` and look at the first byte back: a TLS server answers with a
+    handshake (22) or alert (21) record, whatever it then thinks of the client; a plaintext gRPC server
+    answers with an HTTP/2 frame or closes. Used only to explain a failed call."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        return Listener.UNKNOWN
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    ctx.set_alpn_protocols(["h2"])
+    hello = ssl.MemoryBIO()
+    try:
+        ctx.wrap_bio(ssl.MemoryBIO(), hello).do_handshake()
+    except ssl.SSLWantReadError:
+        pass  # the ClientHello is written to `hello`; the answer is read from the socket below
+    try:
+        sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+    except ConnectionRefusedError:
+        return Listener.REFUSED
+    except OSError:
+        return Listener.UNKNOWN
+    with sock:
+        try:
+            sock.sendall(hello.read())
+            first = sock.recv(1)
+        except OSError:  # reset or silent: it accepted the connection, and is not a TLS server answering
+            return Listener.OTHER
+    return Listener.TLS if first in (b"\x15", b"\x16") else Listener.OTHER
+
+
+def unavailable_reason(code: grpc.StatusCode | None, detail: str, tls: bool,
+                       listener: Callable[[], Listener] = lambda: Listener.UNKNOWN) -> str:
     """What an operator can act on, from a failed call's code and gRPC's transport detail (presentation only:
-    the agent's own UNAVAILABLE answers start with "agent " and are shown as they are)."""
+    the agent's own UNAVAILABLE answers start with "agent " and are shown as they are). gRPC says "Socket
+    closed" both for a plaintext call to a TLS agent and for an agent that died mid-call, so `listener`
+    (called only then) asks what listens there now: TLS is suggested only when a TLS server answers."""
     if code == grpc.StatusCode.UNAVAILABLE and detail.startswith("agent "):  # the agent's own answer
         return f"UNAVAILABLE: {detail}"
     if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
@@ -113,11 +160,16 @@ def unavailable_reason(code: grpc.StatusCode | None, detail: str, tls: bool) -> 
     if tls and ("handshake" in low or "ssl" in low or "certificate" in low):
         return ("unreachable (TLS handshake failed: the agent may not use TLS, or its certificate is not from "
                 "the CA in $EMOE_CERT_DIR; unset EMOE_CERT_DIR for a plaintext agent)")
-    if not tls and ("socket closed" in low or "connection reset" in low or "eof" in low):
-        return ("unreachable (the agent closed the connection: it may require TLS; set EMOE_CERT_DIR to a "
+    there = listener()
+    if there is Listener.TLS and not tls:
+        return ("unreachable (the agent closed the connection: it requires TLS; set EMOE_CERT_DIR to a "
                 "directory with ca.pem, admin.pem and admin-key.pem)")
-    if not tls and code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return "unreachable (deadline_exceeded; if the agent requires TLS, set EMOE_CERT_DIR)"
+    if there is Listener.REFUSED:
+        return "unreachable (connection closed, and now refused: the agent stopped?)"
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+        return "unreachable (deadline_exceeded: no answer in time)"
+    if there is Listener.OTHER or "socket closed" in low or "connection reset" in low or "eof" in low:
+        return "unreachable (the agent closed the connection)"
     return f"unreachable ({code.name.lower()})"
 
 
@@ -138,7 +190,8 @@ def _run(args: argparse.Namespace, func: Callable[[argparse.Namespace, admin_pb2
     except grpc.RpcError as e:
         code = e.code() if hasattr(e, "code") else None
         detail = e.details() if hasattr(e, "details") else str(e)
-        reason = unavailable_reason(code, detail or "", tls=bool(os.environ.get("EMOE_CERT_DIR")))
+        reason = unavailable_reason(code, detail or "", tls=bool(os.environ.get("EMOE_CERT_DIR")),
+                                    listener=partial(probe_listener, address))
         print(f"emoe {args.command}: agent {address}: {reason}", file=sys.stderr)
         return 1
     except CliError as e:

@@ -16,8 +16,15 @@ from elasticmoe.v1 import gossip_pb2 as gpb
 SPARK = "▁▂▃▄▅▆▇█"
 
 
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """stdout's reader went away: leave it to `agent.cli.main`, as for any other write (rich's own answer
+        is exit status 1, where the CLI's is 141)."""
+        raise BrokenPipeError
+
+
 def _console() -> Console:
-    return Console(highlight=False, soft_wrap=True)
+    return _Console(highlight=False, soft_wrap=True)
 
 
 def _table(*headers: str, **kw: Any) -> Table:

@@ -35,7 +35,7 @@ def _data_dir(path: str) -> Path | None:
 
 
 def check(args: argparse.Namespace) -> int:
-    from agent.store import high_water, parse, torn_tail
+    from agent.store import corrupt_where, high_water, parse, torn_tail
 
     d = _data_dir(args.config)
     if d is None:
@@ -52,8 +52,9 @@ def check(args: argparse.Namespace) -> int:
           f"{len(rec.acceptor)} versions)")
     torn = end < len(data) and torn_tail(data, rec)
     if end < len(data) and not torn:
-        print(f"corrupt: bad record at offset {rec.bad_offset} ({rec.bad_reason}) with whole records after it; the "
-              f"agent refuses to start. Repair: emoe store repair --config {args.config}", file=sys.stderr)
+        print(f"corrupt: bad record at offset {rec.bad_offset} ({rec.bad_reason}), "
+              f"{corrupt_where(data, rec.bad_offset)}; the agent refuses to start. Repair: emoe store repair "
+              f"--config {args.config}", file=sys.stderr)
         return 1
     if torn:
         print(f"torn tail: {len(data) - end} bytes at offset {end} ({rec.bad_reason}); the agent truncates it at "

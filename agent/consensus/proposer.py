@@ -21,6 +21,20 @@ from elasticmoe.v1 import consensus_pb2 as pb
 if TYPE_CHECKING:
     from agent.consensus.log import CommittedLog
 
+VOTER_REASON_MAX = 200  # characters of one voter's reason in an outcome: a peer's reply cannot make it unbounded
+
+
+def voters_not_counted(att: BallotAttempt) -> str:
+    """Who kept `att` from its quorum: each voter that refused, with its reason (cut to VOTER_REASON_MAX), then
+    those that have not answered the current phase ("no reply from n3, n4")."""
+    def clip(r: str) -> str:
+        return r if len(r) <= VOTER_REASON_MAX else r[:VOTER_REASON_MAX - 3] + "..."
+
+    answered = att.promises if att.phase == 1 else att.accepts
+    said = [f"{k}: {clip(r)}" for k, r in sorted(att.rejects.items())]
+    silent = [k for k in att.voters if k not in answered and k not in att.rejects]
+    return "; ".join(said + ([f"no reply from {', '.join(silent)}"] if silent else []))
+
 
 @dataclass
 class Outcome:
@@ -299,7 +313,8 @@ class ProposerMixin(NodeFields):
     def _attempt_timeout(self, v: int, att: BallotAttempt) -> None:
         if self._attempts.get(v) is att and not att.done:
             self._attempt_failed(v, att, f"no quorum within {self.cfg.accept_timeout_ms} ms "
-                                 f"({len(att.promises) if att.phase == 1 else len(att.accepts)}/{att.quorum})", retry=True)
+                                 f"({len(att.promises) if att.phase == 1 else len(att.accepts)}/{att.quorum}): "
+                                 f"{voters_not_counted(att)}", retry=True)
 
     def _attempt_failed(self, v: int, att: BallotAttempt, reason: str, retry: bool) -> None:
         att.done = True

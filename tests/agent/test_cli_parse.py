@@ -1,5 +1,10 @@
 from __future__ import annotations
 
+import io
+import socket
+import subprocess
+import sys
+import threading
 from concurrent import futures
 from pathlib import Path
 from typing import Any
@@ -11,6 +16,7 @@ from agent.cli import main, render
 from agent.cli.admin import CliError, parse_ops
 from agent.security import server_credentials, write_dev_certs
 from agent.wire import ops_from_pb
+from chaos.localcluster import ROOT
 from controlplane.ops import Consolidate, Drop, Migrate, Replicate, Swap
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import consensus_pb2 as pb
@@ -106,7 +112,7 @@ def test_plaintext_client_against_a_tls_agent(tls_dir: Path, capsys: pytest.Capt
     try:
         assert main(["status", "--agent", addr]) == 1
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and addr in err and "may require TLS" in err and "EMOE_CERT_DIR" in err, err
+        assert err.count("\n") == 1 and addr in err and "requires TLS" in err and "EMOE_CERT_DIR" in err, err
         monkeypatch.setenv("EMOE_CERT_DIR", str(tls_dir))
         assert main(["status", "--agent", addr]) == 0, capsys.readouterr().err
     finally:
@@ -146,6 +152,82 @@ def test_the_agents_own_unavailable_answer_is_kept(capsys: pytest.CaptureFixture
         srv.stop(None)
     assert main(["status", "--agent", addr]) == 1  # nothing listens there now
     assert "unreachable (connection refused" in capsys.readouterr().err
+
+
+_SLOW_AGENT = """
+import time
+from concurrent import futures
+import grpc
+from elasticmoe.v1 import admin_pb2 as apb
+
+def status(req, ctx):
+    print("called", flush=True)
+    time.sleep(120)
+
+srv = grpc.server(futures.ThreadPoolExecutor(2))
+srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("elasticmoe.v1.Admin", {
+    "Status": grpc.unary_unary_rpc_method_handler(status, request_deserializer=apb.StatusRequest.FromString,
+                                                  response_serializer=apb.StatusReply.SerializeToString)})])
+print(srv.add_insecure_port("127.0.0.1:0"), flush=True)
+srv.start()
+time.sleep(120)
+"""
+
+
+def test_a_plaintext_agent_killed_mid_call_is_unreachable_not_tls(capsys: pytest.CaptureFixture[str],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """kill -9 of a plaintext agent while it answers: the connection closes, and then nothing listens. That
+    is no reason to suggest TLS."""
+    monkeypatch.delenv("EMOE_CERT_DIR", raising=False)
+    with subprocess.Popen([sys.executable, "-c", _SLOW_AGENT], cwd=ROOT, stdout=subprocess.PIPE, text=True) as p:
+        assert p.stdout is not None
+        addr = f"127.0.0.1:{int(p.stdout.readline())}"
+
+        def kill_once_called() -> None:
+            assert p.stdout is not None
+            if p.stdout.readline().strip() == "called":
+                p.kill()
+
+        killer = threading.Thread(target=kill_once_called)
+        killer.start()
+        try:
+            assert main(["status", "--agent", addr]) == 1
+        finally:
+            p.kill()
+            killer.join()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"agent {addr}: unreachable" in err and "refuse" in err, err
+    assert "TLS" not in err, err
+
+
+def test_a_plaintext_listener_that_closes_the_connection_gets_no_tls_hint(capsys: pytest.CaptureFixture[str],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """gRPC reports this exactly as it does a TLS agent called in plaintext ("Socket closed"): what listens
+    there is asked, and it does not speak TLS."""
+    monkeypatch.delenv("EMOE_CERT_DIR", raising=False)
+    lsn = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def close_each() -> None:
+        lsn.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = lsn.accept()
+            except TimeoutError:
+                continue
+            conn.close()
+
+    t = threading.Thread(target=close_each)
+    t.start()
+    try:
+        addr = f"127.0.0.1:{lsn.getsockname()[1]}"
+        assert main(["status", "--agent", addr]) == 1
+    finally:
+        stop.set()
+        t.join()
+        lsn.close()
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unreachable (the agent closed the connection" in err and "TLS" not in err, err
 
 
 # ---- read commands with nothing to show yet say so ---------------------------------------------------
@@ -194,3 +276,66 @@ def test_offline_tools_bound_their_numbers(argv: list[str], needle: str, capsys:
         main(argv)
     err = capsys.readouterr().err
     assert e.value.code == 2 and needle in err and "Traceback" not in err, err
+
+
+# ---- a reader that goes away (`emoe status --json | head -1`) ends the command quietly ------------------
+
+class _ClosedPipe(io.StringIO):
+    def write(self, s: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_a_closed_stdout_ends_quietly(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EMOE_CERT_DIR", raising=False)
+    srv, addr = _serve(_status, None)
+    try:
+        for argv in (["status", "--json"], ["status"]):
+            monkeypatch.setattr(sys, "stdout", _ClosedPipe())
+            assert main([*argv, "--agent", addr]) == 141
+            monkeypatch.undo()
+            assert capsys.readouterr().err == ""
+    finally:
+        srv.stop(None)
+
+
+def test_piped_into_a_reader_that_closed_early(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real process: its stdout is a pipe whose reader has gone when the answer arrives."""
+    monkeypatch.delenv("EMOE_CERT_DIR", raising=False)
+    gate = threading.Event()
+
+    def status(req: apb.StatusRequest, ctx: grpc.ServicerContext) -> apb.StatusReply:
+        gate.wait(30)  # answer only once the reader has closed its end
+        return _status(req, ctx)
+
+    srv, addr = _serve(status, None)
+    try:
+        with subprocess.Popen([sys.executable, "-m", "agent.cli", "status", "--json", "--agent", addr], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) as p:
+            assert p.stdout is not None and p.stderr is not None
+            p.stdout.close()
+            gate.set()
+            err = p.stderr.read().decode()
+            assert p.wait(timeout=60) == 141 and err == "", err
+    finally:
+        srv.stop(None)
+
+
+def test_propose_prints_why_the_proposal_failed(capsys: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("EMOE_CERT_DIR", raising=False)
+    why = ("ballot (1, 'node1'): no quorum within 500 ms (1/2): node2: UNAVAILABLE: store failed: write of 358 "
+           "bytes at offset 0 failed: No space left on device; no reply from node3")
+    srv = grpc.server(futures.ThreadPoolExecutor(2))
+    srv.add_generic_rpc_handlers([grpc.method_handlers_generic_handler("elasticmoe.v1.Admin", {
+        "Propose": grpc.unary_unary_rpc_method_handler(
+            lambda req, ctx: apb.ProposeReply(committed=False, version=2, reason=why),
+            request_deserializer=apb.ProposeRequest.FromString,
+            response_serializer=apb.ProposeReply.SerializeToString)})])
+    port = srv.add_insecure_port("127.0.0.1:0")
+    srv.start()
+    try:
+        assert main(["propose", "replicate", "0", "1", "2", "--agent", f"127.0.0.1:{port}"]) == 1
+    finally:
+        srv.stop(None)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"refused: {why}" in err, err

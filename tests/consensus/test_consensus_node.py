@@ -209,6 +209,35 @@ def test_a_full_disk_stops_the_votes_and_the_node_catches_up_when_it_recovers() 
     assert c.nodes[full].head.version == c.nodes[c.ids[0]].head.version
 
 
+def test_no_quorum_names_each_voter_that_refused_or_did_not_answer() -> None:
+    """Of three voters, one has a full disk (it refuses, saying why) and one is down (no reply): the proposer's
+    outcome says who refused and why, and who did not answer, not just "no quorum (1/2)"."""
+    c = cluster(voters=3, nodes=3)
+    owner = round0_owner(2, c.voters)
+    full, down = (n for n in c.voters if n != owner)
+    c.disks[full].capacity = len(c.disks[full].data)  # nothing more fits: its accept cannot be made durable
+    c.crash(down)
+    commit_next(c)
+    (who, out), = c.outcomes
+    assert who == owner and not out.committed
+    assert "no quorum" in out.reason and "(1/2)" in out.reason, out.reason
+    assert f"{full}: UNAVAILABLE: " in out.reason and "store failed" in out.reason, out.reason
+    assert "No space left" in out.reason and f"no reply from {down}" in out.reason, out.reason
+    assert {v.voter for v in out.votes if not v.accept} == {full}  # the fields are as before
+
+
+def test_a_voters_reason_in_the_outcome_is_bounded() -> None:
+    c = cluster(voters=3, nodes=3)
+    owner = round0_owner(2, c.voters)
+    loud, down = (n for n in c.voters if n != owner)
+    c.nodes[loud].verifier = lambda head, t, plan: (False, 0.0, "worse " + "x" * 5000)
+    c.crash(down)
+    commit_next(c)
+    (_, out), = c.outcomes
+    assert not out.committed and f"{loud}: worse xxx" in out.reason and f"no reply from {down}" in out.reason
+    assert len(out.reason) < 600, len(out.reason)
+
+
 def _amnesia(c: QuorumSim, cut: bool = False) -> tuple[str, str, str]:
     """The next version (v) chosen by {owner, b} alone; then b loses its store (`cut`: only the records it
     wrote for v, its log cut at a record boundary) while the owner is down, and the third voter, which never

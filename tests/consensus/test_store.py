@@ -140,6 +140,38 @@ def test_a_flipped_byte_in_the_last_whole_record_is_corruption_not_a_torn_tail()
     with pytest.raises(StoreCorrupt) as e:
         Store(disk=d).open()
     assert e.value.offset == offsets[2]
+    msg = str(e.value)  # it says what it is: the last record, whole on disk, not a torn tail
+    assert "the last record" in msg and "not a torn tail" in msg and "may have been acknowledged" in msg, msg
+    assert "whole records after it" not in msg, msg
+
+
+def test_a_corrupt_record_with_whole_records_after_it_says_so() -> None:
+    d, offsets = _log_of(3)
+    d.data[offsets[1] + 12] ^= 0x01
+    with pytest.raises(StoreCorrupt) as e:
+        Store(disk=d).open()
+    assert e.value.offset == offsets[1]
+    assert "with whole records after it" in str(e.value) and "the last record" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("last", [True, False], ids=["last-record", "records-after"])
+def test_store_check_describes_where_the_corrupt_record_is(last: bool, tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from agent.cli import main
+
+    d, offsets = _log_of(3)
+    bad = offsets[2] if last else offsets[1]
+    d.data[bad + 12] ^= 0x01  # a payload byte: the record keeps its full length, its crc no longer matches
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "consensus").write_bytes(bytes(d.data))
+    (tmp_path / "agent.toml").write_text(f'node_id = "n"\ndata_dir = "{tmp_path / "data"}"\n')
+    assert main(["store", "check", "--config", str(tmp_path / "agent.toml")]) == 1
+    err = capsys.readouterr().err
+    assert f"bad record at offset {bad} (crc mismatch)" in err and "emoe store repair" in err, err
+    if last:
+        assert "the last record" in err and "not a torn tail" in err and "whole records after" not in err, err
+    else:
+        assert "with whole records after it" in err and "the last record" not in err, err
 
 
 def test_a_zero_filled_tail_is_torn() -> None:
