@@ -1,7 +1,8 @@
 """Load gossip: how fast a new window vector reaches the cluster, and at what cost in bytes.
 
 Simulated (SimNetwork + FakeClock), lan profile (200 ms gossip interval), DeepSeek-V3 shape windows
-(58 layers x 256 experts, uint32: 59,392 bytes each). After the cluster converges, every node publishes a
+(58 layers x 256 experts, uint32: 59,392 bytes of counts; 59,412 bytes as a LoadWindow, 60,000 signed
+with `--signed`). After the cluster converges, every node publishes a
 new window every `--window-period-s` seconds (random phase per node) for `--duration-s` seconds, then the
 network drains for 2 s.
 - t999_s: for each published window, the time until 99.9% of all nodes hold it (at 128 nodes: all of
