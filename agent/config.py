@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from agent.claims import MAX_CERT_BYTES, MAX_SIGNATURE_BYTES
 from agent.configcheck import DAY_MS, ConfigError
 from agent.configcheck import bounded as _bounded
 from agent.configcheck import need as _need
@@ -241,9 +242,12 @@ class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             _need(0 <= r < G, f"ranks[{i}]", r, f"a rank in 0..{G - 1}")
             _need(r not in self.ranks[:i], f"ranks[{i}]", r, "a rank listed once")
         c = self.cluster
-        window = c.layers * c.experts * 4 + WINDOW_ENVELOPE_BYTES
+        # under mTLS a window also carries its node's signature and certificate (agent/windowguard.py)
+        proof = MAX_SIGNATURE_BYTES + MAX_CERT_BYTES if self.tls.cert_dir else 0
+        window = c.layers * c.experts * 4 + WINDOW_ENVELOPE_BYTES + proof
         _need(window <= self.gossip.max_message_bytes, "gossip.max_message_bytes", self.gossip.max_message_bytes,
-              f">= one load window of cluster.layers x cluster.experts x 4 bytes + {WINDOW_ENVELOPE_BYTES} = {window}")
+              f">= one load window of cluster.layers x cluster.experts x 4 bytes + {WINDOW_ENVELOPE_BYTES}"
+              f"{f' + {proof} (its signature and certificate)' if proof else ''} = {window}")
         replay = self.decision.replay_windows * c.layers * c.experts * 4
         _need(replay <= MAX_REPLAY_BYTES, "decision.replay_windows", self.decision.replay_windows,
               f"a replay buffer of replay_windows x layers x experts x 4 bytes <= {MAX_REPLAY_BYTES >> 20} MiB "

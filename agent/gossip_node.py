@@ -15,6 +15,7 @@ import math
 import random
 from collections.abc import Callable, Iterable
 from functools import partial
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -28,10 +29,15 @@ from agent.loadgossip import LoadGossip, LoadView, check_digests, check_windows
 from agent.membership import LIVE, Member, Membership, MemberStatus, check_states
 from agent.probe import Prober
 from agent.transport import Deferred, InvalidArgument, Transport
+from agent.windowguard import WindowSigner
 from elasticmoe.v1 import gossip_pb2 as pb
 
 MemberCallback = Callable[[Member], None]
 WindowCallback = Callable[[str, int, npt.NDArray[np.uint32], int, int], None]
+
+
+class GossipSigner(ClaimSigner, WindowSigner, Protocol):
+    """This node's key under mTLS: it signs member claims and load windows (agent.consensus.signing.VoteSigner)."""
 
 
 def pushpull_scale(interval: float, n: int) -> float:
@@ -42,10 +48,11 @@ def pushpull_scale(interval: float, n: int) -> float:
 class GossipNode:
     def __init__(self, node_id: str, address: str, ranks: Iterable[int], cfg: GossipConfig, clock: Clock,
                  transport: Transport, seeds: dict[str, str], rng_seed: int,
-                 *, shape: tuple[int, int] | None = None, signer: ClaimSigner | None = None) -> None:
+                 *, shape: tuple[int, int] | None = None, signer: GossipSigner | None = None) -> None:
         """`seeds`: node_id -> host:port of members to join through (this node's own id is ignored);
         `shape`: the [layers, experts] of load windows (None: taken from the first window seen);
-        `signer` (mTLS): member claims are signed and checked (agent.membership.Membership)."""
+        `signer` (mTLS): member claims and load windows are signed and checked (agent.membership.Membership,
+        agent.windowguard)."""
         self.node_id, self.cfg, self.clock, self.transport = node_id, cfg, clock, transport
         self.rng = random.Random(rng_seed)
         self.seeds = {n: a for n, a in seeds.items() if n != node_id}
@@ -54,7 +61,7 @@ class GossipNode:
                                      self.rumours, self, self._member_changed, signer=signer)
         self.prober = Prober(self.membership, cfg, clock, transport, random.Random(self.rng.random()), self)
         self.load = LoadGossip(node_id, cfg, clock, transport, random.Random(self.rng.random()), self.rumours,
-                               self.membership, self._window_arrived, shape=shape)
+                               self.membership, self._window_arrived, shape=shape, signer=signer)
         self.timeout = 2 * cfg.probe_timeout_ms / 1e3
         self._member_cbs: list[MemberCallback] = []
         self._window_cbs: list[WindowCallback] = []

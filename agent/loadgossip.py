@@ -10,6 +10,8 @@ incarnation and a window_seq; `(incarnation, window_seq)` orders a node's window
   for the pull in flight and serve as fallback sources if it fails.
 - Push-pull anti-entropy (GossipNode) exchanges digests and sends only the windows the other side lacks.
 So each node receives each window about once, and the rumours that buy that are ~30-byte digests.
+Under mTLS each window carries its node's signature and certificate (~600 bytes, 1% of a DeepSeek-V3 window);
+agent/windowguard.py checks them at every hop, and bounds how far ahead a window may be, in plaintext too.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.broadcasts import RumourQueue
+from agent.claims import MAX_CERT_BYTES, MAX_SIGNATURE_BYTES
 from agent.clock import Clock
 from agent.config import GossipConfig
-from agent.membership import MAX_COUNTER
+from agent.membership import MAX_COUNTER, Member
 from agent.transport import InvalidArgument, Transport
+from agent.windowguard import WINDOW_SEQ_LEAD, Refusal, WindowGuard, WindowSigner, ahead
 from elasticmoe.v1 import gossip_pb2 as pb
 
 # per-message bytes kept free of windows for the envelope, member states and digests
@@ -70,6 +74,8 @@ class Members(Protocol):
 
     def is_live(self, node_id: str) -> bool: ...
 
+    def get(self, node_id: str) -> Member | None: ...
+
     def heard(self, node_id: str) -> None: ...
 
     def report_failure(self, node_id: str) -> None: ...
@@ -97,6 +103,9 @@ def check_windows(windows: Iterable[pb.LoadWindow], shape: tuple[int, int] | Non
         if w.incarnation >= MAX_COUNTER or w.window_seq >= MAX_COUNTER:
             raise InvalidArgument(f"window of {w.node_id!r}: incarnation {w.incarnation} or window_seq "
                                   f"{w.window_seq} >= 2^63")
+        if len(w.signature) > MAX_SIGNATURE_BYTES or len(w.certificate) > MAX_CERT_BYTES:
+            raise InvalidArgument(f"window of {w.node_id!r}: signature of {len(w.signature)} bytes, certificate of "
+                                  f"{len(w.certificate)}: expected at most {MAX_SIGNATURE_BYTES} and {MAX_CERT_BYTES}")
         if shape is not None and (w.layers, w.experts) != shape:
             raise InvalidArgument(f"window of {w.node_id!r} has shape [{w.layers}, {w.experts}], expected "
                                   f"[{shape[0]}, {shape[1]}]")
@@ -118,10 +127,12 @@ def check_digests(digests: Iterable[pb.Digest], bounded: bool = True) -> None:
 class LoadGossip:
     def __init__(self, node_id: str, cfg: GossipConfig, clock: Clock, transport: Transport, rng: random.Random,
                  rumours: RumourQueue, members: Members, on_window: WindowCallback,
-                 shape: tuple[int, int] | None = None) -> None:
+                 shape: tuple[int, int] | None = None, signer: WindowSigner | None = None) -> None:
+        """`signer` (mTLS): this node's windows are signed, and others' accepted only with their node's signature."""
         self.node_id, self.cfg, self.clock, self.transport, self.rng = node_id, cfg, clock, transport, rng
         self.rumours, self.members, self.on_window = rumours, members, on_window
         self.shape = shape
+        self.guard = WindowGuard(signer)
         # a window is ~60 KiB, microseconds on a LAN: twice the probe timeout leaves room for a busy loop,
         # and a lost pull is retried (from another announcer where there is one) within 200 ms
         self.timeout = 2 * cfg.probe_timeout_ms / 1e3
@@ -149,7 +160,8 @@ class LoadGossip:
         w = pb.LoadWindow(node_id=self.node_id, incarnation=self.members.incarnation, window_seq=window_seq,
                           layers=shape[0], experts=shape[1], counts=np.ascontiguousarray(c, dtype="<u4").tobytes(),
                           steps=steps, first_step=first_step)
-        if w.ByteSize() > self.cfg.max_message_bytes - _ENVELOPE:
+        self.guard.sign(w)  # once, here: relays pass the signature on unchanged
+        if w.ByteSize() > self.cfg.max_message_bytes - _ENVELOPE:  # signature and certificate included
             raise ValueError(f"a {shape} window is {w.ByteSize()} bytes: more than gossip.max_message_bytes allows")
         self.shape = shape
         self._put(w)
@@ -165,6 +177,7 @@ class LoadGossip:
             w = pb.LoadWindow()
             w.CopyFrom(own)
             w.incarnation = self.members.incarnation
+            self.guard.sign(w)
             self._put(w)
 
     def _acked(self, peer: str, reply: object) -> None:
@@ -186,15 +199,19 @@ class LoadGossip:
         self.rumours.put("w", n, pb.Digest(node_id=n, incarnation=w.incarnation, window_seq=w.window_seq), source)
 
     def store(self, w: pb.LoadWindow, source: str | None = None) -> bool:
-        """Keep `w` if it is the newest window of a known member (already checked). True if kept."""
+        """Keep `w` if it is the newest window of a known member (already checked), signed by that member under
+        mTLS and not from the future (agent/windowguard.py). True if kept."""
         n = w.node_id
         have = self._w.get(n)
-        if n == self.node_id or (have is not None and _key(have) >= _key(w)) or not self.members.is_known(n):
+        m = self.members.get(n)
+        if n == self.node_id or (have is not None and _key(have) >= _key(w)) or m is None:
+            return False
+        if self.shape is not None and (w.layers, w.experts) != self.shape:
+            return False
+        if not self.guard.accept(w, m.incarnation, self.newest_seq(n, w.window_seq)):
             return False
         if self.shape is None:
             self.shape = (w.layers, w.experts)
-        elif (w.layers, w.experts) != self.shape:
-            return False
         self._put(w, source)
         self.on_window(n, w.window_seq, self.node_window(n).counts, w.first_step, w.steps)
         return True
@@ -206,6 +223,25 @@ class LoadGossip:
             counts = np.frombuffer(w.counts, dtype="<u4").reshape(w.layers, w.experts)
             nw = self._np[node_id] = NodeWindow(node_id, w.incarnation, w.window_seq, w.first_step, w.steps, counts)
         return nw
+
+    def newest_seq(self, node_id: str, window_seq: int) -> int | None:
+        """The newest window_seq held of `node_id`, of this node or of any live member (a window at
+        `window_seq` is measured against it), or None when none is held."""
+        have = self._w.get(node_id)
+        if have is not None and window_seq <= have.window_seq + WINDOW_SEQ_LEAD:  # the common case: no scan
+            return have.window_seq
+        seqs = [w.window_seq for n, w in self._w.items()
+                if n == node_id or n == self.node_id or self.members.is_live(n)]
+        return max(seqs) if seqs else None
+
+    @property
+    def refused(self) -> dict[Refusal, int]:
+        """Windows refused, by reason: unsigned or badly signed (mTLS), from the future."""
+        return self.guard.refused
+
+    @property
+    def refused_why(self) -> str:
+        return self.guard.refused_why
 
     def has(self, node_id: str, incarnation: int, window_seq: int) -> bool:
         w = self._w.get(node_id)
@@ -240,7 +276,10 @@ class LoadGossip:
         want: list[pb.Digest] = []
         for d in digests:
             n = d.node_id
-            if n == self.node_id or self.has(n, d.incarnation, d.window_seq) or not self.members.is_known(n):
+            if n == self.node_id or self.has(n, d.incarnation, d.window_seq):
+                continue
+            m = self.members.get(n)  # a stranger's, or one from the future: its window would be refused
+            if m is None or ahead(d.incarnation, d.window_seq, m.incarnation, self.newest_seq(n, d.window_seq)):
                 continue
             pend = self._pending.get(n)
             if pend is not None and pend[0] >= _key(d) and pend[1] > now:

@@ -162,7 +162,7 @@ class NodeState(ManualPath):
         marked = self.had_store is None
         had_store = owner(self.data_dir, self.node_id) if marked else bool(self.had_store)
         genesis = genesis_table(c.genesis, self.topology, c.layers, c.experts)  # the engine's boot placement
-        signer = vote_signer(self.cfg)  # under mTLS: votes and member claims are signed with the node key
+        signer = vote_signer(self.cfg)  # under mTLS: votes, member claims and load windows are signed with the node key
         if self.cfg.consensus.backend == "etcd":
             # commit by etcd transaction compare(version == v) -> put(v + 1); the same interface as quorum
             from agent.etcd_backend import EtcdBackend

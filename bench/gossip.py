@@ -1,7 +1,8 @@
 """Load gossip: how fast a new window vector reaches the cluster, and at what cost in bytes.
 
 Simulated (SimNetwork + FakeClock), lan profile (200 ms gossip interval), DeepSeek-V3 shape windows
-(58 layers x 256 experts, uint32: 59,392 bytes each). After the cluster converges, every node publishes a
+(58 layers x 256 experts, uint32: 59,392 bytes of counts; 59,412 bytes as a LoadWindow, 60,000 signed
+with `--signed`). After the cluster converges, every node publishes a
 new window every `--window-period-s` seconds (random phase per node) for `--duration-s` seconds, then the
 network drains for 2 s.
 - t999_s: for each published window, the time until 99.9% of all nodes hold it (at 128 nodes: all of
@@ -9,6 +10,9 @@ network drains for 2 s.
 - bytes_per_node_per_s: everything every node sent (probes, rumours, pulls, pushes, push-pulls, both
   requests and replies), plus `--header-bytes` per message for gRPC framing and HTTP/2 headers.
 - overhead_ratio: those bytes / the bytes minimally needed, windows published x (nodes - 1) x 59,392.
+- window_bytes (`--detail`): one window as gossip carries it (the LoadWindow message: counts, header fields,
+  and with `--signed` its node's signature and certificate, as under mTLS: windows then are signed by the
+  origin and verified at every hop, with keys and certificates from a development CA).
 
     python -m bench.gossip --nodes 128 --json
 """
@@ -23,14 +27,17 @@ import time
 
 import numpy as np
 
+from agent.gossip_node import GossipSigner
 from agent.transport.sim import LinkSpec
 from chaos.gossipsim import GossipSim, profile_gossip
 
 
 def run(nodes: int, seed: int, layers: int, experts: int, period: float, duration: float, loss: float,
-        header_bytes: int, profile: str, interval_ms: int) -> dict[str, float]:
+        header_bytes: int, profile: str, interval_ms: int, signed: bool = False) -> dict[str, float]:
     cfg = profile_gossip(profile, interval_ms=interval_ms)
     sim = GossipSim(seed=seed, cfg=cfg, link=LinkSpec(), shape=(layers, experts), header_bytes=header_bytes)
+    if signed:
+        sim.signers = _signers([f"n{i + 1}" for i in range(nodes)])  # GossipSim names its nodes n1, n2, ...
     sim.add_nodes(nodes)
     if sim.stabilize(limit=60.0) is None:
         raise RuntimeError(f"{nodes} nodes did not converge within 60 s")
@@ -70,6 +77,8 @@ def run(nodes: int, seed: int, layers: int, experts: int, period: float, duratio
         sim.clock.call_later(float(rng.uniform(0, period)), lambda n=n: publish(n))
     sim.run(duration + 2.0)
     elapsed = sim.clock.now() - t0
+    first = sim.ids()[0]
+    own = [w for w in sim.nodes[first].load.newer_than([], 1 << 30) if w.node_id == first]
     sent = sim.net.stats.total_bytes - base
     needed = len(published) * (nodes - 1) * layers * experts * 4
     arr = np.array(t999) if t999 else np.array([float("inf")])
@@ -78,7 +87,20 @@ def run(nodes: int, seed: int, layers: int, experts: int, period: float, duratio
     return {"t999_s": float(arr.max()) if not incomplete else float("inf"), "t999_median_s": float(np.median(arr)),
             "t999_p99_s": float(np.percentile(arr, 99)), "windows": len(published), "incomplete": incomplete,
             "bytes_per_node_per_s": sent / nodes / elapsed, "overhead_ratio": sent / needed,
+            "window_bytes": own[0].ByteSize() if own else 0,
             **{f"bytes_{m.split('/')[1]}": v / nodes / elapsed for m, v in sorted(by_method.items())}}
+
+
+def _signers(ids: list[str]) -> dict[str, GossipSigner]:
+    """Each node's key and certificate from a fresh development CA (what `emoe certs` makes)."""
+    import tempfile
+
+    from agent.consensus.signing import VoteSigner
+    from agent.security import write_dev_certs
+
+    with tempfile.TemporaryDirectory() as d:
+        write_dev_certs(d, ids)
+        return {n: VoteSigner.from_cert_dir(d, n) for n in ids}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -95,12 +117,14 @@ def main(argv: list[str] | None = None) -> int:
                     help="per-message gRPC framing and HPACK-compressed HTTP/2 headers (estimate)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--profile", default="lan", choices=["lan", "local", "test"])
+    ap.add_argument("--signed", action="store_true",
+                    help="sign every window and verify it at every hop, as under mTLS")
     ap.add_argument("--json", action="store_true", help="print only the JSON result")
     ap.add_argument("--detail", action="store_true", help="also print per-method bytes and T999 percentiles")
     args = ap.parse_args(argv)
     t0 = time.time()
     r = run(args.nodes, args.seed, args.layers, args.experts, args.window_period_s, args.duration_s, args.loss,
-            args.header_bytes, args.profile, args.interval_ms)
+            args.header_bytes, args.profile, args.interval_ms, args.signed)
     out = {"nodes": args.nodes, "interval_ms": args.interval_ms, "t999_s": round(r["t999_s"], 3),
            "bytes_per_node_per_s": round(r["bytes_per_node_per_s"]), "overhead_ratio": round(r["overhead_ratio"], 3)}
     if args.detail:

@@ -14,10 +14,9 @@ from functools import partial
 import numpy as np
 import numpy.typing as npt
 
-from agent.claims import ClaimSigner
 from agent.clock import FakeClock
 from agent.config import GossipConfig, from_dict
-from agent.gossip_node import GossipNode
+from agent.gossip_node import GossipNode, GossipSigner
 from agent.membership import Member, MemberStatus
 from agent.transport.sim import LinkSpec, SimNetwork
 
@@ -51,7 +50,7 @@ class GossipSim:
         self.record_events = True
         self._window_seq: dict[str, int] = {}
         self.window_listeners: list[Callable[[str, str, int], None]] = []  # (observer, origin, seq)
-        self.signers: dict[str, ClaimSigner] = {}  # node id -> its key (mTLS clusters sign member claims)
+        self.signers: dict[str, GossipSigner] = {}  # node id -> its key (mTLS: member claims and windows are signed)
 
     # ---- building -----------------------------------------------------------------------------
     def ids(self) -> list[str]:

@@ -1,5 +1,6 @@
-"""Signed votes and member claims: under mTLS a quorum certificate carries every signer's signature, checked
-by every node, and a gossip member's address, ranks and incarnation are its own signed word.
+"""Signed votes, member claims and load windows: under mTLS a quorum certificate carries every signer's
+signature, checked by every node, and a gossip member's address, ranks and incarnation, and each of its load
+windows, are its own signed word.
 
 Without signatures a certificate is a list of voter names: one forged `Learn` (or a member's) could make an
 arbitrary table the head everywhere. With them, each voter signs `accept_digest(version, ballot,
@@ -32,6 +33,7 @@ from elasticmoe.v1 import consensus_pb2 as pb
 
 _DOMAIN = b"elasticmoe/v1 accept\x00"
 _CLAIM_DOMAIN = b"elasticmoe/v1 member\x00"  # a member's signed word about itself (agent/membership.py)
+_WINDOW_DOMAIN = b"elasticmoe/v1 window\x00"  # a node's own load window (agent/windowguard.py)
 
 
 def accept_digest(version: int, ballot: tuple[int, str], table_hash: bytes) -> bytes:
@@ -75,6 +77,14 @@ class VoteSigner:
     def check_claim(self, member: str, claim: bytes, cert_der: bytes, signature: bytes) -> str:
         """Why `claim` is not `member`'s own signed word, or ""."""
         return self._check(member, cert_der, signature, _CLAIM_DOMAIN + claim, "claim signature")
+
+    def sign_window(self, payload: bytes) -> bytes:
+        """Sign this node's load window (`payload`: agent.windowguard.window_payload of it)."""
+        return self._key.sign(_WINDOW_DOMAIN + payload, ec.ECDSA(hashes.SHA256()))
+
+    def check_window(self, node: str, payload: bytes, cert_der: bytes, signature: bytes) -> str:
+        """Why `payload` (agent.windowguard.window_payload of a window) is not `node`'s own signed word, or ""."""
+        return self._check(node, cert_der, signature, _WINDOW_DOMAIN + payload, "window signature")
 
     def _check(self, name: str, cert_der: bytes, signature: bytes, signed: bytes, what: str) -> str:
         """Why `signature` over `signed` is not by `name` under a certificate the cluster CA issued it, or ""."""

@@ -22,6 +22,20 @@ def test_bench_gossip_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert out["bytes_per_node_per_s"] > 0 and out["overhead_ratio"] >= 1.0
 
 
+def test_bench_gossip_signed_windows_carry_their_signature_and_certificate(capsys: pytest.CaptureFixture[str]) -> None:
+    """--signed: as under mTLS, windows are signed at their origin and verified at every hop; the window's bytes
+    (and so every byte figure) include the signature and certificate."""
+    sizes = {}
+    for flag in ([], ["--signed"]):
+        assert gossip.main(["--nodes", "8", "--duration-s", "4", "--layers", "8", "--experts", "16", "--detail",
+                            *flag]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert out["incomplete"] == 0
+        sizes[bool(flag)] = out["window_bytes"]
+    assert 8 * 16 * 4 < sizes[False] < 8 * 16 * 4 + 64
+    assert 400 < sizes[True] - sizes[False] < 1000  # an ECDSA P-256 signature and a DER certificate
+
+
 def test_bench_detect_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert detect.main(["--nodes", "16", "--trials", "1", "--crashes", "2", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
