@@ -99,6 +99,7 @@ def run_sim(a: argparse.Namespace) -> int:
             kw["skew"] = True
         if a.disks:
             kw["disks"] = True
+        kw["shifts"] = not a.no_shifts  # (reports of runs from before shifts existed have no key: not resumed)
         jobs.append((a.nodes, seed, lines, kw))
     t0 = time.perf_counter()
     totals = dict.fromkeys(INVARIANTS, 0)
@@ -180,7 +181,9 @@ def run_sim(a: argparse.Namespace) -> int:
                "detection_p99_s": round(p99(detect), 3), "commits": commits, "wall_s": round(took, 1),
                "cpu_s": round(cpu, 1), "cpu_s_per_schedule": round(cpu / max(1, len(results)), 2),
                "shape": shape, "profile": a.profile, "skew": a.skew, "disks": a.disks, "resumed": len(done),
+               "shifts": not a.no_shifts,
                "errors": len(errors), "error_seeds": errors[:20], "repairs": sum(r.get("repairs", 0) for r in results),
+               "rollbacks": sum(r.get("rollbacks", 0) for r in results),
                "i6_judged": sum(r.get("i6_judged", 0) for r in results), "tokens": tokens,
                "faults": _fault_kinds(results)}
     if out is not None:
@@ -215,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--disks", action="store_true",
                    help="generated schedules may also restart the whole cluster (at once or rolling), lose or "
                         "corrupt a node's store, and fill its disk (processes: data_dirs on tmpfs, needs root)")
+    r.add_argument("--no-shifts", action="store_true",
+                   help="generated schedules end without the load shift that makes a committed rebalance realise "
+                        "worse than its parent (whose rollback I6 then requires)")
     r.add_argument("--no-netns", action="store_true",
                    help="processes runner: agents on loopback, partitions through the transport's fault file "
                         "(the default, as root with nftables, puts each agent in a network namespace)")

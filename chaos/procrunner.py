@@ -22,7 +22,7 @@ switch process between network namespaces, and on tmpfs data_dirs (the fault fil
   after the last heal of a schedule every live agent and engine reach one version within `converge_s`
   (the time is reported); I6 every committed rebalance has a verified gain >= tau, and one that made the
   load the engines reported worse than its parent would have (over the next 3 fault-free windows) is
-  superseded within 3 + 10 windows, unless the load moved and it is no longer worse over the last 3 of
+  rolled back (not merely superseded by another rebalance) within 3 + 10 windows, unless the load moved and it is no longer worse over the last 3 of
   them (a rollback would then be the change replay shows worse); I7 every commit a node had on disk and the
   head it acknowledged before kill -9 are there after its restart; I4 no token accepted by a slot whose
   rank's memory lacks its expert, as the engines route tokens between their shims on the streamed tables

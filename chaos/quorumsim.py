@@ -157,6 +157,38 @@ class QuorumSim:
         if cut_records:
             self._ev("cut", n, versions=cut_log(self.disks[n], cut_records))
 
+    def crash_after_vote(self, n: str, methods: tuple[str, ...] = ("Consensus/Prepare", "Consensus/Accept"),
+                         restart_after: float | None = None) -> None:
+        """kill -9 of `n` right after its next granted promise or accept (of `methods`) has left, once: the
+        proposer gets the vote, and `n` hears nothing after it (no commit), so that after a restart only
+        its store remembers the vote. `restart_after`: seconds until it restarts (a supervisor), else never."""
+        node = self.nodes[n]
+
+        def handle(src: str, method: str, req: Any) -> Any:
+            reply = node._handle(src, method, req)
+            if method in methods and getattr(reply, "ok", False) and self.nodes.get(n) is node:
+                self.net.transport(n).serve(node._handle, service="Consensus")  # once
+                # runs once the reply is on the wire: it reaches the proposer, nothing later reaches `n`
+                self.clock.call_later(0.0, lambda: self.crash(n) if self.nodes.get(n) is node else None)
+                if restart_after is not None:
+                    self.clock.call_later(restart_after, lambda: self.restart(n))
+            return reply
+
+        self.net.transport(n).serve(handle, service="Consensus")
+
+    def isolate_after_commit(self, n: str) -> None:
+        """Cut `n` off from every other node as soon as it next commits, once: the commits it sends then are
+        lost on the wire (a partition drops messages in flight), and only the votes that chose it know."""
+        node = self.nodes[n]
+        armed = [True]
+
+        def cut(c: pb.Commit, t: RoutingTable) -> None:
+            if armed[0] and self.nodes.get(n) is node:
+                armed[0] = False
+                self.net.partition([[n], [m for m in self.ids if m != n]])
+
+        node.on_commit(cut)
+
     def restart(self, n: str) -> None:
         if n not in self.down:
             return

@@ -5,7 +5,8 @@
 Each schedule: a cluster of `--nodes` nodes of which 3, 5 or 7 vote (all learn), network loss, duplication,
 delay and reordering drawn per schedule, then a short sequence of proposals (round-0 owners, other nodes,
 concurrent duels, proposers that crash or are cut off mid-round), partitions, heals, crashes (some tearing
-the store's tail), restarts, process stalls and waits. At the end every
+the store's tail), restarts, process stalls and waits (with `--vote-crashes`, also voters killed as their
+vote leaves and restarted by a supervisor, their proposer cut off as its commit leaves). At the end every
 fault heals and the cluster settles; then chaos/checkers.py checks I1, I2, I3, I7 and linearizability.
 """
 
@@ -34,7 +35,9 @@ class Result:
     actions: list[str] = field(default_factory=list)
 
 
-def run_schedule(seed: int, nodes: int, steps: int = 14) -> Result:
+def run_schedule(seed: int, nodes: int, steps: int = 14, vote_crashes: float = 0.0) -> Result:
+    """`vote_crashes`: the share of proposals during which a voter is killed right after its next granted
+    promise or accept has left (its vote counts; after a restart only its store has it)."""
     rng = random.Random(seed)
     voters = min(nodes, rng.choice((3, 5, 5, 7)))
     cfg = ConsensusConfig(accept_timeout_ms=40, sync_interval_ms=250, max_attempts=3)
@@ -55,6 +58,13 @@ def run_schedule(seed: int, nodes: int, steps: int = 14) -> Result:
                 who = owner
             c.propose(who)
             acts.append(f"propose {who}")
+            if vote_crashes and rng.random() < vote_crashes:  # a voter dies as its vote for this round leaves
+                pool = [v for v in c.voters if v in up and v != who]
+                if pool:
+                    victim = rng.choice(pool)
+                    c.crash_after_vote(victim, restart_after=rng.choice((0.005, 0.02, 0.1)))
+                    c.isolate_after_commit(who)
+                    acts.append(f"crash {victim} after its next vote, isolate {who} as it commits")
             for _ in range(rng.choice((0, 0, 1, 2))):  # a duel: others propose other tables for that version
                 other = rng.choice(up)
                 if other != who and c.nodes[other].head.version == c.nodes[who].head.version:
@@ -120,16 +130,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=64)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--steps", type=int, default=14, help="fault/proposal steps per schedule")
+    ap.add_argument("--vote-crashes", type=float, default=0.0,
+                    help="share of proposals during which a voter dies right after its vote leaves (0..1)")
     ap.add_argument("--json", action="store_true", help="print one JSON line")
     a = ap.parse_args(argv)
     if a.schedules < 1 or a.nodes < 1:
         ap.error(f"--schedules {a.schedules} --nodes {a.nodes}: expected both >= 1")
+    if not 0.0 <= a.vote_crashes <= 1.0:
+        ap.error(f"--vote-crashes {a.vote_crashes}: expected a share in [0, 1]")
     t0 = time.perf_counter()
     violations = 0
     commits = 0
     unconverged = 0
     for i in range(a.schedules):
-        r = run_schedule(a.seed * 1_000_003 + i, a.nodes, a.steps)
+        r = run_schedule(a.seed * 1_000_003 + i, a.nodes, a.steps, a.vote_crashes)
         commits += r.commits
         if not r.converged:
             unconverged += 1

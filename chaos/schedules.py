@@ -23,6 +23,9 @@ One command per line, `#` starts a comment:
     drop P | duplicate P | reorder P | delay 5ms | clear-link      message faults on every link
     skew NODE RATE                   NODE's clock runs RATE x real time (0.5 slow, 2 fast; 1 ends it): its
                                      timeouts and intervals stretch or shrink, the engines stay in lockstep
+    shift drift                      the load drifts: each layer's experts trade popularity (seeded)
+    shift against-next-commit        at the next rebalance's commit the load turns against it (chaos/simload.py):
+                                     it realises worse than its parent, and must be rolled back (I6)
     drain RANK | restore RANK        operator drain / restore through a live node's admin backend (refusals
                                      are reported, not errors)
     stabilize                        every fault ends (killed nodes restart), then settle: I5 within a bound
@@ -38,7 +41,7 @@ import random
 from pathlib import Path
 
 from agent.consensus.paxos import round0_owner
-from chaos import simdisks
+from chaos import simdisks, simload
 from chaos.simcluster import SimCluster
 
 DIR = Path(__file__).parent / "schedules"
@@ -190,6 +193,12 @@ def apply(c: SimCluster, line: str, rng: random.Random, settle_limit_s: float = 
             if n is not None:
                 c.skew(n, rate)
             return f"skew {n} x{rate:g}"
+        if cmd == "shift":
+            if args[0] == "drift":
+                return simload.drift(c, rng)
+            if args[0] == "against-next-commit":
+                return simload.against_next_commit(c, rng)
+            raise ScheduleError(f"{line!r}: expected shift drift|against-next-commit")
         if cmd in ("drain", "restore"):
             via = sorted(c.running())
             if not via:
@@ -228,11 +237,17 @@ DISK_FAULTS = ("restart-cluster", "restart-cluster rolling", "lose-store random"
                "disk-full random", "cut-log random")
 
 
-def generate(rng: random.Random, nodes: int, faults: int = 3, skew: bool = False, disks: bool = False) -> list[str]:
+# a drift, and the load turning against the rebalance that answers it; 12 s: its N + grace windows close
+SHIFTS = ["shift against-next-commit", "shift drift", "tick 12s", "stabilize"]
+
+
+def generate(rng: random.Random, nodes: int, faults: int = 3, skew: bool = False, disks: bool = False,
+             shifts: bool = True) -> list[str]:
     """A seeded schedule: a warm-up under load, `faults` faults each followed by a tick (overlapping faults
     are allowed: a partition may still be in force when a node crashes), then stabilize. `skew`: clock
     rate skew joins the faults drawn from, `disks` the DISK_FAULTS (both off by default, so that a seed keeps
-    giving the same schedule)."""
+    giving the same schedule). `shifts`: then SHIFTS, a load drift whose rebalance the load turns against as
+    it commits, so that I6 needs a rollback (it draws nothing here: the schedule before it is unchanged)."""
     menu = FAULTS + (("skew random",) if skew else ()) + (DISK_FAULTS if disks else ())
     out = [f"add-nodes {nodes}", "tick " + rng.choice(("1500ms", "2s", "3s"))]
     for _ in range(faults):
@@ -256,4 +271,6 @@ def generate(rng: random.Random, nodes: int, faults: int = 3, skew: bool = False
     out.append("stabilize")
     out.append("tick 2s")  # a little load after healing: commits resume and must keep converging
     out.append("stabilize")
+    if shifts:
+        out += SHIFTS
     return out

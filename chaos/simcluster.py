@@ -143,6 +143,7 @@ class SimCluster:
             self._boot(n)
         self.genesis: RoutingTable = self.states[self.ids[0]].head()
         self.gone_shim_stats: list[Any] = []  # ShimStats of shims lost with their node
+        self.on_new_commit: list[Callable[[CommitRecord], None]] = []  # at each version's first install
 
     # ---- nodes ------------------------------------------------------------------------------------
     def config(self, n: str) -> Any:
@@ -193,6 +194,8 @@ class SimCluster:
         if t.version not in self.history.commits:
             self.history.commits[t.version] = CommitRecord(t.version, t.parent, self.clock.now(), c.plan.trigger,
                                                            float(c.plan.verified_gain), t, plan_kind(c.plan))
+            for cb in list(self.on_new_commit):
+                cb(self.history.commits[t.version])
 
     def _member(self, observer: str, m: Member) -> None:
         t0 = self.down_since.get(m.node_id)

@@ -22,6 +22,7 @@ class RunResult:
     convergence_s: list[float] = field(default_factory=list)
     commits: int = 0
     repairs: int = 0
+    rollbacks: int = 0  # committed rollbacks (a change that realised worse than its parent, undone)
     i6_judged: int = 0
     detect_s: list[float] = field(default_factory=list)
     tokens: dict[str, Any] = field(default_factory=dict)
@@ -39,11 +40,12 @@ class RunResult:
 
 
 def run_schedule(nodes: int, seed: int, lines: list[str] | None = None, shape: Shape | None = None,
-                 faults: int = 3, skew: bool = False, disks: bool = False, **cluster_kw: Any) -> RunResult:
+                 faults: int = 3, skew: bool = False, disks: bool = False, shifts: bool = True,
+                 **cluster_kw: Any) -> RunResult:
     """Build a cluster from `seed`, play `lines` (default: generated from the seed), check I1-I7."""
     t0 = time.process_time()
     rng = random.Random(seed ^ 0xC4A05)
-    lines = lines if lines is not None else generate(rng, nodes, faults, skew, disks)
+    lines = lines if lines is not None else generate(rng, nodes, faults, skew, disks, shifts)
     c = SimCluster(nodes, shape or Shape(), seed, **cluster_kw)
     res = RunResult(seed, nodes, list(lines))
     for line in lines:
@@ -54,6 +56,7 @@ def run_schedule(nodes: int, seed: int, lines: list[str] | None = None, shape: S
     res.i6_judged = rep.i6_judged
     res.commits = len(c.history.commits)
     res.repairs = sum(1 for r in c.history.commits.values() if r.kind == "repair")
+    res.rollbacks = sum(1 for r in c.history.commits.values() if r.kind == "rollback")
     res.detect_s = [round(t - t0, 3) for _, t0, t in c.history.detections]
     tk = asdict(c.tokens)
     tk.pop("i4_examples")

@@ -1,13 +1,24 @@
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
+
+
+def engine_missing(why: str) -> NoReturn:
+    """The engine environment (.venv-engine) is missing or broken: a skip when run by hand, a failure under
+    `make test` and `make test-engine`, which set EMOE_REQUIRE_ENGINES=1 after installing it (so that a
+    failed install can never pass as a green run whose engine tests quietly skipped)."""
+    if os.environ.get("EMOE_REQUIRE_ENGINES") == "1":
+        pytest.fail(f"{why} (EMOE_REQUIRE_ENGINES=1: the engine tests must run)", pytrace=False)
+    pytest.skip(why)
 
 
 def need_shared_traces() -> Path:

@@ -183,12 +183,24 @@ def test_unreadable_config_files_are_one_line(tmp_path: Path, capsys: pytest.Cap
         assert needle in one_line(capsys.readouterr().err)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through directory permissions")
-def test_check_refuses_a_read_only_data_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    ro = tmp_path / "ro"
-    ro.mkdir(mode=0o500)
-    rc, err = check(tmp_path, capsys, f'node_id = "n"\ndata_dir = "{ro}"\n')
-    assert rc == 2 and "cannot be written" in one_line(err)
+def test_check_refuses_a_data_dir_that_cannot_be_written(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A data_dir that exists as a directory but takes no new entry, for root too (root writes through
+    directory permissions, so a mode-0500 directory cannot stand for one where CI runs as root): a directory
+    removed while this process holds it open, reached through /proc/self/fd. Creating anything in it fails
+    for every user; so does creating a data_dir below it."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    fd = os.open(gone, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        gone.rmdir()
+        d = Path(f"/proc/self/fd/{fd}")
+        assert d.is_dir()
+        rc, err = check(tmp_path, capsys, f'node_id = "n"\ndata_dir = "{d}"\n')
+        assert rc == 2 and "cannot be written" in one_line(err)
+        rc, err = check(tmp_path, capsys, f'node_id = "n"\ndata_dir = "{d / "sub"}"\n')
+        assert rc == 2 and f"cannot be created (cannot create entries in {d})" in one_line(err)
+    finally:
+        os.close(fd)
 
 
 def test_check_needs_the_tls_files_of_this_node(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -83,3 +83,25 @@ def test_safety_finds_a_proposer_that_ignores_accepted_values(monkeypatch: pytes
     monkeypatch.setattr(paxos.BallotAttempt, "on_promise", own_value)
     found = [safety.run_schedule(1_000_003 + i, nodes=16).violations for i in range(8)]
     assert any(found), "the broken proposer went unnoticed"
+
+
+def test_safety_schedules_with_crashes_right_after_votes_clean() -> None:
+    """Voters killed as their vote leaves (and restarted by a supervisor), proposers cut off as their commit
+    leaves: the restarted voters' stores must answer for those votes."""
+    total = vote_crashes = 0
+    for seed in (7_000, 7_001, 7_002, 7_003, 7_043, 7_062, 7_253):
+        r = safety.run_schedule(seed, nodes=16, vote_crashes=0.5)
+        assert r.violations == [], (r.seed, r.actions)
+        total += r.commits
+        vote_crashes += sum("after its next vote" in a for a in r.actions)
+    assert total > 0 and vote_crashes > 0
+
+
+def test_safety_finds_an_acceptor_that_forgets_its_votes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mutation check: an acceptor that replies without making its promise or accept durable must be caught
+    by the schedules above (these seeds crash a voter right after a vote that chose a table)."""
+    from agent.consensus.recovery import RecoveryMixin
+
+    monkeypatch.setattr(RecoveryMixin, "_persist", lambda self, st: True)
+    found = [safety.run_schedule(seed, nodes=16, vote_crashes=0.5).violations for seed in (7_043, 7_062, 7_253)]
+    assert any(found), "the forgetful acceptor went unnoticed"

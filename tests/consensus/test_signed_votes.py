@@ -105,6 +105,32 @@ def test_forged_certificates_are_refused_under_mtls(certs: tuple[Path, Path]) ->
     assert all(c.nodes[n].head.version == 2 for n in IDS) and check(c.history) == []
 
 
+def test_a_genuine_commit_with_one_signature_altered_is_refused(certs: tuple[Path, Path]) -> None:
+    """A real certificate of the next version (voters, ballot, table and certificates all genuine) with the
+    bytes of one signature flipped, truncated or swapped for the other voter's: only the signature check can
+    refuse it, and it does; the untouched certificate is then learned."""
+    c = _cluster(certs)
+    c.crash("n02")  # n00 and n01 commit version 3 without n02; n02 is then offered that commit
+    owner = round0_owner(3, IDS)
+    c.propose(owner if owner != "n02" else "n00")
+    c.run(0.5)
+    good = c.nodes["n00"].log.commits[3]
+    c.restart("n02")
+    assert c.nodes["n02"].head.version == 2 and len(good.qc.signatures) >= 2
+    sig0 = good.qc.signatures[0].signature
+    flips = [bytes([sig0[0]]) + bytes([sig0[1] ^ 1]) + sig0[2:], sig0[:-1] + bytes([sig0[-1] ^ 0x80]), sig0[:-2],
+             good.qc.signatures[1].signature]
+    for sig in flips:
+        bad = pb.Commit()
+        bad.CopyFrom(good)
+        bad.qc.signatures[0].signature = sig
+        r = _learn(c, bad)
+        assert not r.ok and f"{good.qc.signatures[0].voter}: signature does not verify" in r.reason
+        assert c.nodes["n02"].head.version == 2
+    assert _learn(c, good).ok and c.nodes["n02"].head.version == 3
+    assert check(c.history) == []
+
+
 def test_a_prepare_far_beyond_any_round_seen_is_refused() -> None:
     c = _cluster(None)
     node = c.nodes["n02"]

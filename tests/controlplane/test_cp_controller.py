@@ -193,6 +193,43 @@ def test_a_change_that_did_not_help_is_rolled_back_once() -> None:
         c.advance()
 
 
+def _judge(expert0: int) -> tuple[list[str], list[str]]:
+    """Commit a change that moves expert 5 (rank 2, beside expert 4) onto rank 0 (experts 0 and 1) in every
+    layer, and judge it on constant windows where experts 4 and 5 carry 100 tokens a step, expert 0 carries
+    `expert0` and every other expert 10. Under the parent the slowest rank is rank 2 (200); under the change
+    it is rank 0 (expert0 + 110): the realised step imbalance is (expert0 + 110) / 200 of the counterfactual.
+    Returns the kinds proposed and the reasons of the judgement's transitions, over the windows judged."""
+    c, head = setup(rollback_windows=2, theta=50.0)  # theta high: no rebalance interferes
+    change = apply_ops(head, [Migrate(layer, 5, 2, 0) for layer in range(head.layers)])
+    load = np.full((W, head.layers, head.experts), 10, dtype=np.uint32)
+    load[:, :, [4, 5]] = 100
+    load[:, :, 0] = expert0
+    c.step(TableCommitted(change, newest_window=-1))  # the first window to close is skipped
+    c.advance()
+    kinds: list[str] = []
+    reasons: list[str] = []
+    for seq in range(4):
+        r = feed(c, seq, load)
+        kinds += [d.kind for d in r.proposals]
+        reasons += [e.reason for e in r.events if isinstance(e, OpTransition) and e.version == change.version]
+        c.advance()
+    return kinds, reasons
+
+
+def test_a_change_realised_one_percent_worse_than_its_parent_is_rolled_back() -> None:
+    """The rule (controller._observe_window): after N windows a change is kept only if its realised step
+    imbalance is below the counterfactual's (its parent's on the same load); there is no tolerance above
+    that, so a change 1% worse is rolled back."""
+    kinds, reasons = _judge(92)  # realised 202 / 200 of the counterfactual
+    assert kinds == ["rollback"] and "KEPT" not in reasons
+
+
+def test_a_change_realised_one_percent_better_than_its_parent_is_kept() -> None:
+    """Just inside the rule: 1% better is kept after N windows (below tau, it is not confirmed early)."""
+    kinds, reasons = _judge(88)  # realised 198 / 200 of the counterfactual
+    assert kinds == [] and reasons == ["KEPT"]
+
+
 def test_a_change_is_judged_on_windows_that_began_after_its_commit() -> None:
     """The window open at a commit ran mostly under the parent, on the load the change was planned on: judged
     on it, a change that helps that load is confirmed and kept at once, whatever the load does next. Here the

@@ -9,33 +9,52 @@ from hypothesis import strategies as st
 
 from controlplane import load, verify
 from controlplane.errors import InvalidShape
-from controlplane.ops import Consolidate, Drain, Migrate, Replicate, apply_ops
+from controlplane.ops import Consolidate, Drain, Migrate, Operation, Replicate, Swap, apply_ops
 from controlplane.table import RoutingTable, initial_table
 from controlplane.topology import Topology
 
 
+def single_ops(t: RoutingTable) -> list[Operation]:
+    """Every Replicate, Migrate, Consolidate (of one expert) and Swap that applies to `t` (by the operations'
+    own preconditions: a free slot on the destination, the expert not already there, the source holding it)
+    and gives a different valid table."""
+    G, S = t.topology.ranks, t.topology.slots_per_rank
+    out: list[Operation] = []
+    for layer in range(t.layers):
+        rows = t.phy2log[layer].reshape(G, S)
+        on = [set(int(e) for e in rows[g] if e >= 0) for g in range(G)]
+        free = [bool((rows[g] < 0).any()) for g in range(G)]
+        replicas = np.bincount(rows[rows >= 0], minlength=t.experts)
+        for e in range(t.experts):
+            holders = [g for g in range(G) if e in on[g]]
+            for dst in range(G):
+                if free[dst] and e not in on[dst]:
+                    out.append(Replicate(layer, e, dst))
+                    out += [Migrate(layer, e, src, dst) for src in holders]
+                if replicas[e] > 1 and (e in on[dst] or free[dst]):
+                    out.append(Consolidate(layer, (e,), dst))
+        for src in range(G):
+            for dst in range(src + 1, G):
+                out += [Swap(layer, e, src, o, dst)
+                        for e in sorted(on[src] - on[dst]) for o in sorted(on[dst] - on[src])]
+    return [op for op in out if (n := apply_ops(t, [op])).is_valid() and not n.content_equal(t)]
+
+
 @st.composite
-def tables(draw: st.DrawFn, max_layers: int = 3) -> RoutingTable:
-    """A valid table: static EP on a small topology, then random valid replicate/migrate/consolidate."""
+def tables(draw: st.DrawFn, max_layers: int = 3, min_ranks: int = 1) -> RoutingTable:
+    """A valid table: static EP on a small topology, then up to 8 random operations that apply to it."""
     topo = Topology(draw(st.integers(1, 2)), draw(st.integers(1, 3)), draw(st.integers(1, 3)))
+    if topo.ranks < min_ranks:
+        topo = Topology(topo.nodes, min_ranks, topo.slots_per_rank)
     G, S = topo.ranks, topo.slots_per_rank
     experts = draw(st.integers(1, G * S))
     layers = draw(st.integers(1, max_layers))
     t = initial_table(topo, layers, experts)
     for _ in range(draw(st.integers(0, 8))):
-        layer = draw(st.integers(0, layers - 1))
-        e = draw(st.integers(0, experts - 1))
-        kind = draw(st.sampled_from(["rep", "mig", "cons"]))
-        ranks = np.flatnonzero((t.phy2log[layer].reshape(G, S) == e).any(axis=1))
-        dst = draw(st.integers(0, G - 1))
-        op = (Replicate(layer, e, dst) if kind == "rep" else Migrate(layer, e, int(ranks[0]), dst)
-              if kind == "mig" else Consolidate(layer, (e,), dst))
-        try:
-            nxt = apply_ops(t, [op])
-        except Exception:  # noqa: BLE001 - an op that does not fit (no free slot, already there) is skipped
-            continue
-        if nxt.is_valid():
-            t = nxt
+        ops = single_ops(t)
+        if not ops:
+            break
+        t = apply_ops(t, [draw(st.sampled_from(ops))])
     return t
 
 
@@ -126,11 +145,11 @@ def test_kernel_rejects_bad_shape() -> None:
 def test_gain_matches_replay_imbalance(data: st.DataObject) -> None:
     """verify_decision's gain equals the relative change of load.replay_imbalance, and the per-layer
     contributions add up to it."""
-    a = data.draw(tables())
-    b = data.draw(tables())
-    if (b.layers, b.experts, b.topology) != (a.layers, a.experts, a.topology):
-        b = a
-    b = b.with_version(a.version + 1, a.version)
+    a = data.draw(tables(min_ranks=2))
+    ops = single_ops(a)
+    assert ops, "with two ranks some operation always changes a table (a swap when every slot is full)"
+    b = apply_ops(a, [data.draw(st.sampled_from(ops))])
+    assert b.version == a.version + 1 and b.parent == a.version and not b.content_equal(a)
     c = counts_for(data.draw, a, max_steps=5, high=300)
     ia, ib = load.replay_imbalance(a, c), load.replay_imbalance(b, c)
     ok, g, reason = verify.verify_decision(a, b, c, 0.0)

@@ -15,6 +15,7 @@ import subprocess
 import pytest
 
 from chaos.localcluster import ROOT
+from tests.conftest import engine_missing
 
 pytestmark = pytest.mark.engine
 
@@ -23,11 +24,11 @@ ENGINE_PY = ROOT / ".venv-engine" / "bin" / "python"
 
 def test_sglang_formats_and_entry_point() -> None:
     if not ENGINE_PY.exists():
-        pytest.skip(f"{ENGINE_PY} does not exist: `make .venv-engine/.installed` (part of `make test`) makes it")
+        engine_missing(f"{ENGINE_PY} does not exist: `make .venv-engine/.installed` (part of `make test`) makes it")
     probe = subprocess.run([str(ENGINE_PY), "-c", "import sglang.srt.eplb.expert_location"], cwd=ROOT,
                            capture_output=True, text=True, timeout=300)
     if probe.returncode != 0:
-        pytest.skip(f"SGLang's EPLB modules do not import in {ENGINE_PY}: {probe.stderr.strip().splitlines()[-1:]}")
+        engine_missing(f"SGLang's EPLB modules do not import in {ENGINE_PY}: {probe.stderr.strip().splitlines()[-1:]}")
     r = subprocess.run([str(ENGINE_PY), str(ROOT / "tests" / "engine_harness" / "sglang_formats.py")], cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]

@@ -26,6 +26,7 @@ import pytest
 
 from chaos.localcluster import ROOT, LocalCluster, free_ports
 from elasticmoe.v1 import admin_pb2, admin_pb2_grpc
+from tests.conftest import engine_missing
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -50,7 +51,7 @@ def _engine_problem() -> str:
 def engine_python() -> str:
     problem = _engine_problem()
     if problem:
-        pytest.skip(problem)
+        engine_missing(problem)
     return str(ENGINE_PY)
 
 

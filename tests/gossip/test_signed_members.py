@@ -101,6 +101,80 @@ def test_a_relayed_claim_cannot_be_rewritten(cert_dir: Path) -> None:
         assert list(got.ranks) == list(real.ranks)
 
 
+def _moved(real: gpb.MemberState) -> gpb.MemberState:
+    """n1's state at the next incarnation with another address, with a claim that matches it exactly (so
+    that only the signature can tell it from n1's own word); the signature and certificate are left to set."""
+    st = gpb.MemberState()
+    st.CopyFrom(real)
+    st.address, st.incarnation = "10.9.9.9:7400", real.incarnation + 1
+    st.claim = gpb.MemberState(node_id="n1", address=st.address, incarnation=st.incarnation, status=st.status,
+                               ranks=list(st.ranks)).SerializeToString(deterministic=True)
+    return st
+
+
+def _flipped(sig: bytes, at: int) -> bytes:
+    b = bytearray(sig)
+    b[at] ^= 0x01
+    return bytes(b)
+
+
+def test_a_claim_whose_signature_bytes_do_not_verify_is_refused(cert_dir: Path) -> None:
+    """The issuer and the name are right (n1's own certificate) and the claim matches the state: only the
+    signature bytes are wrong (flipped, truncated, another claim's, empty), and each is refused and counted."""
+    sim = _sim(cert_dir)
+    m3 = sim.nodes["n3"].membership
+    real = m3.state_pb("n1")
+    n1 = VoteSigner.from_cert_dir(cert_dir, "n1")
+    st = _moved(real)
+    genuine = n1.sign_claim(st.claim)
+    sigs = [_flipped(genuine, len(genuine) - 1), _flipped(genuine, len(genuine) // 2), genuine[:-1],
+            real.claim_signature, b""]
+    for sig in sigs:
+        before = m3.refused
+        bad = gpb.MemberState()
+        bad.CopyFrom(st)
+        bad.claim_signature, bad.claim_certificate = sig, n1.cert_der
+        m3.absorb([bad], "n2")
+        assert m3.refused == before + 1
+        assert "n1: claim signature does not verify" in m3.refused_why
+        got = m3.get("n1")
+        assert got is not None and got.address == real.address and got.incarnation == real.incarnation
+    ok = gpb.MemberState()  # the same state with n1's real signature is taken: the refusals were the bytes
+    ok.CopyFrom(st)
+    ok.claim_signature, ok.claim_certificate = genuine, n1.cert_der
+    before = m3.refused
+    m3.absorb([ok], "n2")
+    assert m3.refused == before and m3.get("n1").address == "10.9.9.9:7400"  # type: ignore[union-attr]
+
+
+def test_a_signature_over_another_claim_is_refused(cert_dir: Path) -> None:
+    """n1 really signed a claim, but not this one: its signature over another claim (another address) does
+    not make this state n1's word, for a known member (an address change) or a new one (mallory's key)."""
+    sim = _sim(cert_dir)
+    m3 = sim.nodes["n3"].membership
+    real = m3.state_pb("n1")
+    n1 = VoteSigner.from_cert_dir(cert_dir, "n1")
+    st = _moved(real)
+    other = gpb.MemberState(node_id="n1", address="10.8.8.8:7400", incarnation=st.incarnation, status=st.status,
+                            ranks=list(st.ranks)).SerializeToString(deterministic=True)
+    st.claim_signature, st.claim_certificate = n1.sign_claim(other), n1.cert_der
+    before = m3.refused
+    m3.absorb([st], "n2")
+    assert m3.refused == before + 1 and "n1: claim signature does not verify" in m3.refused_why
+    got = m3.get("n1")
+    assert got is not None and got.address == real.address and got.incarnation == real.incarnation
+    mallory = VoteSigner.from_cert_dir(cert_dir, "mallory")
+    new = _forged_alive("mallory", [5])
+    new.claim = gpb.MemberState(node_id="mallory", address=new.address, incarnation=1, status=gpb.ALIVE,
+                                ranks=[5]).SerializeToString(deterministic=True)
+    elsewhere = gpb.MemberState(node_id="mallory", address="10.7.7.7:7400", incarnation=1, status=gpb.ALIVE,
+                                ranks=[5]).SerializeToString(deterministic=True)
+    new.claim_signature, new.claim_certificate = mallory.sign_claim(elsewhere), mallory.cert_der
+    m3.absorb([new], "n2")
+    assert m3.refused == before + 2 and "mallory: claim signature does not verify" in m3.refused_why
+    assert not m3.is_known("mallory")
+
+
 def test_suspicion_needs_no_claim_and_the_member_refutes(cert_dir: Path) -> None:
     """Anyone may suspect or declare a known member dead (SWIM); the member outbids it with a new signed
     claim, which every node accepts."""
