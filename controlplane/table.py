@@ -25,7 +25,10 @@ class RoutingTable:
     """One committed (or proposed) placement of every layer's experts onto slots.
 
     phy2log: int64 [L, P]; experts: E; active_ranks: sorted rank ids that may receive tokens.
-    Slots of inactive ranks must be empty. Frozen: operations produce new tables.
+    Slots of inactive ranks must be empty. Frozen: operations produce new tables. parent_hash: the parent
+    table's digest (empty for a genesis table), so that a table's digest commits to its whole history: two
+    nodes at one version with different parents hold different digests, and an acceptor refuses a proposal
+    built on a parent other than its own head.
     """
 
     topology: Topology
@@ -34,6 +37,7 @@ class RoutingTable:
     version: int = 0
     parent: int = 0
     active_ranks: tuple[int, ...] = field(default=())
+    parent_hash: bytes = b""
 
     def __post_init__(self) -> None:
         arr = np.ascontiguousarray(self.phy2log, dtype=np.int64)
@@ -115,7 +119,8 @@ class RoutingTable:
 
     @cached_property
     def digest(self) -> bytes:
-        """sha256 over version, parent, shape, active ranks and phy2log (little-endian)."""
+        """sha256 over version, parent, shape, active ranks, phy2log (little-endian) and, when there is one, the
+        parent's digest (after phy2log, whose length the header fixes)."""
         h = hashlib.sha256()
         header = np.array(
             [self.version, self.parent, self.layers, self.slots, self.experts, self.topology.slots_per_rank],
@@ -125,6 +130,8 @@ class RoutingTable:
         h.update(np.asarray(self.active_ranks, dtype="<i8").tobytes())
         h.update(b"|")
         h.update(self.phy2log.astype("<i8", copy=False).tobytes())
+        if self.parent_hash:
+            h.update(b"^" + self.parent_hash)
         return h.digest()
 
     @cached_property
@@ -153,10 +160,12 @@ class RoutingTable:
             version=self.version + 1,
             parent=self.version,
             active_ranks=self.active_ranks if active_ranks is None else active_ranks,
+            parent_hash=self.digest,
         )
 
-    def with_version(self, version: int, parent: int) -> RoutingTable:
-        return RoutingTable(self.topology, self.experts, self.phy2log, version, parent, self.active_ranks)
+    def with_version(self, version: int, parent: int, parent_hash: bytes = b"") -> RoutingTable:
+        return RoutingTable(self.topology, self.experts, self.phy2log, version, parent, self.active_ranks,
+                            parent_hash)
 
     # ---- validation --------------------------------------------------------------------------
     def validate(self) -> None:
@@ -249,13 +258,14 @@ def table_from_bytes(
     version: int,
     parent: int,
     active_ranks: tuple[int, ...],
+    parent_hash: bytes = b"",
 ) -> RoutingTable:
     """Decode packed little-endian int64 phy2log; raises InvalidShape on a size mismatch."""
     expected = layers * topo.slots * 8
     if len(raw) != expected:
         raise InvalidShape(f"phy2log has {len(raw)} bytes: expected {layers} x {topo.slots} x 8 = {expected}")
     arr = np.frombuffer(raw, dtype="<i8").astype(np.int64).reshape(layers, topo.slots)
-    return RoutingTable(topo, experts, arr, version, parent, active_ranks)
+    return RoutingTable(topo, experts, arr, version, parent, active_ranks, parent_hash)
 
 
 # ---- diff: what a change of table moves ----------------------------------------------------------

@@ -28,6 +28,7 @@ def table_to_pb(table: RoutingTable) -> pb.RoutingTable:
         phy2log=table.phy2log.astype("<i8", copy=False).tobytes(),
         active_ranks=list(table.active_ranks),
         content_hash=table.digest,
+        parent_hash=table.parent_hash,
     )
 
 
@@ -87,6 +88,8 @@ def table_from_pb(m: pb.RoutingTable, topology: Topology | None = None) -> Routi
         raise TableWireError(f"table.slots_per_rank = {m.slots_per_rank}: expected a divisor of slots = {m.slots}")
     if max(m.version, m.parent) >= 2**63:  # the content hash encodes them as int64
         raise TableWireError(f"table.version = {m.version}, table.parent = {m.parent}: expected both < 2^63")
+    if len(m.parent_hash) not in (0, 32):
+        raise TableWireError(f"table.parent_hash has {len(m.parent_hash)} bytes: expected 32 (a sha256) or none")
     if m.layers == 0 or m.experts == 0:
         raise TableWireError(f"table.layers = {m.layers}, table.experts = {m.experts}: expected both >= 1")
     topo = topology or Topology(nodes=m.slots // m.slots_per_rank, ranks_per_node=1, slots_per_rank=m.slots_per_rank)
@@ -99,7 +102,8 @@ def table_from_pb(m: pb.RoutingTable, topology: Topology | None = None) -> Routi
     if bad:
         raise TableWireError(f"table.active_ranks contains {bad}: expected ranks in 0..{topo.ranks - 1}")
     try:
-        t = table_from_bytes(topo, m.experts, m.layers, m.phy2log, m.version, m.parent, tuple(m.active_ranks))
+        t = table_from_bytes(topo, m.experts, m.layers, m.phy2log, m.version, m.parent, tuple(m.active_ranks),
+                             bytes(m.parent_hash))
     except (InvalidShape, InvalidTable) as e:
         raise TableWireError(f"table.phy2log: {e.message}") from None
     if m.content_hash and m.content_hash != t.digest:

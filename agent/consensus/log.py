@@ -30,6 +30,14 @@ def shape_mismatch(table: RoutingTable, head: RoutingTable) -> str:
     return ""
 
 
+def parent_hash_mismatch(table: RoutingTable, head: RoutingTable) -> str:
+    """Why `table` (version head + 1) does not build on `head` by hash, or ""."""
+    if table.parent_hash == head.digest:
+        return ""
+    return (f"parent hash {table.parent_hash.hex()[:12] or '(none)'} of version {table.version}: expected "
+            f"{head.digest.hex()[:12]}, this node's version {head.version}")
+
+
 class CommittedLog:
     def __init__(self, store: Store, voters: list[str], genesis: RoutingTable, on_install: InstallHook,
                  max_buffered: int = 64, ride_along: Callable[[int], list[pb.AcceptorState]] | None = None,
@@ -62,6 +70,9 @@ class CommittedLog:
                 break
             if t.parent != self.head.version and (self.commits or v <= self.head.version + 1):
                 log.error("store: commit %d has parent %d, head is %d", v, t.parent, self.head.version)
+                break
+            if t.parent == self.head.version and parent_hash_mismatch(t, self.head):
+                self._conflict(f"store: commit {v}: {parent_hash_mismatch(t, self.head)}")
                 break
             # (a first commit beyond genesis + 1 is the base of a compacted log: our own certified record)
             self.commits[v] = c
@@ -109,9 +120,7 @@ class CommittedLog:
                     return why if why.startswith("INVALID_ARGUMENT") else f"INVALID_ARGUMENT: {why}", False
                 msg = (f"version {v}: certified table {c.qc.table_hash.hex()[:12]} differs from ours "
                        f"{mine.qc.table_hash.hex()[:12]}")
-                log.error("I1 broken: %s", msg)
-                self.conflicts.append(msg)
-                return msg, False
+                return self._conflict(msg), False
             return "", False
         why = self._certified(c)
         if why:
@@ -125,12 +134,23 @@ class CommittedLog:
             return "", True
         if table.parent != self.head.version:
             return f"INVALID_ARGUMENT: version {v} has parent {table.parent}: expected {self.head.version}", False
+        chain = parent_hash_mismatch(table, self.head)
+        if chain:  # a certified table built on another table at our head's version: our histories diverged
+            return self._conflict(f"certified version {v} does not build on ours: {chain}"), False
         self.store.append_commit(c, self.ride_along(v) if self.ride_along else None)  # 1. persist
         self.commits[v] = c
         if before_install is not None:
             before_install(c)  # 2. send
         self._install(c, table)  # 3. install
         return "", False
+
+    def _conflict(self, msg: str) -> str:
+        """A certified table that disagrees with one we hold: I1 is broken somewhere. Said loudly (ERROR, and
+        the node stops voting and reports NOT_SERVING with it), never built on."""
+        if msg not in self.conflicts:
+            log.error("I1 broken: %s", msg)
+            self.conflicts.append(msg)
+        return msg
 
     def _install(self, c: pb.Commit, table: RoutingTable) -> None:
         """Move the head to `table` (already durable), run the install hook, then any buffered successor."""

@@ -22,7 +22,7 @@ from google.protobuf.message import Message
 
 from agent.clock import Clock, Timer
 from agent.config import ConsensusConfig
-from agent.consensus.log import CommittedLog, shape_mismatch
+from agent.consensus.log import CommittedLog, parent_hash_mismatch, shape_mismatch
 from agent.consensus.paxos import Acceptor, BallotAttempt, quorum_size, round0_owner
 from agent.consensus.proposer import Outcome, Pending, ProposerMixin
 from agent.consensus.rebuild import Rebuild
@@ -172,6 +172,8 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
             why = "node not running"
         elif v != self.log.head.version + 1 or table.parent != self.log.head.version:
             why = f"table version {v} parent {table.parent}: expected version {self.log.head.version + 1} parent {self.log.head.version}"
+        elif table.parent_hash != self.log.head.digest:
+            why = f"table version {v}: {parent_hash_mismatch(table, self.log.head)}"
         elif v in self._pending:
             why = f"a proposal for version {v} is already in flight here"
         elif self.rebuild is not None and not self.rebuild.decided and not self.store.failed:
@@ -311,6 +313,8 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
             return False, 0.0, f"INVALID_ARGUMENT: {why}"
         if table.version != p.version or table.parent != self.log.head.version:
             return False, 0.0, f"table version {table.version} parent {table.parent}: expected {p.version} on {self.log.head.version}"
+        if table.parent_hash != self.log.head.digest:  # built on another table for our head's version
+            return False, 0.0, parent_hash_mismatch(table, self.log.head)
         try:
             ok, gain, why = self.verifier(self.log.head, table, p.plan)
         except Exception as e:  # a verifier bug must not take the acceptor down; it votes no and says why

@@ -55,7 +55,7 @@ class RecoveryMixin(NodeFields):
 
     def _abstains(self) -> str:
         """Why this node may not vote now ("" when it may)."""
-        if self.store.failed:
+        if self.store.failed or self.log.conflicts:
             return f"{self.node_id}'s {self.failure}"
         rb = self.rebuild
         if rb is not None:
@@ -162,7 +162,10 @@ class RecoveryMixin(NodeFields):
     # ---- fail-stop on a store that cannot be written ---------------------------------------------
     @property
     def failure(self) -> str:
-        """Why this node neither votes nor proposes now ("" while its store works)."""
+        """Why this node neither votes nor proposes now ("" while its store works and its history agrees with
+        every certified table it has seen)."""
+        if self.log.conflicts:
+            return f"conflicting history: {self.log.conflicts[0]}"
         return self.store.failure
 
     def _persist(self, st: pb.AcceptorState) -> bool:

@@ -52,7 +52,7 @@ class Ballot(_message.Message):
     def __init__(self, round: _Optional[int] = ..., node_id: _Optional[str] = ...) -> None: ...
 
 class RoutingTable(_message.Message):
-    __slots__ = ("version", "parent", "layers", "slots", "experts", "slots_per_rank", "phy2log", "active_ranks", "content_hash")
+    __slots__ = ("version", "parent", "layers", "slots", "experts", "slots_per_rank", "phy2log", "active_ranks", "content_hash", "parent_hash")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     LAYERS_FIELD_NUMBER: _ClassVar[int]
@@ -62,6 +62,7 @@ class RoutingTable(_message.Message):
     PHY2LOG_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_RANKS_FIELD_NUMBER: _ClassVar[int]
     CONTENT_HASH_FIELD_NUMBER: _ClassVar[int]
+    PARENT_HASH_FIELD_NUMBER: _ClassVar[int]
     version: int
     parent: int
     layers: int
@@ -71,7 +72,8 @@ class RoutingTable(_message.Message):
     phy2log: bytes
     active_ranks: _containers.RepeatedScalarFieldContainer[int]
     content_hash: bytes
-    def __init__(self, version: _Optional[int] = ..., parent: _Optional[int] = ..., layers: _Optional[int] = ..., slots: _Optional[int] = ..., experts: _Optional[int] = ..., slots_per_rank: _Optional[int] = ..., phy2log: _Optional[bytes] = ..., active_ranks: _Optional[_Iterable[int]] = ..., content_hash: _Optional[bytes] = ...) -> None: ...
+    parent_hash: bytes
+    def __init__(self, version: _Optional[int] = ..., parent: _Optional[int] = ..., layers: _Optional[int] = ..., slots: _Optional[int] = ..., experts: _Optional[int] = ..., slots_per_rank: _Optional[int] = ..., phy2log: _Optional[bytes] = ..., active_ranks: _Optional[_Iterable[int]] = ..., content_hash: _Optional[bytes] = ..., parent_hash: _Optional[bytes] = ...) -> None: ...
 
 class Operation(_message.Message):
     __slots__ = ("kind", "layer", "experts", "src", "dst", "rank", "source")

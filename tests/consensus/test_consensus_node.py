@@ -16,7 +16,10 @@ from elasticmoe.v1 import consensus_pb2 as pb
 
 
 def cluster(seed: int = 5, voters: int = 5, nodes: int = 5, **cfg: int) -> QuorumSim:
-    return QuorumSim(nodes, voters, seed, ConsensusConfig(**{"accept_timeout_ms": 50, "sync_interval_ms": 0, **cfg}))
+    """A new cluster whose founding members have heard from each other (agent/consensus/rebuild.py)."""
+    c = QuorumSim(nodes, voters, seed, ConsensusConfig(**{"accept_timeout_ms": 50, "sync_interval_ms": 0, **cfg}))
+    c.run(0.1)
+    return c
 
 
 def commit_next(c: QuorumSim) -> None:
@@ -218,6 +221,7 @@ def test_no_quorum_names_each_voter_that_refused_or_did_not_answer() -> None:
     c.disks[full].capacity = len(c.disks[full].data)  # nothing more fits: its accept cannot be made durable
     c.crash(down)
     commit_next(c)
+    c.run(1.0)  # a busy voter (UNAVAILABLE) is asked again with the next ballots, up to max_attempts
     (who, out), = c.outcomes
     assert who == owner and not out.committed
     assert "no quorum" in out.reason and "(1/2)" in out.reason, out.reason
@@ -242,7 +246,6 @@ def _amnesia(c: QuorumSim, cut: bool = False) -> tuple[str, str, str]:
     """The next version (v) chosen by {owner, b} alone; then b loses its store (`cut`: only the records it
     wrote for v, its log cut at a record boundary) while the owner is down, and the third voter, which never
     heard of v, proposes another table for it through b."""
-    c.run(0.2)  # the founding members of the new cluster hear from each other (agent/consensus/rebuild.py)
     v = c.nodes[c.voters[0]].head.version + 1
     owner = round0_owner(v, c.voters)
     b, third = [x for x in c.voters if x != owner]
@@ -336,9 +339,11 @@ def test_without_the_mark_a_cut_log_chooses_two_tables(monkeypatch: pytest.Monke
     assert any(v.startswith("I1") for v in check(c.history))
 
 
-def test_a_new_cluster_votes_at_once() -> None:
-    c = cluster(voters=3, nodes=3)
+def test_a_new_cluster_votes_once_its_founders_heard_from_each_other() -> None:
+    c = QuorumSim(3, 3, 5, ConsensusConfig(accept_timeout_ms=50, sync_interval_ms=0))
     assert all(c.nodes[n].rebuild is not None for n in c.ids)  # new stores: each asks first
+    c.run(0.01)  # one round trip
+    assert all(c.nodes[n].rebuild is None for n in c.ids) and all(c.nodes[n].role == "voter" for n in c.ids)
     commit_next(c)
     assert set(c.heads().values()) == {2} and all(c.nodes[n].role == "voter" for n in c.ids)
 

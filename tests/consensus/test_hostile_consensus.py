@@ -89,7 +89,7 @@ def _tbl(**kw: object) -> pb.RoutingTable:
 
 
 def _with_phy(phy: np.ndarray, experts: int = 8) -> pb.RoutingTable:
-    t = RoutingTable(T[3].topology, experts, phy, version=4, parent=3)
+    t = RoutingTable(T[3].topology, experts, phy, version=4, parent=3, parent_hash=T[2].digest)
     return table_to_pb(t)
 
 
@@ -98,6 +98,14 @@ def test_accept_version_regression_and_wrong_parent() -> None:
     refused("Accept", accept(old, version=3), "already committed")
     refused("Accept", accept(_tbl(parent=2)), "parent")
     refused("Accept", accept(version=7, table=_tbl(version=7)), "parent")
+
+
+def test_accept_built_on_another_table_for_the_parent_version() -> None:
+    """Version 4 whose parent is a version 3 other than the one this node committed: refused by hash."""
+    other3 = T[2].with_version(3, 2, parent_hash=b"\x07" * 32)
+    t4 = RoutingTable(T[3].topology, T[3].experts, T[3].phy2log, version=4, parent=3, parent_hash=other3.digest)
+    refused("Accept", accept(table_to_pb(t4)), "parent hash")
+    refused("Accept", accept(table_to_pb(T[3].with_version(4, 3))), "parent hash")  # no parent hash at all
 
 
 def test_accept_round0_not_owned() -> None:
@@ -215,3 +223,19 @@ def test_catchup_hostile_bounds_change_nothing(from_version: int, limit: int) ->
     assert versions == list(range(from_version + 1, from_version + 1 + len(versions)))
     assert len(versions) <= max(1, min(limit or 10**9, t.node.cfg.catchup_batch))
     assert t.snapshot() == before
+
+
+def test_a_certified_table_built_on_another_history_is_a_loud_conflict() -> None:
+    """A quorum certificate for version 4 whose parent is another version 3 than ours: two tables were chosen
+    for version 3 somewhere (I1). The node says so (conflicts, failure -> NOT_SERVING), does not install it,
+    and stops voting rather than building on either history."""
+    t = ConsensusTarget("Learn")
+    other3 = T[2].with_version(3, 2, parent_hash=b"\x07" * 32)
+    t4 = RoutingTable(T[3].topology, T[3].experts, T[3].phy2log, version=4, parent=3, parent_hash=other3.digest)
+    v = t.call(certify(t4))
+    assert v.rejected and "does not build on ours" in v.reason, v.reason
+    node = t.node
+    assert node.head.version == 3 and len(node.conflicts) == 1
+    assert node.failure.startswith("conflicting history: certified version 4 does not build on ours")
+    reply = node._handle("b", "Consensus/Accept", accept())
+    assert isinstance(reply, pb.Accepted) and not reply.ok and "conflicting history" in reply.reason
