@@ -128,7 +128,9 @@ def test_wiped_voter_cannot_help_choose_a_second_table_for_v2(cluster: tuple[Loc
 
     # B cut off from both others: v2's round-0 accept (and any Learn or catch-up of it) reaches A only
     write_faults(faults, {B: [OWN, A], OWN: [B], A: [B]})
-    time.sleep(0.3)  # each agent re-reads the file within 50 ms of its next call
+    # an agent re-reads the file (a new inode at each write) at its first call 50 ms or more after its last
+    # look: every call from 50 ms after the write on sees the partition, whatever the load
+    time.sleep(0.3)
     r = cli("propose", "--agent", c.addresses[owner], "--json", "--force", *X_OP)
     assert r.returncode == 0, f"X through {OWN}: {r.stdout} {r.stderr}"
     doc = json.loads(r.stdout)
@@ -166,7 +168,6 @@ def test_wiped_voter_cannot_help_choose_a_second_table_for_v2(cluster: tuple[Loc
     assert st_a is not None and st_a.role.startswith("learner") and st_a.committed_version == 1, st_a
     assert table_hash(c, b, 2) is None and v2_hash(c, b) is None
 
-    write_faults(faults, {})
     c.start(owner)
     c.wait_healthy(timeout=30, which=[owner])
 
