@@ -202,7 +202,8 @@ class ConsensusTarget(Target):
         if self.method == "CatchUp":
             if not isinstance(reply, pb.CatchUpReply):
                 raise TypeError(f"CatchUp answered {type(reply).__name__}")
-            return Verdict(False, read_only=True)
+            # a query, except an enrolment (agent/consensus/rebuild.py): the sender, a voter, is recorded durably
+            return Verdict(False, read_only=not (isinstance(req, pb.CatchUpRequest) and req.enrolment))
         ok = getattr(reply, "ok", None)
         if ok is None:
             raise TypeError(f"{self.name} answered {type(reply).__name__}: expected a typed reply")

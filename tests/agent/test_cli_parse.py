@@ -196,7 +196,8 @@ def test_a_plaintext_agent_killed_mid_call_is_unreachable_not_tls(capsys: pytest
             p.kill()
             killer.join()
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"agent {addr}: unreachable" in err and "refuse" in err, err
+    # refused once the process is gone; 'closed' if the probe reached it while the kernel still tore it down
+    assert err.count("\n") == 1 and f"agent {addr}: unreachable" in err and ("refuse" in err or "closed" in err), err
     assert "TLS" not in err, err
 
 

@@ -105,7 +105,11 @@ def test_kill_one_node_of_eight_under_load() -> None:
     print(f"\nkill {victim} at {t_kill:.2f}: first DEAD verdict after {t_first - t_kill:.3f} s, all survivors "
           f"after {t_all - t_kill:.3f} s; repair v{rep.version} committed {rep.t - t_first:.4f} s after the first "
           f"verdict (commit round {round_s * 1e3:.2f} ms); tokens {c.tokens}; shims {c.shim_totals()}")
-    assert rep.t <= t_all + 2 * round_s  # detection (every survivor knows) + 2 commit rounds
+    # detection (every survivor knows) + 2 commit rounds, + one takeover: a planner that is not the version's
+    # round-0 owner gives the owner accept_timeout first (ConsensusNode.propose), and which node plans the
+    # repair depends on the windows since the last commit
+    takeover = c.states[c.up()[0]].cfg.consensus.accept_timeout_ms / 1000
+    assert rep.t <= t_all + 2 * round_s + takeover
     assert g not in rep.table.active_ranks and rep.table.is_valid()
     assert not (rep.table.phy2log.reshape(4, 8, 4)[:, g] >= 0).any()
     # after detection no token is dispatched to it: none by a sender that knew, none at all after all knew
