@@ -91,7 +91,7 @@ class Recovered:
 
     commits: list[pb.Commit] = field(default_factory=list)
     acceptor: dict[int, pb.AcceptorState] = field(default_factory=dict)
-    known: dict[str, int] = field(default_factory=dict)  # voter -> enrolment id it last enrolled here with
+    known: dict[str, int] = field(default_factory=dict)  # voter -> the first enrolment id it enrolled here with
     rebuild: pb.RebuildMark | None = None  # the last rebuild mark (None: this store never rebuilt)
     records: int = 0
     torn_bytes: int = 0
@@ -224,7 +224,7 @@ class Store:
         self.truncated = 0  # bytes of torn tail cut off by the last open()
         self.lost = 0  # acknowledged bytes the last open() found missing (cut at a record boundary)
         self._high = 0  # the high-water mark on disk: max(log size, a loss not yet settled)
-        self.known: dict[str, int] = {}  # voter -> enrolment id it last enrolled here with (consensus/rebuild.py)
+        self.known: dict[str, int] = {}  # voter -> first enrolment id it enrolled here with (consensus/rebuild.py)
         self.rebuild: pb.RebuildMark | None = None  # this node's own last rebuild mark
 
     @property
@@ -335,13 +335,16 @@ class Store:
     def save_acceptor(self, state: pb.AcceptorState) -> None:
         self._append(frame(KIND_ACCEPTOR, state.SerializeToString()))
 
-    def enrol(self, voter: str, enrolment: int) -> None:
-        """Record that `voter` enrolled here from an empty store under `enrolment` (durable on return; kept
-        by compaction)."""
-        if self.known.get(voter) != enrolment:
+    def enrol(self, voter: str, enrolment: int) -> bool:
+        """Record that `voter` enrolled here from an empty store under `enrolment` (durable on return; kept by
+        compaction). Returns whether it had enrolled here under another id. Only the first id is kept, never
+        replaced: a voter that resumes a rebuild under a later id cannot pass for new once it was known."""
+        first = self.known.get(voter)
+        if first is None:
             known = {**self.known, voter: enrolment}
             self._append(_known_frame(known))
             self.known = known
+        return first is not None and first != enrolment
 
     def save_rebuild(self, mark: pb.RebuildMark) -> None:
         """Record this node's own rebuild: started, or done (durable on return; an unfinished one is kept by

@@ -124,7 +124,7 @@ class QuorumSim:
         node = ConsensusNode(n, self.voters, store, self.net.clock(n), self.net.transport(n), self.cfg,
                              self.genesis, live_voters=self.live_voters, members=lambda: self.ids,
                              rng=random.Random(self.rng.random()), had_store=self.incarnation[n] > 0,
-                             enrolment=zlib.crc32(f"{n}/{self.incarnation[n]}".encode()) | 1,
+                             enrolment=zlib.crc32(f"{n}/{len(self.history)}".encode()) | 1,  # new each boot
                              signer=self.signers.get(n))
 
         def installed(c: pb.Commit, t: RoutingTable, n: str = n) -> None:

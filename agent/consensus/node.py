@@ -105,12 +105,16 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
         self.acceptor = Acceptor(self.node_id, self.voters, rec.acceptor)
         self.acceptor.prune(self.log.head.version)
         cut = rec.lost_bytes > 0  # the log was cut at a record boundary: votes it gave may be forgotten
-        resumed = rec.rebuild is not None and not rec.rebuild.done  # a rebuild this store had not finished
+        mark = rec.rebuild  # this store's own rebuild; one not done is resumed as it was (it has not voted since)
+        resumed = mark is not None and not mark.done and not cut
         if (rec.records == 0 or cut or resumed) and self.node_id in self.voters and len(self.voters) > 1:
-            strict = self.had_store or cut or resumed or self.cfg.initial_cluster_state == "existing"
+            if resumed and mark is not None:  # (the data_dir's marker is newer than the mark, so not had_store)
+                strict, self.enrolment = mark.strict, int(mark.enrolment)
+            else:
+                strict = self.had_store or cut or self.cfg.initial_cluster_state == "existing"
             self.rebuild = Rebuild(self.node_id, self.voters, self.log.head.version, strict)
             self.rebuild.why_strict = (f"lost the last {rec.lost_bytes} bytes of its log" if cut
-                                       else "restarted during its rebuild" if resumed
+                                       else "restarted during a strict rebuild" if resumed and strict
                                        else "store is empty but this node ran before" if self.had_store
                                        else "initial_cluster_state = 'existing'" if strict else "")
             try:  # before any request: a start that finds this mark unfinished is strict (it may have voted)

@@ -118,17 +118,16 @@ class RecoveryMixin(NodeFields):
 
     def _enrol(self, peer: str, enrolment: int) -> bool | None:
         """Record a voter's enrolment (CatchUpRequest.enrolment) durably, before the reply leaves. Returns
-        whether it had enrolled here under another id (it ran before), or None when the record cannot be made
-        durable (then the request is not answered: an unrecorded answer would break rebuild's argument)."""
+        whether it has enrolled here under another id (it ran before: Store.enrol), or None when the record
+        cannot be made durable (then the request is not answered: an unrecorded answer would break rebuild's
+        argument)."""
         if not enrolment or peer not in self.voters or peer == self.node_id:
             return False
-        before = self.store.known.get(peer)
         try:
-            self.store.enrol(peer, enrolment)
+            return self.store.enrol(peer, enrolment)
         except StoreFailed:
             self._store_failed()
             return None
-        return before is not None and before != enrolment
 
     def _learn_in_order(self, commits: Iterable[pb.Commit]) -> None:
         """Learn a reply's commits from the one after our head on, stopping at the first that is refused."""

@@ -387,3 +387,48 @@ def test_a_lost_store_rebuilds_from_a_snapshot() -> None:
     c.run(2.0)
     node = c.nodes[c.voters[1]]
     assert node.head.version == head and node.log.snapshots == 1 and check(c.history) == []
+
+
+def test_founders_restarted_before_the_cluster_could_found_still_found() -> None:
+    """Two of three voters of a new cluster start and cannot found (each needs both others); both restart, and
+    then the third comes up: all three found (a restart resumes the founding rebuild under its enrolment id,
+    rather than passing for a wiped voter and waiting for reports that never come)."""
+    c = QuorumSim(3, 3, 5, ConsensusConfig(accept_timeout_ms=50, sync_interval_ms=0))
+    late = c.voters[2]
+    c.crash(late)
+    c.run(0.5)
+    early = [n for n in c.voters if n != late]
+    assert all(c.nodes[n].rebuild is not None and not c.nodes[n].rebuild.decided for n in early)
+    for n in early:
+        c.crash(n)
+        c.restart(n)
+    c.run(0.2)
+    c.restart(late)
+    c.run(0.5)
+    assert all(c.nodes[n].role == "voter" for n in c.voters), [c.nodes[n].role for n in c.voters]
+    commit_next(c)
+    assert set(c.heads().values()) == {2}
+
+
+def test_a_wiped_voter_stays_known_across_a_restart_of_its_rebuild() -> None:
+    """A voter wiped after the cluster founded is told it was known; if it restarts during that rebuild (same
+    enrolment id), its peers still say so (the record is sticky) and it stays strict."""
+    c = cluster(voters=3, nodes=3)
+    commit_next(c)
+    wiped, up = c.voters[0], c.voters[1:]
+    c.crash(up[1])
+    c.crash(wiped, lose_store=True)
+    c.incarnation[wiped] = -1  # its whole data_dir: no marker says it ran before (restart counts it up to 0)
+    c.restart(wiped)
+    c.run(0.3)
+    rb = c.nodes[wiped].rebuild
+    assert rb is not None and rb.strict and not rb.decided, c.nodes[wiped].role
+    c.crash(wiped)
+    c.restart(wiped)
+    c.run(0.3)
+    rb = c.nodes[wiped].rebuild
+    assert rb is not None and rb.strict and not rb.decided, c.nodes[wiped].role
+    c.restart(up[1])
+    c.run(1.0)
+    assert c.nodes[wiped].rebuild is None or c.nodes[wiped].rebuild.strict
+    assert check(c.history) == []
