@@ -87,3 +87,22 @@ def test_each_stuck_version_is_announced_once() -> None:
 def test_a_bound_must_be_positive() -> None:
     with pytest.raises(ValueError, match="bound_s"):
         Installs([0], 0.0)
+
+
+def test_the_cli_waits_for_active_ranks_that_reported_and_names_the_rest() -> None:
+    from agent.cli.installwait import tally
+    from agent.cli.render import rank_state
+    from elasticmoe.v1 import admin_pb2 as apb
+
+    def rep(node: str, *ranks: apb.RankInstall) -> apb.StatusReply:
+        return apb.StatusReply(node_id=node, committed_version=4, ranks=list(ranks), install_lag_bound_s=BOUND)
+
+    a = rep("n1", apb.RankInstall(rank=0, installed_version=4, active=True),
+            apb.RankInstall(rank=1, installed_version=3, active=True, lag_s=9.0, lagging=True))
+    b = rep("n2", apb.RankInstall(rank=2, active=True, report_age_s=-1, installed_age_s=-1),  # no engine: not waited
+            apb.RankInstall(rank=3, installed_version=2, active=False))  # drained: not waited for
+    st = tally(4, [a, b], [])
+    assert not st.done and st.behind == [("n1", 1, 3)] and st.no_engine == [("n2", 2)]
+    assert "rank 1 (on n1) runs version 3" in st.failure(5.0) and "rank 2" not in st.failure(5.0)
+    assert tally(3, [a, b], []).done and not tally(3, [a, b], ["n3 at x:1: unavailable"]).done
+    assert rank_state(a, a.ranks[1]) == "LAGGING 9.0 s" and rank_state(b, b.ranks[0]) == "no engine attached"
