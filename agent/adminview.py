@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from agent.clock import Clock
 from agent.commit import CommitBackend
 from agent.gossip_node import GossipNode
+from agent.installs import Installs
 from agent.membership import TO_PB
+from agent.ranklink import RankPresence
 from agent.voter import Voter
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
@@ -27,6 +30,9 @@ class AdminView:
     _imbalance: list[float]
     _explain: dict[int, apb.ExplainReply]
     _latest_explain: apb.ExplainReply | None
+    installs: Installs
+    presence: RankPresence | None
+    clock: Clock | None
 
     @property
     def _backend(self) -> CommitBackend:
@@ -84,6 +90,20 @@ class AdminView:
                 rec = apb.ExplainReply(version=version, trigger=c.plan.trigger, plan=c.plan, votes=c.votes,
                                        outcome="committed (proposed by " + (c.proposer or "?") + ")")
         return rec
+
+    def rank_installs(self) -> list[apb.RankInstall]:
+        """This node's engine ranks, ascending: the version each runs against the committed head, how long it has
+        run it, since when it is behind, and whether its link is open (agent.installs)."""
+        head = self.head()
+        now = self.clock.now() if self.clock is not None else 0.0
+        active, links = set(head.active_ranks), self.presence.open if self.presence is not None else None
+        return [apb.RankInstall(rank=i.rank, installed_version=i.installed, installed_age_s=i.installed_age_s,
+                                report_age_s=i.report_age_s, lag_s=i.lag_s, lagging=i.lagging,
+                                attached=links is not None and links[i.rank] > 0, active=i.rank in active)
+                for i in self.installs.view(head.version, now)]
+
+    def install_lag_bound_s(self) -> float:
+        return self.installs.bound_s
 
     def ranks_per_node(self) -> int:
         return self.topology.ranks_per_node

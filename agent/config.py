@@ -23,8 +23,8 @@ from agent.configcheck import need as _need
 from agent.gossipconfig import GossipConfig
 from controlplane.decision import DecisionParams
 
-__all__ = ["DAY_MS", "AgentConfig", "ClusterConfig", "ConfigError", "ConsensusConfig", "DecisionConfig", "GossipConfig",
-           "TelemetryConfig", "TlsConfig", "from_dict", "is_loopback", "load"]
+__all__ = ["DAY_MS", "AgentConfig", "ClusterConfig", "ConfigError", "ConsensusConfig", "DecisionConfig", "EngineConfig",
+           "GossipConfig", "TelemetryConfig", "TlsConfig", "from_dict", "is_loopback", "load"]
 
 
 # shape bounds (the largest MoE models today: 61 layers, 384 experts, 8 of them per token)
@@ -177,6 +177,23 @@ class ConsensusConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                   "at least one host:port when backend = 'etcd'")
 
 
+class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The engine ranks beside this agent (their plugins report the version they run with every load report)."""
+
+    # A rank whose installed version stays behind the committed head longer than this is flagged `lagging`
+    # in `emoe status` (and logged). Why 5 s: a committed delta reaches the plugin in milliseconds, the EP
+    # ranks agree on it at the next step boundary (one all-reduce per step, or every few steps), and the
+    # engine moves it in place: vLLM's async EPLB moves one layer per step, so even a table that touches all
+    # 61 layers of DeepSeek-V3 is in after ~61 decode steps of ~30 ms, under 2 s, and reported at the next
+    # report (EMOE_REPORT_EVERY steps). 5 s is more than twice that; an engine that rearranges the whole model
+    # synchronously (seconds to tens of seconds per move) needs a larger bound.
+    install_lag_s: float = 5.0
+
+    def validate(self) -> None:
+        _need(0.1 <= self.install_lag_s <= 3600.0, "engine.install_lag_s", self.install_lag_s,
+              "seconds in [0.1, 3600]")
+
+
 class TelemetryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     enabled: bool = False  # the standard OTEL_* variables configure exporters when enabled
 
@@ -218,6 +235,7 @@ class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     gossip: GossipConfig = msgspec.field(default_factory=GossipConfig)
     decision: DecisionConfig = msgspec.field(default_factory=DecisionConfig)
     consensus: ConsensusConfig = msgspec.field(default_factory=ConsensusConfig)
+    engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
     tls: TlsConfig = msgspec.field(default_factory=TlsConfig)
 
@@ -234,6 +252,7 @@ class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         self.gossip.validate()
         self.decision.validate()
         self.consensus.validate()
+        self.engine.validate()
         self.tls.validate()
         _need(self.tls.health_listen != self.listen, "tls.health_listen", self.tls.health_listen,
               "an address other than listen")

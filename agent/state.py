@@ -12,8 +12,6 @@ import logging
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +23,8 @@ from agent.commit import CommitBackend
 from agent.config import AgentConfig
 from agent.consensus.paxos import turn
 from agent.consensus.proposer import Outcome
+from agent.hooks import Hooks
+from agent.installs import Installs
 from agent.loadpath import ClusterWindows, LoadReportError, LocalWindows
 from agent.manual import ManualPath
 from agent.membership import Member, MemberStatus
@@ -63,17 +63,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("emoe.agent")
 
 
-@dataclass
-class Hooks:
-    """What a harness may observe (the chaos simulator records its history through these; it never replaces a
-    method): `window_closed(seq, total)` before a closed cluster window is acted on; `proposing(table)` as a
-    table goes to the commit backend, returning the callback that gets the proposal's outcome (before the
-    node acts on it)."""
-
-    window_closed: list[Callable[[int, npt.NDArray[np.uint64]], None]] = field(default_factory=list)
-    proposing: list[Callable[[RoutingTable], Callable[[Outcome], None]]] = field(default_factory=list)
-
-
 class NodeState(ManualPath):
     """One node. The real process passes nothing and gets a RealClock, GrpcTransport and file Store; the
     in-process simulator injects a FakeClock-driven clock, a SimTransport and an in-memory Store."""
@@ -107,10 +96,10 @@ class NodeState(ManualPath):
         self.hooks = Hooks()
         self.presence: RankPresence | None = None  # this node's engine ranks on the local link (serve_shim)
         self.rejoin: Rejoin | None = None  # restores this node's ranks a repair drained, once they are back
-        self._reported: dict[int, float] = {}  # rank -> when its engine last reported load here
         self._tasks: set[asyncio.Future[Any]] = set()
         self.journal: deque[Record] = deque(maxlen=1024)  # the controller's proposal records and resolutions
         self._voters = list(cfg.consensus.voters) or sorted(cfg.seed_map) or [cfg.node_id]
+        self.installs = Installs(self._my_ranks(), cfg.engine.install_lag_s)  # what this node's engines run
         self.gossip: GossipNode | None = None
         self.consensus: CommitBackend | None = None
         self.controller: Controller | None = None
@@ -178,6 +167,7 @@ class NodeState(ManualPath):
         self.consensus = backend
         backend.on_commit(self._on_commit)
         backend.start()  # recovers the committed log: the controller plans from the recovered head
+        self.installs.committed(backend.head.version, clock.now())
         if marked and not had_store:
             mark_owner(self.data_dir, self.node_id)
         self.controller = Controller(self.params, backend.head)
@@ -234,8 +224,11 @@ class NodeState(ManualPath):
 
         if self.clock is None:
             raise RuntimeError(f"{self.node_id}: serve_shim() before start()")
-        self.presence = RankPresence(self.clock, self._my_ranks(),
-                                     lambda r: self._lose_ranks(r, "", "their engine process left"), back)
+        def lost(ranks: tuple[int, ...]) -> None:
+            self.installs.forget(ranks)
+            self._lose_ranks(ranks, "", "their engine process left")
+
+        self.presence = RankPresence(self.clock, self._my_ranks(), lost, back)
         return await serve_unix(path, self, self.on_load_report, presence=self.presence)
 
     # ---- shim link: TableSource + load sink ---------------------------------------------------
@@ -261,8 +254,8 @@ class NodeState(ManualPath):
         if r.unreachable_ranks and self.gossip is not None:  # the engine's own evidence (Lifeguard)
             who = self.gossip.suspect_ranks(r.unreachable_ranks)
             log.warning("rank %d could not reach ranks %s: suspecting %s", r.rank, list(r.unreachable_ranks), who)
-        if self.clock is not None and self.rejoin is not None and r.rank in self.rejoin.ranks:
-            self._reported[int(r.rank)] = self.clock.now()
+        if self.clock is not None:  # the version its engine runs, and that it reported (this node's ranks only)
+            self.installs.reported(int(r.rank), int(r.version), self.clock.now())
         if r.steps == 0:  # evidence only (a peer the engine lost), no load
             return
         counts = np.frombuffer(r.counts, dtype="<u4").reshape(c.layers, c.experts)
@@ -302,7 +295,7 @@ class NodeState(ManualPath):
         within the last two seconds."""
         if self.presence is not None and self.presence.open[r] > 0:
             return True
-        t = self._reported.get(r)
+        t = self.installs.last_report(r)
         return t is not None and self.clock is not None and self.clock.now() - t < 2.0
 
     def _lose_ranks(self, ranks: tuple[int, ...], planner: str, why: str) -> None:
@@ -324,6 +317,9 @@ class NodeState(ManualPath):
             self.rejoin.due(self._rank_here, able=self._health == "SERVING"
                             and 2 * len(self._live_voters()) > len(self._voters))
         head = self._backend.head
+        for r, v, lag in self.installs.newly_lagging(head.version, self.clock.now() if self.clock else 0.0):
+            log.warning("rank %d still runs version %d, %.1f s behind committed version %d (engine.install_lag_s "
+                        "= %.1f): its engine is not installing tables", r, v, lag, head.version, self.installs.bound_s)
         imb = float(table_step_imbalance(head, total.astype(np.int64)))
         self._imbalance = (self._imbalance + [imb])[-600:]
         self._telemetry.record_imbalance(imb)
@@ -415,6 +411,7 @@ class NodeState(ManualPath):
             if not rec.votes:
                 rec.votes.extend(commit.votes)
         self._telemetry.record_version(table.version)
+        self.installs.committed(table.version, self.clock.now() if self.clock is not None else 0.0)
         self._telemetry.commit_span(table.version, table.parent, len(commit.qc.voters), 0.0)
         waiters, self._table_waiters = self._table_waiters, []
         for f in waiters:

@@ -279,6 +279,12 @@ class FakeAdminBackend:
     def ranks_per_node(self) -> int:
         return TOPO.ranks_per_node
 
+    def rank_installs(self) -> list[apb.RankInstall]:
+        return [apb.RankInstall(rank=0, installed_version=self.head().version, active=True, attached=True)]
+
+    def install_lag_bound_s(self) -> float:
+        return 5.0
+
     async def propose_manual(self, ops: tuple[Any, ...], force: bool) -> apb.ProposeReply:
         self.mutations.append(("propose", ops, force))
         return apb.ProposeReply(committed=True, version=self.head().version + 1)

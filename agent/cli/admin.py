@@ -21,6 +21,7 @@ from google.protobuf.json_format import MessageToDict
 
 from agent.cli import render
 from agent.cli.argtypes import INT32_MAX, UINT64_MAX, float_in, int_in
+from agent.cli.installwait import ASK_TIMEOUT_S, wait_installed
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import admin_pb2_grpc
 from elasticmoe.v1 import consensus_pb2 as cpb
@@ -69,16 +70,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("op", nargs="+", help="replicate L E DST | migrate L E SRC DST | consolidate L E1,E2 DST | "
                    "swap L E SRC E2 DST | drop L E SRC (several operations separated by ';')")
     p.add_argument("--force", action="store_true", help="skip the gain check (validity is still checked)")
+    p.add_argument("--wait", action="store_true", help="return once every active engine rank installed the commit")
+    _install_timeout(p)
     p.add_argument("--json", action="store_true")
-    for name, help in (("drain", "move a rank's experts away, then take it out of service"),
-                       ("restore", "return a drained rank to service")):
+    for name, help in (("drain", "move a rank's experts away, then take it out of service (returns once every "
+                                 "active engine rank installed the commit)"),
+                       ("restore", "return a drained rank to service (returns once every active engine rank "
+                                   "installed the commit)")):
         p = add(name, help, cmd_drain if name == "drain" else cmd_restore, read=False)
         p.add_argument("rank", type=int_in(0, INT32_MAX))
+        _install_timeout(p)
         p.add_argument("--json", action="store_true")
     for name in ("pause", "resume"):
         p = add(name, f"{name} automatic rebalancing on this agent", cmd_pause if name == "pause" else cmd_resume,
                 read=False)
         p.add_argument("--json", action="store_true")
+
+
+def _install_timeout(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--install-timeout", type=float_in(0.0, 3600.0), default=None, metavar="S",
+                   help="seconds to wait for the engines to install the commit (default: the agent's "
+                        "engine.install_lag_s); past it, the ranks that did not are named and the exit is 1")
 
 
 def _address(args: argparse.Namespace) -> str:
@@ -304,14 +316,35 @@ def parse_ops(words: list[str]) -> list[cpb.Operation]:
     return out
 
 
-def _ack(args: argparse.Namespace, ok: bool, reason: str, version: int, msg: Any) -> int:
+def _ack(args: argparse.Namespace, ok: bool, reason: str, version: int, msg: Any,
+         stub: admin_pb2_grpc.AdminStub | None = None) -> int:
+    """Print a mutating call's answer; with `stub`, first wait until the engines installed `version`."""
+    state = None
+    if ok and stub is not None:
+        state, waited = wait_installed(lambda: stub.Status(apb.StatusRequest(), timeout=TIMEOUT_S), _ask_status,
+                                       version, args.install_timeout)
     if args.json:
-        _dump(msg)
+        doc = MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        if state is not None:
+            doc["install"] = state.as_dict()
+        print(json.dumps(doc, indent=2, sort_keys=True))
     elif ok:
         print(f"ok: version {version}" + (f" ({reason})" if reason else ""))
+        if state is not None and state.done:
+            print(f"installed: {state.summary()}")
     if not ok:
         raise CliError(f"refused: {reason}")
+    if state is not None and not state.done:
+        raise CliError(state.failure(waited))
     return 0
+
+
+def _ask_status(address: str) -> apb.StatusReply:
+    """Another member's agent's Status (its own engine ranks), at its gossip address."""
+    with _channel(address) as ch:
+        reply: apb.StatusReply = admin_pb2_grpc.AdminStub(ch).Status(  # type: ignore[no-untyped-call]
+            apb.StatusRequest(), timeout=ASK_TIMEOUT_S)
+        return reply
 
 
 def cmd_propose(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
@@ -321,17 +354,17 @@ def cmd_propose(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int
         print(f"emoe propose: {e}", file=sys.stderr)
         return 2
     r = stub.Propose(apb.ProposeRequest(ops=ops, force=args.force), timeout=30.0)
-    return _ack(args, r.committed, r.reason, r.version, r)
+    return _ack(args, r.committed, r.reason, r.version, r, stub if args.wait else None)
 
 
 def cmd_drain(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
     r = stub.Drain(apb.RankRequest(rank=args.rank), timeout=30.0)
-    return _ack(args, r.ok, r.reason, r.version, r)
+    return _ack(args, r.ok, r.reason, r.version, r, stub)
 
 
 def cmd_restore(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
     r = stub.Restore(apb.RankRequest(rank=args.rank), timeout=30.0)
-    return _ack(args, r.ok, r.reason, r.version, r)
+    return _ack(args, r.ok, r.reason, r.version, r, stub)
 
 
 def cmd_pause(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:

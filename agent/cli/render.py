@@ -55,6 +55,43 @@ def status(r: apb.StatusReply) -> None:
         ver = r.peer_versions.get(m.node_id)
         t.add_row(m.node_id, m.address, f"[{colour}]{st}[/]", str(m.incarnation), ranks, "-" if ver is None else str(ver))
     c.print(t)
+    rank_installs(c, r)
+
+
+def _age(s: float) -> str:
+    return "-" if s < 0 else f"{s:.1f} s"
+
+
+def rank_state(r: apb.StatusReply, i: apb.RankInstall) -> str:
+    """One rank's install state in words (plain text: tests and scripts may match it)."""
+    if not i.installed_version:
+        if i.attached or i.report_age_s >= 0:
+            return "attached, no version yet"
+        return "no engine attached"
+    if i.lagging:
+        return f"LAGGING {i.lag_s:.1f} s"
+    if i.installed_version < r.committed_version:
+        return f"installing {i.lag_s:.1f} s"
+    if i.installed_version > r.committed_version:
+        return "ahead (agent catching up)"
+    return "ok" if i.active else "ok (drained)"
+
+
+def rank_installs(c: Console, r: apb.StatusReply) -> None:
+    """Committed against installed for each of the answering node's engine ranks."""
+    if not r.ranks:
+        return
+    c.print(f"engine ranks of [bold]{r.node_id}[/] (an agent shows its own node's ranks: ask each agent for its "
+            f"own); installed: the version each engine runs, for how long, and its last report's age; behind "
+            f"the committed version for over {r.install_lag_bound_s:.1f} s: LAGGING")
+    t = _table("rank", "active", "committed", "installed", "for", "report", "state")
+    for i in r.ranks:
+        state = rank_state(r, i)
+        colour = "red" if i.lagging else "yellow" if state.startswith("installing") else "white"
+        t.add_row(str(i.rank), "yes" if i.active else "no", str(r.committed_version),
+                  str(i.installed_version) if i.installed_version else "-", _age(i.installed_age_s),
+                  _age(i.report_age_s), f"[{colour}]{state}[/]")
+    c.print(t)
 
 
 def _grid(r: apb.PlacementReply) -> tuple[np.ndarray, np.ndarray | None]:

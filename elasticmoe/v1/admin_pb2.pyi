@@ -13,7 +13,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("node_id", "committed_version", "members", "paused", "health", "step_imbalance", "window_seq", "peer_versions", "role")
+    __slots__ = ("node_id", "committed_version", "members", "paused", "health", "step_imbalance", "window_seq", "peer_versions", "role", "ranks", "install_lag_bound_s")
     class PeerVersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -30,6 +30,8 @@ class StatusReply(_message.Message):
     WINDOW_SEQ_FIELD_NUMBER: _ClassVar[int]
     PEER_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     ROLE_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    INSTALL_LAG_BOUND_S_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     committed_version: int
     members: _containers.RepeatedCompositeFieldContainer[_gossip_pb2.MemberState]
@@ -39,7 +41,29 @@ class StatusReply(_message.Message):
     window_seq: int
     peer_versions: _containers.ScalarMap[str, int]
     role: str
-    def __init__(self, node_id: _Optional[str] = ..., committed_version: _Optional[int] = ..., members: _Optional[_Iterable[_Union[_gossip_pb2.MemberState, _Mapping]]] = ..., paused: _Optional[bool] = ..., health: _Optional[str] = ..., step_imbalance: _Optional[float] = ..., window_seq: _Optional[int] = ..., peer_versions: _Optional[_Mapping[str, int]] = ..., role: _Optional[str] = ...) -> None: ...
+    ranks: _containers.RepeatedCompositeFieldContainer[RankInstall]
+    install_lag_bound_s: float
+    def __init__(self, node_id: _Optional[str] = ..., committed_version: _Optional[int] = ..., members: _Optional[_Iterable[_Union[_gossip_pb2.MemberState, _Mapping]]] = ..., paused: _Optional[bool] = ..., health: _Optional[str] = ..., step_imbalance: _Optional[float] = ..., window_seq: _Optional[int] = ..., peer_versions: _Optional[_Mapping[str, int]] = ..., role: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInstall, _Mapping]]] = ..., install_lag_bound_s: _Optional[float] = ...) -> None: ...
+
+class RankInstall(_message.Message):
+    __slots__ = ("rank", "installed_version", "installed_age_s", "report_age_s", "lag_s", "lagging", "attached", "active")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    INSTALLED_VERSION_FIELD_NUMBER: _ClassVar[int]
+    INSTALLED_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    REPORT_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    LAG_S_FIELD_NUMBER: _ClassVar[int]
+    LAGGING_FIELD_NUMBER: _ClassVar[int]
+    ATTACHED_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    installed_version: int
+    installed_age_s: float
+    report_age_s: float
+    lag_s: float
+    lagging: bool
+    attached: bool
+    active: bool
+    def __init__(self, rank: _Optional[int] = ..., installed_version: _Optional[int] = ..., installed_age_s: _Optional[float] = ..., report_age_s: _Optional[float] = ..., lag_s: _Optional[float] = ..., lagging: _Optional[bool] = ..., attached: _Optional[bool] = ..., active: _Optional[bool] = ...) -> None: ...
 
 class PlacementRequest(_message.Message):
     __slots__ = ("layer", "version")

@@ -73,6 +73,8 @@ def test_profiles_fill_defaults_and_fields_override() -> None:
         ({"node_id": "n", "decision": {"tau": float("nan")}}, "decision.tau = nan"),
         ({"node_id": "n", "gossip": {"suspicion_mult": float("inf")}}, "gossip.suspicion_mult = inf"),
         ({"node_id": "n", "consensus": {"verify_tolerance": float("-inf")}}, "consensus.verify_tolerance = -inf"),
+        ({"node_id": "n", "engine": {"install_lag_s": 0.0}}, "engine.install_lag_s = 0.0: expected seconds in"),
+        ({"node_id": "n", "engine": {"install_lag_s": float("nan")}}, "engine.install_lag_s = nan"),
         ({"node_id": "n", "cluster": {"layers": 10**23}}, "cluster.layers = 100000000000000000000000: expected an "
                                                           "integer in 1..4096"),
         ({"node_id": "n", "cluster": {"experts": 2**40}}, "cluster.experts = 1099511627776"),

@@ -1,0 +1,23 @@
+"""What a harness may observe of a node (the chaos simulator records its history through these)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from agent.consensus.proposer import Outcome
+from controlplane.table import RoutingTable
+
+
+@dataclass
+class Hooks:
+    """What a harness may observe (the chaos simulator records its history through these; it never replaces a
+    method): `window_closed(seq, total)` before a closed cluster window is acted on; `proposing(table)` as a
+    table goes to the commit backend, returning the callback that gets the proposal's outcome (before the
+    node acts on it)."""
+
+    window_closed: list[Callable[[int, npt.NDArray[np.uint64]], None]] = field(default_factory=list)
+    proposing: list[Callable[[RoutingTable], Callable[[Outcome], None]]] = field(default_factory=list)
