@@ -125,7 +125,7 @@ class Installer:
         t = self.inflight
         if t is None:
             return False
-        took = self.step - self._since
+        took = self.step - self._since + 1  # steps from arming to done, both counted
         self.inflight, self.phase = None, Phase.IDLE
         if matched:
             self.core.installed(t.version)
