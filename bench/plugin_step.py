@@ -1,5 +1,6 @@
 """Per-step cost of the vLLM plugin inside vLLM's real `EplbState.step()`: two EP ranks in gloo processes on
-CPU (the engine tests' toy model, 2 MoE layers x 10 slots, the plugin's real link with no agent listening),
+CPU (the engine tests' toy model, 2 MoE layers x 10 slots; reports go to an in-process link, as with an
+idle connected agent),
 run by the engine virtualenv (.venv-engine, `make .venv-engine`).
 
     python -m bench.plugin_step [--json] [--steps 400] [--rounds 5] [--every 16,16] [--mode sync|async]
@@ -45,10 +46,13 @@ def measure(steps: int = 400, rounds: int = 5, every: tuple[int, int] = (16, 16)
         raise SystemExit(f"{ENGINE_PY} not found: `make .venv-engine` installs vLLM there")
     with tempfile.TemporaryDirectory() as d:
         out = Path(d)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        for k in (0, 1):  # a link without an agent that is idle, as a connected one between reports
+            (out / "commits" / f"rank{k}").mkdir(parents=True)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+               "OMP_NUM_THREADS": "1"}  # one thread per rank: two ranks share the cores without oversubscribing
         r = subprocess.run(
             [str(ENGINE_PY), str(HARNESS), "--out", d, "--port", str(_port()), "--mode", mode,
-             "--sockets", f"{d}/none0.sock,{d}/none1.sock", "--bench-only", "--bench", str(steps),
+             "--sockets", f"{d}/none0.sock,{d}/none1.sock", "--commits", f"{d}/commits", "--bench-only", "--bench", str(steps),
              "--bench-rounds", str(rounds), "--bench-every", f"{every[0]},{every[1]}"],
             cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
         if r.returncode != 0:

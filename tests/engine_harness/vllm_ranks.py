@@ -167,7 +167,8 @@ def bench(st: Any, plugin: Any, ms: Any, n: int, rounds: int, every: tuple[int, 
     """The plugin's own work per step inside `EplbState.step()` (all of its wrapper but vLLM's step), both
     ranks stepping back to back: `rounds` rounds alternating between agreement and report every step (1, 1)
     and every `every` = (K, R) steps, `n` steps each, so both are measured side by side on the same noisy
-    machine. Per round: the mean (amortised) and p99 per step, of the whole and of its agreement part;
+    machine. A barrier (untimed) before each step stands in for the forward pass's collectives, which keep
+    the ranks in step in an engine: without it the agreement would time the peers' skew. Per round: the mean (amortised) and p99 per step, of the whole and of its agreement part;
     the medians over rounds are returned. Both ranks switch settings at the same step (the schedule must be
     the same on every rank)."""
     import numpy as np
@@ -183,6 +184,7 @@ def bench(st: Any, plugin: Any, ms: Any, n: int, rounds: int, every: tuple[int, 
             plugin.timings.agree_us.clear()
             for _ in range(n):
                 ms.expert_load_pass.fill_(1)
+                torch.distributed.barrier(group=plugin.group)  # the forward pass's all-to-all keeps ranks in step
                 st.step()
             tot, agr = np.array(plugin.timings.plugin_us), np.array(plugin.timings.agree_us)
             d = per.setdefault(f"k{k}_r{r}", {"mean_us": [], "p99_us": [], "agree_mean_us": [], "agree_p99_us": []})
