@@ -56,29 +56,43 @@ class Link(Protocol):
     def offer(self, report: dpb.LoadReport) -> None: ...
 
 
+REPORT_EVERY = 16  # steps per load report: one host copy and one message per 16 decode steps (~0.5 s)
+AGREE_EVERY = 16   # steps per version agreement: ~250 us of CPU collective amortised to ~16 us a step
+
+
 @dataclass
 class Settings:
     socket: str
     genesis: str = "vllm"
-    report_every: int = 1
+    report_every: int = REPORT_EVERY
+    agree_every: int = AGREE_EVERY
+    stall_steps: int = 0
 
     """The plugin's settings, from the engine process's environment: EMOE_SOCKET (the agent's unix socket;
     `{rank}` is replaced by the EP rank; unset: the plugin stays off), EMOE_GENESIS (default `vllm`),
-    EMOE_REPORT_EVERY (steps per load report, default 1)."""
+    EMOE_REPORT_EVERY (steps per load report, default 16), EMOE_AGREE_EVERY (steps per version agreement,
+    default 16; it must be the same on every EP rank, which the plugin checks at start: a collective only
+    some ranks enter hangs), EMOE_STALL_STEPS (steps a weight move may take before it is logged and counted
+    as a stall; 0, the default: 8 per MoE layer, at least 256)."""
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> Settings | None:
         e = dict(os.environ) if env is None else env
         if not e.get("EMOE_SOCKET"):
             return None
-        raw = e.get("EMOE_REPORT_EVERY", "1")
-        try:
-            every = int(raw)
-        except ValueError:
-            every = 0
-        if every < 1:
-            raise BadInput(f"EMOE_REPORT_EVERY={raw!r}: expected an integer >= 1")
-        return Settings(e["EMOE_SOCKET"], e.get("EMOE_GENESIS", "vllm"), every)
+
+        def integer(name: str, default: int, least: int) -> int:
+            raw = e.get(name, str(default))
+            try:
+                v = int(raw)
+            except ValueError:
+                v = least - 1
+            if v < least:
+                raise BadInput(f"{name}={raw!r}: expected an integer >= {least}")
+            return v
+
+        return Settings(e["EMOE_SOCKET"], e.get("EMOE_GENESIS", "vllm"), integer("EMOE_REPORT_EVERY", REPORT_EVERY, 1),
+                        integer("EMOE_AGREE_EVERY", AGREE_EVERY, 1), integer("EMOE_STALL_STEPS", 0, 0))
 
 
 @dataclass
@@ -142,6 +156,11 @@ class PluginCore:
     @property
     def version(self) -> int:
         return self.current.version
+
+    @property
+    def steps_pending(self) -> int:
+        """Steps of load added since the last report."""
+        return self._steps
 
     def agreement_vector(self) -> I64:
         """int64 [2]: (newest version held, -oldest version held newer than the installed one); a rank that

@@ -1,21 +1,32 @@
 """The vLLM plugin: each EP rank's load goes to the local agent, agreed certified tables come back in
-through vLLM's own EPLB path (its policy call, its weight mover, its map commit).
+through vLLM's own EPLB path (its policy call, its weight mover, its map commit), in sync and async mode.
 
 Enabled by the `vllm.general_plugins` entry point `elasticmoe` (pyproject.toml), which vLLM loads in every
 process; `register()` does nothing unless `EMOE_SOCKET` is set. Then every `EplbState.add_model` (vLLM
 creates one per worker when `enable_eplb` is on) attaches a `VllmPlugin` to that EplbState:
 
 - `eplb_state.policy` becomes a subclass of vLLM's `AbstractEplbPolicy` whose `rebalance_experts`
-  returns the agreed version's `phy2log` (the current map when there is none, so nothing moves);
-- `eplb_state.step` is wrapped. Before vLLM's step: fold `expert_load_pass` [L, P] to logical [L, E]
-  through `physical_to_logical_map` and zero it; every `EMOE_REPORT_EVERY` steps offer one LoadReport
-  to the agent (never blocking; drops counted); one all-reduce MIN of an int64 pair over the EP CPU group
-  (`PluginCore.decide`); if a newer version is agreed, set vLLM's step counter so that this very
-  `step()` runs `rearrange()` (every rank at the same step), else keep it from reaching `step_interval`;
-  after vLLM's step, a version whose map vLLM committed is marked installed.
+  returns the armed version's `phy2log` (the current map when none is armed, so nothing moves). vLLM
+  refuses async mode with a non-default policy because its worker thread calls the policy; this one only
+  returns a tensor fixed before vLLM's `rearrange()` signals the worker and kept until vLLM reports every
+  layer moved, so it reads nothing the main thread changes meanwhile: async mode is supported on purpose.
+- `eplb_state.step` is wrapped. Before vLLM's step: add `expert_load_pass` [L, P] to a physical
+  accumulator (one device add; vLLM still records and zeroes it, so its own window and balancedness logs
+  see the real load); every `EMOE_REPORT_EVERY` steps, or whenever a move may change the map, fold it to
+  logical [L, E] through `physical_to_logical_map` and offer one LoadReport (never blocking; drops counted).
+  Every `EMOE_AGREE_EVERY` steps of the plugin's own step counter (the same on every rank: every rank calls
+  `step()` once per forward, dummy ones included), one all-reduce MIN over the EP CPU group agrees on the
+  newest version every rank holds (`dataplane_shim.install.Installer`). When one is agreed and vLLM is not
+  moving weights, vLLM's step counter is set so that this very `step()` runs `rearrange()` on every rank.
+- Done means vLLM says so: in sync mode at the end of that step; in async mode when vLLM's
+  `EplbModelState.rebalanced` goes false (its `_move_to_workspace` committed the last layer, at the same
+  step on every rank), never when the maps merely match mid-move. A version agreed meanwhile is queued.
+- On ROCm in sync mode vLLM skips a rearrangement whose rank imbalance gain under its own load window is
+  below 5%; a committed table is a decision already taken (a repair that drains a rank may raise the
+  imbalance), so there the plugin calls vLLM's weight mover and map commit itself, without that rule.
 
-Settings (environment, read in the worker): `EMOE_SOCKET` the agent's unix socket (`{rank}` is replaced by
-the EP rank), `EMOE_GENESIS` (`vllm`, default; see `dataplane_shim.genesis`), `EMOE_REPORT_EVERY` (1).
+Settings: `dataplane_shim.plugin.Settings` (EMOE_SOCKET, EMOE_GENESIS, EMOE_REPORT_EVERY, EMOE_AGREE_EVERY,
+EMOE_STALL_STEPS). `eplb_state.elasticmoe.install_status()` is what a driver reads through `collective_rpc`.
 Needs torch and vLLM (0.32); imported only inside vLLM processes.
 """
 
@@ -31,8 +42,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from controlplane.table import RoutingTable
 from controlplane.topology import Topology
 from dataplane_shim.errors import BadInput
+from dataplane_shim.install import Installer
 from dataplane_shim.peers import PeerWatch, default_store
 from dataplane_shim.plugin import Link, PluginCore, Settings
 
@@ -42,15 +55,17 @@ TIMINGS_KEPT = 4096  # steps of per-step timings kept for the medians
 
 @dataclass
 class Timings:
-    """Wall time of the plugin's own work per step, microseconds (the medians are what the README cites);
-    the last TIMINGS_KEPT steps only, so a long-running server does not grow them without bound."""
+    """Wall time of the plugin's own work per step, microseconds; the last TIMINGS_KEPT steps only, so a
+    long-running server does not grow them without bound."""
 
-    agree_us: deque[float] = field(default_factory=lambda: deque(maxlen=TIMINGS_KEPT))
-    load_us: deque[float] = field(default_factory=lambda: deque(maxlen=TIMINGS_KEPT))
+    agree_us: deque[float] = field(default_factory=lambda: deque(maxlen=TIMINGS_KEPT))   # the agreement
+    load_us: deque[float] = field(default_factory=lambda: deque(maxlen=TIMINGS_KEPT))    # load in and out
+    plugin_us: deque[float] = field(default_factory=lambda: deque(maxlen=TIMINGS_KEPT))  # all but vLLM's step
 
     def medians(self) -> dict[str, float]:
         return {k: float(np.median(v)) if v else 0.0 for k, v in (("agree_us", self.agree_us),
-                                                                  ("load_us", self.load_us))}
+                                                                  ("load_us", self.load_us),
+                                                                  ("plugin_us", self.plugin_us))}
 
 
 class VllmPlugin:
@@ -72,6 +87,11 @@ class VllmPlugin:
         if self.interval < 2:
             raise BadInput(f"eplb_config.step_interval={self.interval}: expected >= 2 (the plugin holds vLLM's "
                            "counter one step short of it between installs)")
+        self.is_async = bool(eplb_state.is_async)
+        policy_name = getattr(eplb_state.parallel_config.eplb_config, "policy", "default")
+        if policy_name != "default":
+            log.warning("eplb_config.policy=%r is replaced by the agents' tables: the policy is not used",
+                        policy_name)
         L, E, S = int(model.num_moe_layers), int(model.num_logical_experts), int(model.num_local_physical_experts)
         self.topo = Topology(1, G, S)
         if link is None:
@@ -83,27 +103,29 @@ class VllmPlugin:
         boot = self.ms.physical_to_logical_map.detach().cpu().numpy()
         self.core = PluginCore(link, self.topo, L, E, self.rank, boot, genesis=settings.genesis,
                                report_every=settings.report_every, shim_id=f"vllm-ep{self.rank}")
+        self.inst = Installer(self.core, agree_every=settings.agree_every,
+                              stall_steps=settings.stall_steps or max(256, 8 * L), rank=self.rank)
         self.E = E
         dev = self.ms.expert_load_pass.device
-        self._acc = torch.zeros(L, E, dtype=torch.int64, device=dev)
+        self._acc = torch.zeros(tuple(self.ms.expert_load_pass.shape), dtype=torch.int64, device=dev)  # [L, P]
         self._scratch = torch.zeros(L, E + 1, dtype=torch.int64, device=dev)
         self._acc_steps = 0
-        # expert_load_pass -> logical index ([L, P], empty slots -> E): built from physical_to_logical_map on
-        # first use and again after a step in which vLLM's rearrange ran (or the map tensor was replaced)
+        # vLLM zeroes expert_load_pass when it records it, which it does every step while its counter is held
+        # at interval - 2 if its window has >= 2 steps; otherwise the plugin zeroes it
+        self._zero_pass = int(eplb_state.expert_load_window_size) < 2
+        # expert_load_pass -> logical index ([L, P], empty slots -> E): rebuilt after a step that may have moved
         self._idx: torch.Tensor | None = None
-        self._idx_of: torch.Tensor | None = None
-        self.target: torch.Tensor | None = None
-        self.pending: int = 0
-        self.failed = 0  # sync rearrangements that did not leave vLLM's map equal to the agreed table
+        self.target: torch.Tensor | None = None  # the armed table's phy2log, what the policy returns
         self.timings = Timings()
         store = default_store() if G > 1 else None
         self.watch = (PeerWatch(store, self.rank, G, prefix=f"elasticmoe/{getattr(ep, 'unique_name', 'ep')}")
                       if store is not None else None)
         self.lost_peers: list[int] = []  # named by the last failed collective
+        self._check_schedule(settings.agree_every)
         plugin = self
 
         class ElasticMoePolicy(AbstractEplbPolicy):  # type: ignore[misc]
-            """vLLM's policy hook: the agreed table's phy2log (the current map when none is agreed)."""
+            """vLLM's policy hook: the armed table's phy2log (the current map when none is armed)."""
 
             @classmethod
             def rebalance_experts(cls, weight: torch.Tensor, num_replicas: int, num_groups: int, num_nodes: int,
@@ -120,11 +142,14 @@ class VllmPlugin:
 
     # ---- vLLM's hooks --------------------------------------------------------------------------
     def policy_map(self, num_replicas: int, num_ranks: int, old: torch.Tensor | None) -> torch.Tensor:
+        """Called by vLLM's `rearrange()` (sync) or its async worker thread: reads only `self.target`, which
+        the main thread sets before the rearrangement starts and clears after vLLM reports it done."""
         if num_replicas != self.topo.slots or num_ranks != self.topo.ranks:
             raise BadInput(f"vLLM asks for {num_replicas} slots on {num_ranks} ranks: the plugin attached to "
                            f"{self.topo.slots} slots on {self.topo.ranks} ranks")
-        if self.target is not None:
-            return self.target.clone()
+        target = self.target
+        if target is not None:
+            return target.clone()
         current = self.ms.physical_to_logical_map if old is None else old
         return current.detach().cpu().clone()
 
@@ -133,58 +158,102 @@ class VllmPlugin:
             self._orig_step(is_dummy=is_dummy, is_profile=True, log_stats=log_stats)
             self._idx = None
             return
+        inst = self.inst
         t0 = time.perf_counter()
         if not is_dummy:
-            self._fold_load()
+            self._acc += self.ms.expert_load_pass
             self._acc_steps += 1
-            if self._acc_steps >= self.core.report_every:  # one device-to-host copy per report
-                self.core.add_load(self._acc.cpu().numpy(), self._acc_steps)
-                self.core.maybe_report()
-                self._acc.zero_()
-                self._acc_steps = 0
+            if self._acc_steps + self.core.steps_pending >= self.core.report_every:
+                self._flush()
         t1 = time.perf_counter()
-        target = self.core.decide(self._agree(self.core.agreement_vector()))
+        if inst.agreement_due():
+            inst.agreed(self._agree(inst.agreement_vector()))
         t2 = time.perf_counter()
+        table = inst.to_arm()
+        if inst.inflight is not None and self._acc_steps:  # the map may change in this step: fold under the old
+            self._flush()
+        if table is not None:
+            self._arm(table)
+        t3 = time.perf_counter()
+        self._orig_step(is_dummy=is_dummy, is_profile=False, log_stats=log_stats)
+        t4 = time.perf_counter()
+        if inst.inflight is not None:
+            self._idx = None
+            moving = self.is_async and bool(self.ms.rebalanced)
+            matched = (not moving and self.target is not None
+                       and torch.equal(self.ms.physical_to_logical_map.cpu(), self.target))
+            inst.after_step(moving=moving, matched=matched)
+            if inst.inflight is None:
+                self.target = None
+        else:
+            inst.after_step(moving=False, matched=False)
+        if self._zero_pass:
+            self.ms.expert_load_pass.zero_()
+        self._hold()
+        t5 = time.perf_counter()
         self.timings.load_us.append((t1 - t0) * 1e6)
         self.timings.agree_us.append((t2 - t1) * 1e6)
-        if target is not None and self.target is None:  # one rearrangement in flight at a time
-            self.target = torch.from_numpy(np.array(target.phy2log))
-            self.pending = target.version
-            self.es.expert_rearrangement_step = self.interval - 1  # vLLM's step increments and rearranges
-        self._orig_step(is_dummy=is_dummy, is_profile=False, log_stats=log_stats)
-        if self.target is not None:
-            self._idx = None  # vLLM's rearrange ran: it may have committed (part of) the new map
-            if torch.equal(self.ms.physical_to_logical_map.cpu(), self.target):
-                self.core.installed(self.pending)
-                log.info("rank %d installed version %d through vLLM's rearrange", self.rank, self.pending)
-                self.target = None
-            elif not self.es.is_async:  # sync mode commits within the step: it did not; retry next step
-                log.warning("rank %d: vLLM's rearrange did not install version %d; retrying", self.rank,
-                            self.pending)
-                self.failed += 1
-                self.target = None
-            # async mode: vLLM commits layer by layer over the next steps; installed once all are in
-        self._hold()
+        self.timings.plugin_us.append((t3 - t0 + t5 - t4) * 1e6)
+
+    def install_status(self) -> dict[str, Any]:
+        """Installed version, what is in flight or queued, stalls and failures (`Installer.status`), and vLLM's
+        own view: `rebalanced` (its worker still moving) and the mode."""
+        return {**self.inst.status(), "async": self.is_async, "vllm_moving": bool(self.ms.rebalanced)}
 
     # ---- pieces ----------------------------------------------------------------------------------
-    def _hold(self) -> None:
-        """Keep vLLM's periodic rearrange from firing (one step short of the interval) and its layers
-        recording load into expert_load_pass."""
-        self.es.expert_rearrangement_step = self.interval - 2
-        if getattr(self.es, "should_record_tensor", None) is not None:
-            self.es.should_record_tensor.fill_(True)
+    def _arm(self, table: RoutingTable) -> None:
+        """Hand `table` to vLLM at this step, on every rank alike."""
+        from vllm.platforms import current_platform
 
-    def _fold_load(self) -> None:
-        """Add this step's expert_load_pass [L, P], summed per logical expert, to the device accumulator
-        [L, E]; zero the pass (vLLM's own window is not used: the agents keep the history)."""
-        load = self.ms.expert_load_pass
+        self.target = torch.from_numpy(np.array(table.phy2log))
+        if not self.is_async and current_platform.is_rocm():
+            self._install_direct(self.target)
+        else:
+            self.es.expert_rearrangement_step = self.interval - 1  # vLLM's step increments and rearranges
+
+    def _install_direct(self, new: torch.Tensor) -> None:
+        """vLLM's sync `rearrange()` less its load all-reduce and its ROCm 5% gain rule: its weight mover, then
+        its map commit (the two calls it makes when it does not skip)."""
+        from vllm.distributed.eplb.eplb_state import _commit_eplb_maps
+        from vllm.distributed.eplb.rebalance_execute import rearrange_expert_weights_inplace
+        from vllm.distributed.parallel_state import get_ep_group
+
+        ms = self.ms
+        rearrange_expert_weights_inplace(ms.physical_to_logical_map, new, ms.model.expert_weights, ms.expert_buffer,
+                                         get_ep_group().device_group, ms.communicator)
+        _commit_eplb_maps(ms, new_physical_to_logical_map=new)
+
+    def _hold(self) -> None:
+        """Keep vLLM's periodic rearrange from firing (one step short of the interval); after vLLM reset its
+        counter (it rearranged), set its layers recording load again."""
+        if self.es.expert_rearrangement_step != self.interval - 1 and self.es.should_record_tensor is not None:
+            self.es.should_record_tensor.fill_(True)
+        self.es.expert_rearrangement_step = self.interval - 2
+
+    def _flush(self) -> None:
+        """Fold the physical accumulator [L, P] to logical [L, E] through the current map, hand it to the core
+        (one device-to-host copy) and offer a report if `report_every` steps are in."""
         p2l = self.ms.physical_to_logical_map
-        if self._idx is None or p2l is not self._idx_of:
-            self._idx, self._idx_of = p2l.masked_fill(p2l < 0, self.E).long(), p2l
+        if self._idx is None:
+            self._idx = p2l.masked_fill(p2l < 0, self.E).long()
         self._scratch.zero_()
-        self._scratch.scatter_add_(1, self._idx, load.long())
-        self._acc += self._scratch[:, : self.E]
-        load.zero_()
+        self._scratch.scatter_add_(1, self._idx, self._acc)
+        self.core.add_load(self._scratch[:, : self.E].cpu().numpy(), self._acc_steps)
+        self._acc.zero_()
+        self._acc_steps = 0
+        self.core.maybe_report()
+
+    def _check_schedule(self, every: int) -> None:
+        """One collective at attach: EMOE_AGREE_EVERY must be equal on every EP rank (the agreement is a
+        collective: a rank that enters it at other steps than its peers hangs them)."""
+        if self.topo.ranks < 2:
+            return
+        t = torch.tensor([every, -every], dtype=torch.int64)
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN, group=self.group)
+        lo, hi = int(t[0]), int(-t[1])
+        if lo != hi:
+            raise BadInput(f"EMOE_AGREE_EVERY differs across the EP ranks ({lo} .. {hi}; this rank {every}): "
+                           "set the same value on every rank")
 
     def _agree(self, vec: np.ndarray) -> np.ndarray:
         t = torch.from_numpy(np.ascontiguousarray(vec, dtype=np.int64))

@@ -4,6 +4,7 @@
     python tests/engine_harness/vllm_ranks.py --out DIR --sockets S0,S1 [--port P] [--hold-rank 1]
     python tests/engine_harness/vllm_ranks.py --out DIR --sockets X,Y --commits CDIR   # no agents
     python tests/engine_harness/vllm_ranks.py ... --die-rank 1 --die-at-step 20         # a rank lost
+    python tests/engine_harness/vllm_ranks.py ... --mode async --layers 8 --layer-delay 0.1  # vLLM's defaults
 
 Each rank builds vLLM's `EplbState` for a toy model with vLLM's `MixtureOfExperts` attributes (expert
 weights encode `layer * 100 + expert`), then runs steps until DIR/stop exists: it writes load into
@@ -11,7 +12,14 @@ weights encode `layer * 100 + expert`), then runs steps until DIR/stop exists: i
 are those of the expert `physical_to_logical_map` names, and writes DIR/rank{r}.json. The rank named by
 `--hold-rank` withholds the commits its link delivers until DIR/release exists (a version only one rank
 has received). The rank named by `--die-rank` exits abruptly; its peer's failed step writes DIR/failure{r}.json
-with the unreachable ranks its plugin reported. Test-only CPU stand-ins: `torch.accelerator.current_stream` and `torch.Event`.
+with the unreachable ranks its plugin reported. Test-only CPU stand-ins: `torch.accelerator.current_stream`,
+`torch.accelerator.set_stream` and `torch.Event`.
+
+`--mode async` runs vLLM's EPLB defaults (use_async, window_size 1000, step_interval 3000; the gloo
+communicator, as on CPU) with vLLM's own async worker loop (`async_worker.transfer_run_periodically`) in a
+thread of each rank, as `start_async_worker` runs it on a GPU (a stand-in stream, since the CPU has none);
+`--layer-delay S` makes that worker take S seconds more per layer (a longer window in which a move is in
+flight). `--rocm` makes vLLM's `current_platform.is_rocm()` true (its sync-mode 5% gain rule applies).
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 import types
 from pathlib import Path
@@ -38,6 +47,7 @@ HOT = 50
 
 def cpu_stand_ins() -> None:
     torch.accelerator.current_stream = lambda *a, **k: types.SimpleNamespace(synchronize=lambda: None)
+    torch.accelerator.set_stream = lambda *a, **k: None
 
     class Event:  # torch.Event(...).record() raises on the CPU backend
         def __init__(self, *a: Any, **k: Any) -> None:
@@ -47,6 +57,9 @@ def cpu_stand_ins() -> None:
             self.t = time.perf_counter()
 
         def synchronize(self) -> None:
+            pass
+
+        def wait(self, *a: Any, **k: Any) -> None:
             pass
 
         def elapsed_time(self, other: Event) -> float:
@@ -108,7 +121,6 @@ class DirLink:
 class Toy:
     """vLLM's MixtureOfExperts surface, no layers: EplbState reads these and moves `expert_weights`."""
 
-    num_moe_layers = L
     num_expert_groups = 1
     num_logical_experts = E
     num_routed_experts = E
@@ -119,6 +131,7 @@ class Toy:
     moe_layers: list[Any] = []
 
     def __init__(self, rank: int, p2l: list[int]) -> None:
+        self.num_moe_layers = L
         w = torch.tensor([[float(layer * 100 + p2l[rank * NL + i]) for i in range(NL)] for layer in range(L)])
         self.expert_weights = [[w[layer][:, None].repeat(1, H).contiguous(),
                                 (2 * w[layer])[:, None].repeat(1, 2 * H).contiguous()] for layer in range(L)]
@@ -150,28 +163,38 @@ def _stop_agreed(plugin: Any, mine: bool) -> bool:
     return bool(flag.item())
 
 
-def bench(plugin: Any, ms: Any, n: int) -> dict[str, float]:
-    """Medians (us) of the plugin's per-step work with both ranks in lockstep: one version-agreement
-    all-reduce (the int64 pair over the EP CPU group, with the decision) and one step's load out (fold
-    expert_load_pass to logical, copy to host, build and offer the report)."""
+def bench(st: Any, plugin: Any, ms: Any, n: int, rounds: int, every: tuple[int, int]) -> dict[str, Any]:
+    """The plugin's own work per step inside `EplbState.step()` (all of its wrapper but vLLM's step), both
+    ranks stepping back to back: `rounds` rounds alternating between agreement and report every step (1, 1)
+    and every `every` = (K, R) steps, `n` steps each, so both are measured side by side on the same noisy
+    machine. A barrier (untimed) before each step stands in for the forward pass's collectives, which keep
+    the ranks in step in an engine: without it the agreement would time the peers' skew. Per round: the mean (amortised) and p99 per step, of the whole and of its agreement part;
+    the medians over rounds are returned. Both ranks switch settings at the same step (the schedule must be
+    the same on every rank)."""
     import numpy as np
 
-    group = plugin.group
-    torch.distributed.barrier(group=group)
-    agree, load = [], []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        plugin.core.decide(plugin._agree(plugin.core.agreement_vector()))
-        agree.append((time.perf_counter() - t0) * 1e6)
-    for _ in range(n):
-        ms.expert_load_pass.fill_(1)
-        t0 = time.perf_counter()
-        plugin._fold_load()
-        plugin.core.add_load(plugin._acc.cpu().numpy(), 1)
-        plugin.core.maybe_report()
-        plugin._acc.zero_()
-        load.append((time.perf_counter() - t0) * 1e6)
-    return {"agree_us": float(np.median(agree)), "load_us": float(np.median(load)), "n": n}
+    out: dict[str, Any] = {"n": n, "rounds": rounds}
+    per: dict[str, dict[str, list[float]]] = {}
+    for _ in range(rounds):
+        for k, r in ((1, 1), every):
+            plugin.inst.agree_every, plugin.core.report_every = k, r
+            plugin.inst.step = 0  # the same on both ranks: agreement at step 0, k, 2k ...
+            torch.distributed.barrier(group=plugin.group)
+            plugin.timings.plugin_us.clear()
+            plugin.timings.agree_us.clear()
+            for _ in range(n):
+                ms.expert_load_pass.fill_(1)
+                torch.distributed.barrier(group=plugin.group)  # the forward pass's all-to-all keeps ranks in step
+                st.step()
+            tot, agr = np.array(plugin.timings.plugin_us), np.array(plugin.timings.agree_us)
+            d = per.setdefault(f"k{k}_r{r}", {"mean_us": [], "p99_us": [], "agree_mean_us": [], "agree_p99_us": []})
+            d["mean_us"].append(float(tot.mean()))
+            d["p99_us"].append(float(np.percentile(tot, 99)))
+            d["agree_mean_us"].append(float(agr.mean()))
+            d["agree_p99_us"].append(float(np.percentile(agr, 99)))
+    for key, d in per.items():
+        out[key] = {m: float(np.median(v)) for m, v in d.items()}
+    return out
 
 
 def _counts(report: Any) -> list[list[int]] | None:
@@ -188,11 +211,32 @@ def write(path: Path, doc: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def async_worker_thread(st: Any, layer_delay: float) -> None:
+    """vLLM's own async EPLB loop in a daemon thread, as `start_async_worker` runs it (which would first bind
+    a device; the CPU has none): a stand-in stream. `layer_delay` slows each layer's transfer."""
+    from vllm.distributed.eplb import async_worker
+
+    if layer_delay > 0:
+        inner = async_worker.transfer_layer
+
+        def slow(*a: Any, **k: Any) -> Any:
+            time.sleep(layer_delay)
+            return inner(*a, **k)
+
+        async_worker.transfer_layer = slow
+    stream = types.SimpleNamespace(synchronize=lambda: None)
+    threading.Thread(target=async_worker.transfer_run_periodically, kwargs={"state": st, "stream": stream},
+                     daemon=True).start()
+
+
 def worker(rank: int, args: argparse.Namespace) -> None:
+    global L
+    L = args.layers
     cpu_stand_ins()
     out = Path(args.out)
     os.environ["EMOE_SOCKET"] = args.sockets.split(",")[rank]
     os.environ.setdefault("EMOE_REPORT_EVERY", "1")
+    os.environ.setdefault("EMOE_AGREE_EVERY", "4")
     from vllm.config import ParallelConfig, VllmConfig, set_current_vllm_config
     from vllm.config.parallel import EPLBConfig
     from vllm.distributed.eplb.eplb_state import EplbState
@@ -210,8 +254,11 @@ def worker(rank: int, args: argparse.Namespace) -> None:
     vc = VllmConfig(parallel_config=ParallelConfig(tensor_parallel_size=WS, enable_expert_parallel=True))
     pc = vc.parallel_config
     pc.enable_eplb = True  # refused by ParallelConfig's validation on CPU: set after construction
-    pc.eplb_config = EPLBConfig(window_size=2, step_interval=INTERVAL, num_redundant_experts=R, use_async=False,
-                                communicator="torch_gloo")
+    if args.mode == "async":  # vLLM's defaults (use_async, window 1000, interval 3000); gloo as on CPU
+        pc.eplb_config = EPLBConfig(num_redundant_experts=R, communicator="torch_gloo")
+    else:
+        pc.eplb_config = EPLBConfig(window_size=2, step_interval=INTERVAL, num_redundant_experts=R, use_async=False,
+                                    communicator="torch_gloo")
     with set_current_vllm_config(vc):
         init_distributed_environment(WS, rank, f"tcp://127.0.0.1:{args.port}", rank, "gloo")
         initialize_model_parallel(tensor_model_parallel_size=WS)
@@ -221,6 +268,12 @@ def worker(rank: int, args: argparse.Namespace) -> None:
         st.add_model(model, mc)
         plugin = st.elasticmoe
         ms = st.model_states["toyhash"]
+        if args.rocm:
+            from vllm.platforms import current_platform
+
+            current_platform.is_rocm = lambda: True
+        if st.is_async:
+            async_worker_thread(st, args.layer_delay)
         if args.commits:
             plugin.link.close()
             plugin.link = plugin.core.link = DirLink(Path(args.commits) / f"rank{rank}")
@@ -228,7 +281,7 @@ def worker(rank: int, args: argparse.Namespace) -> None:
             plugin.link = plugin.core.link = HeldLink(plugin.link, out / "release")
         step, deadline = 0, time.monotonic() + args.max_s
         ok = True
-        while not _stop_agreed(plugin, (out / "stop").exists() or time.monotonic() >= deadline):
+        while not args.bench_only and not _stop_agreed(plugin, (out / "stop").exists() or time.monotonic() >= deadline):
             p2l = ms.physical_to_logical_map
             ms.expert_load_pass.copy_(torch.where(p2l == 0, HOT, 1).to(ms.expert_load_pass.dtype))
             if rank == args.die_rank and step == args.die_at_step:
@@ -248,12 +301,14 @@ def worker(rank: int, args: argparse.Namespace) -> None:
                 "installs": plugin.core.stats.installs, "reports": plugin.core.stats.reports,
                 "sent": int(getattr(plugin.link, "inner", plugin.link).sent), "dropped": int(plugin.link.dropped),
                 "timings": plugin.timings.medians(), "status": vllm_plugin.status(),
-                "policy": st.policy.__name__,
+                "policy": st.policy.__name__, "install": plugin.install_status(),
+                "window_load": int(ms.expert_load_window.sum()), "mode": args.mode,
                 "last_report": _counts(getattr(plugin.link, "last", None)),
             })
             time.sleep(args.step_s)
         if args.bench:
-            write(out / f"bench{rank}.json", bench(plugin, ms, args.bench))
+            k, r = (int(x) for x in args.bench_every.split(","))
+            write(out / f"bench{rank}.json", bench(st, plugin, ms, args.bench, args.bench_rounds, (k, r)))
         plugin.close()
         destroy_model_parallel()
         destroy_distributed_environment()
@@ -271,6 +326,13 @@ if __name__ == "__main__":
     ap.add_argument("--bench", type=int, default=0, help="after the run: time this many agreements and reports")
     ap.add_argument("--die-rank", type=int, default=-1, help="this rank exits abruptly at --die-at-step")
     ap.add_argument("--die-at-step", type=int, default=20)
+    ap.add_argument("--mode", choices=("sync", "async"), default="sync")
+    ap.add_argument("--layers", type=int, default=L)
+    ap.add_argument("--layer-delay", type=float, default=0.0, help="async: seconds added to each layer's transfer")
+    ap.add_argument("--rocm", action="store_true", help="vLLM's current_platform.is_rocm() returns True")
+    ap.add_argument("--bench-only", action="store_true", help="skip the stepping loop: only the benchmark")
+    ap.add_argument("--bench-rounds", type=int, default=5)
+    ap.add_argument("--bench-every", default="16,16", help="K,R: agreement and report period compared with 1,1")
     a = ap.parse_args()
     mp.spawn(worker, args=(a,), nprocs=WS, join=True)
     print("RANKS_DONE", flush=True)

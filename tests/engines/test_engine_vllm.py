@@ -191,21 +191,8 @@ def _install(out: Path, proc: subprocess.Popen[bytes], v2_to_rank0: Callable[[],
     return list(done)
 
 
-def test_vllm_eplb_agrees_and_installs_without_agents(tmp_path: Path) -> None:
-    """The same through certified commits handed to each rank's link directly (no agents, so no dependence
-    on the agents' genesis): also checks the folded load exactly."""
-    from controlplane.ops import Consolidate, Replicate, apply_ops
-    from controlplane.topology import Topology
+def _certified_files(cdir: Path) -> Callable[..., Callable[[], None]]:
     from dataplane_shim.certify import certified_commit
-    from dataplane_shim.genesis import genesis_table
-
-    py = engine_python()
-    g = genesis_table("vllm", Topology(1, 2, 5), L, E)
-    v2 = apply_ops(g, [Consolidate(0, (0,), 0), Replicate(0, 2, 1)])
-    v3 = apply_ops(v2, [Consolidate(1, (1,), 1)])
-    out, cdir = tmp_path / "ranks", tmp_path / "commits"
-    for d in (out, cdir / "rank0", cdir / "rank1"):
-        d.mkdir(parents=True)
 
     def deliver(t: Any, *ranks: int) -> Callable[[], None]:
         def go() -> None:
@@ -215,23 +202,119 @@ def test_vllm_eplb_agrees_and_installs_without_agents(tmp_path: Path) -> None:
                 tmp.replace(cdir / f"rank{r}" / f"v{t.version}.commit")
         return go
 
+    return deliver
+
+
+def _spawn_ranks(tmp_path: Path, log: Any, *extra: str, env: dict[str, str] | None = None
+                 ) -> tuple[Path, Path, subprocess.Popen[bytes]]:
+    import os
+
+    out, cdir = tmp_path / "ranks", tmp_path / "commits"
+    for d in (out, cdir / "rank0", cdir / "rank1"):
+        d.mkdir(parents=True)
+    proc = subprocess.Popen(
+        [engine_python(), str(HARNESS / "vllm_ranks.py"), "--out", str(out), "--port", str(free_ports(1)[0]),
+         "--sockets", f"{tmp_path}/none0.sock,{tmp_path}/none1.sock", "--commits", str(cdir), *extra],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    return out, cdir, proc
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_vllm_eplb_agrees_and_installs_without_agents(tmp_path: Path, mode: str) -> None:
+    """The same through certified commits handed to each rank's link directly (no agents, so no dependence
+    on the agents' genesis): also checks the folded load exactly. `async` is vLLM's default EPLB config
+    (use_async, window 1000, interval 3000) with vLLM's own async worker loop in a thread of each rank."""
+    from controlplane.ops import Consolidate, Replicate, apply_ops
+    from controlplane.topology import Topology
+    from dataplane_shim.genesis import genesis_table
+
+    engine_python()
+    g = genesis_table("vllm", Topology(1, 2, 5), L, E)
+    v2 = apply_ops(g, [Consolidate(0, (0,), 0), Replicate(0, 2, 1)])
+    v3 = apply_ops(v2, [Consolidate(1, (1,), 1)])
     with open(tmp_path / "ranks.log", "wb") as log:
-        proc = subprocess.Popen(
-            [py, str(HARNESS / "vllm_ranks.py"), "--out", str(out), "--port", str(free_ports(1)[0]),
-             "--sockets", f"{tmp_path}/none0.sock,{tmp_path}/none1.sock", "--commits", str(cdir)],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        out, cdir, proc = _spawn_ranks(tmp_path, log, "--mode", mode)
+        deliver = _certified_files(cdir)
         try:
             first = _wait("reports", lambda: (r := _ranks(out)) and all(x["last_report"] for x in r) and r, 180, proc)
             for x in first:  # per step: expert 0 has 2 slots x 50 tokens, expert 1 2 slots x 1, others 1
                 assert x["last_report"] == [[100, 2, 1, 1, 1, 1, 1, 1]] * 2
+                assert x["mode"] == mode and x["install"]["async"] == (mode == "async")
+                assert x["window_load"] > 0  # vLLM's own load window sees the load (its checks read it)
             on_v3 = _install(out, proc, deliver(v2, 0), deliver(v2, 1), deliver(v3, 0, 1))
             # counted from the install: a report taken just before it still shows v2's layer 1
             after = _wait("a report under v3", lambda: (r := _ranks(out)) and r[0]["reports"] > on_v3[0]["reports"] + 5
                           and r, 30, proc)
             assert after[0]["last_report"] == [[50, 2, 2, 1, 1, 1, 1, 1], [100, 1, 1, 1, 1, 1, 1, 1]]
+            assert all(x["install"]["install_failures"] == 0 and x["install"]["stalls"] == 0 for x in after)
         finally:
             _stop(out, proc)
     assert proc.returncode == 0, (tmp_path / "ranks.log").read_text()[-3000:]
+
+
+def test_vllm_async_installs_a_version_agreed_mid_move(tmp_path: Path) -> None:
+    """vLLM's defaults (async), 8 MoE layers, each layer's transfer slowed to 0.15 s. v2 changes layer 0
+    only, so its maps match vLLM's after the first layer while vLLM's worker still moves layers 1-7; v3 is
+    delivered while v2 is moving. v2 counts as installed only once vLLM says every layer moved (at least 8
+    steps after arming); v3, agreed mid-move, is queued and installed next; a move past EMOE_STALL_STEPS is
+    logged and counted while it goes on."""
+    from controlplane.ops import Consolidate, Replicate, apply_ops
+    from controlplane.topology import Topology
+    from dataplane_shim.genesis import genesis_table
+
+    engine_python()
+    layers = 8
+    g = genesis_table("vllm", Topology(1, 2, 5), layers, E)
+    v2 = apply_ops(g, [Consolidate(0, (0,), 0), Replicate(0, 2, 1)])
+    v3 = apply_ops(v2, [Consolidate(7, (1,), 1)])
+    with open(tmp_path / "ranks.log", "wb") as log:
+        out, cdir, proc = _spawn_ranks(tmp_path, log, "--mode", "async", "--layers", str(layers),
+                                       "--layer-delay", "0.15", env={"EMOE_STALL_STEPS": "20"})
+        deliver = _certified_files(cdir)
+        try:
+            _wait("both ranks stepping", lambda: (r := _ranks(out)) and r, 180, proc)
+            deliver(v2, 0, 1)()
+            moving = _wait("v2 moving on both ranks", lambda: (r := _ranks(out)) and all(
+                x["install"]["inflight"] == 2 and x["install"]["vllm_moving"] for x in r) and r, 60, proc)
+            assert all(x["version"] == 1 for x in moving)
+            deliver(v3, 0, 1)()
+            done = _wait("both ranks on v3", lambda: (r := _ranks(out)) and all(x["version"] == 3 for x in r) and r,
+                         120, proc)
+        finally:
+            _stop(out, proc)
+    text = (tmp_path / "ranks.log").read_text()
+    assert proc.returncode == 0, text[-3000:]
+    for x in done:
+        st = x["install"]
+        assert st["agreed_while_moving"] >= 1, st  # the race happened: v3 agreed while vLLM moved v2's layers
+        assert st["armed"] == 2 and x["installs"] == 2 and st["install_failures"] == 0, st
+        assert st["max_install_steps"] >= layers, st  # done when vLLM moved every layer, not at matching maps
+        assert st["stalls"] >= 1 and "still moving after" in text, st
+        assert x["p2l"] == v3.phy2log.tolist() and x["weights_ok"]
+
+
+def test_vllm_rocm_gain_rule_does_not_veto_a_committed_table(tmp_path: Path) -> None:
+    """Sync mode with vLLM's `is_rocm()` true: vLLM would skip a rearrangement whose imbalance gain under its
+    own window is below 5%; the plugin installs through vLLM's weight mover and map commit without it."""
+    from controlplane.ops import Consolidate, Replicate, apply_ops
+    from controlplane.topology import Topology
+    from dataplane_shim.genesis import genesis_table
+
+    engine_python()
+    g = genesis_table("vllm", Topology(1, 2, 5), L, E)
+    v2 = apply_ops(g, [Consolidate(0, (0,), 0), Replicate(0, 2, 1)])
+    with open(tmp_path / "ranks.log", "wb") as log:
+        out, cdir, proc = _spawn_ranks(tmp_path, log, "--rocm")
+        try:
+            _wait("both ranks stepping", lambda: (r := _ranks(out)) and r, 180, proc)
+            _certified_files(cdir)(v2, 0, 1)()
+            done = _wait("both ranks on v2", lambda: (r := _ranks(out)) and all(x["version"] == 2 for x in r) and r,
+                         60, proc)
+        finally:
+            _stop(out, proc)
+    assert proc.returncode == 0, (tmp_path / "ranks.log").read_text()[-3000:]
+    for x in done:
+        assert x["p2l"] == v2.phy2log.tolist() and x["weights_ok"] and x["install"]["install_failures"] == 0
 
 
 def test_vllm_llm_loads_the_plugin_in_its_worker(tmp_path: Path) -> None:
