@@ -32,11 +32,11 @@ $(STAMP): pyproject.toml | $(PY)
 
 # A failed install fails `make test`: the engine tests are the only ones that run the plugins against the
 # engines' own code, and under `make test` (EMOE_REQUIRE_ENGINES=1) they fail rather than skip without it.
-$(ENGINE)/.installed: pyproject.toml
+$(ENGINE)/.installed: pyproject.toml Makefile
 	test -x $(ENGINE)/bin/python || { $(PYTHON) -m venv $(ENGINE) && $(ENGINE)/bin/pip install -q --upgrade pip; }
 	$(ENGINE)/bin/python -c "import vllm" 2>/dev/null || $(ENGINE)/bin/pip install -q $(VLLM)
 	$(ENGINE)/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-	$(ENGINE)/bin/pip install -q --no-deps sglang==0.5.23 orjson ipython traitlets
+	$(ENGINE)/bin/pip install -q --no-deps sglang==0.5.23 orjson ipython traitlets gguf==0.19.0
 	$(ENGINE)/bin/pip install -q --no-deps -e .
 	$(ENGINE)/bin/python -c "import vllm, dataplane_shim.vllm_plugin, sglang.srt.eplb.expert_location"
 	touch $@

@@ -1,7 +1,13 @@
-"""The SGLang plugin (written against SGLang 0.5.23's `sglang.srt.eplb`; NOT run here: SGLang's model
-runner needs a GPU): each EP rank's load goes to the local agent, agreed certified tables come back in
-through SGLang's own EPLB path (`ExpertLocationMetadata.init_by_mapping` over `num_hidden_layers`, then
-its expert-location updater on every rank in the same forward pass).
+"""The SGLang plugin (written against SGLang 0.5.23's `sglang.srt.eplb`): each EP rank's load goes to the
+local agent, agreed certified tables come back in through SGLang's own EPLB path
+(`ExpertLocationMetadata.init_by_mapping` over `num_hidden_layers`, then its expert-location updater on every
+rank in the same forward pass).
+
+Run on CPU by tests/engines/test_engine_sglang.py: `ElasticMoeEplbManager` in two gloo ranks on SGLang's real
+ServerArgs, process groups, plugin loader, boot placement, stat recorder and `ExpertLocationUpdater` (its P2P
+ops move the expert weights of a certified table), with torchvision stubbed and a stand-in model that holds
+`routed_experts_weights_of_layer`. NOT run: inside SGLang's scheduler and `ModelRunner` (they need a GPU), and
+the lost-rank path (`peer_unreachable` on a failed agreement).
 
 Enabled by the `sglang.srt.plugins` entry point `elasticmoe` (pyproject.toml), which SGLang's
 `load_plugins()` runs in every scheduler process; `register()` does nothing unless `EMOE_SOCKET` is set.

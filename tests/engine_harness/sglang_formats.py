@@ -1,6 +1,6 @@
-"""The SGLang adapters and entry point against SGLang's own code, as far as it imports on CPU (SGLang 0.5.23
-installed without its dependencies; its model runner, recorder and EPLB manager need torchvision and a GPU,
-and are not imported). Run with the engine virtualenv; prints one JSON line.
+"""The SGLang adapters and entry point against SGLang's own code (SGLang 0.5.23 installed without its
+dependencies; only modules that import without torchvision: the EPLB manager's path runs in sglang_ranks.py).
+Run with the engine virtualenv; prints one JSON line.
 
 - `_compute_logical_to_all_physical_map` (what `init_by_mapping` builds from `physical_to_logical_map`),
   padded to P as `_init_raw` does, equals `to_sglang` over all hidden layers, dense ones included;

@@ -1,35 +1,102 @@
-"""The SGLang side against SGLang's own code, as far as it runs on CPU (SGLang 0.5.23 in .venv-engine,
-installed without its dependencies by `make test`).
+"""The SGLang side against SGLang 0.5.23's own code (in .venv-engine, installed without its dependencies by
+`make test`), as far as it runs on CPU.
 
-Run: the adapters against `_compute_logical_to_all_physical_map` (what `init_by_mapping` builds), over
-`num_hidden_layers` with dense layers; SGLang's treatment of a -1 slot (a replica of the last expert), which
-the export refuses; SGLang's plugin loader finding our entry point. Not run: `ElasticMoeEplbManager` inside
-SGLang's model runner (its recorder, EPLB manager and model runner import torchvision and need a GPU).
+1. Two gloo processes (tests/engine_harness/sglang_ranks.py) run the plugin's `ElasticMoeEplbManager` as
+   SGLang's `ModelRunner` would build it under `--enable-eplb`, on SGLang's real `ServerArgs`/`publish`,
+   process groups (`init_distributed_environment`, `initialize_model_parallel`: the MoE EP CPU group the
+   plugin's version agreement all-reduces over), `load_plugins()` (our entry point replaces
+   `model_runner.EPLBManager`), boot placement (`compute_initial_expert_location_metadata`), stat recorder
+   (`ExpertDistributionRecorder`, fed through its `on_select_experts` hook) and `ExpertLocationUpdater`. A
+   certified commit (v2, moving experts across the two ranks) is installed by SGLang's own `rebalance()` ->
+   `init_by_mapping` -> `update_expert_location_with_recovery` -> `ExpertLocationUpdater.update`, whose P2P
+   ops move the toy expert weights over gloo; both ranks then hold, in every physical slot, the weights of the
+   logical expert the table names, SGLang's map equals the table, the plugin reports v2 installed, and rank 0's
+   load report carries the recorder's dump summed over the ranks. Stubs and stand-ins: the harness docstring
+   (torchvision stubbed; `torch.cpu.empty_cache`, the recorder's accelerator probe, the model's
+   `routed_experts_weights_of_layer`, the weight updater, the agent link stood in for).
+2. The adapters against `_compute_logical_to_all_physical_map` (what `init_by_mapping` builds), over
+   `num_hidden_layers` with dense layers; SGLang's treatment of a -1 slot (a replica of the last expert), which
+   the export refuses; SGLang's plugin loader finding our entry point.
+
+Not run: SGLang's scheduler and `ModelRunner` themselves (model load, forward passes, CUDA graphs, the MoE
+kernels that call the recorder): they need a GPU.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import time
+from pathlib import Path
 
+import numpy as np
 import pytest
 
-from chaos.localcluster import ROOT
+from chaos.localcluster import ROOT, free_ports
 from tests.conftest import engine_missing
+from tests.engine_harness.vllm_llm import CONFIG  # the vLLM test's tiny Qwen3-MoE: 2 layers, 8 experts
 
 pytestmark = pytest.mark.engine
 
 ENGINE_PY = ROOT / ".venv-engine" / "bin" / "python"
+HARNESS = ROOT / "tests" / "engine_harness"
+L, E, HOT, PASSES = 2, 8, 3, 6
 
 
-def test_sglang_formats_and_entry_point() -> None:
+def _engine_python() -> str:
     if not ENGINE_PY.exists():
         engine_missing(f"{ENGINE_PY} does not exist: `make .venv-engine/.installed` (part of `make test`) makes it")
     probe = subprocess.run([str(ENGINE_PY), "-c", "import sglang.srt.eplb.expert_location"], cwd=ROOT,
                            capture_output=True, text=True, timeout=300)
     if probe.returncode != 0:
         engine_missing(f"SGLang's EPLB modules do not import in {ENGINE_PY}: {probe.stderr.strip().splitlines()[-1:]}")
-    r = subprocess.run([str(ENGINE_PY), str(ROOT / "tests" / "engine_harness" / "sglang_formats.py")], cwd=ROOT,
+    return str(ENGINE_PY)
+
+
+def test_sglang_eplb_manager_installs_a_certified_table(tmp_path: Path) -> None:
+    from controlplane.topology import Topology
+    from dataplane_shim.certify import certified_commit
+    from dataplane_shim.genesis import genesis_table
+
+    py = _engine_python()
+    model = tmp_path / "tinymoe"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(CONFIG))
+    g = genesis_table("sglang", Topology(1, 2, 5), L, E)  # SGLang's trivial boot placement, 2 redundant slots
+    # every layer moves experts across ranks (rank 0 takes 7, 6, 5 from rank 1 and gives it 1, 2, 3)
+    v2 = g.successor(np.array([[7, 6, 5, 0, 4, 3, 2, 1, 0, 7], [1, 0, 3, 2, 6, 5, 4, 7, 1, 2]]))
+    v2.validate()
+    out, cdir = tmp_path / "ranks", tmp_path / "commits"
+    for d in (out, cdir / "rank0", cdir / "rank1"):
+        d.mkdir(parents=True)
+        if d.parent == cdir:
+            (d / f"v{v2.version}.commit").write_bytes(certified_commit(v2, ["a", "b"], 2).SerializeToString())
+    t0 = time.monotonic()
+    r = subprocess.run([py, str(HARNESS / "sglang_ranks.py"), "--out", str(out), "--model", str(model),
+                        "--commits", str(cdir), "--port", str(free_ports(1)[0])],
+                       cwd=ROOT, capture_output=True, text=True, timeout=400,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})  # this tree's plugin, whatever is installed
+    assert r.returncode == 0 and "RANKS_DONE" in r.stdout, (r.stdout + r.stderr)[-4000:]
+    print(f"\ntwo SGLang ranks, boot to installed v2: {time.monotonic() - t0:.1f} s")
+    ranks = [json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1)]
+    for i, doc in enumerate(ranks):
+        assert doc["manager"] == "ElasticMoeEplbManager" and doc["ep_group"] == [i, 2]
+        assert (doc["version"], doc["installs"]) == (2, 1), doc
+        assert doc["p2l"] == v2.phy2log.tolist(), doc  # SGLang's own map, after its updater
+        for layer in range(L):
+            want = [float(layer * 100 + e) for e in v2.phy2log[layer, i * 5:(i + 1) * 5]]
+            w13, w2 = doc["weights"][str(layer)]
+            assert w13 == want and w2 == [2 * x for x in want], (i, layer, doc["weights"])
+    # reports every 2 passes from EP rank 0 only, of the dump SGLang's recorder sums over both ranks: the last
+    # covers 2 passes x 2 ranks x HOT tokens on logical expert 0 in each layer
+    assert ranks[0]["reports"] == PASSES // 2 and ranks[1]["reports"] == 0
+    assert ranks[0]["last_report"] == [[2 * 2 * HOT] + [0] * (E - 1)] * L
+
+
+def test_sglang_formats_and_entry_point() -> None:
+    py = _engine_python()
+    r = subprocess.run([py, str(HARNESS / "sglang_formats.py")], cwd=ROOT,
                        capture_output=True, text=True, timeout=600)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     assert r.returncode == 0 and lines, (r.stdout + r.stderr)[-3000:]
