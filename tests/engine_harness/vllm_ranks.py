@@ -11,7 +11,9 @@ weights encode `layer * 100 + expert`), then runs steps until DIR/stop exists: i
 `expert_load_pass` (logical expert 0 hot), calls `EplbState.step()`, checks that every local slot's weights
 are those of the expert `physical_to_logical_map` names, and writes DIR/rank{r}.json. The rank named by
 `--hold-rank` withholds the commits its link delivers until DIR/release exists (a version only one rank
-has received). The rank named by `--die-rank` exits abruptly; its peer's failed step writes DIR/failure{r}.json
+has received). `VLLM_RANKS_CAP=RANK:VERSION` in the environment makes rank RANK's link pass on no commit newer
+than VERSION, ever (a rank that stopped taking tables: vLLM's MIN agreement holds every rank on VERSION, and
+each rank keeps reporting the version it runs). The rank named by `--die-rank` exits abruptly; its peer's failed step writes DIR/failure{r}.json
 with the unreachable ranks its plugin reported. Test-only CPU stand-ins: `torch.accelerator.current_stream`,
 `torch.accelerator.set_stream` and `torch.Event`.
 
@@ -91,6 +93,35 @@ class HeldLink:
 
     def close(self) -> None:
         self.inner.close()
+
+
+class CapLink:
+    """Wraps the plugin's link: commits newer than `cap` are kept back for good (`VLLM_RANKS_CAP`)."""
+
+    def __init__(self, inner: Any, cap: int) -> None:
+        self.inner, self.cap = inner, cap
+        self.kept: list[Any] = []
+
+    @property
+    def dropped(self) -> int:
+        return int(self.inner.dropped)
+
+    def drain(self) -> list[Any]:
+        got = self.inner.drain()
+        self.kept += [c for c in got if c.table.version > self.cap]
+        return [c for c in got if c.table.version <= self.cap]
+
+    def offer(self, report: Any) -> None:
+        self.inner.offer(report)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def innermost(link: Any) -> Any:
+    while hasattr(link, "inner"):
+        link = link.inner
+    return link
 
 
 class DirLink:
@@ -279,6 +310,9 @@ def worker(rank: int, args: argparse.Namespace) -> None:
             plugin.link = plugin.core.link = DirLink(Path(args.commits) / f"rank{rank}")
         if rank == args.hold_rank:
             plugin.link = plugin.core.link = HeldLink(plugin.link, out / "release")
+        cap = os.environ.get("VLLM_RANKS_CAP", "")
+        if cap and int(cap.split(":")[0]) == rank:
+            plugin.link = plugin.core.link = CapLink(plugin.link, int(cap.split(":")[1]))
         step, deadline = 0, time.monotonic() + args.max_s
         ok = True
         while not args.bench_only and not _stop_agreed(plugin, (out / "stop").exists() or time.monotonic() >= deadline):
@@ -299,11 +333,12 @@ def worker(rank: int, args: argparse.Namespace) -> None:
                 "p2l": ms.physical_to_logical_map.tolist(), "l2p_width": int(ms.logical_to_physical_map.shape[-1]),
                 "replica_count": ms.logical_replica_count.tolist(), "weights_ok": ok,
                 "installs": plugin.core.stats.installs, "reports": plugin.core.stats.reports,
-                "sent": int(getattr(plugin.link, "inner", plugin.link).sent), "dropped": int(plugin.link.dropped),
+                "sent": int(innermost(plugin.link).sent), "dropped": int(plugin.link.dropped),
                 "timings": plugin.timings.medians(), "status": vllm_plugin.status(),
                 "policy": st.policy.__name__, "install": plugin.install_status(),
                 "window_load": int(ms.expert_load_window.sum()), "mode": args.mode,
                 "last_report": _counts(getattr(plugin.link, "last", None)),
+                "kept": sorted(c.table.version for c in getattr(plugin.link, "kept", [])),
             })
             time.sleep(args.step_s)
         if args.bench:

@@ -4,7 +4,9 @@
    MixtureOfExperts beside 2 real agents (one per node): load written into `expert_load_pass` reaches the agents; a table
    they commit (a forced proposal) ends up, through vLLM's own rearrange, in `physical_to_logical_map` on
    both ranks with the moved weights equal to the expected experts'; a version only one rank has received
-   is not installed until both have it.
+   is not installed until both have it. `emoe status --json` shows each rank on the committed head at its own
+   agent; a rank that stops taking tables holds both on the old version (vLLM's MIN agreement), and both are
+   flagged lagging within `engine.install_lag_s` while `emoe propose --wait` fails naming them.
 2. A real `vllm.LLM` on CPU with a tiny Qwen3-MoE loads the plugin in its worker process and generates.
 3. The adapters round-trip through vLLM's own map functions and import its DeepSeek EPLB placements.
 """
@@ -119,6 +121,93 @@ def test_vllm_eplb_installs_what_the_agents_commit(tmp_path: Path) -> None:
     assert proc.returncode == 0, (tmp_path / "ranks.log").read_text()[-3000:]
     bench = [json.loads((out / f"bench{r}.json").read_text()) for r in (0, 1)]
     print(f"\nplugin cost per step on the toy model (medians, us): {bench}")
+
+
+def _status(address: str) -> dict[str, Any]:
+    r = _cli("status", "--json", "--agent", address)
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc: dict[str, Any] = json.loads(r.stdout)
+    return doc
+
+
+LAG_S = 1.0  # engine.install_lag_s for the agents below: a held rank is flagged after this
+REPORT_MARGIN_S = 2.0  # a report every step (0.02 s) plus CLI start-up and the agents learning the commit
+
+
+def test_vllm_status_shows_installed_versions_and_flags_held_ranks(tmp_path: Path) -> None:
+    """`emoe status --json` against vLLM's real EPLB ranks: each agent shows its own node's rank (rank 0 at
+    agent 0, rank 1 at agent 1) on the committed head once installed, attached, not lagging. Then rank 1's
+    link stops passing on tables newer than v2 (`VLLM_RANKS_CAP=1:2`, harness only): v3 is committed and rank 0
+    receives it, but vLLM's MIN agreement holds both ranks on v2, so `emoe propose --wait` gives up after the
+    bound naming both ranks (exit 1) and, within the bound plus a report margin of the commit, both agents
+    show their rank `lagging` on installed version 2 against head 3."""
+    import os
+
+    py = engine_python()
+    cluster = LocalCluster(2, tmp_path / "agents", SHAPE, profile="test",
+                           sections={"decision": {"window": 5, "budget_windows": 1},
+                                     "engine": {"install_lag_s": LAG_S}})
+    out = tmp_path / "ranks"
+    out.mkdir()
+    with cluster.running(timeout=120), open(tmp_path / "ranks.log", "wb") as log:
+        for a in cluster.addresses:  # only the forced proposals below change the table
+            assert _cli("pause", "--agent", a).returncode == 0
+        proc = subprocess.Popen(
+            [py, str(HARNESS / "vllm_ranks.py"), "--out", str(out), "--port", str(free_ports(1)[0]),
+             "--sockets", f"{cluster.shim_socket(0)},{cluster.shim_socket(1)}", "--max-s", "200"],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_RANKS_CAP": "1:2"})
+        try:
+            _wait("both ranks stepping", lambda: (r := _ranks(out)) and all(x["sent"] > 0 for x in r) and r, 180, proc)
+            # v2, waited for until installed (a bound far past the install, so a slow machine still passes)
+            r = _cli("propose", "--agent", cluster.addresses[0], "--json", "--force", "--wait", "--install-timeout",
+                     "60", "consolidate", "0", "0", "0", ";", "replicate", "0", "2", "1")
+            assert r.returncode == 0, r.stdout + r.stderr
+            doc = json.loads(r.stdout)
+            assert doc["committed"] and doc["version"] == "2" and doc["install"]["done"], doc
+            assert sorted(i["rank"] for i in doc["install"]["installed"]) == [0, 1], doc
+            assert [x["version"] for x in _ranks(out) or []] == [2, 2]
+            for i, a in enumerate(cluster.addresses):
+                st = _status(a)
+                assert st["committed_version"] == "2" and st["install_lag_bound_s"] == LAG_S, st
+                assert [x["rank"] for x in st["ranks"]] == [i], st  # an agent shows its own node's ranks
+                (rk,) = st["ranks"]
+                assert rk["installed_version"] == "2" and rk["attached"] and rk["active"], rk
+                assert not rk["lagging"] and rk["lag_s"] == 0 and 0 <= rk["report_age_s"] < LAG_S, rk
+
+            # v3: committed, reaches rank 0, never rank 1; the wait (bound: the agent's install_lag_s) fails
+            t0 = time.monotonic()
+            r = _cli("propose", "--agent", cluster.addresses[1], "--json", "--force", "--wait",
+                     "consolidate", "1", "1", "1")
+            waited = time.monotonic() - t0
+            assert r.returncode == 1, r.stdout + r.stderr
+            doc = json.loads(r.stdout)
+            assert doc["committed"] and doc["version"] == "3" and not doc["install"]["done"], doc
+            assert sorted((b["rank"], b["installed_version"]) for b in doc["install"]["behind"]) == [(0, 2), (1, 2)]
+            assert "version 3 is committed but not installed" in r.stderr, r.stderr
+            assert "rank 0 (on node1) runs version 2" in r.stderr and "rank 1 (on node2) runs version 2" in r.stderr
+            assert waited < 30, waited  # the CLI's own start-up, the commit and LAG_S of waiting
+
+            def flagged() -> list[dict[str, Any]] | None:
+                sts = [_status(a) for a in cluster.addresses]
+                rks = [rk for st in sts for rk in st["ranks"]]
+                return rks if all(st["committed_version"] == "3" for st in sts) and all(
+                    rk["lagging"] for rk in rks) else None
+
+            # the wait above already spent LAG_S since the commit: flagged by now, or within the margin
+            rks = _wait("both ranks flagged lagging", flagged, REPORT_MARGIN_S)
+            since_t0 = time.monotonic() - t0
+            for i, rk in enumerate(rks):
+                assert rk["rank"] == i and rk["installed_version"] == "2" and rk["attached"] and rk["active"], rk
+                assert rk["report_age_s"] < LAG_S, rk  # still reporting, still on v2
+                # lagging since v3's commit (after t0), not since v2's install (before it)
+                assert LAG_S < rk["lag_s"] <= since_t0 < rk["installed_age_s"], (rk, since_t0)
+            held = _ranks(out)
+            assert held is not None and [x["version"] for x in held] == [2, 2], held
+            assert 3 in held[0]["held"] and 3 not in held[1]["held"] and held[1]["kept"] == [3], held
+            assert all(x["weights_ok"] and x["installs"] == 1 for x in held), held
+        finally:
+            _stop(out, proc)
+    assert proc.returncode == 0, (tmp_path / "ranks.log").read_text()[-3000:]
 
 
 def test_vllm_plugin_names_a_lost_rank_to_its_agent(tmp_path: Path) -> None:
