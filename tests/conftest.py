@@ -10,6 +10,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_TRACES = ROOT.parent / "shared" / "traces"
+# Every process a test starts (agents, engine ranks run by .venv-engine, whose editable install may point at
+# another checkout) runs this tree's code.
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
 
 
 def engine_missing(why: str) -> NoReturn:
