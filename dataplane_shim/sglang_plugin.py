@@ -21,7 +21,15 @@ with recovery) and changes three things:
 - load out: every EMOE_REPORT_EVERY passes SGLang's expert-distribution recorder is dumped (an all-reduce
   SUM over ranks, so only EP rank 0 reports the global count to its agent). Run with
   `--expert-distribution-recorder-mode stat --expert-distribution-recorder-buffer-size K` and
-  EMOE_REPORT_EVERY=K so that one dump covers exactly the passes since the last.
+  EMOE_REPORT_EVERY=K so that one dump covers exactly the passes since the last. SGLang's `rebalance()`
+  empties the recorder, so right before an install (agreed by every rank at the same pass) the manager
+  dumps it too and reports those passes at once, under the version they ran on: every pass is reported
+  once. (A chunked rebalance, `--eplb-rebalance-layers-per-chunk`, spends a pass per chunk; those passes
+  are counted and reported with the next dump; the recorder's circular buffer keeps only the last K, so a
+  rebalance whose chunk passes cross a multiple of K loses the oldest of them.)
+Closing: `close()` stops the agent link's and the peer watch's threads. SGLang 0.5.23 has no teardown hook
+for its EPLB manager (a scheduler process ends by exit or signal), so in SGLang both end with the process:
+they are daemon threads, and the agent learns of the exit from the link's closed socket.
 The agents' genesis must be SGLang's boot placement (`genesis = "sglang"`, or the `--init-expert-location`
 file as a placement file); the plugin refuses to run otherwise.
 """
@@ -30,7 +38,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,6 +46,9 @@ from controlplane.table import RoutingTable
 from controlplane.topology import Topology
 from dataplane_shim.peers import PeerWatch, default_store
 from dataplane_shim.plugin import PluginCore, Settings
+
+if TYPE_CHECKING:
+    from dataplane_shim.link import LinkThread
 
 log = logging.getLogger("elasticmoe.sglang")
 
@@ -56,8 +67,10 @@ def manager_class() -> type:
         def __init__(self, **kw: Any) -> None:
             super().__init__(**kw)
             self._core: PluginCore | None = None
+            self._link: LinkThread | None = None
             self._target: RoutingTable | None = None
-            self._passes = 0
+            self._passes = 0   # forward passes seen: the same count on every EP rank
+            self._dumped = 0   # passes already taken out of SGLang's recorder
             self._watch: PeerWatch | None = None
 
         def _setup(self) -> PluginCore:
@@ -74,22 +87,41 @@ def manager_class() -> type:
             self._moe_ids = sorted(self._get_model().routed_experts_weights_of_layer.keys())
             phy = meta.physical_to_logical_map_cpu.numpy().astype(np.int64)
             E, P = int(meta.num_logical_experts), int(phy.shape[1])
-            link = LinkThread(settings.socket.replace("{rank}", str(self._rank)), 1,
-                              shim_id=f"sglang-ep{self._rank}", ranks=[self._rank])
-            return PluginCore(link, Topology(1, G, P // G), len(self._moe_ids), E, self._rank, phy[self._moe_ids],
-                              genesis=settings.genesis, report_every=settings.report_every,
+            self._link = LinkThread(settings.socket.replace("{rank}", str(self._rank)), 1,
+                                    shim_id=f"sglang-ep{self._rank}", ranks=[self._rank])
+            return PluginCore(self._link, Topology(1, G, P // G), len(self._moe_ids), E, self._rank,
+                              phy[self._moe_ids], genesis=settings.genesis, report_every=settings.report_every,
                               shim_id=f"sglang-ep{self._rank}")
+
+        def close(self) -> None:
+            """Stop the agent link's and the peer watch's threads; idempotent. SGLang 0.5.23 has no teardown
+            hook for its EPLB manager (a scheduler process ends by exit or signal): both are daemon threads,
+            and the agent learns of the exit from the link's closed socket."""
+            watch, link, self._watch, self._link = self._watch, self._link, None, None
+            if watch is not None:
+                watch.close()
+            if link is not None:
+                link.close()
+
+        def _take_load(self, core: PluginCore) -> None:
+            """Dump SGLang's recorder and add the passes since the last dump to the core. The dump is a
+            collective (an all-reduce SUM over ranks), so every rank calls this at the same pass, on a schedule
+            of the shared pass count and the agreed version; only EP rank 0 keeps the summed counts."""
+            steps, self._dumped = self._passes - self._dumped, self._passes
+            if steps == 0:
+                return
+            counts = get_global_expert_distribution_recorder().dump_record(output_mode="object")
+            if self._rank == 0:
+                c = counts["logical_count"].cpu().numpy().reshape(-1, *counts["logical_count"].shape[-2:])
+                core.add_load(c.sum(axis=0)[self._moe_ids], steps)
 
         def _entrypoint(self) -> Iterator[None]:
             while True:
                 core = self._core = self._core or self._setup()
                 self._passes += 1
-                if self._passes % core.report_every == 0:
-                    counts = get_global_expert_distribution_recorder().dump_record(output_mode="object")
-                    if self._rank == 0:  # the dump is already summed over ranks
-                        c = counts["logical_count"].cpu().numpy().reshape(-1, *counts["logical_count"].shape[-2:])
-                        core.add_load(c.sum(axis=0)[self._moe_ids], core.report_every)
-                        core.maybe_report()
+                if self._passes % core.report_every == 0:  # the recorder holds at most K passes of them
+                    self._take_load(core)
+                    core.flush()
                 vec = torch.from_numpy(core.agreement_vector())
                 try:
                     torch.distributed.all_reduce(vec, op=torch.distributed.ReduceOp.MIN, group=self._group)
@@ -100,7 +132,13 @@ def manager_class() -> type:
                     raise
                 self._target = core.decide(vec.numpy())
                 if self._target is not None:
-                    yield from self.rebalance()
+                    # SGLang's rebalance() empties the recorder: report what it holds first, under the
+                    # version those passes ran on (every rank agreed on this install at this pass)
+                    self._take_load(core)
+                    core.flush()
+                    for _ in self.rebalance():  # a yield per layer chunk: each is a forward pass
+                        self._passes += 1
+                        yield
                     now = get_global_expert_location_metadata().physical_to_logical_map_cpu.numpy()
                     if np.array_equal(now[self._moe_ids], self._target.phy2log):
                         core.installed(self._target.version)
