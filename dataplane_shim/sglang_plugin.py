@@ -15,7 +15,10 @@ Then it replaces the `EPLBManager` that `ModelRunner` builds under `--enable-epl
 `ElasticMoeEplbManager`, which keeps SGLang's `rebalance()` (recorder dump, layer chunks, weight moves
 with recovery) and changes three things:
 - when: instead of every `eplb_rebalance_num_iterations` passes, when the EP ranks agree on a newer
-  certified version (one all-reduce MIN of an int64 pair over the MoE EP CPU group each forward pass);
+  certified version (one all-reduce MIN of an int64 [4] over the MoE EP CPU group each forward pass, which
+  also proves the ranks are at the same pass; `dataplane_shim/install.py`'s `Installer` with agree_every 1:
+  the version counts as installed only once rebalance() returned on its map, one that raised or returned on
+  another map is counted in `install_failures`, the latter re-armed with backoff);
 - what: `_compute_expert_location_metadata` returns that version's placement (its MoE rows at the MoE
   layer ids, SGLang's current rows for the dense layers) instead of running DeepSeek EPLB;
 - load out: every EMOE_REPORT_EVERY passes SGLang's expert-distribution recorder is dumped (an all-reduce
@@ -44,6 +47,7 @@ import numpy as np
 
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
+from dataplane_shim.install import Installer
 from dataplane_shim.peers import PeerWatch, default_store
 from dataplane_shim.plugin import PluginCore, Settings
 
@@ -89,9 +93,13 @@ def manager_class() -> type:
             E, P = int(meta.num_logical_experts), int(phy.shape[1])
             self._link = LinkThread(settings.socket.replace("{rank}", str(self._rank)), 1,
                                     shim_id=f"sglang-ep{self._rank}", ranks=[self._rank])
-            return PluginCore(self._link, Topology(1, G, P // G), len(self._moe_ids), E, self._rank,
+            core = PluginCore(self._link, Topology(1, G, P // G), len(self._moe_ids), E, self._rank,
                               phy[self._moe_ids], genesis=settings.genesis, report_every=settings.report_every,
                               shim_id=f"sglang-ep{self._rank}")
+            # agreement every pass (agree_every=1), as SGLang's rebalance() runs within one pass or its chunks
+            self._inst = Installer(core, agree_every=1, stall_steps=settings.stall_steps or max(256, 8 * len(self._moe_ids)),
+                                   rank=self._rank)
+            return core
 
         def close(self) -> None:
             """Stop the agent link's and the peer watch's threads; idempotent. SGLang 0.5.23 has no teardown
@@ -118,11 +126,12 @@ def manager_class() -> type:
         def _entrypoint(self) -> Iterator[None]:
             while True:
                 core = self._core = self._core or self._setup()
+                inst = self._inst
                 self._passes += 1
                 if self._passes % core.report_every == 0:  # the recorder holds at most K passes of them
                     self._take_load(core)
                     core.flush()
-                vec = torch.from_numpy(core.agreement_vector())
+                vec = torch.from_numpy(inst.agreement_vector())
                 try:
                     torch.distributed.all_reduce(vec, op=torch.distributed.ReduceOp.MIN, group=self._group)
                 except RuntimeError:  # a peer is gone: name it to the agent, then let SGLang fail as it does
@@ -130,20 +139,34 @@ def manager_class() -> type:
                         core.peer_unreachable(r)
                     core.report_evidence()
                     raise
-                self._target = core.decide(vec.numpy())
-                if self._target is not None:
-                    # SGLang's rebalance() empties the recorder: report what it holds first, under the
-                    # version those passes ran on (every rank agreed on this install at this pass)
-                    self._take_load(core)
-                    core.flush()
-                    for _ in self.rebalance():  # a yield per layer chunk: each is a forward pass
-                        self._passes += 1
-                        yield
-                    now = get_global_expert_location_metadata().physical_to_logical_map_cpu.numpy()
-                    if np.array_equal(now[self._moe_ids], self._target.phy2log):
-                        core.installed(self._target.version)
-                    self._target = None
+                inst.agreed(vec.numpy())
+                table = inst.to_arm()
+                if table is None:
+                    inst.after_step(moving=False, matched=False)
+                else:
+                    yield from self._install(core, inst, table)
                 yield
+
+        def _install(self, core: PluginCore, inst: Installer, table: RoutingTable) -> Iterator[None]:
+            """Install `table` through SGLang's rebalance() at this pass (every rank armed it at the same one):
+            installed once rebalance() returned with SGLang's map equal to the table; one that returned on
+            another map (rebalance disabled, say) or raised is an install failure (`install_failures`; the
+            former is re-armed with backoff, the latter propagates: SGLang fails as it does)."""
+            # SGLang's rebalance() empties the recorder: report what it holds first, under the version those
+            # passes ran on
+            self._take_load(core)
+            core.flush()
+            self._target, ended = table, False
+            try:
+                for _ in self.rebalance():  # a yield per layer chunk: each is a forward pass
+                    self._passes += 1
+                    inst.after_step(moving=True, matched=False)
+                    yield
+                ended = True
+            finally:  # also when it raised, or when SGLang's reset_generator() dropped it mid-move
+                self._target = None
+                now = get_global_expert_location_metadata().physical_to_logical_map_cpu.numpy()
+                inst.after_step(moving=False, matched=ended and np.array_equal(now[self._moe_ids], table.phy2log))
 
         def _check_rebalance_needed(self, average_utilization_rate_over_window: Any) -> bool:
             return True

@@ -136,6 +136,7 @@ def worker(rank: int, args: argparse.Namespace) -> None:
     weights = {str(layer): [w[:, 0].tolist() for w in ws] for layer, ws in model.routed_experts_weights_of_layer.items()}
     write(Path(args.out) / f"rank{rank}.json", {
         "rank": rank, "manager": type(mgr).__name__, "version": core.version, "installs": core.stats.installs,
+        "install": mgr._inst.status(),
         "p2l": now.physical_to_logical_map_cpu.tolist(), "weights": weights, "reports": link.sent,
         "last_report": _counts(link.last),
         "offered": [{"first_step": r.first_step, "steps": r.steps, "version": r.version, "counts": _counts(r)}

@@ -85,6 +85,9 @@ def test_sglang_eplb_manager_installs_a_certified_table(tmp_path: Path) -> None:
     for i, doc in enumerate(ranks):
         assert doc["manager"] == "ElasticMoeEplbManager" and doc["ep_group"] == [i, 2]
         assert (doc["version"], doc["installs"]) == (2, 1), doc
+        st = doc["install"]  # armed once at the first pass, done when rebalance() returned on v2's map
+        assert (st["installed"], st["armed"], st["install_failures"], st["phase"], st["inflight"], st["queued"],
+                st["step"], st["last_install_steps"]) == (2, 1, 0, "idle", 0, 0, PASSES, 1), st
         assert doc["p2l"] == v2.phy2log.tolist(), doc  # SGLang's own map, after its updater
         for layer in range(L):
             want = [float(layer * 100 + e) for e in v2.phy2log[layer, i * 5:(i + 1) * 5]]
