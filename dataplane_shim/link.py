@@ -185,6 +185,10 @@ class LinkThread:
         return fut.result(timeout)
 
     def close(self) -> None:
+        """Stop the watch and the sender and the loop's thread; idempotent."""
+        if self._loop.is_closed():
+            return
+
         async def stop() -> None:
             for task in (self._watch, self._sender):
                 task.cancel()

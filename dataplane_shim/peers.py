@@ -9,6 +9,7 @@ the store is handed in (`default_store()` finds torch.distributed's).
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -23,8 +24,6 @@ class PeerWatch:
     then nothing is named (the agents' own probes find it)."""
 
     def __init__(self, store: Any, rank: int, world: int, period_s: float = 0.25, prefix: str = "elasticmoe") -> None:
-        import threading
-
         self.store, self.rank, self.world, self.period_s = store, rank, world, period_s
         self.key = f"{prefix}/alive/{{}}"
         self._stop = threading.Event()
@@ -54,8 +53,12 @@ class PeerWatch:
                 return [r for r in range(self.world) if r != self.rank and second[r] == first[r]]
         return []
 
-    def close(self) -> None:
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop beating and wait up to `timeout` for the thread (a store call in flight is bounded by the
+        store's own timeout); idempotent."""
         self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
 
 
 def default_store() -> Any:

@@ -236,6 +236,15 @@ class PluginCore:
         """Once `report_every` steps of load are in, offer them to the link as one report (never blocks)."""
         if self._steps < self.report_every:
             return False
+        return self._report()
+
+    def flush(self) -> bool:
+        """Offer the load added since the last report now, however few its steps (never blocks): before the
+        engine's install empties its counters, so that those steps are reported under the version they ran
+        on. False when no step is pending."""
+        return self._steps > 0 and self._report()
+
+    def _report(self) -> bool:
         counts = np.minimum(self._load, np.iinfo(np.uint32).max).astype(np.uint32)
         report = make_load_report(self.shim_id, self.rank, self._first_step, self._steps, self.version, counts,
                                   unreachable_ranks=self._unreachable)

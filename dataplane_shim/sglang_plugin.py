@@ -15,13 +15,24 @@ Then it replaces the `EPLBManager` that `ModelRunner` builds under `--enable-epl
 `ElasticMoeEplbManager`, which keeps SGLang's `rebalance()` (recorder dump, layer chunks, weight moves
 with recovery) and changes three things:
 - when: instead of every `eplb_rebalance_num_iterations` passes, when the EP ranks agree on a newer
-  certified version (one all-reduce MIN of an int64 pair over the MoE EP CPU group each forward pass);
+  certified version (one all-reduce MIN of an int64 [4] over the MoE EP CPU group each forward pass, which
+  also proves the ranks are at the same pass; `dataplane_shim/install.py`'s `Installer` with agree_every 1:
+  the version counts as installed only once rebalance() returned on its map, one that raised or returned on
+  another map is counted in `install_failures`, the latter re-armed with backoff);
 - what: `_compute_expert_location_metadata` returns that version's placement (its MoE rows at the MoE
   layer ids, SGLang's current rows for the dense layers) instead of running DeepSeek EPLB;
 - load out: every EMOE_REPORT_EVERY passes SGLang's expert-distribution recorder is dumped (an all-reduce
   SUM over ranks, so only EP rank 0 reports the global count to its agent). Run with
   `--expert-distribution-recorder-mode stat --expert-distribution-recorder-buffer-size K` and
-  EMOE_REPORT_EVERY=K so that one dump covers exactly the passes since the last.
+  EMOE_REPORT_EVERY=K so that one dump covers exactly the passes since the last. SGLang's `rebalance()`
+  empties the recorder, so right before an install (agreed by every rank at the same pass) the manager
+  dumps it too and reports those passes at once, under the version they ran on: every pass is reported
+  once. (A chunked rebalance, `--eplb-rebalance-layers-per-chunk`, spends a pass per chunk; those passes
+  are counted and reported with the next dump; the recorder's circular buffer keeps only the last K, so a
+  rebalance whose chunk passes cross a multiple of K loses the oldest of them.)
+Closing: `close()` stops the agent link's and the peer watch's threads. SGLang 0.5.23 has no teardown hook
+for its EPLB manager (a scheduler process ends by exit or signal), so in SGLang both end with the process:
+they are daemon threads, and the agent learns of the exit from the link's closed socket.
 The agents' genesis must be SGLang's boot placement (`genesis = "sglang"`, or the `--init-expert-location`
 file as a placement file); the plugin refuses to run otherwise.
 """
@@ -30,14 +41,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
+from dataplane_shim.install import Installer
 from dataplane_shim.peers import PeerWatch, default_store
 from dataplane_shim.plugin import PluginCore, Settings
+
+if TYPE_CHECKING:
+    from dataplane_shim.link import LinkThread
 
 log = logging.getLogger("elasticmoe.sglang")
 
@@ -56,8 +71,10 @@ def manager_class() -> type:
         def __init__(self, **kw: Any) -> None:
             super().__init__(**kw)
             self._core: PluginCore | None = None
+            self._link: LinkThread | None = None
             self._target: RoutingTable | None = None
-            self._passes = 0
+            self._passes = 0   # forward passes seen: the same count on every EP rank
+            self._dumped = 0   # passes already taken out of SGLang's recorder
             self._watch: PeerWatch | None = None
 
         def _setup(self) -> PluginCore:
@@ -74,23 +91,47 @@ def manager_class() -> type:
             self._moe_ids = sorted(self._get_model().routed_experts_weights_of_layer.keys())
             phy = meta.physical_to_logical_map_cpu.numpy().astype(np.int64)
             E, P = int(meta.num_logical_experts), int(phy.shape[1])
-            link = LinkThread(settings.socket.replace("{rank}", str(self._rank)), 1,
-                              shim_id=f"sglang-ep{self._rank}", ranks=[self._rank])
-            return PluginCore(link, Topology(1, G, P // G), len(self._moe_ids), E, self._rank, phy[self._moe_ids],
-                              genesis=settings.genesis, report_every=settings.report_every,
+            self._link = LinkThread(settings.socket.replace("{rank}", str(self._rank)), 1,
+                                    shim_id=f"sglang-ep{self._rank}", ranks=[self._rank])
+            core = PluginCore(self._link, Topology(1, G, P // G), len(self._moe_ids), E, self._rank,
+                              phy[self._moe_ids], genesis=settings.genesis, report_every=settings.report_every,
                               shim_id=f"sglang-ep{self._rank}")
+            # agreement every pass (agree_every=1), as SGLang's rebalance() runs within one pass or its chunks
+            self._inst = Installer(core, agree_every=1, stall_steps=settings.stall_steps or max(256, 8 * len(self._moe_ids)),
+                                   rank=self._rank)
+            return core
+
+        def close(self) -> None:
+            """Stop the agent link's and the peer watch's threads; idempotent. SGLang 0.5.23 has no teardown
+            hook for its EPLB manager (a scheduler process ends by exit or signal): both are daemon threads,
+            and the agent learns of the exit from the link's closed socket."""
+            watch, link, self._watch, self._link = self._watch, self._link, None, None
+            if watch is not None:
+                watch.close()
+            if link is not None:
+                link.close()
+
+        def _take_load(self, core: PluginCore) -> None:
+            """Dump SGLang's recorder and add the passes since the last dump to the core. The dump is a
+            collective (an all-reduce SUM over ranks), so every rank calls this at the same pass, on a schedule
+            of the shared pass count and the agreed version; only EP rank 0 keeps the summed counts."""
+            steps, self._dumped = self._passes - self._dumped, self._passes
+            if steps == 0:
+                return
+            counts = get_global_expert_distribution_recorder().dump_record(output_mode="object")
+            if self._rank == 0:
+                c = counts["logical_count"].cpu().numpy().reshape(-1, *counts["logical_count"].shape[-2:])
+                core.add_load(c.sum(axis=0)[self._moe_ids], steps)
 
         def _entrypoint(self) -> Iterator[None]:
             while True:
                 core = self._core = self._core or self._setup()
+                inst = self._inst
                 self._passes += 1
-                if self._passes % core.report_every == 0:
-                    counts = get_global_expert_distribution_recorder().dump_record(output_mode="object")
-                    if self._rank == 0:  # the dump is already summed over ranks
-                        c = counts["logical_count"].cpu().numpy().reshape(-1, *counts["logical_count"].shape[-2:])
-                        core.add_load(c.sum(axis=0)[self._moe_ids], core.report_every)
-                        core.maybe_report()
-                vec = torch.from_numpy(core.agreement_vector())
+                if self._passes % core.report_every == 0:  # the recorder holds at most K passes of them
+                    self._take_load(core)
+                    core.flush()
+                vec = torch.from_numpy(inst.agreement_vector())
                 try:
                     torch.distributed.all_reduce(vec, op=torch.distributed.ReduceOp.MIN, group=self._group)
                 except RuntimeError:  # a peer is gone: name it to the agent, then let SGLang fail as it does
@@ -98,14 +139,34 @@ def manager_class() -> type:
                         core.peer_unreachable(r)
                     core.report_evidence()
                     raise
-                self._target = core.decide(vec.numpy())
-                if self._target is not None:
-                    yield from self.rebalance()
-                    now = get_global_expert_location_metadata().physical_to_logical_map_cpu.numpy()
-                    if np.array_equal(now[self._moe_ids], self._target.phy2log):
-                        core.installed(self._target.version)
-                    self._target = None
+                inst.agreed(vec.numpy())
+                table = inst.to_arm()
+                if table is None:
+                    inst.after_step(moving=False, matched=False)
+                else:
+                    yield from self._install(core, inst, table)
                 yield
+
+        def _install(self, core: PluginCore, inst: Installer, table: RoutingTable) -> Iterator[None]:
+            """Install `table` through SGLang's rebalance() at this pass (every rank armed it at the same one):
+            installed once rebalance() returned with SGLang's map equal to the table; one that returned on
+            another map (rebalance disabled, say) or raised is an install failure (`install_failures`; the
+            former is re-armed with backoff, the latter propagates: SGLang fails as it does)."""
+            # SGLang's rebalance() empties the recorder: report what it holds first, under the version those
+            # passes ran on
+            self._take_load(core)
+            core.flush()
+            self._target, ended = table, False
+            try:
+                for _ in self.rebalance():  # a yield per layer chunk: each is a forward pass
+                    self._passes += 1
+                    inst.after_step(moving=True, matched=False)
+                    yield
+                ended = True
+            finally:  # also when it raised, or when SGLang's reset_generator() dropped it mid-move
+                self._target = None
+                now = get_global_expert_location_metadata().physical_to_logical_map_cpu.numpy()
+                inst.after_step(moving=False, matched=ended and np.array_equal(now[self._moe_ids], table.phy2log))
 
         def _check_rebalance_needed(self, average_utilization_rate_over_window: Any) -> bool:
             return True

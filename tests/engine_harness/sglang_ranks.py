@@ -12,8 +12,9 @@ trivial), its stat recorder, its `ExpertLocationUpdater`, and the plugin's `Elas
 CDIR/rank{r}/ reach the plugin through a link that reads files (no agent); the version both ranks hold is
 installed by SGLang's `rebalance()`: `init_by_mapping`, then `update_expert_location_with_recovery` ->
 `ExpertLocationUpdater.update`, whose P2P ops (`batch_isend_irecv` over gloo) move the expert weights.
-Each rank writes DIR/rank{r}.json: the plugin's installed version, SGLang's physical_to_logical_map, and the
-first column of every local slot's weights (expert weights encode `layer * 100 + expert`, the second tensor 2x).
+Each rank writes DIR/rank{r}.json: the plugin's installed version, SGLang's physical_to_logical_map, the
+first column of every local slot's weights (expert weights encode `layer * 100 + expert`, the second tensor 2x),
+and every load report its plugin offered (first step, steps, version, counts).
 
 Stubs (modules SGLang imports on this path but does not use here), installed in sys.modules before SGLang:
 - `torchvision`, `torchvision.transforms`, `torchvision.transforms.functional` (with `InterpolationMode`):
@@ -135,13 +136,15 @@ def worker(rank: int, args: argparse.Namespace) -> None:
     weights = {str(layer): [w[:, 0].tolist() for w in ws] for layer, ws in model.routed_experts_weights_of_layer.items()}
     write(Path(args.out) / f"rank{rank}.json", {
         "rank": rank, "manager": type(mgr).__name__, "version": core.version, "installs": core.stats.installs,
+        "install": mgr._inst.status(),
         "p2l": now.physical_to_logical_map_cpu.tolist(), "weights": weights, "reports": link.sent,
         "last_report": _counts(link.last),
+        "offered": [{"first_step": r.first_step, "steps": r.steps, "version": r.version, "counts": _counts(r)}
+                    for r in link.offered],
         "ep_group": [ps.get_moe_ep_group().rank_in_group, ps.get_moe_ep_group().world_size],
     })
-    if mgr._watch is not None:  # its thread beats into rank 0's store: stop it on both before the store goes
-        mgr._watch.close()
-        mgr._watch._thread.join(timeout=5)
+    mgr.close()  # the peer watch beats into rank 0's store: stop it on both ranks before the store goes
+    mgr.close()  # idempotent
     torch.distributed.barrier()
     ps.destroy_model_parallel()
     ps.destroy_distributed_environment()

@@ -131,6 +131,7 @@ class DirLink:
     def __init__(self, d: Path) -> None:
         self.dir, self.seen, self.dropped, self.sent = d, 0, 0, 0
         self.last: Any = None
+        self.offered: list[Any] = []  # every report offered, in order
 
     def drain(self) -> list[Any]:
         from elasticmoe.v1 import consensus_pb2 as cpb
@@ -144,6 +145,7 @@ class DirLink:
 
     def offer(self, report: Any) -> None:
         self.last, self.sent = report, self.sent + 1
+        self.offered.append(report)
 
     def close(self) -> None:
         pass

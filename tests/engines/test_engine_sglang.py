@@ -11,7 +11,9 @@
    `init_by_mapping` -> `update_expert_location_with_recovery` -> `ExpertLocationUpdater.update`, whose P2P
    ops move the toy expert weights over gloo; both ranks then hold, in every physical slot, the weights of the
    logical expert the table names, SGLang's map equals the table, the plugin reports v2 installed, and rank 0's
-   load report carries the recorder's dump summed over the ranks. Stubs and stand-ins: the harness docstring
+   load reports carry the recorder's dumps summed over the ranks, every pass once: the pass before the
+   install is reported before SGLang's rebalance() empties the recorder, and the reports add up to the tokens
+   fed. Stubs and stand-ins: the harness docstring
    (torchvision stubbed; `torch.cpu.empty_cache`, the recorder's accelerator probe, the model's
    `routed_experts_weights_of_layer`, the weight updater, the agent link stood in for).
 2. The adapters against `_compute_logical_to_all_physical_map` (what `init_by_mapping` builds), over
@@ -83,15 +85,28 @@ def test_sglang_eplb_manager_installs_a_certified_table(tmp_path: Path) -> None:
     for i, doc in enumerate(ranks):
         assert doc["manager"] == "ElasticMoeEplbManager" and doc["ep_group"] == [i, 2]
         assert (doc["version"], doc["installs"]) == (2, 1), doc
+        st = doc["install"]  # armed once at the first pass, done when rebalance() returned on v2's map
+        assert (st["installed"], st["armed"], st["install_failures"], st["phase"], st["inflight"], st["queued"],
+                st["step"], st["last_install_steps"]) == (2, 1, 0, "idle", 0, 0, PASSES, 1), st
         assert doc["p2l"] == v2.phy2log.tolist(), doc  # SGLang's own map, after its updater
         for layer in range(L):
             want = [float(layer * 100 + e) for e in v2.phy2log[layer, i * 5:(i + 1) * 5]]
             w13, w2 = doc["weights"][str(layer)]
             assert w13 == want and w2 == [2 * x for x in want], (i, layer, doc["weights"])
-    # reports every 2 passes from EP rank 0 only, of the dump SGLang's recorder sums over both ranks: the last
-    # covers 2 passes x 2 ranks x HOT tokens on logical expert 0 in each layer
-    assert ranks[0]["reports"] == PASSES // 2 and ranks[1]["reports"] == 0
+    # reports from EP rank 0 only, of the dump SGLang's recorder sums over both ranks: v2 is agreed at the first
+    # pass, so its pass is reported under v1 right before SGLang's rebalance() empties the recorder, then every
+    # 2 passes (the first of them 1 pass long); the last covers 2 passes x 2 ranks x HOT tokens on logical
+    # expert 0 in each layer
+    assert ranks[0]["reports"] == 1 + PASSES // 2 and ranks[1]["reports"] == 0 and ranks[1]["offered"] == []
     assert ranks[0]["last_report"] == [[2 * 2 * HOT] + [0] * (E - 1)] * L
+    offered = ranks[0]["offered"]
+    assert [(r["first_step"], r["steps"], r["version"]) for r in offered] == [
+        (0, 1, 1), (1, 1, 2), (2, 2, 2), (4, 2, 2)], offered
+    # over the whole run, across the install, every pass is counted once: the reported counts are exactly the
+    # tokens the harness fed (PASSES passes x 2 ranks x HOT tokens on logical expert 0 in each layer)
+    assert sum(r["steps"] for r in offered) == PASSES
+    total = np.sum([r["counts"] for r in offered], axis=0)
+    assert total.tolist() == [[PASSES * 2 * HOT] + [0] * (E - 1)] * L, total
 
 
 def test_sglang_formats_and_entry_point() -> None:

@@ -154,6 +154,8 @@ def test_peer_watch_names_the_ranks_that_stopped_beating() -> None:
     finally:
         for x in w:
             x.close()
+            x.close()  # idempotent
+            assert not x._thread.is_alive()  # close() waits for the beat thread
 
 
 def test_the_plugin_core_sends_its_evidence_at_once() -> None:

@@ -166,6 +166,7 @@ async def test_offer_never_blocks_and_counts_what_it_drops(served: tuple[str, So
         assert absent.dropped == 5 and absent.sent == 0 and absent.errors
     finally:
         await asyncio.to_thread(absent.close)
+        await asyncio.to_thread(absent.close)  # idempotent
         os.rmdir(d)
     lt = await asyncio.to_thread(LinkThread, path, 0, shim_id="r1", queue_size=2)
     try:

@@ -129,6 +129,18 @@ def test_load_is_reported_every_k_steps_with_its_span() -> None:
         c.add_load(np.zeros((L, E + 1)))
 
 
+def test_flush_reports_the_pending_steps_under_the_running_version_then_nothing() -> None:
+    link = FakeLink()
+    c = core(1, link)
+    assert not c.flush()  # nothing pending: no empty report
+    c.add_load(np.full((L, E), 2), steps=1)
+    assert c.flush() and not c.flush()
+    c.add_load(np.full((L, E), 3), steps=2)
+    c.flush()
+    assert [(r.first_step, r.steps, r.version) for r in link.sent] == [(0, 1, 1), (1, 2, 1)]
+    assert [int(np.frombuffer(r.counts, "<u4").sum()) for r in link.sent] == [2 * L * E, 3 * L * E]
+
+
 def test_an_unreachable_peer_rides_the_next_report_once() -> None:
     link = FakeLink()
     c = core(1, link)
