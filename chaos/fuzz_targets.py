@@ -202,7 +202,9 @@ class ConsensusTarget(Target):
         if self.method == "CatchUp":
             if not isinstance(reply, pb.CatchUpReply):
                 raise TypeError(f"CatchUp answered {type(reply).__name__}")
-            return Verdict(False, read_only=True)
+            # a query, except that an enrolling one is recorded durably before it is answered (rebuild.py)
+            enrolling = isinstance(req, pb.CatchUpRequest) and req.enrolment != 0
+            return Verdict(False, read_only=not enrolling)
         ok = getattr(reply, "ok", None)
         if ok is None:
             raise TypeError(f"{self.name} answered {type(reply).__name__}: expected a typed reply")
