@@ -34,7 +34,8 @@ One command per line, `#` starts a comment:
                                      it realises worse than its parent, and must be rolled back (I6)
     drain RANK | restore RANK        operator drain / restore through a live node's admin backend (refusals
                                      are reported, not errors)
-    stabilize                        every fault ends (killed nodes restart), then settle: I5 within a bound
+    stabilize                        every fault ends (killed nodes restart, armed faults are dropped), then settle:
+                                     I5 within a bound
 
 RANK is a rank id or `random` (an active rank to drain, an inactive rank of an up node to restore).
 NODE is an id (n03), `random` (an up node), `voter` (the round-0 owner of the next version, the node
