@@ -53,8 +53,8 @@ def _tally(collected: Any, a: argparse.Namespace, out: Path | None, t0: float) -
 
 
 def _fault_kinds(results: list[dict[str, Any]]) -> dict[str, int]:
-    """How many faults of each kind the schedules injected (`partition bridge`, `restart-cluster rolling`:
-    kinds with a mode keep it), most frequent first."""
+    """How many faults of each kind the schedules injected (`partition bridge`, `restart-cluster rolling`,
+    `wipe-data-dir after-accept`: kinds with a mode or a point keep it), most frequent first."""
     n: dict[str, int] = {}
     for r in results:
         for line in r.get("lines") or []:
@@ -62,7 +62,8 @@ def _fault_kinds(results: list[dict[str, Any]]) -> dict[str, int]:
             if not w or w[0] in ("tick", "add-nodes", "stabilize", "heal", "clear-link"):
                 continue
             moded = w[0] in ("partition", "restart-cluster") and len(w) > 1 and not w[1].startswith("n")
-            k = " ".join(w[:2]) if moded else w[0]
+            armed = len(w) > 2 and w[2].startswith("after-")  # `crash voter after-commit`: crash after-commit
+            k = " ".join(w[:2]) if moded else f"{w[0]} {w[2]}" if armed else w[0]
             n[k] = n.get(k, 0) + 1
     return dict(sorted(n.items(), key=lambda kv: (-kv[1], kv[0])))
 
@@ -184,6 +185,8 @@ def run_sim(a: argparse.Namespace) -> int:
                "shifts": not a.no_shifts,
                "errors": len(errors), "error_seeds": errors[:20], "repairs": sum(r.get("repairs", 0) for r in results),
                "rollbacks": sum(r.get("rollbacks", 0) for r in results),
+               "wipes": sum(r.get("wipes", 0) for r in results),
+               "wipes_at_genesis": sum(r.get("wipes_at_genesis", 0) for r in results),
                "i6_judged": sum(r.get("i6_judged", 0) for r in results), "tokens": tokens,
                "faults": _fault_kinds(results)}
     if out is not None:
@@ -217,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--skew", action="store_true", help="generated schedules may also skew node clocks")
     r.add_argument("--disks", action="store_true",
                    help="generated schedules may also restart the whole cluster (at once or rolling), lose or "
-                        "corrupt a node's store, and fill its disk (processes: data_dirs on tmpfs, needs root)")
+                        "corrupt a node's store, fill its disk, and wipe one node's whole data_dir (store and "
+                        "IDENTITY), at once or at a step of a version (processes: data_dirs on tmpfs, needs root)")
     r.add_argument("--no-shifts", action="store_true",
                    help="generated schedules end without the load shift that makes a committed rebalance realise "
                         "worse than its parent (whose rollback I6 then requires)")

@@ -1,6 +1,7 @@
 """The process runner's fault episodes (chaos/procrunner.py plays them on real agent processes): which nodes
-are killed, paused, partitioned, lose or corrupt their logs, or fill their disks, what the network does to
-their packets (loss, delay with reordering, duplication, one-way links), and for how long."""
+are killed, paused, partitioned, lose or corrupt their logs, lose their whole data_dir, or fill their disks,
+what the network does to their packets (loss, delay with reordering, duplication, one-way links), and for
+how long."""
 
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ class Episode:
     corrupt: list[int] = field(default_factory=list)  # kill -9, a byte flipped mid-log; restart must refuse
     cut_log: list[int] = field(default_factory=list)  # kill -9, the log's last records cut; rebuild as a learner
     disk_full: list[int] = field(default_factory=list)  # the data_dir's tmpfs full for the hold
+    # kill -9, the whole data_dir emptied (log and IDENTITY marker: the restart looks new), restart
+    wipe_data_dir: list[int] = field(default_factory=list)
     hold_s: float = 1.0
 
     def describe(self, ids: list[str]) -> str:
@@ -42,12 +45,16 @@ class Episode:
         parts += [f"corrupt the log of {ids[k]}" for k in self.corrupt]
         parts += [f"cut the log of {ids[k]}" for k in self.cut_log]
         parts += [f"fill the disk of {ids[k]}" for k in self.disk_full]
+        parts += [f"wipe the data_dir of {ids[k]}" for k in self.wipe_data_dir]
         return f"{'; '.join(parts)} for {self.hold_s:.1f} s"
 
 
 def make_schedule(rng: random.Random, n: int, net: bool = False, disks: bool = False) -> list[Episode]:
     """One to three episodes; each one or two fault kinds on distinct nodes (`net`: packet loss, delay,
-    duplication and one-way links; `disks`: whole-cluster restart and the store faults)."""
+    duplication and one-way links; `disks`: whole-cluster restart and the store faults, and one node's whole
+    data_dir wiped in one episode, drawn from a generator of its own so that the episodes drawn from `rng`
+    are the ones the seed gave before)."""
+    wipe = random.Random(str(rng.getstate())) if disks else None
     out = []
     menu = ["partition", "kill", "pause"] + (["loss", "delay", "duplicate", "one-way"] if net else [])
     menu += ["restart-all", "lose-store", "corrupt", "disk-full", "cut-log"] if disks else []
@@ -82,4 +89,15 @@ def make_schedule(rng: random.Random, n: int, net: bool = False, disks: bool = F
         if "pause" in kinds:
             ep.pause = [nodes.pop()]
         out.append(ep)
-    return out
+    return with_wipe(out, n, wipe) if wipe is not None else out
+
+
+def with_wipe(episodes: list[Episode], n: int, w: random.Random) -> list[Episode]:
+    """One of `episodes` (drawn from `w`) also wipes the data_dir of a node no other fault of it touches
+    (none when it restarts the whole cluster)."""
+    ep = w.choice(episodes)
+    busy = set(ep.kill + ep.pause + ep.deaf + ep.lose_store + ep.corrupt + ep.cut_log + ep.disk_full)
+    free = [k for k in range(n) if k not in busy]
+    if free and not ep.restart_all:
+        ep.wipe_data_dir.append(w.choice(free))
+    return episodes

@@ -1,12 +1,13 @@
 """Disk faults for the process runner, on real files: each agent's data_dir on a tmpfs of its own (a disk that
 can fill up), a filler file that takes its last byte, a byte flipped in the middle of a log, a log cut at a record boundary,
-a log lost.
+a log lost, a whole data_dir wiped.
 Root only (mount); without it the runner leaves the disk faults out and says so in its report."""
 
 from __future__ import annotations
 
 import errno
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -78,3 +79,17 @@ def lose_log(log: Path) -> bool:
         return False
     os.replace(log, log.with_name(log.name + ".lost"))
     return True
+
+
+def wipe_data_dir(data_dir: Path) -> int:
+    """Everything in the data_dir is gone, its IDENTITY marker with the log (a node rebuilt from a blank disk
+    image): the restart cannot tell that it ran before. The directory itself (a mount point) stays. Returns
+    the entries removed."""
+    gone = 0
+    for entry in data_dir.iterdir():
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+        gone += 1
+    return gone

@@ -15,7 +15,8 @@ switch process between network namespaces, and on tmpfs data_dirs (the fault fil
   restart, SIGSTOP then SIGCONT, partitions (isolate one node, minority | majority, halves), one-way links,
   packet loss, delay and duplication (namespaces only), and with `disks` (root: each data_dir a tmpfs of its
   own, chaos/procfaults.py) a whole-cluster kill -9 and restart, a lost log (the node rebuilds as a
-  learner), a full disk (the node fail-stops, then resumes), and a byte flipped mid-log (the restart must
+  learner), a whole data_dir wiped (log and IDENTITY marker: the restart looks new, and must enrol with the
+  others before it votes), a full disk (the node fail-stops, then resumes), and a byte flipped mid-log (the restart must
   refuse, naming the offset; then `emoe store repair` and a restart that rebuilds);
 - checks (chaos.proccheck): I1 one table per version across every agent's store log; I2 each log and each
   engine strictly increasing with parent = previous; I3 every committed table certified and valid; I5
@@ -129,7 +130,7 @@ class ProcRunner:
         self.head_again_s: list[float] = []  # its head asked again for I7: how long until it answered
         self.fault_counts = {"kill": 0, "pause": 0, "partition": 0, "one_way": 0, "loss": 0, "delay": 0,
                              "duplicate": 0, "restart_all": 0, "lose_store": 0,
-                             "corrupt": 0, "disk_full": 0, "cut_log": 0}
+                             "corrupt": 0, "disk_full": 0, "cut_log": 0, "wipe_data_dir": 0}
         self.log = log or (lambda *a: None)
 
     def data_dir(self, k: int) -> Path:
@@ -201,11 +202,15 @@ class ProcRunner:
             self.fault_counts["kill"] += 1
         wiped = set()  # nodes whose log is gone: nothing of theirs to find after the restart
         cut: dict[int, int] = {}  # node -> bytes cut off its log
-        for k in (ep.lose_store + ep.corrupt + ep.cut_log) if self.fault_kinds["disks"] else []:
+        store_faults = ep.lose_store + ep.corrupt + ep.cut_log + ep.wipe_data_dir
+        for k in store_faults if self.fault_kinds["disks"] else []:
             if k not in ep.kill:
                 await self._kill(k)
                 ep.kill.append(k)
-            if k in ep.lose_store:
+            if k in ep.wipe_data_dir:
+                procfaults.wipe_data_dir(self.data_dir(k))
+                self.fault_counts["wipe_data_dir"] += 1
+            elif k in ep.lose_store:
                 procfaults.lose_log(self.log_path(k))
                 self.fault_counts["lose_store"] += 1
             elif k in ep.cut_log:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,6 +104,7 @@ class QuorumSim:
         self.signers = signers or {}  # node id -> agent.consensus.signing.VoteSigner (mTLS clusters)
         self.nodes: dict[str, ConsensusNode] = {}
         self.incarnation = dict.fromkeys(self.ids, 0)
+        self.identity: set[str] = set()  # nodes whose data_dir holds its IDENTITY marker (it ran before)
         self.history: list[HistoryEvent] = []
         self.outcomes: list[tuple[str, Outcome]] = []
         self._seq = 0
@@ -123,7 +125,7 @@ class QuorumSim:
         store = RecordingStore(self, n, self.disks[n], len(self.voters) // 2 + 1)
         node = ConsensusNode(n, self.voters, store, self.net.clock(n), self.net.transport(n), self.cfg,
                              self.genesis, live_voters=self.live_voters, members=lambda: self.ids,
-                             rng=random.Random(self.rng.random()), had_store=self.incarnation[n] > 0,
+                             rng=random.Random(self.rng.random()), had_store=n in self.identity,
                              enrolment=zlib.crc32(f"{n}/{len(self.history)}".encode()) | 1,  # new each boot
                              signer=self.signers.get(n))
 
@@ -133,15 +135,18 @@ class QuorumSim:
 
         node.on_commit(installed)
         node.start()
+        self.identity.add(n)  # written once its store first opened
         self.nodes[n] = node
 
     def up(self) -> list[str]:
         return [n for n in self.ids if n not in self.down]
 
-    def crash(self, n: str, tear: bool = False, lose_store: bool = False, cut_records: int = 0) -> None:
+    def crash(self, n: str, tear: bool = False, lose_store: bool = False, cut_records: int = 0,
+              wipe_data_dir: bool = False) -> None:
         """kill -9 of `n`. `tear`: a record torn mid-write is left at the end of its log; `lose_store`: the disk
         is replaced (an empty store); `cut_records`: its log loses its last N whole records (cut at a record
-        boundary, as a file restored from an older copy would be)."""
+        boundary, as a file restored from an older copy would be); `wipe_data_dir`: the whole data_dir is gone,
+        its IDENTITY marker with the store, so that the restart cannot tell it ran before."""
         node = self.nodes[n]
         if n in self.down:
             return
@@ -151,9 +156,11 @@ class QuorumSim:
         node.stop()
         if tear:  # a record torn mid-write: a header promising more bytes than follow
             self.disks[n].tear(bytes([200, 0, 0, 0, 1, 2, 3, 4, 1, 9]))
-        if lose_store:  # a replaced disk: the node restarts with an empty store
+        if lose_store or wipe_data_dir:  # a replaced disk: the node restarts with an empty store
             self.disks[n] = MemoryDisk()
-            self._ev("wipe", n)
+            self._ev("wipe", n, version=node.head.version)
+        if wipe_data_dir:
+            self.identity.discard(n)
         if cut_records:
             self._ev("cut", n, versions=cut_log(self.disks[n], cut_records))
 
@@ -222,15 +229,26 @@ class QuorumSim:
 
 class RecordingStore(Store):
     """A Store that also records each durable accept (who accepted what at which ballot), so the checker
-    can see what a quorum chose. `cluster` is any simulated cluster with an `_ev(kind, node, **fields)`."""
+    can see what a quorum chose. `cluster` is any simulated cluster with an `_ev(kind, node, **fields)`.
+    `durable(kind)`, when given, is told of each promise, accept and commit once it is durable (before the
+    node replies or sends anything on): the hook that times faults to a version's steps."""
 
-    def __init__(self, cluster: Any, node: str, disk: MemoryDisk, quorum: int) -> None:
+    def __init__(self, cluster: Any, node: str, disk: MemoryDisk, quorum: int,
+                 durable: Callable[[str], None] | None = None) -> None:
         super().__init__(disk=disk)
-        self.cluster, self.node, self.quorum = cluster, node, quorum
+        self.cluster, self.node, self.quorum, self.durable = cluster, node, quorum, durable
 
     def save_acceptor(self, state: pb.AcceptorState) -> None:
         super().save_acceptor(state)
+        accepted = state.HasField("accepted") and state.accepted_ballot == state.promised
         if state.HasField("accepted"):
             b = (int(state.accepted_ballot.round), state.accepted_ballot.node_id)
             self.cluster._ev("accept", self.node, version=int(state.version), digest=state.accepted.table.content_hash,
                              ballot=b, quorum=self.quorum)
+        if self.durable is not None and (accepted or state.HasField("promised")):
+            self.durable("accept" if accepted else "promise")
+
+    def append_commit(self, commit: pb.Commit, also: list[pb.AcceptorState] | None = None) -> None:
+        super().append_commit(commit, also)
+        if self.durable is not None:
+            self.durable("commit")

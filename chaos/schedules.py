@@ -8,12 +8,18 @@ One command per line, `#` starts a comment:
     partition n00 n01 | n02 n03      explicit groups (a node named in no group talks to everyone)
     heal                             end partitions, rings and bridges
     crash NODE                       kill -9: only the store's disk survives; `restart NODE` brings it back
+    crash NODE after-commit          armed: kill -9 at NODE's next durable commit, before anything more leaves it
+                                     (a proposer's Learn included); after-promise | after-accept: right after
+                                     its next granted promise or accept has left (simdisks.POINTS)
     rank-loss NODE                   kill -9 of the node and its ranks, for good (settle does not restart it)
     restart NODE | restart all
     restart-cluster                  kill -9 of every node at once, then all restart from their disks (a power
                                      cut, an upgrade of an idle cluster): I7, and commits resume
     restart-cluster rolling          each node in turn: kill -9, 300 ms down, restart, 1 s before the next
     lose-store NODE                  kill -9, the disk replaced (an empty store), restart: it rebuilds as a learner
+    wipe-data-dir NODE [POINT]       kill -9, the whole data_dir gone (the store and its IDENTITY marker: the restart
+                                     cannot tell it ran before), restart; with a POINT (after-promise | after-accept
+                                     | after-commit): armed as for crash, restarted 200 ms after
     cut-log NODE                     kill -9, the log's last 1-4 whole records cut (it still parses): the restart
                                      finds it below its high-water mark and rebuilds as a learner
     corrupt NODE                     kill -9, a byte flipped mid-log: the restart must refuse (naming the offset);
@@ -28,7 +34,8 @@ One command per line, `#` starts a comment:
                                      it realises worse than its parent, and must be rolled back (I6)
     drain RANK | restore RANK        operator drain / restore through a live node's admin backend (refusals
                                      are reported, not errors)
-    stabilize                        every fault ends (killed nodes restart), then settle: I5 within a bound
+    stabilize                        every fault ends (killed nodes restart, armed faults are dropped), then settle:
+                                     I5 within a bound
 
 RANK is a rank id or `random` (an active rank to drain, an inactive rank of an up node to restore).
 NODE is an id (n03), `random` (an up node), `voter` (the round-0 owner of the next version, the node
@@ -122,11 +129,20 @@ def apply(c: SimCluster, line: str, rng: random.Random, settle_limit_s: float = 
         if cmd == "heal":
             c.heal()
             return line
-        if cmd in ("crash", "rank-loss"):
+        if cmd in ("crash", "rank-loss", "wipe-data-dir"):
             n = _node(c, args[0], rng)
-            if n is not None:
-                c.crash(n, lost=cmd == "rank-loss")
-            return f"{cmd} {n}" if n is not None else f"{cmd} (no node up)"
+            if n is None:
+                return f"{cmd} (no node up)"
+            if len(args) > 1:  # armed for a step of the protocol
+                if cmd == "rank-loss":
+                    raise ScheduleError(f"{line!r}: rank-loss takes no point")
+                then = (lambda: c.crash(n)) if cmd == "crash" else (lambda: simdisks.wipe_data_dir(c, n, 0.2))
+                simdisks.arm(c, n, args[1], then)
+                return f"{cmd} {n} {args[1]} (armed)"
+            if cmd == "wipe-data-dir":
+                return simdisks.wipe_data_dir(c, n)
+            c.crash(n, lost=cmd == "rank-loss")
+            return f"{cmd} {n}"
         if cmd == "restart":
             targets = sorted(c.down) if args[0] == "all" else [_node(c, args[0], rng)]
             for n in targets:
@@ -234,7 +250,29 @@ FAULTS = ("partition one", "partition minority", "partition majority", "partitio
 # whole-cluster and rolling restarts, lost and corrupt stores, full disks: drawn too with `disks=True` (off by
 # default, so that a seed keeps giving the schedule it gave before they existed)
 DISK_FAULTS = ("restart-cluster", "restart-cluster rolling", "lose-store random", "corrupt random",
-               "disk-full random", "cut-log random")
+               "disk-full random", "cut-log random")  # and one `wipe-data-dir` a schedule (with_wipe)
+
+
+# where a data_dir wipe strikes: at once, or at the node's next durable promise, accept or commit
+WIPE_POINTS = ("", " after-promise", " after-accept", " after-commit")
+
+
+def with_wipe(lines: list[str], w: random.Random) -> list[str]:
+    """`lines` (a generated schedule) with one data_dir wipe added, drawn from `w` alone, so that the lines
+    drawn before are kept as they were. Half the time it is armed before the warm-up, on a new cluster (its
+    first commit is the first version's), else after one of the faults (a later version's). Two times in
+    three, the next version's round-0 owner is armed to die between its commit's persist and its Learn
+    (then only the voters that chose the value know it). The wipe strikes at a node's next durable
+    promise, accept or commit, or at once after a tick of its own."""
+    out = list(lines)
+    end = out.index("stabilize")
+    ticks = [i for i in range(2, end) if out[i].startswith("tick")]  # each fault's tick
+    at = 1 if w.random() < 0.5 or not ticks else w.choice(ticks) + 1
+    armed = ["crash voter after-commit"] if w.random() < 2 / 3 else []
+    point = w.choice(WIPE_POINTS)
+    wait = [] if point else ["tick " + w.choice(("300ms", "1s"))]  # on a new cluster: before or after v2
+    out[at:at] = armed + wait + ["wipe-data-dir random" + point]
+    return out
 
 
 # a drift, and the load turning against the rebalance that answers it; 12 s: its N + grace windows close
@@ -247,7 +285,10 @@ def generate(rng: random.Random, nodes: int, faults: int = 3, skew: bool = False
     are allowed: a partition may still be in force when a node crashes), then stabilize. `skew`: clock
     rate skew joins the faults drawn from, `disks` the DISK_FAULTS (both off by default, so that a seed keeps
     giving the same schedule). `shifts`: then SHIFTS, a load drift whose rebalance the load turns against as
-    it commits, so that I6 needs a rollback (it draws nothing here: the schedule before it is unchanged)."""
+    it commits, so that I6 needs a rollback (it draws nothing here: the schedule before it is unchanged).
+    `disks` also adds one data_dir wipe (with_wipe), from a generator of its own seeded by `rng`'s state:
+    the lines drawn from `rng` stay the same (their run does not: the wipe changes what follows it)."""
+    wrng = random.Random(str(rng.getstate())) if disks else None
     menu = FAULTS + (("skew random",) if skew else ()) + (DISK_FAULTS if disks else ())
     out = [f"add-nodes {nodes}", "tick " + rng.choice(("1500ms", "2s", "3s"))]
     for _ in range(faults):
@@ -273,4 +314,4 @@ def generate(rng: random.Random, nodes: int, faults: int = 3, skew: bool = False
     out.append("stabilize")
     if shifts:
         out += SHIFTS
-    return out
+    return with_wipe(out, wrng) if wrng is not None else out

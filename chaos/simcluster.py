@@ -86,6 +86,7 @@ class History:
     # one per outage that some node declared: (node, crashed at, first DEAD verdict while it was down); an
     # outage restarted before anyone declared it has none
     detections: list[tuple[str, float, float]] = field(default_factory=list)
+    wipes: list[tuple[str, float, int]] = field(default_factory=list)  # data_dirs wiped: (node, when, its head)
 
 
 class SimCluster:
@@ -127,6 +128,9 @@ class SimCluster:
         self.link_faults = False
         self.partitioned = False
         self.incarnation = dict.fromkeys(self.ids, 0)
+        self.identity: set[str] = set()  # nodes whose data_dir holds its IDENTITY marker (it ran before)
+        # faults armed for a node's next durable promise, accept or commit: (kind, action), run once
+        self.tripwires: dict[str, list[tuple[str, Callable[[], None]]]] = {}
         self._seq = 0
         self._ops = 0
         self._data_dir = tempfile.gettempdir() + "/emoe-simcluster"
@@ -151,13 +155,15 @@ class SimCluster:
         return from_dict(raw)
 
     def _boot(self, n: str) -> None:
-        store = RecordingStore(self, n, self.disks[n], len(self.ids) // 2 + 1)
+        store = RecordingStore(self, n, self.disks[n], len(self.ids) // 2 + 1,
+                               durable=lambda kind, n=n: self._durable(n, kind))
         if n in self.rates:  # the skew is the machine's oscillator: it survives a restart of the process
             self.net.clock(n).set_rate(self.rates[n])
         st = NodeState(self.config(n), clock=self.net.clock(n), transport=self.net.transport(n), store=store,
                        telemetry=self._tel, rng_seed=zlib.crc32(f"{n}/{self.seed}/{self.incarnation[n]}".encode()),
-                       had_store=self.incarnation[n] > 0)  # an empty disk after the first boot was lost
+                       had_store=n in self.identity)  # the data_dir's marker: an empty store after it was lost
         st.start()
+        self.identity.add(n)  # the marker is written once its store first opened
         self.states[n] = st
         st.consensus.on_commit(lambda c, t, n=n: self._installed(n, c, t))
         st.hooks.proposing.append(lambda table, n=n: self._proposing(n, table))
@@ -196,6 +202,13 @@ class SimCluster:
                                                            float(c.plan.verified_gain), t, plan_kind(c.plan))
             for cb in list(self.on_new_commit):
                 cb(self.history.commits[t.version])
+
+    def _durable(self, n: str, kind: str) -> None:
+        """n's store made a promise, accept or commit durable: run the first fault armed for that kind."""
+        armed = self.tripwires.get(n, [])
+        hit = next((i for i, (k, _) in enumerate(armed) if k == kind), None)
+        if hit is not None:
+            armed.pop(hit)[1]()
 
     def _member(self, observer: str, m: Member) -> None:
         t0 = self.down_since.get(m.node_id)
@@ -370,7 +383,9 @@ class SimCluster:
             self.rates[n] = rate
 
     def heal_all(self, restart: bool = True) -> None:
-        """Every fault ends: heal, clear link faults, resume, restart killed nodes (not lost ones), unskew."""
+        """Every fault ends: heal, clear link faults, resume, restart killed nodes (not lost ones), unskew; faults
+        armed for a later step are dropped."""
+        self.tripwires.clear()
         self.heal()
         self.clear_link()
         for n in sorted(self.rates):

@@ -1,9 +1,12 @@
-"""Disk faults of the simulated cluster: a lost store, a log cut at a record boundary, a byte flipped mid-log,
-a full disk (each node's MemoryDisk). The process runner does the same on real files (chaos/procfaults.py)."""
+"""Disk faults of the simulated cluster: a lost store, a whole data_dir wiped, a log cut at a record boundary,
+a byte flipped mid-log, a full disk (each node's MemoryDisk, and `SimCluster.identity` for the data_dir's
+IDENTITY marker), and faults armed for a node's next durable promise, accept or commit. The process runner
+does the same on real files (chaos/procfaults.py)."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 from agent.store import MemoryDisk, Store, StoreCorrupt
 from chaos.quorumsim import cut_log as cut_records
@@ -18,6 +21,49 @@ def lose_store(c: SimCluster, n: str) -> None:
     c.disks[n] = MemoryDisk()
     c._ev("wipe", n)
     c.restart(n)
+
+
+def wipe_data_dir(c: SimCluster, n: str, restart_after: float | None = 0.0) -> str:
+    """kill -9, and the node's whole data_dir is gone: its store (the disk emptied) and its IDENTITY marker, so
+    that it restarts with `had_store` False and only the other voters' enrolment records can tell that it
+    ran before. `restart_after`: seconds until it restarts (a supervisor; None: left down for `restart`).
+    Returns what happened, for the report (with the head it had: genesis means before the first commit)."""
+    head = c.states[n].head_version()
+    c.crash(n)
+    c._fault(f"wipe-data-dir {n}")
+    c.disks[n] = MemoryDisk()
+    c.identity.discard(n)
+    c._ev("wipe", n, version=head)
+    c.history.wipes.append((n, c.clock.now(), head))
+    if restart_after == 0.0:
+        c.restart(n)
+    elif restart_after is not None:
+        inc = c.incarnation[n]
+        c.clock.call_later(restart_after, lambda: c.restart(n) if c.incarnation[n] == inc and n not in c.lost else None)
+    return f"wipe-data-dir {n} (head v{head})"
+
+
+POINTS = ("after-promise", "after-accept", "after-commit")
+
+
+def arm(c: SimCluster, n: str, point: str, action: Callable[[], object]) -> None:
+    """Run `action` once, at n's next durable promise, accept or commit (`point`, one of POINTS): after a
+    promise or an accept, once its reply has left (the proposer gets the vote, nothing later reaches n);
+    after a commit, before anything more leaves n (a proposer's Learn included: then only its own disk and
+    the voters that chose the value know it). The cluster's stabilize drops what has not fired."""
+    if point not in POINTS:
+        raise ValueError(f"{point!r}: expected one of {', '.join(POINTS)}")
+    kind = point.removeprefix("after-")
+
+    def strike() -> None:
+        action()
+
+    def fire() -> None:
+        if kind == "commit":
+            c.net.crash(n)  # the process dies here: nothing more leaves it
+        c.clock.call_later(0.0, strike)
+
+    c.tripwires.setdefault(n, []).append((kind, fire))
 
 
 def cut_log(c: SimCluster, n: str, rng: random.Random) -> str:

@@ -24,6 +24,8 @@ class RunResult:
     repairs: int = 0
     rollbacks: int = 0  # committed rollbacks (a change that realised worse than its parent, undone)
     i6_judged: int = 0
+    wipes: int = 0  # data_dirs wiped (store and IDENTITY marker)
+    wipes_at_genesis: int = 0  # of which while the node's head was genesis (before its first commit)
     detect_s: list[float] = field(default_factory=list)
     tokens: dict[str, Any] = field(default_factory=dict)
     shims: dict[str, int] = field(default_factory=dict)
@@ -57,6 +59,8 @@ def run_schedule(nodes: int, seed: int, lines: list[str] | None = None, shape: S
     res.commits = len(c.history.commits)
     res.repairs = sum(1 for r in c.history.commits.values() if r.kind == "repair")
     res.rollbacks = sum(1 for r in c.history.commits.values() if r.kind == "rollback")
+    res.wipes = len(c.history.wipes)
+    res.wipes_at_genesis = sum(1 for _, _, head in c.history.wipes if head == c.genesis.version)
     res.detect_s = [round(t - t0, 3) for _, t0, t in c.history.detections]
     tk = asdict(c.tokens)
     tk.pop("i4_examples")

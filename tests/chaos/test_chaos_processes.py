@@ -4,10 +4,12 @@ schedule generator on hand-made inputs (each check shown to fire)."""
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+from chaos.episodes import Episode
 from chaos.proccheck import Checks
 from chaos.procrunner import _drop_map, make_schedule
 from controlplane.topology import Topology
@@ -38,6 +40,40 @@ def test_schedules_are_seeded_bounded_and_use_distinct_nodes() -> None:
     assert kinds == {"kill", "pause", "partition"}
     drop = _drop_map(["a", "b", "c"], [[0], [1, 2]])
     assert drop == {"a": ["b", "c"], "b": ["a"], "c": ["a"]}
+
+
+def test_disk_schedules_wipe_one_data_dir_and_keep_the_episodes_drawn_before(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """With disks, one episode of each schedule also wipes a node's whole data_dir (a node no other fault of
+    that episode touches), drawn apart: the episodes are otherwise the ones the seed gave before, and the
+    runner's generator is left where it was. The wipe takes the IDENTITY marker with the log."""
+    import chaos.episodes
+    from agent.datadir import mark_owner, owner
+    from chaos.procfaults import wipe_data_dir
+
+    def draw(seed: int) -> tuple[list[dict[str, object]], float]:
+        rng = random.Random(seed)
+        return [vars(e) for e in make_schedule(rng, 5, net=True, disks=True)], rng.random()
+
+    ids = [str(i) for i in range(5)]
+    drawn = [draw(seed) for seed in range(40)]
+    with monkeypatch.context() as m:
+        m.setattr(chaos.episodes, "with_wipe", lambda eps, n, w: eps)
+        before = [draw(seed) for seed in range(40)]
+    assert sum(bool(e["wipe_data_dir"]) for eps, _ in drawn for e in eps) >= 30
+    for (eps, after), (plain, after0) in zip(drawn, before, strict=True):
+        assert sum(len(e["wipe_data_dir"]) for e in eps) <= 1 and after == after0  # type: ignore[arg-type]
+        assert [{**e, "wipe_data_dir": []} for e in eps] == plain
+        for e in eps:
+            ep = Episode(**e)  # type: ignore[arg-type]
+            for k in ep.wipe_data_dir:
+                assert k not in ep.kill + ep.pause + ep.deaf + ep.lose_store + ep.corrupt + ep.cut_log + ep.disk_full
+                assert f"wipe the data_dir of {k}" in ep.describe(ids)
+    d = tmp_path / "data"
+    (d / "sub").mkdir(parents=True)
+    (d / "store.log").write_bytes(b"x")
+    mark_owner(d, "n1")
+    assert owner(d, "n1") and wipe_data_dir(d) == 3 and d.is_dir() and not any(d.iterdir()) and not owner(d, "n1")
 
 
 def test_checks_fire_on_conflicting_reordered_uncertified_and_lost_commits() -> None:
@@ -180,7 +216,7 @@ def test_real_network_and_disk_faults_no_violations() -> None:
     assert res["partition_mechanism"] == NETNS_MECHANISM and res["disk_faults"] == "on"
     assert res["violations"] == {"I1": 0, "I2": 0, "I3": 0, "I4": 0, "I5": 0, "I6": 0, "I7": 0}, res["details"]
     for kind in ("partition", "one_way", "loss", "delay", "duplicate", "restart_all", "lose_store", "corrupt",
-                 "disk_full", "cut_log"):
+                 "disk_full", "cut_log", "wipe_data_dir"):
         assert res["faults"][kind] >= 1, res["faults"]
     assert res["switch_frames"]["delayed"] > 0 and res["switch_frames"]["duplicated"] > 0, res["switch_frames"]
     assert res["restart_failures"] == [] and res["commits"] >= 1

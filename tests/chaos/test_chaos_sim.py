@@ -14,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agent.consensus.paxos import round0_owner
 from chaos import schedules
 from chaos.__main__ import main
 from chaos.checkers import Op, linearizable, write_once_linearizable
@@ -320,92 +321,6 @@ def test_one_node_plans_each_window_and_the_turn_passes_on() -> None:
     assert any(len(set(ps)) > 1 for ps in turns.values())  # a turn without a commit passes on
 
 
-def test_resume_keeps_the_reports_of_an_interrupted_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = ["run", "--runner", "sim", "--nodes", "4", "--schedules", "3", "--seed", "5", "--json", "--jobs", "1",
-            "--out", str(tmp_path)]
-    assert main(argv) == 0
-    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    (tmp_path / "run-00001.json").unlink()  # "interrupted" before schedule 1 was written
-    r2 = json.loads((tmp_path / "run-00002.json").read_text())
-    r2["config"]["faults"] = 99  # written by another command: not reused
-    (tmp_path / "run-00002.json").write_text(json.dumps(r2))
-    assert main([*argv, "--resume"]) == 0
-    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert again["resumed"] == 1 and first["resumed"] == 0
-    assert (again["commits"], again["violations"]) == (first["commits"], first["violations"])  # seeded: same runs
-    assert json.loads((tmp_path / "run-00002.json").read_text())["config"]["faults"] == 3
-    assert main(["run", "--runner", "sim", "--schedules", "1", "--resume"]) == 2  # needs --out
-
-
-def test_tally_sums_a_partial_run_without_running_anything(tmp_path: Path,
-                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    """A 1000-schedule run outlives a session: --tally gives its figures so far from the reports on disk."""
-    argv = ["run", "--runner", "sim", "--nodes", "4", "--seed", "7", "--json", "--jobs", "1", "--out", str(tmp_path)]
-    assert main([*argv, "--schedules", "2"]) == 0
-    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    r1 = json.loads((tmp_path / "run-00001.json").read_text())
-    assert main([*argv, "--schedules", "5", "--resume", "--tally"]) == 0
-    part = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert sorted(p.name for p in tmp_path.glob("run-*.json")) == ["run-00000.json", "run-00001.json"]  # ran none
-    assert (part["schedules"], part["done"], part["resumed"]) == (5, 2, 2)
-    assert part["seeds"] == [7 * 1_000_003, r1["seed"]] and part["commits"] == first["commits"]
-    assert part["tokens"]["sent"] == sum(json.loads(f.read_text())["tokens"]["sent"]
-                                         for f in tmp_path.glob("run-*.json")) > 0
-    assert sum(part["faults"].values()) >= 2 and "tick" not in part["faults"]
-    assert json.loads((tmp_path / "tally.json").read_text()) == part
-    assert main([*argv, "--schedules", "2", "--tally"]) == 2  # needs --resume
-    assert "--tally needs --resume" in capsys.readouterr().err
-
-
-def test_recheck_resumes_only_where_this_tree_reproduces_the_kept_reports(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A long run resumed from other code (a later commit) would mix two programs' figures: --recheck re-runs
-    kept schedules first and refuses to resume when a report differs."""
-    argv = ["run", "--runner", "sim", "--nodes", "4", "--seed", "7", "--json", "--jobs", "1", "--out", str(tmp_path)]
-    assert main([*argv, "--schedules", "2"]) == 0
-    capsys.readouterr()
-    assert main([*argv, "--schedules", "3", "--resume", "--recheck", "2"]) == 0
-    err = capsys.readouterr().err
-    assert err.count(": identical") >= 1 and (tmp_path / "run-00002.json").exists()
-    f = max(tmp_path.glob("run-*.json"), key=lambda f: json.loads(f.read_text())["commits"])
-    r = json.loads(f.read_text())
-    assert r["commits"] > 0
-    r["violations"]["I1"] = ["a report this code would not write"]  # "another program wrote it"
-    f.write_text(json.dumps(r))
-    assert main([*argv, "--schedules", "4", "--resume", "--recheck", "3"]) == 2
-    err = capsys.readouterr().err
-    assert "differs in violations" in err and "not resuming" in err
-    assert not (tmp_path / "run-00003.json").exists()  # nothing more run
-    assert main([*argv, "--schedules", "4", "--recheck", "1"]) == 2  # needs --resume
-
-
-def test_a_schedule_that_raises_is_reported_and_the_others_run_on(monkeypatch: pytest.MonkeyPatch,
-                                                                  capsys: pytest.CaptureFixture[str]) -> None:
-    """An exception in one schedule (a planner defect raised InvalidOperation out of a rollback; the error did
-    not even unpickle in the pool's parent) killed the whole 1000-schedule run with BrokenProcessPool."""
-    import pickle
-
-    import chaos.simrun
-    from controlplane.errors import InvalidOperation
-
-    e = pickle.loads(pickle.dumps(InvalidOperation("RANK_INACTIVE", "rank 28 is not active")))
-    assert (e.reason, str(e)) == ("RANK_INACTIVE", "INVALID_OPERATION: RANK_INACTIVE: rank 28 is not active")
-    real = chaos.simrun.run_schedule
-
-    def flaky(nodes: int, seed: int, *a: object, **kw: object) -> object:
-        if seed % 1_000_003 == 1:  # the second schedule
-            raise InvalidOperation("RANK_INACTIVE", "planted")
-        return real(nodes, seed, *a, **kw)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(chaos.simrun, "run_schedule", flaky)
-    assert main(["run", "--runner", "sim", "--nodes", "3", "--schedules", "3", "--json", "--jobs", "1",
-                 "--faults", "1"]) == 1
-    res = capsys.readouterr()
-    summary = json.loads(res.out.strip().splitlines()[-1])
-    assert summary["errors"] == 1 and summary["error_seeds"] == [1_000_004] and summary["commits"] > 0
-    assert "RANK_INACTIVE: planted" in res.err
-
-
 def test_skew_joins_the_generated_faults_only_when_asked() -> None:
     plain = [schedules.generate(random.Random(s), 8, faults=6) for s in range(40)]
     skewed = [schedules.generate(random.Random(s), 8, faults=6, skew=True) for s in range(40)]
@@ -433,3 +348,59 @@ def test_detection_time_is_measured_from_the_crash_of_the_same_outage() -> None:
     c.run(6.0)
     [(node, t0, t)] = c.history.detections  # one outage declared, once however many nodes declare it
     assert (node, t0) == ("n02", t_crash) and 0 < t - t0 < 6.0
+
+
+def test_a_wiped_data_dir_on_a_new_cluster_does_not_vote_again_on_what_it_accepted() -> None:
+    """A new 3-node cluster (head = genesis v1). v2's round-0 owner sends its accept of X to itself and one
+    voter only (the thrifty first wave), both accept, X is chosen; the owner persists its commit and dies
+    before its Learn leaves; the voter that accepted X loses its whole data_dir (store and IDENTITY marker)
+    right after its reply left, and restarts as if new. A forced proposal through the third voter, which
+    heard of none of it, must be refused while the owner is down (the wiped voter, enrolled with the others,
+    may not vote yet), and once the owner returns every node holds X at v2. Before the enrolment rule the
+    wiped voter voted at once as a founder of a new cluster and the third voter's proposal chose a second
+    table for v2 (I1)."""
+    c = SimCluster(3, Shape(layers=4, experts=16, slots_per_rank=11), seed=0)
+    rng = random.Random(0)
+    owner = round0_owner(2, c.ids)
+    first, third = sorted((n for n in c.ids if n != owner), key=lambda d: (c.ids.index(d) - 2) % 3)
+    for line in ("add-nodes 3", "crash voter after-commit", f"wipe-data-dir {first} after-accept", "tick 1s"):
+        schedules.apply(c, line, rng)
+    accepts = {e.node: e.digest for e in c.history.events if e.kind == "accept" and e.version == 2}
+    assert set(accepts) == {owner, first} and len(set(accepts.values())) == 1  # X, chosen by the first wave
+    x = accepts[owner]
+    assert c.down == {owner} and c.history.wipes == [(first, c.history.wipes[0][1], 1)]  # wiped at genesis
+    assert c.heads() == {first: 1, third: 1} and not c.states[first].consensus.had_store  # "new"
+    ack = c.admin(lambda: c.states[third].drain(c.ranks_of[owner][0]), tries=1)
+    assert not ack.ok and "learner" in ack.reason, ack
+    assert c.heads() == {first: 1, third: 1}  # nothing chosen without the owner
+    schedules.apply(c, f"restart {owner}", rng)
+    assert c.settle() is not None
+    assert {n: c.states[n].consensus.committed(2).qc.table_hash for n in c.ids} == dict.fromkeys(c.ids, x)
+    assert check_cluster(c).violations == dict.fromkeys(INVARIANTS, [])
+
+
+def test_disk_schedules_wipe_a_data_dir_at_every_step_and_keep_the_lines_drawn_before(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """--disks adds one `wipe-data-dir` a schedule, drawn apart: taking out the lines it inserted gives the
+    schedule the seed gave before, and the seed's generator is left where it was; wipes strike on the new
+    cluster and later, at once and armed for a promise, accept or commit, some with the next version's
+    owner armed to die between its commit and its Learn."""
+    def gen(s: int, disks: bool = True) -> tuple[list[str], float]:
+        rng = random.Random(s)
+        return schedules.generate(rng, 3, disks=disks), rng.random()
+
+    wiped = [gen(s) for s in range(60)]
+    assert wiped == [gen(s) for s in range(60)]  # seeded
+    assert not any(x.startswith("wipe-data-dir") for s in range(60) for x in gen(s, False)[0])
+    with monkeypatch.context() as m:
+        m.setattr(schedules, "with_wipe", lambda lines, w: lines)
+        before = [gen(s) for s in range(60)]
+    for (lines, after), (plain, after0) in zip(wiped, before, strict=True):
+        i = next(i for i, (a, b) in enumerate(zip(lines, plain, strict=False)) if a != b)
+        k = len(lines) - len(plain)
+        assert 1 <= k <= 3 and lines[:i] + lines[i + k:] == plain and after == after0
+        assert sum(x.startswith("wipe-data-dir") for x in lines[i:i + k]) == 1
+    kinds = {" ".join(x.split()[2:]) for ls, _ in wiped for x in ls if x.startswith("wipe-data-dir")}
+    assert kinds == {"", "after-promise", "after-accept", "after-commit"}
+    armed = [ls.index("crash voter after-commit") for ls, _ in wiped if "crash voter after-commit" in ls]
+    assert 1 in armed and max(armed) > 2  # before the first commit, and later

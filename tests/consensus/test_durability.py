@@ -118,3 +118,36 @@ def test_a_promise_survives_a_crash_right_after_the_reply() -> None:
     c.run(0.1)
     assert check(c.history) == []
     assert installed(c, v) == {y.digest} and committed(c, third, y) and not committed(c, owner, x)
+
+
+def test_a_wiped_data_dir_on_a_new_cluster_cannot_vote_again_on_its_accept() -> None:
+    """A new cluster: v2's round-0 owner sends its accept of X to itself and one voter (the thrifty first wave),
+    commits X, and is cut off as its Learn leaves, then dies; the voter that accepted X was killed as its reply
+    left and comes back with its whole data_dir gone (store and IDENTITY marker: it looks new). The third
+    voter, which never heard of X, proposes Y: it must not be chosen while the owner is down (the wiped
+    voter enrols with both others before it votes), and once the owner is back X is v2 everywhere."""
+    c = QuorumSim(3, 3, 11, ConsensusConfig(accept_timeout_ms=500, sync_interval_ms=500))
+    owner = round0_owner(2, c.voters)
+    first, third = sorted((n for n in c.voters if n != owner), key=lambda d: (c.voters.index(d) - 2) % 3)
+    c.crash_after_vote(first, ("Consensus/Accept",))
+    c.isolate_after_commit(owner)
+    x = successor_table(c.nodes[owner].head, c.rng)
+    c.propose(owner, x)
+    c.run(0.1)
+    assert committed(c, owner, x) and first in c.down
+    assert {e.node for e in c.history if e.kind == "accept"} == {owner, first}  # the third heard nothing
+    c.crash(owner)
+    c.net.heal()
+    c.restart(first)
+    c.crash(first, wipe_data_dir=True)
+    c.restart(first)
+    assert not c.nodes[first].had_store and c.nodes[first].head.version == 1
+    c.run(1.0)  # it has heard from the third voter by now
+    y = successor_table(c.nodes[third].head, c.rng)
+    c.propose(third, y)
+    c.run(3.0)
+    assert not committed(c, third, y) and installed(c, 2) == {x.digest}
+    c.restart(owner)
+    c.run(3.0)
+    assert check(c.history) == []
+    assert all(c.nodes[n].log.commits[2].qc.table_hash == x.digest for n in c.ids)
