@@ -10,8 +10,8 @@ from agent.commit import CommitBackend
 from agent.gossip_node import GossipNode
 from agent.installs import Installs
 from agent.membership import TO_PB
+from agent.pipeline import DecisionPipeline
 from agent.ranklink import RankPresence
-from agent.voter import Voter
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
 from elasticmoe.v1 import admin_pb2 as apb
@@ -23,13 +23,9 @@ class AdminView:
     """Mixed into NodeState; reads what the node holds, changes nothing."""
 
     topology: Topology
-    voter: Voter
     consensus: CommitBackend | None
+    pipeline: DecisionPipeline  # the decision path: windows seen, imbalance history, replay, what it proposed
     _health: str
-    _window_seq: int
-    _imbalance: list[float]
-    _explain: dict[int, apb.ExplainReply]
-    _latest_explain: apb.ExplainReply | None
     installs: Installs
     presence: RankPresence | None
     clock: Clock | None
@@ -68,13 +64,14 @@ class AdminView:
         return f"NOT_SERVING: {failure}" if failure else self._health
 
     def window_seq(self) -> int:
-        return max(0, self._window_seq)
+        return max(0, self.pipeline.window_seq)
 
     def imbalance_history(self) -> list[float]:
-        return list(self._imbalance)
+        return list(self.pipeline.imbalance)
 
     def cluster_load(self) -> np.ndarray | None:
-        return None if not self.voter.replay else self.voter.replay[-1]
+        replay = self.pipeline.voter.replay
+        return None if not replay else replay[-1]
 
     def commits(self, limit: int) -> list[cpb.Commit]:
         head = self.head().version
@@ -82,8 +79,8 @@ class AdminView:
 
     def explain(self, version: int) -> apb.ExplainReply | None:
         if version == 0:
-            return self._latest_explain
-        rec = self._explain.get(version)
+            return self.pipeline.latest_explain
+        rec = self.pipeline.explains.get(version)
         if rec is None:
             c = self._backend.committed(version)
             if c is not None:

@@ -1,52 +1,23 @@
 """The operator's path into the decision core (Admin Propose, Drain, Restore; a rank back on the local link is
 restored the same way): the operations go through the controller's manual event, so that what it refuses
-is refused with its own reason, and the node's proposal is awaited. Mixed into NodeState."""
+is refused with its own reason (agent.pipeline.DecisionPipeline.manual), and the node's proposal is awaited.
+Mixed into NodeState."""
 
 from __future__ import annotations
 
 import asyncio
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from agent.adminview import AdminView
 from agent.clock import Clock
-from controlplane.controller import Controller, Explain, ManualProposal, Record
-from controlplane.decision import Decision
 from controlplane.errors import ControlPlaneError
 from controlplane.ops import Operation, apply_ops
 from elasticmoe.v1 import admin_pb2 as apb
 
 
 class ManualPath(AdminView):
-    journal: deque[Record]  # the controller's proposal records and resolutions
     clock: Clock | None
-
-    @property
-    def _controller(self) -> Controller:
-        raise NotImplementedError
-
-    def _propose(self, decision: Decision, force: bool = False, done: asyncio.Future[Any] | None = None) -> None:
-        raise NotImplementedError
-
-    def _step_manual(self, ops: tuple[Operation, ...], trigger: str, force: bool,
-                     why: str = "") -> tuple[Decision | None, str]:
-        """The controller's manual event: the decision it made of `ops` (not yet proposed; any other proposal it
-        made, proposed), or None and why it refused."""
-        ready = self._controller.step(ManualProposal(ops, force, why))
-        proposals = list(ready.proposals)
-        explains = [e for e in ready.events if isinstance(e, Explain)]
-        self.journal.extend(ready.persist)
-        self._controller.advance()
-        mine = [d for d in proposals if d.kind == "manual"]
-        for d in proposals:
-            if d not in mine:
-                self._propose(d)
-        if not mine:
-            ex = explains[-1] if explains else None
-            why = f"{ex.outcome if ex else 'REFUSED'}: {ex.detail if ex else ''}".rstrip(": ")
-            return None, f"{trigger} not proposed by the decision core: {why}"
-        return mine[0], ""
 
     async def _settled(self, limit_s: float = 10.0, poll_s: float = 0.05) -> None:
         """Wait, at most `limit_s` on this node's clock, until this node has no proposal in flight: an operator's
@@ -56,17 +27,17 @@ class ManualPath(AdminView):
         if clock is None:
             return
         t0 = clock.now()
-        while self._controller.inflight is not None and clock.now() - t0 < limit_s:
+        while self.pipeline.inflight is not None and clock.now() - t0 < limit_s:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             clock.call_later(poll_s, _resolver(fut))
             await fut
 
     async def _submit(self, ops: tuple[Operation, ...], trigger: str, force: bool) -> Any:
-        d, why = self._step_manual(ops, trigger, force)
+        d, why = self.pipeline.manual(ops, trigger, force)
         if d is None:
             return None, why
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._propose(d, force=force, done=fut)
+        self.pipeline.propose(d, force=force, done=fut)
         return await asyncio.wait_for(fut, timeout=20.0), ""
 
     def _restore_now(self, rank: int) -> str:
@@ -78,9 +49,9 @@ class ManualPath(AdminView):
             ops = plan_restore(self.head(), rank)
         except DrainRefused as e:
             return str(e)
-        d, why = self._step_manual(ops, f"restore r{rank}", True, f"rank {rank} is back after its repair (rejoin)")
+        d, why = self.pipeline.manual(ops, f"restore r{rank}", True, f"rank {rank} is back after its repair (rejoin)")
         if d is not None:
-            self._propose(d, force=True)
+            self.pipeline.propose(d, force=True)
         return why
 
     async def propose_manual(self, ops: tuple[Operation, ...], force: bool) -> apb.ProposeReply:

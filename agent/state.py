@@ -1,54 +1,36 @@
 """NodeState: one node's live state and the glue between its parts.
 
-Load path: shim reports -> LocalWindows -> gossip -> ClusterWindows -> Controller.
-Decision path: Controller.Ready -> (designated proposer only) ConsensusNode.propose -> commit.
-Commit path: ConsensusNode.on_commit -> Controller (TableCommitted) -> shims (WatchTables stream).
+Load path: shim reports -> LocalWindows -> gossip -> ClusterWindows -> DecisionPipeline.close_window.
+Decision path: DecisionPipeline (agent.pipeline: controller, planning turn, Ready loop) -> (the window's planner
+only) the commit backend's propose -> commit.
+Commit path: backend.on_commit -> DecisionPipeline.on_commit (controller: TableCommitted) -> rejoin, installs ->
+shims (WatchTables stream).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 import zlib
-from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
-import numpy.typing as npt
 
 from agent.commit import CommitBackend
 from agent.config import AgentConfig
-from agent.consensus.paxos import turn
-from agent.consensus.proposer import Outcome
-from agent.hooks import Hooks
 from agent.installs import Installs
 from agent.loadpath import ClusterWindows, LoadReportError, LocalWindows
 from agent.manual import ManualPath
 from agent.membership import Member, MemberStatus
+from agent.pipeline import DecisionPipeline
 from agent.rejoin import Rejoin
 from agent.voter import Voter
-from agent.wire import make_plan, op_to_pb, plan_kind
-from controlplane.controller import (
-    Controller,
-    DecisionParams,
-    Explain,
-    OpTransition,
-    ProposalFailed,
-    RanksLost,
-    Ready,
-    Record,
-    TableCommitted,
-    WindowClosed,
-)
-from controlplane.decision import Decision
-from controlplane.load import table_step_imbalance
-from controlplane.ops import describe
+from agent.wire import plan_kind
+from controlplane.controller import DecisionParams, RanksLost
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
-from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import consensus_pb2 as cpb
 from elasticmoe.v1 import dataplane_pb2 as dpb
 
@@ -67,12 +49,13 @@ class NodeState(ManualPath):
     """One node. The real process passes nothing and gets a RealClock, GrpcTransport and file Store; the
     in-process simulator injects a FakeClock-driven clock, a SimTransport and an in-memory Store."""
 
+    pipeline: DecisionPipeline  # the decision path (agent.pipeline), built by start() on the recovered head
+
     def __init__(self, cfg: AgentConfig, *, clock: Clock | None = None, transport: Transport | None = None,
                  store: Store | None = None, telemetry: Telemetry | None = None, rng_seed: int | None = None,
                  had_store: bool | None = None) -> None:
         self.cfg = cfg
         self.node_id = cfg.node_id
-        self.paused = False
         c = cfg.cluster
         self.topology = Topology(c.nodes, c.ranks_per_node, c.slots_per_rank)
         self.data_dir = Path(cfg.data_dir)
@@ -85,24 +68,15 @@ class NodeState(ManualPath):
                                      fast_theta=max(d.theta, DecisionParams.fast_theta))
         self.local = LocalWindows(c.layers, c.experts, d.window)
         self.cluster = ClusterWindows()
-        self.voter = Voter(self.params, cfg.consensus.verify_tolerance)  # also holds the replay windows
-        self._imbalance: list[float] = []
-        self._window_seq = -1
-        self._head_seq = -1  # the last closed window when the head was installed (the planner's turn)
-        self._explain: dict[int, apb.ExplainReply] = {}
-        self._latest_explain: apb.ExplainReply | None = None
         self._table_waiters: list[asyncio.Future[None]] = []
         self._health = "STARTING"
-        self.hooks = Hooks()
         self.presence: RankPresence | None = None  # this node's engine ranks on the local link (serve_shim)
         self.rejoin: Rejoin | None = None  # restores this node's ranks a repair drained, once they are back
         self._tasks: set[asyncio.Future[Any]] = set()
-        self.journal: deque[Record] = deque(maxlen=1024)  # the controller's proposal records and resolutions
         self._voters = list(cfg.consensus.voters) or sorted(cfg.seed_map) or [cfg.node_id]
         self.installs = Installs(self._my_ranks(), cfg.engine.install_lag_s)  # what this node's engines run
         self.gossip: GossipNode | None = None
         self.consensus: CommitBackend | None = None
-        self.controller: Controller | None = None
         self.clock: Clock | None = clock
         self.transport: Transport | None = transport
         self.store: Store | None = store
@@ -140,8 +114,8 @@ class NodeState(ManualPath):
         from agent.telemetry import Telemetry
         from dataplane_shim.genesis import genesis_table
 
-        if self.telemetry is None:
-            self.telemetry = Telemetry.from_env(self.cfg.telemetry.enabled, node_id=self.node_id)
+        telemetry = self.telemetry = self.telemetry or Telemetry.from_env(self.cfg.telemetry.enabled,
+                                                                          node_id=self.node_id)
         clock = self.clock = self.clock or RealClock()
         transport = self.transport
         if transport is None:
@@ -151,16 +125,17 @@ class NodeState(ManualPath):
         marked = self.had_store is None
         had_store = owner(self.data_dir, self.node_id) if marked else bool(self.had_store)
         genesis = genesis_table(c.genesis, self.topology, c.layers, c.experts)  # the engine's boot placement
+        voter = Voter(self.params, self.cfg.consensus.verify_tolerance)  # the replay windows: verifies proposals
         signer = vote_signer(self.cfg)  # under mTLS: votes, member claims and load windows are signed with the node key
         if self.cfg.consensus.backend == "etcd":
             # commit by etcd transaction compare(version == v) -> put(v + 1); the same interface as quorum
             from agent.etcd_backend import EtcdBackend
 
             backend: CommitBackend = EtcdBackend(list(self.cfg.consensus.etcd_endpoints), self.node_id, genesis,
-                                                 store=store, verifier=self.voter.verify)
+                                                 store=store, verifier=voter.verify)
         else:
             backend = ConsensusNode(self.node_id, self._voters, store, clock, transport, self.cfg.consensus, genesis,
-                                    verifier=self.voter.verify, live_voters=self._live_voters,
+                                    verifier=voter.verify, live_voters=self._live_voters,
                                     members=lambda: self.gossip.live_nodes() if self.gossip is not None else [],
                                     had_store=had_store, signer=signer, enrolment=None if self.rng_seed is None
                                     else zlib.crc32(b"e%d" % self.rng_seed) | 1)  # seeded runs: reproducible
@@ -170,7 +145,10 @@ class NodeState(ManualPath):
         self.installs.committed(backend.head.version, clock.now())
         if marked and not had_store:
             mark_owner(self.data_dir, self.node_id)
-        self.controller = Controller(self.params, backend.head)
+        self.pipeline = DecisionPipeline(
+            self.node_id, self.params, backend, voter, voters=self._voters, live_voters=self._live_voters,
+            handover_windows=self.cfg.decision.handover_windows, clock=clock, telemetry=telemetry,
+            each_window=self._each_window)
         self.rejoin = Rejoin(clock, self._my_ranks(), self.cfg.gossip.rejoin_ms / 1000, self._restore_now)
         self.rejoin.recovered(backend.commits_since(0), backend.head)
         self.gossip = GossipNode(self.node_id, self.cfg.advertise_address, self._my_ranks(), self.cfg.gossip, clock,
@@ -275,7 +253,7 @@ class NodeState(ManualPath):
         if self.node_id not in live:  # we count ourselves live (a node declared dead still reports)
             live = sorted([*live, self.node_id])
         for seq, total in self.cluster.ready(live):
-            self._close_window(seq, total)
+            self.pipeline.close_window(seq, total)
 
     def _on_member_change(self, m: Member) -> None:
         """A node declared dead: its ranks are lost, except those a live member (or this node) holds (a member
@@ -287,7 +265,7 @@ class NodeState(ManualPath):
                                         and o.status == MemberStatus.ALIVE
                                         for g in o.ranks}
         claimed = set(m.ranks) & set(self.head().active_ranks)
-        self._lose_ranks(tuple(sorted(claimed - held)), self._turn(self._window_seq + 1)[0],
+        self._lose_ranks(tuple(sorted(claimed - held)), self.pipeline.turn(self.pipeline.window_seq + 1)[0],
                          f"node {m.node_id} declared dead")
 
     def _rank_here(self, r: int) -> bool:
@@ -302,17 +280,13 @@ class NodeState(ManualPath):
         """Repair `ranks` (those active in the head): `planner` proposes at once, this node a window later unless
         it is the planner ('') (the link's first-hand evidence: no other node knows yet)."""
         lost = tuple(r for r in ranks if r in self.head().active_ranks)
-        if lost and self.controller is not None:
+        if lost:
             log.warning("ranks %s lost (%s): repairing", list(lost), why)
-            self._perform(self.controller.step(RanksLost(lost, planner)))
+            self.pipeline.step(RanksLost(lost, planner))
 
-    def _close_window(self, seq: int, total: npt.NDArray[np.uint64]) -> None:
-        for h in self.hooks.window_closed:
-            h(seq, total)
-        if self._window_seq < 0:  # the first window since start: commits caught up on count from here
-            self._head_seq = max(self._head_seq, seq - 1)
-        self._window_seq = seq
-        self.voter.remember(seq, total)
+    def _each_window(self) -> None:
+        """This node's own duties for a closed window (the pipeline runs them before its controller decides): a
+        repaired rank that is back is restored; a rank whose engine stopped installing tables is named."""
         if self.rejoin is not None:
             self.rejoin.due(self._rank_here, able=self._health == "SERVING"
                             and 2 * len(self._live_voters()) > len(self._voters))
@@ -320,99 +294,12 @@ class NodeState(ManualPath):
         for r, v, lag in self.installs.newly_lagging(head.version, self.clock.now() if self.clock else 0.0):
             log.warning("rank %d still runs version %d, %.1f s behind committed version %d (engine.install_lag_s "
                         "= %.1f): its engine is not installing tables", r, v, lag, head.version, self.installs.bound_s)
-        imb = float(table_step_imbalance(head, total.astype(np.int64)))
-        self._imbalance = (self._imbalance + [imb])[-600:]
-        self._telemetry.record_imbalance(imb)
-        if self.paused:
-            return
-        steps = np.minimum(total, np.iinfo(np.uint32).max).astype(np.uint32)[None]
-        ready = self._controller.step(WindowClosed(seq, seq * self.params.window, steps, *self._turn(seq)))
-        self._perform(ready)
-
-    def _turn(self, seq: int) -> tuple[str, int]:
-        """The node planning window `seq` in this view ('' if this one; paxos.planner_turn), and this node's place
-        after it (paxos.turn_distance: the windows a due rollback waits). Views may differ a moment (two plan,
-        consensus picks one); a voter counts itself live; a non-voter plans only if it sees no voter."""
-        k = self.cfg.decision.handover_windows
-        if not k:
-            return "", 0
-        planner, place = turn(self._backend.head.version + 1, self._voters, self._live_voters(),
-                              seq - self._head_seq - 1, k, self.node_id)
-        return ("" if planner is None or planner == self.node_id else planner), place
-
-    def _perform(self, ready: Ready) -> None:
-        """Consume the controller's whole Ready in its contract's order (etcd-raft's): persist, advance, install,
-        report, send.
-        - persist: its proposal records and resolutions go to the decision journal. The controller's state is
-          soft (after a restart it starts from the committed head), so the journal is in memory; the acceptor
-          state that safety needs is persisted by the commit backend before any reply leaves;
-        - advance before sending: a re-entrant step (a proposal that fails at once) does not see these again;
-        - install: what the controller took as its new head must be the backend's (they learn commits together);
-        - report: its last Explain is what `emoe explain` shows for version 0; lifecycle moves are counted;
-        - send: each proposal goes to the commit backend."""
-        self.journal.extend(ready.persist)
-        proposals, installs, events = list(ready.proposals), list(ready.install), list(ready.events)
-        self._controller.advance()
-        for t in installs:
-            if t.version > self._backend.head.version:
-                log.error("controller installed v%d beyond the committed head v%d", t.version, self._backend.head.version)
-        explains = [e for e in events if isinstance(e, Explain)]
-        if explains and not proposals:
-            self._latest_explain = apb.ExplainReply(version=0, trigger=explains[-1].trigger, outcome=explains[-1].outcome)
-        for e in events:
-            if isinstance(e, OpTransition):
-                self._telemetry.record_transition(e.kind, e.state)
-        for decision in proposals:
-            self._propose(decision)
-
-    def _propose(self, decision: Decision, force: bool = False, done: asyncio.Future[Outcome] | None = None) -> None:
-        table: RoutingTable = decision.table
-        plan = make_plan(decision.ops, decision.estimated_gain, decision.verified_gain, decision.cost, decision.trigger,
-                         int(getattr(decision, "replay_from_step", 0)), int(getattr(decision, "replay_to_step", 0)),
-                         kind=str(decision.kind), forced=force)
-        if force:
-            plan.trigger = f"manual --force: {plan.trigger}"
-        refused = [apb.Candidate(op=op_to_pb(r.op) if r.op is not None else None, reason=r.reason, gain=r.gain,
-                                 cost=r.cost) for r in decision.refused]
-        record = apb.ExplainReply(version=table.version, trigger=decision.trigger, plan=plan, refused=refused,
-                                  outcome="proposed")
-        self._explain[table.version] = record
-        self._latest_explain = record
-        started = time.monotonic()
-        observers = [h(table) for h in self.hooks.proposing]
-
-        def on_done(outcome: Outcome) -> None:
-            for seen in observers:
-                seen(outcome)
-            record.outcome = "committed" if outcome.committed else f"failed: {outcome.reason}"
-            record.votes.extend(getattr(outcome, "votes", []) or [])
-            latency_ms = (time.monotonic() - started) * 1e3
-            self._telemetry.decision_span(table.version, [describe(o) for o in decision.ops], decision.estimated_gain,
-                                         decision.verified_gain, decision.cost, decision.trigger, record.outcome)
-            if not outcome.committed:
-                self._perform(self._controller.step(ProposalFailed(table.version, str(outcome.reason))))
-            else:
-                self._telemetry.record_commit_latency(latency_ms)
-            if done is not None and not done.done():
-                done.set_result(outcome)
-
-        self._backend.propose(table, plan, on_done)
 
     def _on_commit(self, commit: cpb.Commit, table: RoutingTable) -> None:
-        # the turn restarts at the window that proposed this table (the same on every node, however late it learns)
-        end = int(commit.plan.replay_to_step) // self.params.window
-        self._head_seq = end - 1 if 0 < end <= self._window_seq + 1 else self._window_seq
-        self._perform(self._controller.step(TableCommitted(table, plan_kind(commit.plan), self.cluster.newest_reported())))
+        self.pipeline.on_commit(commit, table, self.cluster.newest_reported())
         if self.rejoin is not None:
             self.rejoin.committed(table.version, table.parent, table.active_ranks, plan_kind(commit.plan))
-        rec = self._explain.get(table.version)
-        if rec is not None:
-            rec.outcome = "committed"
-            if not rec.votes:
-                rec.votes.extend(commit.votes)
-        self._telemetry.record_version(table.version)
         self.installs.committed(table.version, self.clock.now() if self.clock is not None else 0.0)
-        self._telemetry.commit_span(table.version, table.parent, len(commit.qc.voters), 0.0)
         waiters, self._table_waiters = self._table_waiters, []
         for f in waiters:
             if not f.done():
@@ -432,16 +319,13 @@ class NodeState(ManualPath):
         return self.gossip
 
     @property
-    def _controller(self) -> Controller:
-        if self.controller is None:
-            raise RuntimeError(f"{self.node_id}: the agent has not started (no controller yet)")
-        return self.controller
+    def paused(self) -> bool:
+        """The operator's switch (Admin Pause/Resume): automatic rebalancing is the pipeline's to pause."""
+        return self.pipeline.paused
 
-    @property
-    def _telemetry(self) -> Telemetry:
-        if self.telemetry is None:
-            raise RuntimeError(f"{self.node_id}: the agent has not started (no telemetry yet)")
-        return self.telemetry
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        self.pipeline.paused = value
 
     def head(self) -> RoutingTable:
         return self._backend.head

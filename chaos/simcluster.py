@@ -166,8 +166,8 @@ class SimCluster:
         self.identity.add(n)  # the marker is written once its store first opened
         self.states[n] = st
         st.consensus.on_commit(lambda c, t, n=n: self._installed(n, c, t))
-        st.hooks.proposing.append(lambda table, n=n: self._proposing(n, table))
-        st.hooks.window_closed.append(lambda seq, total, st=st: self._window_closed(st, seq, total))
+        st.pipeline.hooks.proposing.append(lambda table, n=n: self._proposing(n, table))
+        st.pipeline.hooks.window_closed.append(lambda seq, total, st=st: self._window_closed(st, seq, total))
         st.gossip.on_member_change(lambda m, n=n: self._member(n, m))
         self.engines[n] = NodeEngine(self, n, self.ranks_of[n], st, self.rng.getrandbits(32))
 

@@ -50,7 +50,9 @@ __all__ = [
 # ---- events in ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class WindowClosed:
-    """Cluster-wide per-step counts of one window: steps uint32 [W, L, E]. `planner`: the node that plans
+    """Cluster-wide counts of one window: steps uint32 [T, L, E], T rows of the window's load. The agent
+    (agent.pipeline.DecisionPipeline) gives one row, the window's total summed over its steps (T = 1: gossip
+    carries window totals); bench/policies.py gives one row per step (T = W). `planner`: the node that plans
     this window when it is another one (this controller observes, and keeps its budget spent for when the
     turn comes to it); empty: this controller plans. `backup`: this node's place after the planner in the
     turn order, the windows a due rollback waits before this node proposes it itself."""

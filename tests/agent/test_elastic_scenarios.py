@@ -140,7 +140,7 @@ def test_a_drain_while_a_proposal_is_in_flight_waits_for_its_outcome_and_drains(
     async def both() -> tuple[object, object]:
         p = asyncio.ensure_future(st.propose_manual((Replicate(0, 3, 2),), True))
         await asyncio.sleep(0)
-        assert st.controller is not None and st.controller.inflight is not None  # the replicate is in flight
+        assert st.pipeline.inflight is not None  # the replicate is in flight
         d = asyncio.ensure_future(st.drain(3))
         return await p, await d
 

@@ -301,14 +301,14 @@ def test_one_node_plans_each_window_and_the_turn_passes_on() -> None:
     c = SimCluster(8, Shape(layers=4, experts=16, slots_per_rank=4), seed=3)
     seen: dict[int, dict[str, tuple[str, int]]] = {}  # window -> node -> (planner it names, its head)
     for n, stt in c.states.items():
-        step = stt.controller.step
+        step = stt.pipeline.controller.step
 
         def rec(ev: object, n: str = n, step: object = step, stt: object = stt) -> object:
             if isinstance(ev, WindowClosed):
                 seen.setdefault(ev.window_seq, {})[n] = (ev.planner or n, stt.head_version())  # type: ignore[attr-defined]
             return step(ev)  # type: ignore[operator]
 
-        stt.controller.step = rec  # type: ignore[method-assign]
+        stt.pipeline.controller.step = rec  # type: ignore[method-assign]
     c.run(14.0)
     assert len(c.history.commits) >= 1
     full = {k: v for k, v in seen.items() if len(v) == 8 and len({h for _, h in v.values()}) == 1}

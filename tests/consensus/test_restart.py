@@ -79,7 +79,7 @@ def test_the_node_consumes_the_whole_ready_in_order() -> None:
     st = c.states["n01"]
     ok, why = _drain_restore(c, "n01", 0)
     assert ok, why
-    recs = list(st.journal)
+    recs = list(st.pipeline.journal)
     proposed = [r.version for r in recs if isinstance(r, ProposalRecord)]
     resolved = {r.version: r.outcome for r in recs if isinstance(r, Resolution)}
     assert len(proposed) >= 2 and set(proposed) <= set(resolved), recs  # every proposal ended, recorded

@@ -1,0 +1,251 @@
+"""DecisionPipeline: one node's decision path, from a closed cluster window to a proposal at the commit backend.
+
+Controller (controlplane.controller) + the planning turn (agent.consensus.paxos.turn) + the voter's replay
+windows (agent.voter) + the Ready loop (persist, advance, install, report, send). No asyncio and no network:
+a benchmark or a test drives it with windows and a stand-in backend, exactly as the agent does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from agent.consensus.paxos import turn
+from agent.consensus.proposer import Outcome
+from agent.hooks import Hooks
+from agent.voter import Voter
+from agent.wire import make_plan, op_to_pb, plan_kind
+from controlplane.controller import (
+    Controller,
+    DecisionParams,
+    Event,
+    Explain,
+    ManualProposal,
+    OpTransition,
+    ProposalFailed,
+    Ready,
+    Record,
+    TableCommitted,
+    WindowClosed,
+)
+from controlplane.decision import Decision
+from controlplane.load import table_step_imbalance
+from controlplane.ops import Operation, describe
+from controlplane.table import RoutingTable
+from elasticmoe.v1 import admin_pb2 as apb
+from elasticmoe.v1 import consensus_pb2 as cpb
+
+log = logging.getLogger("emoe.agent")
+
+
+class Proposals(Protocol):
+    """What the pipeline needs of a commit backend (agent.commit.CommitBackend has it): the committed head,
+    and `propose`, which commits `table` (version head + 1) or says why not, calling `on_done` exactly once."""
+
+    @property
+    def head(self) -> RoutingTable: ...
+
+    def propose(self, table: RoutingTable, plan: cpb.Plan, on_done: Callable[[Outcome], None]) -> None: ...
+
+
+class Now(Protocol):
+    def now(self) -> float:
+        """Seconds on a monotonic clock (agent.clock.Clock has it)."""
+        ...
+
+
+class DecisionTelemetry(Protocol):
+    """The metrics and spans the pipeline reports (agent.telemetry.Telemetry has them)."""
+
+    def record_imbalance(self, x: float) -> None: ...
+
+    def record_transition(self, kind: str, state: str) -> None: ...
+
+    def record_version(self, v: int) -> None: ...
+
+    def record_commit_latency(self, ms: float) -> None: ...
+
+    def decision_span(self, version: int, ops: list[str], estimated_gain: float, verified_gain: float,
+                      cost: float, trigger: str, outcome: str) -> None: ...
+
+    def commit_span(self, version: int, parent: int, votes: int, latency_ms: float) -> None: ...
+
+
+def _nothing() -> None:
+    return None
+
+
+class DecisionPipeline:
+    """One node's decision path. Its one input is the sequence of closed cluster windows:
+
+        close_window(seq, total)   seq: the window number (its first step is seq * params.window);
+                                   total: uint64 [L, E], the window's tokens per (layer, logical expert) summed
+                                   over the window's steps and over every live node (agent.loadpath.ClusterWindows)
+
+    fed in increasing `seq`, and, as the backend learns them, the commits: `on_commit(commit, table,
+    newest_window)`. Each window is remembered for the voter's replay, judged against the committed head, and
+    handed to the controller as WindowClosed (one row, the summed total: steps [1, L, E]) with this node's
+    planning turn; the controller's Ready is then performed in its contract's order (`perform`), and each
+    proposal goes to `backend.propose`. Operator and repair events enter through `step` and `manual`.
+
+    Collaborators, all passed in whole: `backend` (the committed head and propose), `voter` (the replay
+    windows; the backend's verifier is its `verify`), `voters` and `live_voters()` (the turn order and who is
+    up now), `clock` (proposal latency), `telemetry`, `hooks` (what a harness observes), and `each_window`,
+    the node's own duties for a window (a rank restore, install lag), run after the window is remembered and
+    before the controller decides on it."""
+
+    def __init__(self, node_id: str, params: DecisionParams, backend: Proposals, voter: Voter, *,
+                 voters: Sequence[str], live_voters: Callable[[], list[str]], handover_windows: int, clock: Now,
+                 telemetry: DecisionTelemetry, hooks: Hooks | None = None,
+                 each_window: Callable[[], None] = _nothing) -> None:
+        self.node_id, self.params, self.backend, self.voter = node_id, params, backend, voter
+        self.voters, self.live_voters, self.handover_windows = list(voters), live_voters, handover_windows
+        self.clock, self.telemetry, self.each_window = clock, telemetry, each_window
+        self.hooks = hooks if hooks is not None else Hooks()
+        self.controller = Controller(params, backend.head)  # plans from the backend's (recovered) head
+        self.paused = False  # the operator's switch: windows are still remembered and judged, not acted on
+        self.window_seq = -1  # the last closed window
+        self.head_seq = -1  # the last closed window when the head was installed (the planner's turn)
+        self.imbalance: list[float] = []  # the step imbalance of the last windows under the head
+        self.journal: deque[Record] = deque(maxlen=1024)  # the controller's proposal records and resolutions
+        self.explains: dict[int, apb.ExplainReply] = {}  # what this node proposed, by version
+        self.latest_explain: apb.ExplainReply | None = None  # `emoe explain` for version 0
+
+    # ---- input ---------------------------------------------------------------------------------
+    def close_window(self, seq: int, total: npt.NDArray[np.uint64]) -> None:
+        """A closed cluster window (see the class docstring)."""
+        for h in self.hooks.window_closed:
+            h(seq, total)
+        if self.window_seq < 0:  # the first window since start: commits caught up on count from here
+            self.head_seq = max(self.head_seq, seq - 1)
+        self.window_seq = seq
+        self.voter.remember(seq, total)
+        self.each_window()
+        imb = float(table_step_imbalance(self.backend.head, total.astype(np.int64)))
+        self.imbalance = (self.imbalance + [imb])[-600:]
+        self.telemetry.record_imbalance(imb)
+        if self.paused:
+            return
+        steps = np.minimum(total, np.iinfo(np.uint32).max).astype(np.uint32)[None]
+        self.step(WindowClosed(seq, seq * self.params.window, steps, *self.turn(seq)))
+
+    def on_commit(self, commit: cpb.Commit, table: RoutingTable, newest_window: int) -> None:
+        """The backend committed `table` (this node's proposal or another's); `newest_window`: the newest window
+        reported when this node learned of it (agent.loadpath.ClusterWindows.newest_reported)."""
+        # the turn restarts at the window that proposed this table (the same on every node, however late it learns)
+        end = int(commit.plan.replay_to_step) // self.params.window
+        self.head_seq = end - 1 if 0 < end <= self.window_seq + 1 else self.window_seq
+        self.step(TableCommitted(table, plan_kind(commit.plan), newest_window))
+        rec = self.explains.get(table.version)
+        if rec is not None:
+            rec.outcome = "committed"
+            if not rec.votes:
+                rec.votes.extend(commit.votes)
+        self.telemetry.record_version(table.version)
+        self.telemetry.commit_span(table.version, table.parent, len(commit.qc.voters), 0.0)
+
+    def step(self, event: Event) -> None:
+        """Hand the controller one event and perform its Ready."""
+        self.perform(self.controller.step(event))
+
+    def manual(self, ops: tuple[Operation, ...], trigger: str, force: bool,
+               why: str = "") -> tuple[Decision | None, str]:
+        """The controller's manual event: the decision it made of `ops` (not yet proposed: the caller proposes
+        it, and may await its outcome; any other proposal it made, proposed), or None and why it refused."""
+        ready = self.controller.step(ManualProposal(ops, force, why))
+        proposals = list(ready.proposals)
+        explains = [e for e in ready.events if isinstance(e, Explain)]
+        self.journal.extend(ready.persist)
+        self.controller.advance()
+        mine = [d for d in proposals if d.kind == "manual"]
+        for d in proposals:
+            if d not in mine:
+                self.propose(d)
+        if not mine:
+            ex = explains[-1] if explains else None
+            refused = f"{ex.outcome if ex else 'REFUSED'}: {ex.detail if ex else ''}".rstrip(": ")
+            return None, f"{trigger} not proposed by the decision core: {refused}"
+        return mine[0], ""
+
+    @property
+    def inflight(self) -> Decision | None:
+        """This node's proposal awaiting its outcome, if any."""
+        return self.controller.inflight
+
+    # ---- the planning turn ------------------------------------------------------------------------
+    def turn(self, seq: int) -> tuple[str, int]:
+        """The node planning window `seq` in this view ('' if this one; paxos.planner_turn), and this node's place
+        after it (paxos.turn_distance: the windows a due rollback waits). Views may differ a moment (two plan,
+        consensus picks one); a voter counts itself live; a non-voter plans only if it sees no voter."""
+        k = self.handover_windows
+        if not k:
+            return "", 0
+        planner, place = turn(self.backend.head.version + 1, self.voters, self.live_voters(),
+                              seq - self.head_seq - 1, k, self.node_id)
+        return ("" if planner is None or planner == self.node_id else planner), place
+
+    # ---- the Ready loop -------------------------------------------------------------------------
+    def perform(self, ready: Ready) -> None:
+        """Consume the controller's whole Ready in its contract's order (etcd-raft's): persist, advance, install,
+        report, send.
+        - persist: its proposal records and resolutions go to the decision journal. The controller's state is
+          soft (after a restart it starts from the committed head), so the journal is in memory; the acceptor
+          state that safety needs is persisted by the commit backend before any reply leaves;
+        - advance before sending: a re-entrant step (a proposal that fails at once) does not see these again;
+        - install: what the controller took as its new head must be the backend's (they learn commits together);
+        - report: its last Explain is what `emoe explain` shows for version 0; lifecycle moves are counted;
+        - send: each proposal goes to the commit backend."""
+        self.journal.extend(ready.persist)
+        proposals, installs, events = list(ready.proposals), list(ready.install), list(ready.events)
+        self.controller.advance()
+        for t in installs:
+            if t.version > self.backend.head.version:
+                log.error("controller installed v%d beyond the committed head v%d", t.version, self.backend.head.version)
+        explains = [e for e in events if isinstance(e, Explain)]
+        if explains and not proposals:
+            self.latest_explain = apb.ExplainReply(version=0, trigger=explains[-1].trigger, outcome=explains[-1].outcome)
+        for e in events:
+            if isinstance(e, OpTransition):
+                self.telemetry.record_transition(e.kind, e.state)
+        for decision in proposals:
+            self.propose(decision)
+
+    def propose(self, decision: Decision, force: bool = False, done: asyncio.Future[Outcome] | None = None) -> None:
+        """Send `decision` to the commit backend; its outcome is recorded, reported, and (a failure) handed back
+        to the controller, then set on `done` if given."""
+        table = decision.table
+        plan = make_plan(decision.ops, decision.estimated_gain, decision.verified_gain, decision.cost, decision.trigger,
+                         decision.replay_from_step, decision.replay_to_step, kind=str(decision.kind), forced=force)
+        if force:
+            plan.trigger = f"manual --force: {plan.trigger}"
+        refused = [apb.Candidate(op=op_to_pb(r.op) if r.op is not None else None, reason=r.reason, gain=r.gain,
+                                 cost=r.cost) for r in decision.refused]
+        record = apb.ExplainReply(version=table.version, trigger=decision.trigger, plan=plan, refused=refused,
+                                  outcome="proposed")
+        self.explains[table.version] = record
+        self.latest_explain = record
+        started = self.clock.now()
+        observers = [h(table) for h in self.hooks.proposing]
+
+        def on_done(outcome: Outcome) -> None:
+            for seen in observers:
+                seen(outcome)
+            record.outcome = "committed" if outcome.committed else f"failed: {outcome.reason}"
+            record.votes.extend(outcome.votes)
+            latency_ms = (self.clock.now() - started) * 1e3
+            self.telemetry.decision_span(table.version, [describe(o) for o in decision.ops], decision.estimated_gain,
+                                         decision.verified_gain, decision.cost, decision.trigger, record.outcome)
+            if not outcome.committed:
+                self.step(ProposalFailed(table.version, str(outcome.reason)))
+            else:
+                self.telemetry.record_commit_latency(latency_ms)
+            if done is not None and not done.done():
+                done.set_result(outcome)
+
+        self.backend.propose(table, plan, on_done)

@@ -1,0 +1,156 @@
+"""The decision pipeline (agent/pipeline.py) driven alone: closed cluster windows in, proposals to a stand-in
+commit backend out; no NodeState, no asyncio, no network. And a node's own pipeline, fed the windows and
+commits it saw in the simulated cluster, is matched proposal for proposal by a standalone one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from agent.consensus.proposer import Outcome
+from agent.pipeline import DecisionPipeline
+from agent.voter import Voter
+from controlplane.controller import DecisionParams, ProposalRecord, Resolution
+from controlplane.table import RoutingTable
+from controlplane.topology import Topology
+from dataplane_shim.genesis import genesis_table
+from elasticmoe.v1 import consensus_pb2 as cpb
+
+
+@dataclass
+class Backend:
+    """A commit backend stand-in: it holds the head, and keeps every proposal for the test to settle."""
+
+    head: RoutingTable
+    proposed: list[tuple[RoutingTable, cpb.Plan, Callable[[Outcome], None]]] = field(default_factory=list)
+
+    def propose(self, table: RoutingTable, plan: cpb.Plan, on_done: Callable[[Outcome], None]) -> None:
+        self.proposed.append((table, plan, on_done))
+
+
+class Clock:
+    def now(self) -> float:
+        return 0.0
+
+
+class Telemetry:
+    def __init__(self) -> None:
+        self.imbalance: list[float] = []
+
+    def record_imbalance(self, x: float) -> None:
+        self.imbalance.append(x)
+
+    def record_transition(self, kind: str, state: str) -> None: ...
+
+    def record_version(self, v: int) -> None: ...
+
+    def record_commit_latency(self, ms: float) -> None: ...
+
+    def decision_span(self, version: int, ops: list[str], estimated_gain: float, verified_gain: float,
+                      cost: float, trigger: str, outcome: str) -> None: ...
+
+    def commit_span(self, version: int, parent: int, votes: int, latency_ms: float) -> None: ...
+
+
+def _pipeline(head: RoutingTable, params: DecisionParams, voters: list[str], me: str, handover: int,
+              telemetry: Telemetry | None = None) -> tuple[DecisionPipeline, Backend]:
+    backend = Backend(head)
+    p = DecisionPipeline(me, params, backend, Voter(params, 0.01), voters=voters, live_voters=lambda: list(voters),
+                         handover_windows=handover, clock=Clock(), telemetry=telemetry or Telemetry())
+    return p, backend
+
+
+def _skewed(layers: int, experts: int, seed: int) -> npt.NDArray[np.uint64]:
+    """One window's summed load: experts 0 and 1 of every layer take most tokens."""
+    rng = np.random.default_rng(seed)
+    w = np.full((layers, experts), 40.0)
+    w[:, :2] = 2000.0
+    return rng.poisson(w).astype(np.uint64)
+
+
+def test_a_pipeline_alone_proposes_on_skewed_windows_and_hands_a_failure_back() -> None:
+    topo = Topology(2, 2, 4)  # 4 ranks x 4 slots: 16 slots a layer for 8 experts
+    head = genesis_table("static", topo, 4, 8)
+    params = DecisionParams(window=10)
+    telemetry = Telemetry()
+    p, backend = _pipeline(head, params, ["a"], "a", 2, telemetry)
+    for seq in range(4):
+        p.close_window(seq, _skewed(4, 8, seq))
+        if backend.proposed:
+            break
+    assert len(telemetry.imbalance) == p.window_seq + 1 and telemetry.imbalance[0] > params.theta
+    assert len(backend.proposed) == 1, p.latest_explain
+    table, plan, on_done = backend.proposed[0]
+    assert table.version == head.version + 1 and table.parent == head.version and plan.ops
+    assert p.inflight is not None and p.explains[table.version].outcome == "proposed"
+    # the span the voters replay names the windows planned on (the last one's first step is in it)
+    assert plan.replay_from_step <= p.window_seq * params.window < plan.replay_to_step
+    on_done(Outcome(False, table.version, "lost to another table"))
+    assert p.inflight is None and p.explains[table.version].outcome == "failed: lost to another table"
+    recs = list(p.journal)
+    assert [type(r) for r in recs] == [ProposalRecord, Resolution] and recs[1].version == table.version
+
+
+def test_a_pipeline_that_does_not_plan_this_window_proposes_nothing() -> None:
+    topo = Topology(2, 2, 4)
+    head = genesis_table("static", topo, 4, 8)
+    params = DecisionParams(window=10)
+    planner = "a" if p_turn(head, ["a", "b"]) == "a" else "b"
+    other = "b" if planner == "a" else "a"
+    p, backend = _pipeline(head, params, ["a", "b"], other, 1000)  # the turn never passes on
+    for seq in range(4):
+        p.close_window(seq, _skewed(4, 8, seq))
+    assert backend.proposed == [] and p.turn(4)[0] == planner
+
+
+def p_turn(head: RoutingTable, voters: list[str]) -> str:
+    from agent.consensus.paxos import round0_owner
+
+    return round0_owner(head.version + 1, voters)
+
+
+def test_a_standalone_pipeline_makes_the_nodes_decisions() -> None:
+    """One simulated node (it plans every window, commits alone): the windows and commits its pipeline saw,
+    replayed into a pipeline of its own with a stand-in backend, give the same proposals in the same order."""
+    from chaos.simcluster import Shape, SimCluster
+
+    c = SimCluster(1, Shape(layers=4, experts=8, ranks_per_node=4, slots_per_rank=4), seed=5)
+    st = c.states["n00"]
+    genesis = st.head()
+    seen: list[tuple[str, object]] = []  # what the node's pipeline was fed, in order
+    st.pipeline.hooks.window_closed.append(lambda seq, total: seen.append(("window", (seq, total.copy()))))
+
+    def proposing(table: RoutingTable) -> Callable[[Outcome], None]:
+        seen.append(("propose", table))
+        return lambda outcome: seen.append(("done", outcome))
+
+    st.pipeline.hooks.proposing.append(proposing)
+    st.consensus.on_commit(lambda commit, table: seen.append(  # type: ignore[union-attr]
+        ("commit", (commit, table, st.cluster.newest_reported()))))
+    c.run(10.0)
+    node_proposals = [t for k, t in seen if k == "propose"]
+    assert len(node_proposals) >= 2
+
+    p, backend = _pipeline(genesis, st.pipeline.params, ["n00"], "n00", st.cfg.decision.handover_windows)
+    pending: dict[int, Callable[[Outcome], None]] = {}
+    known = 0
+    for kind, what in seen:
+        if kind == "window":
+            seq, total = what  # type: ignore[misc]
+            p.close_window(seq, total)
+        elif kind == "done":
+            assert isinstance(what, Outcome)
+            pending.pop(what.version)(what)
+        elif kind == "commit":
+            commit, table, newest = what  # type: ignore[misc]
+            backend.head = table
+            p.on_commit(commit, table, newest)
+        for t, _, on_done in backend.proposed[known:]:
+            pending[t.version] = on_done
+        known = len(backend.proposed)
+    mine = [t for t, _, _ in backend.proposed]
+    assert [(t.version, t.digest) for t in mine] == [(t.version, t.digest) for t in node_proposals]  # type: ignore[attr-defined]
+    assert [type(r).__name__ for r in p.journal] == [type(r).__name__ for r in st.pipeline.journal]
