@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from agent.consensus.node import ConsensusNode
 from agent.store import MemoryDisk, Store, StoreCorrupt
 from chaos.quorumsim import cut_log as cut_records
 from chaos.simcluster import SimCluster
@@ -27,7 +28,14 @@ def wipe_data_dir(c: SimCluster, n: str, restart_after: float | None = 0.0) -> s
     """kill -9, and the node's whole data_dir is gone: its store (the disk emptied) and its IDENTITY marker, so
     that it restarts with `had_store` False and only the other voters' enrolment records can tell that it
     ran before. `restart_after`: seconds until it restarts (a supervisor; None: left down for `restart`).
-    Returns what happened, for the report (with the head it had: genesis means before the first commit)."""
+    Returns what happened, for the report (with the head it had: genesis means before the first commit).
+    Skipped while another voter is still rebuilding: one lost store at a time is what rebuild tolerates
+    (agent/consensus/rebuild.py), and a wipe beyond that may leave too few voters to vote again."""
+    busy = sorted(m for m, st in c.states.items() if m != n and m not in c.down
+                  and isinstance(st.consensus, ConsensusNode) and st.consensus.rebuild is not None)
+    if busy:
+        c._ev("wipe-skipped", n)
+        return f"wipe-data-dir {n} skipped: {', '.join(busy)} still rebuilding"
     head = c.states[n].head_version()
     c.crash(n)
     c._fault(f"wipe-data-dir {n}")
