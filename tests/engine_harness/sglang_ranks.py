@@ -2,19 +2,23 @@
 `load_plugins()`. Run by tests/engines/test_engine_sglang.py with the engine virtualenv:
 
     python tests/engine_harness/sglang_ranks.py --out DIR --model MODEL_DIR --commits CDIR [--port P]
+        [--passes N] [--lag R:K]
 
 Each rank publishes a real `ServerArgs` for MODEL_DIR (a config.json only: a tiny Qwen3-MoE, 2 layers, 8
 experts, 2 redundant slots, tp = ep = 2, `--enable-eplb`, recorder mode `stat`), builds SGLang's process groups
 (`init_distributed_environment` on gloo, `initialize_model_parallel`), runs `load_plugins()` (our entry point
 replaces `model_runner.EPLBManager`), builds SGLang's boot placement (`compute_initial_expert_location_metadata`,
 trivial), its stat recorder, its `ExpertLocationUpdater`, and the plugin's `ElasticMoeEplbManager` the way
-`ModelRunner` does, then calls `on_forward_pass_end()` PASSES times. The certified commits the test wrote in
-CDIR/rank{r}/ reach the plugin through a link that reads files (no agent); the version both ranks hold is
+`ModelRunner` does, then calls `on_forward_pass_end()` N times (default PASSES). The certified commits the test
+wrote in CDIR/rank{r}/ reach the plugin through a link that reads files (no agent); with `--lag R:K`, rank R's
+link reads an empty folder until pass K, when the harness copies CDIR/rank{R}/'s commits into it (rank R receives
+them K passes after the other); the version both ranks hold is
 installed by SGLang's `rebalance()`: `init_by_mapping`, then `update_expert_location_with_recovery` ->
 `ExpertLocationUpdater.update`, whose P2P ops (`batch_isend_irecv` over gloo) move the expert weights.
 Each rank writes DIR/rank{r}.json: the plugin's installed version, SGLang's physical_to_logical_map, the
 first column of every local slot's weights (expert weights encode `layer * 100 + expert`, the second tensor 2x),
-and every load report its plugin offered (first step, steps, version, counts).
+every load report its plugin offered (first step, steps, version, counts) and the plugin's version after each
+pass.
 
 Stubs (modules SGLang imports on this path but does not use here), installed in sys.modules before SGLang:
 - `torchvision`, `torchvision.transforms`, `torchvision.transforms.functional` (with `InterpolationMode`):
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import types
 from pathlib import Path
@@ -128,10 +133,20 @@ def worker(rank: int, args: argparse.Namespace) -> None:
                          get_expert_backup_client=lambda: None, get_weight_updater=NoDisk)
     core = mgr._core = mgr._setup()
     core.link.close()
-    core.link = link = DirLink(Path(args.commits) / f"rank{rank}")
-    for i in range(PASSES):
+    src = live = Path(args.commits) / f"rank{rank}"
+    lag_rank, lag = (int(x) for x in args.lag.split(":")) if args.lag else (-1, 0)
+    if rank == lag_rank:  # the link reads a folder the commits reach only at pass `lag`
+        live = Path(args.out) / f"commits-rank{rank}"
+        live.mkdir()
+    core.link = link = DirLink(live)
+    versions = []
+    for i in range(args.passes):
+        if live != src and i == lag:
+            for f in src.glob("v*.commit"):
+                shutil.copy(f, live / f.name)
         feed(rec, get_global_expert_location_metadata().physical_to_logical_map_cpu, i)
         mgr.on_forward_pass_end()
+        versions.append(core.version)
     now = get_global_expert_location_metadata()
     weights = {str(layer): [w[:, 0].tolist() for w in ws] for layer, ws in model.routed_experts_weights_of_layer.items()}
     write(Path(args.out) / f"rank{rank}.json", {
@@ -142,6 +157,7 @@ def worker(rank: int, args: argparse.Namespace) -> None:
         "offered": [{"first_step": r.first_step, "steps": r.steps, "version": r.version, "counts": _counts(r)}
                     for r in link.offered],
         "ep_group": [ps.get_moe_ep_group().rank_in_group, ps.get_moe_ep_group().world_size],
+        "versions": versions,
     })
     mgr.close()  # the peer watch beats into rank 0's store: stop it on both ranks before the store goes
     mgr.close()  # idempotent
@@ -156,6 +172,8 @@ if __name__ == "__main__":
     ap.add_argument("--model", required=True, help="a folder with the toy model's config.json")
     ap.add_argument("--commits", required=True, help="certified commits: DIR/rank{r}/v{version}.commit")
     ap.add_argument("--port", type=int, default=29543)
+    ap.add_argument("--passes", type=int, default=PASSES, help="forward passes each rank runs")
+    ap.add_argument("--lag", default="", help="R:K: rank R receives the commits only from pass K on")
     a = ap.parse_args()
     mp.spawn(worker, args=(a,), nprocs=WS, join=True)
     print("RANKS_DONE", flush=True)

@@ -31,6 +31,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -38,6 +39,9 @@ import pytest
 from chaos.localcluster import ROOT, free_ports
 from tests.conftest import engine_missing
 from tests.engine_harness.vllm_llm import CONFIG  # the vLLM test's tiny Qwen3-MoE: 2 layers, 8 experts
+
+if TYPE_CHECKING:
+    from controlplane.table import RoutingTable
 
 pytestmark = pytest.mark.engine
 
@@ -56,7 +60,9 @@ def _engine_python() -> str:
     return str(ENGINE_PY)
 
 
-def test_sglang_eplb_manager_installs_a_certified_table(tmp_path: Path) -> None:
+def _run_ranks(tmp_path: Path, *extra: str, timeout: int = 400) -> tuple[list[dict], RoutingTable]:
+    """Write v2's certified commit for both ranks, run the two SGLang ranks (harness options `extra`), and
+    return their rank files and v2."""
     from controlplane.topology import Topology
     from dataplane_shim.certify import certified_commit
     from dataplane_shim.genesis import genesis_table
@@ -76,23 +82,33 @@ def test_sglang_eplb_manager_installs_a_certified_table(tmp_path: Path) -> None:
             (d / f"v{v2.version}.commit").write_bytes(certified_commit(v2, ["a", "b"], 2).SerializeToString())
     t0 = time.monotonic()
     r = subprocess.run([py, str(HARNESS / "sglang_ranks.py"), "--out", str(out), "--model", str(model),
-                        "--commits", str(cdir), "--port", str(free_ports(1)[0])],
-                       cwd=ROOT, capture_output=True, text=True, timeout=400,
+                        "--commits", str(cdir), "--port", str(free_ports(1)[0]), *extra],
+                       cwd=ROOT, capture_output=True, text=True, timeout=timeout,
                        env={**os.environ, "PYTHONPATH": str(ROOT)})  # this tree's plugin, whatever is installed
     assert r.returncode == 0 and "RANKS_DONE" in r.stdout, (r.stdout + r.stderr)[-4000:]
     print(f"\ntwo SGLang ranks, boot to installed v2: {time.monotonic() - t0:.1f} s")
-    ranks = [json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1)]
+    return [json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1)], v2
+
+
+def _assert_installed(ranks: list[dict], v2: RoutingTable, passes: int) -> None:
+    """Both ranks installed v2 once, through SGLang's updater: its map is v2's, every local slot holds the weights
+    of the logical expert v2 names."""
     for i, doc in enumerate(ranks):
         assert doc["manager"] == "ElasticMoeEplbManager" and doc["ep_group"] == [i, 2]
         assert (doc["version"], doc["installs"]) == (2, 1), doc
-        st = doc["install"]  # armed once at the first pass, done when rebalance() returned on v2's map
+        st = doc["install"]  # armed once, done when rebalance() returned on v2's map
         assert (st["installed"], st["armed"], st["install_failures"], st["phase"], st["inflight"], st["queued"],
-                st["step"], st["last_install_steps"]) == (2, 1, 0, "idle", 0, 0, PASSES, 1), st
+                st["step"], st["last_install_steps"]) == (2, 1, 0, "idle", 0, 0, passes, 1), st
         assert doc["p2l"] == v2.phy2log.tolist(), doc  # SGLang's own map, after its updater
         for layer in range(L):
             want = [float(layer * 100 + e) for e in v2.phy2log[layer, i * 5:(i + 1) * 5]]
             w13, w2 = doc["weights"][str(layer)]
             assert w13 == want and w2 == [2 * x for x in want], (i, layer, doc["weights"])
+
+
+def test_sglang_eplb_manager_installs_a_certified_table(tmp_path: Path) -> None:
+    ranks, v2 = _run_ranks(tmp_path)
+    _assert_installed(ranks, v2, PASSES)  # armed at the first pass
     # reports from EP rank 0 only, of the dump SGLang's recorder sums over both ranks: v2 is agreed at the first
     # pass, so its pass is reported under v1 right before SGLang's rebalance() empties the recorder, then every
     # 2 passes (the first of them 1 pass long); the last covers 2 passes x 2 ranks x HOT tokens on logical
@@ -107,6 +123,23 @@ def test_sglang_eplb_manager_installs_a_certified_table(tmp_path: Path) -> None:
     assert sum(r["steps"] for r in offered) == PASSES
     total = np.sum([r["counts"] for r in offered], axis=0)
     assert total.tolist() == [[PASSES * 2 * HOT] + [0] * (E - 1)] * L, total
+
+
+def test_sglang_installs_only_the_version_every_rank_holds(tmp_path: Path) -> None:
+    """Rank 1 receives v2 LAG passes after rank 0: the ranks agree on the newest version every one of them holds
+    (the MIN of the newest held), so v2 is installed at pass LAG, not at the first pass when only rank 0 holds it
+    (a rank that agreed on a version it does not hold fails the run: the harness's processes end with it)."""
+    passes, lag = 8, 3
+    ranks, v2 = _run_ranks(tmp_path, "--passes", str(passes), "--lag", f"1:{lag}", timeout=240)
+    _assert_installed(ranks, v2, passes)
+    for doc in ranks:  # the plugin's version after each pass: v2 from the pass rank 1 received it on
+        assert doc["versions"] == [1] * lag + [2] * (passes - lag), doc["versions"]
+    # rank 0's reports: the passes up to the install (pass `lag`, run on v1's map) under v1, the rest under v2
+    offered = ranks[0]["offered"]
+    assert [(r["first_step"], r["steps"], r["version"]) for r in offered] == [
+        (0, 2, 1), (2, 2, 1), (4, 2, 2), (6, 2, 2)], offered
+    total = np.sum([r["counts"] for r in offered], axis=0)
+    assert total.tolist() == [[passes * 2 * HOT] + [0] * (E - 1)] * L, total
 
 
 def test_sglang_formats_and_entry_point() -> None:
