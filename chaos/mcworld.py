@@ -186,7 +186,7 @@ class World:
         """Deliver messages oldest first until none is in flight (the founders hear from each other)."""
         while self.msgs:
             self.do("msg", 0)
-        undecided = [n for n in self.ids if self.nodes[n].rebuild is not None and not self.nodes[n].rebuild.decided]
+        undecided = [n for n in self.ids if not getattr(self.nodes[n].rebuild, "decided", True)]
         if undecided:
             raise AssertionError(f"founders {undecided} still undecided with nothing in flight")
 
@@ -305,10 +305,10 @@ class World:
             self.boot(n)
             return f"restart {n} ({what})"
         if kind == "propose":
-            t = self.proposal(n)
+            table = self.proposal(n)
             self.proposals += 1
-            self.nodes[n].propose(t, pb.Plan(), self._done)
-            return f"{n}: propose v{t.version} table {t.digest.hex()[:6]}"
+            self.nodes[n].propose(table, pb.Plan(), self._done)
+            return f"{n}: propose v{table.version} table {table.digest.hex()[:6]}"
         raise ValueError(f"unknown event kind {kind!r}")
 
     def _deliver(self, m: Msg) -> str:

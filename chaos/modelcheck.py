@@ -144,12 +144,12 @@ class FirstAnswerRebuild(Rebuild):
 @contextmanager
 def mutant() -> Iterator[None]:
     """Run the nodes with the rebuild as it was before the fix."""
-    old = node_mod.Rebuild
-    node_mod.Rebuild = FirstAnswerRebuild  # type: ignore[misc]
+    old = node_mod.Rebuild  # type: ignore[attr-defined]
+    node_mod.Rebuild = FirstAnswerRebuild  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        node_mod.Rebuild = old  # type: ignore[misc]
+        node_mod.Rebuild = old  # type: ignore[attr-defined]
 
 
 def main(argv: list[str] | None = None) -> int:
