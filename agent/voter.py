@@ -44,9 +44,12 @@ class Voter:
         # a rollback goes back to a parent the cluster committed and verified before: refused only if this
         # node's replay shows it clearly worse (windows differ between nodes while members restart, and a
         # refused rollback leaves in place a change that realised worse)
-        floor = (-self.tolerance if plan_kind(plan) == "rollback"
-                 else max(0.0, min(self.params.tau, plan.verified_gain) - self.tolerance))
-        ok, gain, reason = verify_decision(head, proposed, replay, floor, drift_tv=self.params.drift_tv)
+        rollback = plan_kind(plan) == "rollback"
+        floor = -self.tolerance if rollback else max(0.0, min(self.params.tau, plan.verified_gain) - self.tolerance)
+        # a rollback is judged on exactly the windows observed since its change, as the controller judged it
+        # (decision.rollback): cut at the newest drift, they may be the one window the change was right on
+        ok, gain, reason = verify_decision(head, proposed, replay, floor,
+                                           drift_tv=None if rollback else self.params.drift_tv)
         return ok, gain, reason
 
     def span(self, lo: int, hi: int) -> npt.NDArray[np.uint32] | None:

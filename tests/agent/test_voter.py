@@ -52,3 +52,21 @@ def test_a_rollback_slightly_worse_on_this_nodes_windows_passes() -> None:
     rollback = make_plan((), 0.04, 0.04, 0.0, "rollback: v5 realised worse", kind="rollback")
     ok, gain, why = v.verify(head, proposed, rollback)
     assert -0.05 < gain < 0 and ok, (gain, why)
+
+
+def test_a_rollback_is_judged_on_every_window_since_its_change_not_cut_at_a_drift() -> None:
+    """The controller proposes a rollback on the windows observed since the change (decision.rollback), without
+    cutting them at the newest drift; a voter that cut them judged it on the last window alone, refused it as
+    clearly worse, and the change that realised worse outlived its deadline (5-node sim, seed 9031027097: I6).
+    Here the windows since the change favour the rollback; the newest, after a drift, does not."""
+    head, proposed = _tables()
+    v = Voter(DecisionParams(), tolerance=0.05)
+    for w in range(2):  # experts 0 and 1 hot: the head holds both on rank 0, the rollback splits them
+        v.remember(w, np.array([[100, 100, 10, 10, 10, 10, 10, 10]], np.uint64))
+    v.remember(2, np.array([[100, 10, 100, 10, 10, 10, 10, 10]], np.uint64))  # a drift: 0 and 2 hot
+    rollback = make_plan((), 0.2, 0.2, 0.0, "rollback: v5 realised worse", kind="rollback")
+    ok, gain, why = v.verify(head, proposed, rollback)
+    assert ok and gain > 0, (gain, why)
+    rebalance = make_plan((), 0.2, 0.2, 0.0, "step imbalance", kind="rebalance")
+    ok, gain, why = v.verify(head, proposed, rebalance)  # a rebalance is still judged since the drift
+    assert not ok and gain < 0 and why == "GAIN_BELOW_TAU", (gain, why)
