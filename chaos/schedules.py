@@ -174,8 +174,7 @@ def apply(c: SimCluster, line: str, rng: random.Random, settle_limit_s: float = 
                 return simdisks.corrupt(c, n, rng)
             if cmd == "cut-log":
                 return simdisks.cut_log(c, n, rng)
-            simdisks.lose_store(c, n)
-            return f"lose-store {n}"
+            return simdisks.lose_store(c, n)
         if cmd == "disk-full":
             n = _node(c, args[0], rng)
             if n is not None:

@@ -14,14 +14,30 @@ from chaos.quorumsim import cut_log as cut_records
 from chaos.simcluster import SimCluster
 
 
-def lose_store(c: SimCluster, n: str) -> None:
+def rebuilding(c: SimCluster, n: str) -> str:
+    """Why a store fault on `n` now would go beyond what rebuild tolerates, or "": one lost store at a time
+    (agent/consensus/rebuild.py), so none while another voter still rebuilds (two at once can leave too few
+    voters that may vote, and the cluster stalls for good: a 3-node schedule, a wipe then a corrupt log)."""
+    busy = sorted(m for m, st in c.states.items() if m != n and m not in c.down
+                  and isinstance(st.consensus, ConsensusNode) and st.consensus.rebuild is not None)
+    if not busy:
+        return ""
+    c._ev("store-fault-skipped", n)
+    return f"skipped: {', '.join(busy)} still rebuilding"
+
+
+def lose_store(c: SimCluster, n: str) -> str:
     """kill -9, and the node's disk is replaced: it restarts with an empty store and must rebuild as a
     learner (no vote on any version it may have voted on before)."""
+    why = rebuilding(c, n)
+    if why:
+        return f"lose-store {n} {why}"
     c.crash(n)
     c._fault(f"lose-store {n}")
     c.disks[n] = MemoryDisk()
     c._ev("wipe", n)
     c.restart(n)
+    return f"lose-store {n}"
 
 
 def wipe_data_dir(c: SimCluster, n: str, restart_after: float | None = 0.0) -> str:
@@ -29,26 +45,22 @@ def wipe_data_dir(c: SimCluster, n: str, restart_after: float | None = 0.0) -> s
     that it restarts with `had_store` False and only the other voters' enrolment records can tell that it
     ran before. `restart_after`: seconds until it restarts (a supervisor; None: left down for `restart`).
     Returns what happened, for the report (with the head it had: genesis means before the first commit).
-    Skipped while another voter is still rebuilding: one lost store at a time is what rebuild tolerates
-    (agent/consensus/rebuild.py), and a wipe beyond that may leave too few voters to vote again."""
-    busy = sorted(m for m, st in c.states.items() if m != n and m not in c.down
-                  and isinstance(st.consensus, ConsensusNode) and st.consensus.rebuild is not None)
-    if busy:
-        c._ev("wipe-skipped", n)
-        return f"wipe-data-dir {n} skipped: {', '.join(busy)} still rebuilding"
+    While another voter is still rebuilding (`rebuilding`) the data_dir is kept: only the kill -9 and restart."""
+    why = rebuilding(c, n)
     head = c.states[n].head_version()
     c.crash(n)
-    c._fault(f"wipe-data-dir {n}")
-    c.disks[n] = MemoryDisk()
-    c.identity.discard(n)
-    c._ev("wipe", n, version=head)
-    c.history.wipes.append((n, c.clock.now(), head))
+    if not why:
+        c._fault(f"wipe-data-dir {n}")
+        c.disks[n] = MemoryDisk()
+        c.identity.discard(n)
+        c._ev("wipe", n, version=head)
+        c.history.wipes.append((n, c.clock.now(), head))
     if restart_after == 0.0:
         c.restart(n)
     elif restart_after is not None:
         inc = c.incarnation[n]
         c.clock.call_later(restart_after, lambda: c.restart(n) if c.incarnation[n] == inc and n not in c.lost else None)
-    return f"wipe-data-dir {n} (head v{head})"
+    return f"wipe-data-dir {n} (head v{head})" + (f": data_dir kept, {why}" if why else "")
 
 
 POINTS = ("after-promise", "after-accept", "after-commit")
@@ -78,6 +90,9 @@ def cut_log(c: SimCluster, n: str, rng: random.Random) -> str:
     """kill -9, the node's log loses its last 1-4 whole records (a file restored from an older copy, a disk
     that dropped acknowledged writes): it still parses, so only the high-water mark beside it tells; the node
     must rebuild as a learner. Returns what happened, for the report."""
+    why = rebuilding(c, n)
+    if why:
+        return f"cut-log {n} {why}"
     c.crash(n)
     records = rng.randint(1, 4)
     c._fault(f"cut-log {n} {records}")
@@ -90,6 +105,9 @@ def corrupt(c: SimCluster, n: str, rng: random.Random) -> str:
     """kill -9, one byte flipped in the middle of the node's log, restart: the store must refuse to start
     (naming the offset), never truncate; then the operator's repair (the log moved aside) and a restart
     that rebuilds from the peers. Returns what happened, for the report."""
+    why = rebuilding(c, n)
+    if why:
+        return f"corrupt {n} {why}"
     c.crash(n)
     disk = c.disks[n]
     if len(disk.data) < 64:
