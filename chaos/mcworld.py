@@ -33,6 +33,7 @@ from agent.consensus.paxos import quorum_size
 from agent.store import MemoryDisk, Store
 from agent.transport import HandlerTable, InvalidArgument, ReplyCallback, RequestHandler
 from agent.transport.methods import lookup
+from agent.transport.sim import PendingCall
 from controlplane.table import RoutingTable, initial_table
 from controlplane.topology import Topology
 from elasticmoe.v1 import consensus_pb2 as pb
@@ -65,23 +66,6 @@ class SchedClock:
         return t
 
 
-class Call:
-    __slots__ = ("on_reply", "timer", "done")
-
-    def __init__(self, on_reply: ReplyCallback) -> None:
-        self.on_reply = on_reply
-        self.timer: SchedTimer | None = None
-        self.done = False
-
-    def finish(self, reply: Message | None) -> None:
-        if self.done:
-            return
-        self.done = True
-        if self.timer is not None:
-            self.timer.cancel()
-        self.on_reply(reply)
-
-
 @dataclass
 class Msg:
     """A request (src calls dst) or its reply (dst is the caller); `caller_inc`: the caller's incarnation."""
@@ -92,7 +76,7 @@ class Msg:
     dst: str
     method: str
     data: bytes | None  # None: an error reply (the caller gets None)
-    call: Call
+    call: PendingCall
 
 
 class SchedTransport:
@@ -102,7 +86,7 @@ class SchedTransport:
     def call(self, dst: str, method: str, request: Message, timeout: float, on_reply: ReplyCallback) -> None:
         if not self.world.is_current(self.node, self.inc):
             return
-        c = Call(on_reply)
+        c = PendingCall(on_reply)
         c.timer = SchedClock(self.world, self.node, self.inc).call_later(timeout, lambda: c.finish(None))
         self.world.msgs.append(Msg(False, self.node, self.inc, dst, method, request.SerializeToString(), c))
 

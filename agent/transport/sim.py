@@ -83,7 +83,9 @@ class _Node:
         return not self.crashed and self.clock.running
 
 
-class _Call:
+class PendingCall:
+    """A call awaiting its reply: finished once, by the reply or by its deadline (chaos/mcworld.py uses it too)."""
+
     __slots__ = ("on_reply", "timer", "done")
 
     def __init__(self, on_reply: ReplyCallback) -> None:
@@ -219,7 +221,7 @@ class SimNetwork:
             raise TypeError(f"{method}: request is a {type(request).__name__}, expected {req_cls.__name__}")
         data = request.SerializeToString()
         self._account(src.node_id, method, len(data))
-        call = _Call(on_reply)
+        call = PendingCall(on_reply)
         call.timer = src.clock.call_later(timeout, lambda: call.finish(None))
         s = src.node_id
 
@@ -231,7 +233,7 @@ class SimNetwork:
         else:
             self.stats.dropped += 1
 
-    def _deliver_request(self, src: _Node, dst_id: str, method: str, data: bytes, call: _Call) -> None:
+    def _deliver_request(self, src: _Node, dst_id: str, method: str, data: bytes, call: PendingCall) -> None:
         dst = self._nodes.get(dst_id)
         if dst is None or not dst.running or not self.reachable(src.node_id, dst_id):
             self.stats.dropped += 1
@@ -253,7 +255,7 @@ class SimNetwork:
         else:
             self._send_back(dst, src, method, reply, call)
 
-    def _send_back(self, dst: _Node, src: _Node, method: str, reply: Message | None, call: _Call,
+    def _send_back(self, dst: _Node, src: _Node, method: str, reply: Message | None, call: PendingCall,
                    error: bool = False) -> None:
         if dst.crashed or (reply is None and not error):
             return
