@@ -14,13 +14,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import grpc
 import numpy as np
@@ -100,6 +101,15 @@ def _agent_load(address: str) -> np.ndarray:
     return np.frombuffer(v.counts, "<u4").reshape(v.layers, v.experts)
 
 
+def _start_ranks(py: str, out: Path, cluster: LocalCluster, log: IO[bytes], *args: str,
+                 env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """The two vLLM ranks (tests/engine_harness/vllm_ranks.py), each on its agent's shim socket."""
+    return subprocess.Popen(
+        [py, str(HARNESS / "vllm_ranks.py"), "--out", str(out), "--port", str(free_ports(1)[0]),
+         "--sockets", f"{cluster.shim_socket(0)},{cluster.shim_socket(1)}", *args],
+        cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+
+
 def test_vllm_eplb_installs_what_the_agents_commit(tmp_path: Path) -> None:
     py = engine_python()
     cluster = LocalCluster(2, tmp_path / "agents", SHAPE, profile="test",  # one agent per node (2 ranks)
@@ -109,11 +119,7 @@ def test_vllm_eplb_installs_what_the_agents_commit(tmp_path: Path) -> None:
     with cluster.running(timeout=120), open(tmp_path / "ranks.log", "wb") as log:
         for a in cluster.addresses:  # only the forced proposals below change the table
             assert _cli("pause", "--agent", a).returncode == 0
-        proc = subprocess.Popen(
-            [py, str(HARNESS / "vllm_ranks.py"), "--out", str(out), "--port", str(free_ports(1)[0]),
-             "--sockets", f"{cluster.shim_socket(0)},{cluster.shim_socket(1)}", "--hold-rank", "1",
-             "--bench", "200"],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        proc = _start_ranks(py, out, cluster, log, "--hold-rank", "1", "--bench", "200")
         try:
             _run(cluster, out, proc)
         finally:
@@ -141,7 +147,6 @@ def test_vllm_status_shows_installed_versions_and_flags_held_ranks(tmp_path: Pat
     receives it, but vLLM's MIN agreement holds both ranks on v2, so `emoe propose --wait` gives up after the
     bound naming both ranks (exit 1) and, within the bound plus a report margin of the commit, both agents
     show their rank `lagging` on installed version 2 against head 3."""
-    import os
 
     py = engine_python()
     cluster = LocalCluster(2, tmp_path / "agents", SHAPE, profile="test",
@@ -152,10 +157,7 @@ def test_vllm_status_shows_installed_versions_and_flags_held_ranks(tmp_path: Pat
     with cluster.running(timeout=120), open(tmp_path / "ranks.log", "wb") as log:
         for a in cluster.addresses:  # only the forced proposals below change the table
             assert _cli("pause", "--agent", a).returncode == 0
-        proc = subprocess.Popen(
-            [py, str(HARNESS / "vllm_ranks.py"), "--out", str(out), "--port", str(free_ports(1)[0]),
-             "--sockets", f"{cluster.shim_socket(0)},{cluster.shim_socket(1)}", "--max-s", "200"],
-            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLLM_RANKS_CAP": "1:2"})
+        proc = _start_ranks(py, out, cluster, log, "--max-s", "200", env={"VLLM_RANKS_CAP": "1:2"})
         try:
             _wait("both ranks stepping", lambda: (r := _ranks(out)) and all(x["sent"] > 0 for x in r) and r, 180, proc)
             # v2, waited for until installed (a bound far past the install, so a slow machine still passes)
@@ -296,7 +298,6 @@ def _certified_files(cdir: Path) -> Callable[..., Callable[[], None]]:
 
 def _spawn_ranks(tmp_path: Path, log: Any, *extra: str, env: dict[str, str] | None = None
                  ) -> tuple[Path, Path, subprocess.Popen[bytes]]:
-    import os
 
     out, cdir = tmp_path / "ranks", tmp_path / "commits"
     for d in (out, cdir / "rank0", cdir / "rank1"):
@@ -433,7 +434,6 @@ def test_formats_round_trip_through_vllms_own_functions() -> None:
 def test_vllm_plugin_refuses_an_engine_that_booted_off_genesis(tmp_path: Path) -> None:
     """The agents' genesis is declared 'static' (blocks with empty slots); vLLM boots with arange(P) % E: the
     plugin stops the worker at add_model, naming both placements' digests."""
-    import os
 
     py = engine_python()
     out = tmp_path / "ranks"
