@@ -54,8 +54,15 @@ def _until(what: str, ok: Callable[[], bool], timeout: float = 20.0) -> None:
 
 
 def _commit_pair(c: LocalCluster, via: int, rank: int) -> int:
-    """Two operator commits (drain then restore a rank); returns the version of the second."""
-    r = _cli("drain", "--agent", c.addresses[via], str(rank), "--json")
+    """Two operator commits (drain then restore a rank); returns the version of the second. A drain refused for
+    room is tried again for a while: on a loaded machine a restarted agent can be declared dead meanwhile and
+    its ranks repaired away until its rejoin restores them."""
+    deadline = time.monotonic() + 30
+    while True:
+        r = _cli("drain", "--agent", c.addresses[via], str(rank), "--json")
+        if "DRAIN_REFUSED" not in r.stdout or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert r.returncode == 0 and json.loads(r.stdout)["ok"], r.stdout + r.stderr
     r = _cli("restore", "--agent", c.addresses[via], str(rank), "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["ok"], r.stdout + r.stderr
