@@ -71,8 +71,9 @@ class CommittedLog:
             if t.parent != self.head.version and (self.commits or v <= self.head.version + 1):
                 log.error("store: commit %d has parent %d, head is %d", v, t.parent, self.head.version)
                 break
-            if t.parent == self.head.version and parent_hash_mismatch(t, self.head):
-                self._conflict(f"store: commit {v}: {parent_hash_mismatch(t, self.head)}")
+            chain = parent_hash_mismatch(t, self.head) if t.parent == self.head.version else ""
+            if chain:
+                self._conflict(f"store: commit {v}: {chain}")
                 break
             # (a first commit beyond genesis + 1 is the base of a compacted log: our own certified record)
             self.commits[v] = c

@@ -109,21 +109,20 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
         resumed = mark is not None and not mark.done and not cut
         if (rec.records == 0 or cut or resumed) and self.node_id in self.voters and len(self.voters) > 1:
             if resumed and mark is not None:  # (the data_dir's marker is newer than the mark, so not had_store)
-                strict, self.enrolment = mark.strict, int(mark.enrolment)
+                self.enrolment = int(mark.enrolment)
+                why = "restarted during a strict rebuild" if mark.strict else ""
             else:
-                strict = self.had_store or cut or self.cfg.initial_cluster_state == "existing"
-            self.rebuild = Rebuild(self.node_id, self.voters, self.log.head.version, strict)
-            self.rebuild.why_strict = (f"lost the last {rec.lost_bytes} bytes of its log" if cut
-                                       else "restarted during a strict rebuild" if resumed and strict
-                                       else "store is empty but this node ran before" if self.had_store
-                                       else "initial_cluster_state = 'existing'" if strict else "")
-            try:  # before any request: a start that finds this mark unfinished is strict (it may have voted)
-                self.store.save_rebuild(pb.RebuildMark(enrolment=self.enrolment, strict=strict))
+                why = (f"lost the last {rec.lost_bytes} bytes of its log" if cut
+                       else "store is empty but this node ran before" if self.had_store
+                       else "initial_cluster_state = 'existing'" if self.cfg.initial_cluster_state == "existing"
+                       else "")
+            self.rebuild = Rebuild(self.node_id, self.voters, self.log.head.version, why)
+            try:  # before any request: a start that finds this mark unfinished resumes it as it was
+                self.store.save_rebuild(pb.RebuildMark(enrolment=self.enrolment, strict=bool(why)))
             except StoreFailed:
                 self._store_failed()
-            if strict:
-                log.warning("%s: %s: rebuilding from the other voters as a learner", self.node_id,
-                            self.rebuild.why_strict)
+            if why:
+                log.warning("%s: %s: rebuilding from the other voters as a learner", self.node_id, why)
         self.running = True
         self.transport.serve(self._handle, service="Consensus")
         if self.rebuild is not None:

@@ -53,15 +53,16 @@ from agent.consensus.paxos import quorum_size
 
 
 class Rebuild:
-    def __init__(self, node_id: str, voters: list[str], genesis: int, strict: bool) -> None:
+    def __init__(self, node_id: str, voters: list[str], genesis: int, why_strict: str = "") -> None:
+        """`why_strict`: why this node may have voted before (strict from the start); "" for a founding member."""
         self.others = sorted(set(voters) - {node_id})
         n = len(set(voters) | {node_id})
         self.need = min(n - quorum_size(n) + 1, len(self.others))
         self.genesis = genesis
-        self.strict = strict
+        self.strict = bool(why_strict)
         self.reports: dict[str, int] = {}  # peer -> max(head, acceptor_high), from peers not rebuilding
         self.strangers: set[str] = set()  # peers that answered without knowing this node or any history
-        self.why_strict = "it ran before" if strict else ""
+        self.why_strict = why_strict
         self.early: set[str] = set()  # peers asked again this round because they called us
         self.abstain_through: int | None = 0 if self.need == 0 else None
 
