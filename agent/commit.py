@@ -28,6 +28,12 @@ class CommitBackend(Protocol):
         """Why this node neither votes nor commits now ("" while it can)."""
         ...
 
+    @property
+    def abstains(self) -> str:
+        """Why this node may neither vote nor propose now, so that the others plan in its place ("" while it
+        may; a new node still asking whether it may vote is not counted: it knows within a round trip)."""
+        ...
+
     def start(self) -> None:
         """Recover the committed log (the head is the recovered one from here on) and start serving."""
         ...

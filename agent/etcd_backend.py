@@ -143,6 +143,11 @@ class EtcdBackend:
         return self.store.failure if self.store is not None else ""
 
     @property
+    def abstains(self) -> str:
+        """Why this node may not propose now (agent.commit.CommitBackend.abstains): its local store failed."""
+        return self.failure
+
+    @property
     def head(self) -> RoutingTable:
         return self._head
 

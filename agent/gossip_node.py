@@ -125,10 +125,16 @@ class GossipNode:
         # answer nothing (as a stopped process would); other services keep their handlers
         self.transport.serve(lambda src, method, req: None, service="Gossip")
 
-    def publish_window(self, window_seq: int, first_step: int, steps: int, counts: npt.NDArray[np.integer]) -> None:
-        """This node's newest load window, uint32 [L, E]; window_seq must increase. Ignored once stopped."""
+    def publish_window(self, window_seq: int, first_step: int, steps: int, counts: npt.NDArray[np.integer],
+                       learner: bool = False) -> None:
+        """This node's newest load window, uint32 [L, E]; window_seq must increase (`learner`: this node abstains
+        from consensus now, LoadWindow.learner). Ignored once stopped."""
         if not self.load.stopped:
-            self.load.publish(window_seq, first_step, steps, counts)
+            self.load.publish(window_seq, first_step, steps, counts, learner)
+
+    def learners(self) -> set[str]:
+        """The nodes whose newest window says they abstain from consensus (LoadWindow.learner)."""
+        return self.load.learners()
 
     def members(self) -> list[Member]:
         return self.membership.members()

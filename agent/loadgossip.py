@@ -145,7 +145,9 @@ class LoadGossip:
         self.stopped = False  # set when the node stops: replies still in flight then start nothing
 
     # ---- this node's windows ------------------------------------------------------------------
-    def publish(self, window_seq: int, first_step: int, steps: int, counts: npt.NDArray[np.integer]) -> None:
+    def publish(self, window_seq: int, first_step: int, steps: int, counts: npt.NDArray[np.integer],
+                learner: bool = False) -> None:
+        """Publish this node's window; `learner`: this node abstains from consensus now (LoadWindow.learner)."""
         c = np.asarray(counts)
         if c.ndim != 2 or c.size == 0:
             raise ValueError(f"counts shape {c.shape}: expected [layers, experts]")
@@ -159,7 +161,7 @@ class LoadGossip:
             raise ValueError(f"window_seq = {window_seq}: expected > {own.window_seq}, the last one published")
         w = pb.LoadWindow(node_id=self.node_id, incarnation=self.members.incarnation, window_seq=window_seq,
                           layers=shape[0], experts=shape[1], counts=np.ascontiguousarray(c, dtype="<u4").tobytes(),
-                          steps=steps, first_step=first_step)
+                          steps=steps, first_step=first_step, learner=learner)
         self.guard.sign(w)  # once, here: relays pass the signature on unchanged
         if w.ByteSize() > self.cfg.max_message_bytes - _ENVELOPE:  # signature and certificate included
             raise ValueError(f"a {shape} window is {w.ByteSize()} bytes: more than gossip.max_message_bytes allows")
@@ -223,6 +225,10 @@ class LoadGossip:
             counts = np.frombuffer(w.counts, dtype="<u4").reshape(w.layers, w.experts)
             nw = self._np[node_id] = NodeWindow(node_id, w.incarnation, w.window_seq, w.first_step, w.steps, counts)
         return nw
+
+    def learners(self) -> set[str]:
+        """The nodes whose newest window held here says they abstain from consensus (this node's own included)."""
+        return {n for n, w in self._w.items() if w.learner}
 
     def newest_seq(self, node_id: str, window_seq: int) -> int | None:
         """The newest window_seq held of `node_id`, of this node or of any live member (a window at

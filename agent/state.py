@@ -238,13 +238,17 @@ class NodeState(ManualPath):
             return
         counts = np.frombuffer(r.counts, dtype="<u4").reshape(c.layers, c.experts)
         for seq, first, window in self.local.add(r.shim_id or f"rank{r.rank}", r.first_step, r.steps, counts):
-            self._gossip.publish_window(seq, first, self.params.window, window)
+            self._gossip.publish_window(seq, first, self.params.window, window, bool(self._backend.abstains))
             self._on_window(self.node_id, seq, window)
 
     # ---- load view -> controller -> consensus --------------------------------------------------
     def _live_voters(self) -> list[str]:
+        """The voters that are live and, by their newest window, neither learners nor on a failed store: the
+        planning turn passes over the others, and a round-0 owner among them is not waited for (a learner's
+        proposals are refused, so a turn it held passed only after handover_windows)."""
         live = set(self.gossip.live_nodes()) if self.gossip is not None else set()
         live.add(self.node_id)
+        live -= self.gossip.learners() if self.gossip is not None else set()
         return sorted(v for v in self._voters if v in live)
 
     def _on_window(self, node: str, window_seq: int, counts: np.ndarray, *_: Any) -> None:
@@ -288,7 +292,7 @@ class NodeState(ManualPath):
         """This node's own duties for a closed window (the pipeline runs them before its controller decides): a
         repaired rank that is back is restored; a rank whose engine stopped installing tables is named."""
         if self.rejoin is not None:
-            self.rejoin.due(self._rank_here, able=self._health == "SERVING"
+            self.rejoin.due(self._rank_here, able=self._health == "SERVING" and not self._backend.abstains
                             and 2 * len(self._live_voters()) > len(self._voters))
         head = self._backend.head
         for r, v, lag in self.installs.newly_lagging(head.version, self.clock.now() if self.clock else 0.0):

@@ -60,7 +60,8 @@ class Refusal(StrEnum):
 def window_payload(w: pb.LoadWindow) -> bytes:
     """What a node signs of its window: every field but signature and certificate, the counts by their SHA-256
     (the signing domain is added by the signer)."""
-    head = struct.pack("<QQQIII", w.incarnation, w.window_seq, w.first_step, w.steps, w.layers, w.experts)
+    head = struct.pack("<QQQIII?", w.incarnation, w.window_seq, w.first_step, w.steps, w.layers, w.experts,
+                       w.learner)
     return head + hashlib.sha256(w.counts).digest() + w.node_id.encode()
 
 

@@ -190,8 +190,8 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
         value = pb.Proposal(version=v, table=table_to_pb(table), plan=plan, proposer=self.node_id)
         self._pending[v] = Pending(value, on_done, now)
         owner = round0_owner(v, self.voters)
-        if owner == self.node_id and self._round0_free(v):
-            self._start_attempt(v, fast=True)
+        if owner == self.node_id:  # round 0 if still ours to use, else a prepare at once: never wait for ourselves
+            self._start_attempt(v, fast=self._round0_free(v))
         elif owner not in self.live_voters():
             self._start_attempt(v, fast=False)  # the round-0 owner is down: prepare at once
         else:

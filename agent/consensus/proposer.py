@@ -126,7 +126,10 @@ class ProposerMixin(NodeFields):
         self._start_attempt(v, fast=False)
 
     def _round0_free(self, v: int) -> bool:
-        return self.acceptor.state(v).proposer_round == 0 or v in self._preburned
+        """Round 0 of v is ours to use: never used (or burned with the commit of v - 1 for this use), and no
+        promise to a higher ballot (any prepare is at round >= 1) would refuse our own accept."""
+        st = self.acceptor.state(v)
+        return not st.HasField("promised") and (st.proposer_round == 0 or v in self._preburned)
 
     def _preburn(self, v: int) -> list[pb.AcceptorState]:
         """Written with the commit of v: if we own round 0 of v + 1, mark it used on disk now, so that the
@@ -165,6 +168,10 @@ class ProposerMixin(NodeFields):
             reply, new_st = self.acceptor.on_accept(req0, self.log.head.version, self._check)
             self._sign(reply, req0.proposal)
             if new_st is None:
+                if "promised" in reply.reason:  # a higher ballot got here first: prepare above it at once
+                    del self._attempts[v]
+                    self._start_attempt(v, fast=False)
+                    return
                 att.rejects[self.node_id] = reply.reason
                 self._attempt_failed(v, att, f"own check: {reply.reason}", retry=False)
                 return

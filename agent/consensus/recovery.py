@@ -53,6 +53,16 @@ class RecoveryMixin(NodeFields):
         self._abstains()  # a learner that has caught up becomes a voter here too
         return "voter" if self.rebuild is None else self.rebuild.describe(self.log.head.version)
 
+    @property
+    def abstains(self) -> str:
+        """Why this node may neither vote nor propose now (agent.commit.CommitBackend.abstains): a learner, or a
+        failed store or history; "" while it may, and while a founding member still asks whether it ran before."""
+        rb = self.rebuild
+        if self.node_id not in self.voters or (rb is not None and not rb.decided and not rb.strict
+                                               and not self.store.failed and not self.log.conflicts):
+            return ""
+        return self._abstains()
+
     def _abstains(self) -> str:
         """Why this node may not vote now ("" when it may)."""
         if self.store.failed or self.log.conflicts:

@@ -43,7 +43,7 @@ class MemberState(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., status: _Optional[_Union[MemberStatus, str]] = ..., ranks: _Optional[_Iterable[int]] = ..., from_node: _Optional[str] = ..., claim: _Optional[bytes] = ..., claim_signature: _Optional[bytes] = ..., claim_certificate: _Optional[bytes] = ...) -> None: ...
 
 class LoadWindow(_message.Message):
-    __slots__ = ("node_id", "incarnation", "window_seq", "layers", "experts", "counts", "steps", "first_step", "signature", "certificate")
+    __slots__ = ("node_id", "incarnation", "window_seq", "layers", "experts", "counts", "steps", "first_step", "signature", "certificate", "learner")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     WINDOW_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,7 @@ class LoadWindow(_message.Message):
     FIRST_STEP_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    LEARNER_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     incarnation: int
     window_seq: int
@@ -64,7 +65,8 @@ class LoadWindow(_message.Message):
     first_step: int
     signature: bytes
     certificate: bytes
-    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., window_seq: _Optional[int] = ..., layers: _Optional[int] = ..., experts: _Optional[int] = ..., counts: _Optional[bytes] = ..., steps: _Optional[int] = ..., first_step: _Optional[int] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ...) -> None: ...
+    learner: bool
+    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., window_seq: _Optional[int] = ..., layers: _Optional[int] = ..., experts: _Optional[int] = ..., counts: _Optional[bytes] = ..., steps: _Optional[int] = ..., first_step: _Optional[int] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ..., learner: _Optional[bool] = ...) -> None: ...
 
 class Digest(_message.Message):
     __slots__ = ("node_id", "incarnation", "window_seq")

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.consensus.paxos import round0_owner
-from chaos import schedules
+from chaos import schedules, simdisks
 from chaos.__main__ import main
 from chaos.checkers import Op, linearizable, write_once_linearizable
 from chaos.invariants import INVARIANTS, check_cluster, check_history, check_i4, check_i5, check_i6
@@ -407,3 +407,36 @@ def test_disk_schedules_wipe_a_data_dir_at_every_step_and_keep_the_lines_drawn_b
     assert kinds == {"", "after-promise", "after-accept", "after-commit"}
     armed = [ls.index("crash voter after-commit") for ls, _ in wiped if "crash voter after-commit" in ls]
     assert 1 in armed and max(armed) > 2  # before the first commit, and later
+
+
+def test_a_learner_leaves_the_planning_turn_until_it_votes_again() -> None:
+    """A voter whose data_dir is wiped in a running cluster rejoins as a learner: its proposals are refused, so
+    a turn it held passed only after handover_windows and a rollback due then came a turn late (3-node sim,
+    seed 9051 schedule 1883: I6). Its windows say `learner`, so every node leaves it out of the turn while it
+    learns, and takes it back once it votes again."""
+    c = SimCluster(3, Shape(layers=4, experts=16, slots_per_rank=11), seed=3)
+    c.run(4.0)
+    assert c.settle() is not None
+    for st in c.states.values():
+        st.pipeline.paused = True  # no commit for a while: the learner stays one (it votes again past head + 1)
+    wiped = sorted(c.ids)[1]
+    simdisks.wipe_data_dir(c, wiped)
+    planners: list[tuple[str, str]] = []  # (node, the planner it sees for its next window) while wiped learns
+    for _ in range(60):
+        c.run(0.2)
+        role = c.states[wiped].consensus.role
+        for n in c.up():
+            if n != wiped and role.startswith("learner") and wiped in c.states[n].gossip.learners():
+                p = c.states[n].pipeline.turn(c.states[n].pipeline.window_seq + 1)[0]
+                planners.append((n, p or n))
+    assert planners, "the learner's windows never said so"
+    assert all(p != wiped for _, p in planners), planners
+    assert {p for _, p in planners} & set(c.ids) - {wiped}  # someone else plans meanwhile
+    for st in c.states.values():
+        st.pipeline.paused = False
+    ack = c.admin(lambda: c.states[sorted(c.ids)[0]].drain(c.ranks_of[sorted(c.ids)[2]][0]), tries=3)
+    assert ack.ok, ack  # a commit past what the learner may have voted on: it votes again ...
+    c.run(6.0)
+    assert c.states[wiped].consensus.role == "voter"
+    assert all(wiped not in c.states[n].gossip.learners() for n in c.up())  # ... and plans again
+    assert check_cluster(c).violations == dict.fromkeys(INVARIANTS, [])

@@ -48,6 +48,28 @@ def test_round0_is_never_reused_after_a_crash() -> None:
     assert {e.ballot for e in c.history if e.kind == "accept" and e.version == v and e.ballot[0] == 0} <= {(0, owner)}
 
 
+def test_a_round0_owner_that_promised_a_higher_ballot_prepares_at_once() -> None:
+    """The owner of round 0 of v promised another proposer's prepare (that proposer then died, as a wiped
+    planner does): round 0 is no longer its to use, and it must prepare above that ballot at once, not wait out
+    a takeover for itself (5-node sim, seed 9051 schedule 269: every planner waited `accept_timeout` and a due
+    rollback came after its deadline, I6)."""
+    c = cluster(accept_timeout_ms=2000)
+    commit_next(c)
+    v = c.nodes[c.up()[0]].head.version + 1
+    owner = round0_owner(v, c.voters)
+    other = next(n for n in c.voters if n != owner)
+    node = c.nodes[owner]
+    promise, st = node.acceptor.on_prepare(pb.PrepareRequest(version=v, ballot=pb.Ballot(round=1, node_id=other),
+                                                             from_node=other), node.head.version)
+    assert promise.ok and st is not None
+    node.acceptor.apply(st)
+    c.propose(owner)
+    c.run(0.2)  # a tenth of accept_timeout: a prepare and an accept round trip, no takeover wait
+    assert [o.committed for n, o in c.outcomes if n == owner and o.version == v] == [True]
+    assert set(c.heads().values()) == {v}
+    assert check(c.history) == []
+
+
 def test_verifier_rejections_reach_the_outcome() -> None:
     c = cluster()
     owner = round0_owner(2, c.voters)

@@ -97,11 +97,12 @@ def test_a_relayed_genuine_window_is_accepted_at_a_third_node(certs: tuple[Path,
     assert _refused(sim, "n3") == {}
 
 
-@pytest.mark.parametrize("how", ["signed_by_n2", "unsigned", "tampered", "foreign_ca"])
+@pytest.mark.parametrize("how", ["signed_by_n2", "unsigned", "tampered", "tampered_learner", "foreign_ca"])
 def test_a_window_for_another_node_is_refused_and_counted(certs: tuple[Path, Path], how: str) -> None:
     """n2 (a legitimate node) pushes a window "for n1" to n3 and n4: signed with its own key, unsigned, n1's
-    genuine signature over other counts, or signed by an "n1" of another CA. Refused and counted; n1's view
-    unchanged, and n1's next genuine window accepted."""
+    genuine signature over other counts or with `learner` set (which would take n1 out of the planning turn),
+    or signed by an "n1" of another CA. Refused and counted; n1's view unchanged, and n1's next genuine window
+    accepted."""
     good, other = certs
     sim = _sim(good)
     if how == "signed_by_n2":
@@ -113,6 +114,10 @@ def test_a_window_for_another_node_is_refused_and_counted(certs: tuple[Path, Pat
     elif how == "tampered":
         forged = _sign_as(sim.signers["n1"], _window("n1", 0, 2, value=1))
         forged.counts = np.full((2, 4), 99, dtype="<u4").tobytes()
+        reason = Refusal.BAD_SIGNATURE
+    elif how == "tampered_learner":
+        forged = _sign_as(sim.signers["n1"], _window("n1", 0, 2, value=1))
+        forged.learner = True
         reason = Refusal.BAD_SIGNATURE
     else:
         forged = _sign_as(VoteSigner.from_cert_dir(other, "n1"), _window("n1", 0, 2, value=99))
@@ -127,6 +132,7 @@ def test_a_window_for_another_node_is_refused_and_counted(certs: tuple[Path, Pat
         assert _refused(sim, dst) == {reason: 2}
         assert _held(sim.nodes[dst], "n1") == (0, 1)
         assert int(sim.nodes[dst].load.view().windows["n1"].counts[0, 0]) != 99
+        assert "n1" not in sim.nodes[dst].learners()
     sim.publish("n1")
     sim.run(2.0)
     assert all(_held(sim.nodes[o], "n1") == (0, 2) for o in ("n2", "n3", "n4"))
