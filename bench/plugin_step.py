@@ -3,7 +3,7 @@ CPU (the engine tests' toy model, 2 MoE layers x 10 slots; reports go to an in-p
 idle connected agent),
 run by the engine virtualenv (.venv-engine, `make .venv-engine`).
 
-    python -m bench.plugin_step [--json] [--steps 400] [--rounds 5] [--every 16,16] [--mode sync|async]
+    python -m bench.plugin_step [--json] [--steps 400] [--rounds 5] [--every 16,16] [--mode async|sync]
 
 Side by side in one run, in alternating rounds of `--steps` steps: version agreement and load report every
 step (1,1) against every K and R steps (`--every K,R`, the plugin's EMOE_AGREE_EVERY and EMOE_REPORT_EVERY).
@@ -11,7 +11,13 @@ Per configuration, medians over rounds and ranks of: `mean_us`, the plugin's amo
 its wrapper but vLLM's own step: load accumulation, fold and report, agreement, install bookkeeping);
 `p99_us`; the agreement part alone; `per_30ms_step`, mean_us over a 30 ms decode step (DeepSeek-V3 at EP144;
 the goal is <= 1/1000); and `worst_install_delay_ms`, what the schedule adds to an install at 30 ms a step
-(a version that arrives just after an agreement waits K - 1 steps).
+(the agreement is overlapped with the engine, its result taken at the next agreement step: a version that
+arrives just after one waits 2K - 1 steps).
+
+`--mode async` (the default) is vLLM's default EPLBConfig (use_async, window_size 1000): the plugin reads the
+load from vLLM's own window. `--mode sync` runs the engine tests' sync config (window_size 2), where the
+plugin keeps its own accumulator. The stand-in for the forward pass's collectives is a barrier on a gloo group
+of its own, so the overlapped agreement runs beside it, as beside the device group's collectives in an engine.
 """
 
 from __future__ import annotations
@@ -40,7 +46,7 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def measure(steps: int = 400, rounds: int = 5, every: tuple[int, int] = (16, 16), mode: str = "sync"
+def measure(steps: int = 400, rounds: int = 5, every: tuple[int, int] = (16, 16), mode: str = "async"
             ) -> dict[str, Any]:
     if not ENGINE_PY.exists():
         raise SystemExit(f"{ENGINE_PY} not found: `make .venv-engine` installs vLLM there")
@@ -62,7 +68,7 @@ def measure(steps: int = 400, rounds: int = 5, every: tuple[int, int] = (16, 16)
     for key, k in (("k1_r1", 1), (f"k{every[0]}_r{every[1]}", every[0])):
         row = {m: float(np.median([rk[key][m] for rk in ranks])) for m in ranks[0][key]}
         row["per_30ms_step"] = row["mean_us"] / (STEP_MS * 1000.0)
-        row["worst_install_delay_ms"] = (k - 1) * STEP_MS
+        row["worst_install_delay_ms"] = (2 * k - 1) * STEP_MS
         result[key] = row
     return result
 
@@ -73,7 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=400, help="steps per round and configuration")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--every", default="16,16", help="K,R: agreement and report period against 1,1")
-    ap.add_argument("--mode", choices=("sync", "async"), default="sync")
+    ap.add_argument("--mode", choices=("async", "sync"), default="async",
+                    help="vLLM's EPLB mode: async is its default (window_size 1000)")
     a = ap.parse_args(argv)
     k, r = (int(x) for x in a.every.split(","))
     res = measure(a.steps, a.rounds, (k, r), a.mode)

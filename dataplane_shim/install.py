@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,6 +37,17 @@ from dataplane_shim.plugin import PluginCore
 log = logging.getLogger("elasticmoe.install")
 
 MAX_BACKOFF = 1024  # steps between re-arms of a version the engine did not install (about 30 s of decode)
+
+
+def check_agree_every(every: int, reduce_min: Callable[[npt.NDArray[np.int64]], npt.ArrayLike], rank: int) -> None:
+    """One collective at attach, on every EP rank: the agreement period must be equal everywhere (the agreement
+    is a collective: a rank that enters it at other steps than its peers hangs them). `reduce_min`: the engine's
+    all-reduce MIN over the EP group."""
+    red = np.asarray(reduce_min(np.array([every, -every], dtype=np.int64)), dtype=np.int64).reshape(-1)
+    lo, hi = int(red[0]), int(-red[1])
+    if lo != hi:
+        raise BadInput(f"EMOE_AGREE_EVERY differs across the EP ranks ({lo} .. {hi}; rank {rank} has {every}): "
+                       "set the same value on every rank")
 
 
 class Phase(enum.Enum):

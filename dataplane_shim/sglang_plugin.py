@@ -15,8 +15,9 @@ Then it replaces the `EPLBManager` that `ModelRunner` builds under `--enable-epl
 `ElasticMoeEplbManager`, which keeps SGLang's `rebalance()` (recorder dump, layer chunks, weight moves
 with recovery) and changes three things:
 - when: instead of every `eplb_rebalance_num_iterations` passes, when the EP ranks agree on a newer
-  certified version (one all-reduce MIN of an int64 [4] over the MoE EP CPU group each forward pass, which
-  also proves the ranks are at the same pass; `dataplane_shim/install.py`'s `Installer` with agree_every 1:
+  certified version (one all-reduce MIN of an int64 [4] over the MoE EP CPU group every EMOE_AGREE_EVERY
+  forward passes of the shared pass count, default 16, checked equal on every rank at setup; it also proves
+  the ranks are at the same pass; `dataplane_shim/install.py`'s `Installer`:
   the version counts as installed only once rebalance() returned on its map, one that raised or returned on
   another map is counted in `install_failures`, the latter re-armed with backoff);
 - what: `_compute_expert_location_metadata` returns that version's placement (its MoE rows at the MoE
@@ -47,7 +48,7 @@ import numpy as np
 
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
-from dataplane_shim.install import Installer
+from dataplane_shim.install import Installer, check_agree_every
 from dataplane_shim.peers import PeerWatch, default_store
 from dataplane_shim.plugin import PluginCore, Settings
 
@@ -96,10 +97,18 @@ def manager_class() -> type:
             core = PluginCore(self._link, Topology(1, G, P // G), len(self._moe_ids), E, self._rank,
                               phy[self._moe_ids], genesis=settings.genesis, report_every=settings.report_every,
                               shim_id=f"sglang-ep{self._rank}")
-            # agreement every pass (agree_every=1), as SGLang's rebalance() runs within one pass or its chunks
-            self._inst = Installer(core, agree_every=1, stall_steps=settings.stall_steps or max(256, 8 * len(self._moe_ids)),
-                                   rank=self._rank)
+            # agreement every EMOE_AGREE_EVERY passes of the shared pass count (SGLang's rebalance() runs within
+            # the pass it is armed at, or its chunks)
+            if G > 1:
+                check_agree_every(settings.agree_every, self._reduce_min, self._rank)
+            self._inst = Installer(core, agree_every=settings.agree_every,
+                                   stall_steps=settings.stall_steps or max(256, 8 * len(self._moe_ids)), rank=self._rank)
             return core
+
+        def _reduce_min(self, vec: np.ndarray) -> np.ndarray:
+            t = torch.from_numpy(np.ascontiguousarray(vec, dtype=np.int64))
+            torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN, group=self._group)
+            return t.numpy()
 
         def close(self) -> None:
             """Stop the agent link's and the peer watch's threads; idempotent. SGLang 0.5.23 has no teardown
@@ -131,15 +140,14 @@ def manager_class() -> type:
                 if self._passes % core.report_every == 0:  # the recorder holds at most K passes of them
                     self._take_load(core)
                     core.flush()
-                vec = torch.from_numpy(inst.agreement_vector())
-                try:
-                    torch.distributed.all_reduce(vec, op=torch.distributed.ReduceOp.MIN, group=self._group)
-                except RuntimeError:  # a peer is gone: name it to the agent, then let SGLang fail as it does
-                    for r in self._watch.unreachable() if self._watch is not None else []:
-                        core.peer_unreachable(r)
-                    core.report_evidence()
-                    raise
-                inst.agreed(vec.numpy())
+                if inst.agreement_due():
+                    try:
+                        inst.agreed(self._reduce_min(inst.agreement_vector()))
+                    except RuntimeError:  # a peer is gone: name it to the agent, then let SGLang fail as it does
+                        for r in self._watch.unreachable() if self._watch is not None else []:
+                            core.peer_unreachable(r)
+                        core.report_evidence()
+                        raise
                 table = inst.to_arm()
                 if table is None:
                     inst.after_step(moving=False, matched=False)

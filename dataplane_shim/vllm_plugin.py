@@ -10,14 +10,20 @@ creates one per worker when `enable_eplb` is on) attaches a `VllmPlugin` to that
   refuses async mode with a non-default policy because its worker thread calls the policy; this one only
   returns a tensor fixed before vLLM's `rearrange()` signals the worker and kept until vLLM reports every
   layer moved, so it reads nothing the main thread changes meanwhile: async mode is supported on purpose.
-- `eplb_state.step` is wrapped. Before vLLM's step: add `expert_load_pass` [L, P] to a physical
-  accumulator (one device add; vLLM still records and zeroes it, so its own window and balancedness logs
-  see the real load); every `EMOE_REPORT_EVERY` steps, or whenever a move may change the map, fold it to
-  logical [L, E] through `physical_to_logical_map` and offer one LoadReport (never blocking; drops counted).
+- `eplb_state.step` is wrapped. The load is vLLM's own: with its counter held short of the interval, vLLM
+  records `expert_load_pass` [L, P] into its sliding window at every step (so its own window, balancedness
+  logs and gain checks see the real load). Every `EMOE_REPORT_EVERY` steps, or after a step whose move may
+  change the map, the plugin sums the window slots written since its last fold (no per-step work at all;
+  with vLLM's window no longer than a report, it adds `expert_load_pass` to its own accumulator instead),
+  folds them to logical [L, E] through the map they ran under and offers one LoadReport (never blocking;
+  drops counted).
   Every `EMOE_AGREE_EVERY` steps of the plugin's own step counter (the same on every rank: every rank calls
-  `step()` once per forward, dummy ones included), one all-reduce MIN over the EP CPU group agrees on the
-  newest version every rank holds (`dataplane_shim.install.Installer`). When one is agreed and vLLM is not
-  moving weights, vLLM's step counter is set so that this very `step()` runs `rearrange()` on every rank.
+  `step()` once per forward, dummy ones included), an all-reduce MIN over the EP CPU group agrees on the
+  newest version every rank holds (`dataplane_shim.install.Installer`). It is overlapped with the engine:
+  started at one agreement step in gloo's thread, its result is taken at the next (every rank alike, so the
+  schedule stays in lockstep; a failed one names the lost peers to the agent from gloo's thread at once).
+  When one is agreed and vLLM is not moving weights, vLLM's step counter is set so that this very `step()`
+  runs `rearrange()` on every rank.
 - Done means vLLM says so: in sync mode at the end of that step; in async mode when vLLM's
   `EplbModelState.rebalanced` goes false (its `_move_to_workspace` committed the last layer, at the same
   step on every rank), never when the maps merely match mid-move. A version agreed meanwhile is queued.
@@ -45,7 +51,7 @@ import torch
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
 from dataplane_shim.errors import BadInput
-from dataplane_shim.install import Installer
+from dataplane_shim.install import Installer, check_agree_every
 from dataplane_shim.peers import PeerWatch, default_store
 from dataplane_shim.plugin import Link, PluginCore, Settings
 
@@ -107,12 +113,19 @@ class VllmPlugin:
                               stall_steps=settings.stall_steps or max(256, 8 * L), rank=self.rank)
         self.E = E
         dev = self.ms.expert_load_pass.device
-        self._acc = torch.zeros(tuple(self.ms.expert_load_pass.shape), dtype=torch.int64, device=dev)  # [L, P]
         self._scratch = torch.zeros(L, E + 1, dtype=torch.int64, device=dev)
-        self._acc_steps = 0
-        # vLLM zeroes expert_load_pass when it records it, which it does every step while its counter is held
-        # at interval - 2 if its window has >= 2 steps; otherwise the plugin zeroes it
-        self._zero_pass = int(eplb_state.expert_load_window_size) < 2
+        self._acc_steps = 0  # steps of load not yet folded
+        # The load source. While its counter is held at interval - 2 (`_hold`), vLLM records expert_load_pass
+        # into its own sliding window (a ring of window_size steps) and zeroes it at every step. When that ring
+        # holds more steps than a report, the ring is the accumulator: no per-step work at all, one sum over
+        # the new slots per report. Otherwise (vLLM's window of 1 or 2 steps) the plugin adds expert_load_pass
+        # to its own accumulator before vLLM's step, and zeroes it itself where vLLM does not record.
+        self._window = int(eplb_state.expert_load_window_size)
+        self._ring = self._window > settings.report_every
+        self._ring_from = int(eplb_state.expert_load_window_step)  # the first slot not yet folded
+        self._acc = (None if self._ring else
+                     torch.zeros(tuple(self.ms.expert_load_pass.shape), dtype=torch.int64, device=dev))  # [L, P]
+        self._zero_pass = self._window < 2
         # expert_load_pass -> logical index ([L, P], empty slots -> E): rebuilt after a step that may have moved
         self._idx: torch.Tensor | None = None
         self.target: torch.Tensor | None = None  # the armed table's phy2log, what the policy returns
@@ -121,6 +134,7 @@ class VllmPlugin:
         self.watch = (PeerWatch(store, self.rank, G, prefix=f"elasticmoe/{getattr(ep, 'unique_name', 'ep')}")
                       if store is not None else None)
         self.lost_peers: list[int] = []  # named by the last failed collective
+        self._agreeing: tuple[Any, torch.Tensor] | None = None  # the agreement all-reduce in flight, its buffer
         self._check_schedule(settings.agree_every)
         plugin = self
 
@@ -160,24 +174,29 @@ class VllmPlugin:
             return
         inst = self.inst
         t0 = time.perf_counter()
-        if not is_dummy:
-            self._acc += self.ms.expert_load_pass
-            self._acc_steps += 1
-            if self._acc_steps + self.core.steps_pending >= self.core.report_every:
-                self._flush()
-        t1 = time.perf_counter()
         if inst.agreement_due():
-            inst.agreed(self._agree(inst.agreement_vector()))
-        t2 = time.perf_counter()
+            self._agree_step(inst)
+        t1 = time.perf_counter()
         table = inst.to_arm()
-        if inst.inflight is not None and self._acc_steps:  # the map may change in this step: fold under the old
-            self._flush()
         if table is not None:
             self._arm(table)
-        t3 = time.perf_counter()
+        remap = inst.inflight is not None  # the map may change in this step: what it records folds under the old
+        if remap and self._idx is None:
+            self._index()
+        if not is_dummy:
+            if self._acc is not None:
+                self._acc += self.ms.expert_load_pass  # before vLLM records (and zeroes) it
+            self._acc_steps += 1
+        t2 = time.perf_counter()
         self._orig_step(is_dummy=is_dummy, is_profile=False, log_stats=log_stats)
+        t3 = time.perf_counter()
+        if self._zero_pass:
+            self.ms.expert_load_pass.zero_()
+        if self._acc_steps and (remap or self._acc_steps + self.core.steps_pending >= self.core.report_every
+                                or self._acc_steps >= self._window - 1):  # (vLLM's ring never wraps unread)
+            self._flush()
         t4 = time.perf_counter()
-        if inst.inflight is not None:
+        if remap:
             self._idx = None
             moving = self.is_async and bool(self.ms.rebalanced)
             matched = (not moving and self.target is not None
@@ -187,13 +206,11 @@ class VllmPlugin:
                 self.target = None
         else:
             inst.after_step(moving=False, matched=False)
-        if self._zero_pass:
-            self.ms.expert_load_pass.zero_()
         self._hold()
         t5 = time.perf_counter()
-        self.timings.load_us.append((t1 - t0) * 1e6)
-        self.timings.agree_us.append((t2 - t1) * 1e6)
-        self.timings.plugin_us.append((t3 - t0 + t5 - t4) * 1e6)
+        self.timings.load_us.append((t4 - t3) * 1e6)
+        self.timings.agree_us.append((t1 - t0) * 1e6)
+        self.timings.plugin_us.append((t2 - t0 + t5 - t3) * 1e6)
 
     def install_status(self) -> dict[str, Any]:
         """Installed version, what is in flight or queued, stalls and failures (`Installer.status`), and vLLM's
@@ -230,40 +247,78 @@ class VllmPlugin:
             self.es.should_record_tensor.fill_(True)
         self.es.expert_rearrangement_step = self.interval - 2
 
-    def _flush(self) -> None:
-        """Fold the physical accumulator [L, P] to logical [L, E] through the current map, hand it to the core
-        (one device-to-host copy) and offer a report if `report_every` steps are in."""
+    def _index(self) -> torch.Tensor:
+        """expert_load_pass -> logical index ([L, P], empty slots -> E) under the current map."""
         p2l = self.ms.physical_to_logical_map
-        if self._idx is None:
-            self._idx = p2l.masked_fill(p2l < 0, self.E).long()
-        self._scratch.zero_()
-        self._scratch.scatter_add_(1, self._idx, self._acc)
-        self.core.add_load(self._scratch[:, : self.E].cpu().numpy(), self._acc_steps)
-        self._acc.zero_()
+        self._idx = p2l.masked_fill(p2l < 0, self.E).long()
+        return self._idx
+
+    def _flush(self) -> None:
+        """Fold the physical load [L, P] of the steps since the last fold (vLLM's ring slots, or the plugin's
+        accumulator) to logical [L, E] through the map they ran under (`_idx`, kept from before a step that
+        may change it), hand it to the core (one device-to-host copy) and offer a report if `report_every`
+        steps are in."""
+        idx = self._idx if self._idx is not None else self._index()
+        steps = self._acc_steps
+        if self._acc is not None:
+            load = self._acc
+        else:  # vLLM's ring: the slots it wrote since the last fold (fewer than window_size: see __init__)
+            ring, cur = self.ms.expert_load_window, int(self.es.expert_load_window_step)
+            steps = (cur - self._ring_from) % self._window
+            if self._ring_from + steps <= self._window:
+                load = ring[self._ring_from:self._ring_from + steps].sum(0)
+            else:
+                load = ring[self._ring_from:].sum(0) + ring[:cur].sum(0)
+            self._ring_from = cur
+        if steps:
+            self._scratch.zero_()
+            self._scratch.scatter_add_(1, idx, load.to(torch.int64))
+            self.core.add_load(self._scratch[:, : self.E].cpu().numpy(), steps)
+        if self._acc is not None:
+            self._acc.zero_()
         self._acc_steps = 0
         self.core.maybe_report()
 
     def _check_schedule(self, every: int) -> None:
-        """One collective at attach: EMOE_AGREE_EVERY must be equal on every EP rank (the agreement is a
-        collective: a rank that enters it at other steps than its peers hangs them)."""
-        if self.topo.ranks < 2:
-            return
-        t = torch.tensor([every, -every], dtype=torch.int64)
-        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN, group=self.group)
-        lo, hi = int(t[0]), int(-t[1])
-        if lo != hi:
-            raise BadInput(f"EMOE_AGREE_EVERY differs across the EP ranks ({lo} .. {hi}; this rank {every}): "
-                           "set the same value on every rank")
-
-    def _agree(self, vec: np.ndarray) -> np.ndarray:
-        t = torch.from_numpy(np.ascontiguousarray(vec, dtype=np.int64))
         if self.topo.ranks > 1:
-            try:
-                torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN, group=self.group)
-            except RuntimeError:
-                self.peer_failure()
-                raise  # the EP group is broken: vLLM's own failure handling takes it from here
+            check_agree_every(every, self._reduce_min, self.rank)
+
+    def _reduce_min(self, vec: np.ndarray) -> np.ndarray:
+        t = torch.from_numpy(np.ascontiguousarray(vec, dtype=np.int64))
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN, group=self.group)
         return t.numpy()
+
+    def _agree_step(self, inst: Installer) -> None:
+        """One agreement of the schedule, overlapped with the engine: the MIN all-reduce started at the previous
+        agreement step has run in gloo's worker thread meanwhile (the forward passes' collectives use the
+        device group, not this one); its result is taken now, and this step's vector goes out. Every rank takes
+        the same result at the same step, so the schedule stays in lockstep; a version waits one period more
+        (at most 2K - 1 steps from its arrival to its arming)."""
+        vec = torch.from_numpy(np.ascontiguousarray(inst.agreement_vector(), dtype=np.int64))
+        if self.topo.ranks < 2:
+            inst.agreed(vec.numpy())
+            return
+        try:
+            if self._agreeing is not None:
+                work, buf = self._agreeing
+                self._agreeing = None
+                work.wait()
+                inst.agreed(buf.numpy())
+            work = torch.distributed.all_reduce(vec, op=torch.distributed.ReduceOp.MIN, group=self.group,
+                                                async_op=True)
+        except RuntimeError:
+            self.peer_failure()
+            raise  # the EP group is broken: vLLM's own failure handling takes it from here
+        work.get_future().add_done_callback(self._agreement_done)
+        self._agreeing = (work, vec)
+
+    def _agreement_done(self, fut: Any) -> None:
+        """In gloo's thread, as an agreement completes: a failed one names the lost peers to the agent at once,
+        not at the next agreement step (which a forward hung on the dead peer may never reach)."""
+        try:
+            fut.value()
+        except Exception:  # the EP group broke under it
+            self.peer_failure()
 
     def peer_failure(self) -> list[int]:
         """A collective of the EP group failed: name the peers that stopped beating and tell the agent at once
@@ -280,6 +335,12 @@ class VllmPlugin:
 
     def close(self) -> None:
         self.es.step = self._orig_step
+        if self._agreeing is not None:  # its peers entered it too: let it finish, as they do
+            work, self._agreeing = self._agreeing[0], None
+            try:
+                work.wait()
+            except RuntimeError:
+                log.warning("rank %d: the last agreement failed at close", self.rank)
         if self.watch is not None:
             self.watch.close()
         close = getattr(self.link, "close", None)

@@ -417,8 +417,8 @@ def test_a_learner_leaves_the_planning_turn_until_it_votes_again() -> None:
     c = SimCluster(3, Shape(layers=4, experts=16, slots_per_rank=11), seed=3)
     c.run(4.0)
     assert c.settle() is not None
-    for st in c.states.values():
-        st.pipeline.paused = True  # no commit for a while: the learner stays one (it votes again past head + 1)
+    for node in c.states.values():
+        node.pipeline.paused = True  # no commit for a while: the learner stays one (it votes again past head + 1)
     wiped = sorted(c.ids)[1]
     simdisks.wipe_data_dir(c, wiped)
     planners: list[tuple[str, str]] = []  # (node, the planner it sees for its next window) while wiped learns
@@ -432,8 +432,8 @@ def test_a_learner_leaves_the_planning_turn_until_it_votes_again() -> None:
     assert planners, "the learner's windows never said so"
     assert all(p != wiped for _, p in planners), planners
     assert {p for _, p in planners} & set(c.ids) - {wiped}  # someone else plans meanwhile
-    for st in c.states.values():
-        st.pipeline.paused = False
+    for node in c.states.values():
+        node.pipeline.paused = False
     ack = c.admin(lambda: c.states[sorted(c.ids)[0]].drain(c.ranks_of[sorted(c.ids)[2]][0]), tries=3)
     assert ack.ok, ack  # a commit past what the learner may have voted on: it votes again ...
     c.run(6.0)

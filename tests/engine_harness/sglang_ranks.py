@@ -99,7 +99,8 @@ def feed(rec: Any, p2l: torch.Tensor, pass_id: int) -> None:
 def worker(rank: int, args: argparse.Namespace) -> None:
     stub_torchvision()
     torch.cpu.empty_cache = lambda: None  # type: ignore[attr-defined]
-    os.environ.update(EMOE_SOCKET=f"{args.out}/none{{rank}}.sock", EMOE_GENESIS="sglang", EMOE_REPORT_EVERY="2")
+    os.environ.update(EMOE_SOCKET=f"{args.out}/none{{rank}}.sock", EMOE_GENESIS="sglang", EMOE_REPORT_EVERY="2",
+                      EMOE_AGREE_EVERY=str(args.agree_every))
     from sglang.srt import runtime_context as rc
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.distributed import parallel_state as ps
@@ -173,6 +174,7 @@ if __name__ == "__main__":
     ap.add_argument("--commits", required=True, help="certified commits: DIR/rank{r}/v{version}.commit")
     ap.add_argument("--port", type=int, default=29543)
     ap.add_argument("--passes", type=int, default=PASSES, help="forward passes each rank runs")
+    ap.add_argument("--agree-every", type=int, default=1, help="EMOE_AGREE_EVERY: passes per version agreement")
     ap.add_argument("--lag", default="", help="R:K: rank R receives the commits only from pass K on")
     a = ap.parse_args()
     mp.spawn(worker, args=(a,), nprocs=WS, join=True)

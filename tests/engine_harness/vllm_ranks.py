@@ -208,6 +208,7 @@ def bench(st: Any, plugin: Any, ms: Any, n: int, rounds: int, every: tuple[int, 
 
     out: dict[str, Any] = {"n": n, "rounds": rounds}
     per: dict[str, dict[str, list[float]]] = {}
+    forward = torch.distributed.new_group(backend="gloo")  # the forward's collectives: not the plugin's group
     for _ in range(rounds):
         for k, r in ((1, 1), every):
             plugin.inst.agree_every, plugin.core.report_every = k, r
@@ -217,7 +218,7 @@ def bench(st: Any, plugin: Any, ms: Any, n: int, rounds: int, every: tuple[int, 
             plugin.timings.agree_us.clear()
             for _ in range(n):
                 ms.expert_load_pass.fill_(1)
-                torch.distributed.barrier(group=plugin.group)  # the forward pass's all-to-all keeps ranks in step
+                torch.distributed.barrier(group=forward)  # the forward pass's all-to-all keeps ranks in step
                 st.step()
             tot, agr = np.array(plugin.timings.plugin_us), np.array(plugin.timings.agree_us)
             d = per.setdefault(f"k{k}_r{r}", {"mean_us": [], "p99_us": [], "agree_mean_us": [], "agree_p99_us": []})
@@ -317,14 +318,19 @@ def worker(rank: int, args: argparse.Namespace) -> None:
             plugin.link = plugin.core.link = CapLink(plugin.link, int(cap.split(":")[1]))
         step, deadline = 0, time.monotonic() + args.max_s
         ok = True
-        while not args.bench_only and not _stop_agreed(plugin, (out / "stop").exists() or time.monotonic() >= deadline):
-            p2l = ms.physical_to_logical_map
-            ms.expert_load_pass.copy_(torch.where(p2l == 0, HOT, 1).to(ms.expert_load_pass.dtype))
-            if rank == args.die_rank and step == args.die_at_step:
-                os._exit(0)  # kill -9 of this rank, as far as its peers can tell: its sockets close
-            try:
+        while not args.bench_only:
+            try:  # the stop flag's all-reduce stands in for the forward's collectives: it fails first, often
+                if _stop_agreed(plugin, (out / "stop").exists() or time.monotonic() >= deadline):
+                    break
+                p2l = ms.physical_to_logical_map
+                ms.expert_load_pass.copy_(torch.where(p2l == 0, HOT, 1).to(ms.expert_load_pass.dtype))
+                if rank == args.die_rank and step == args.die_at_step:
+                    os._exit(0)  # kill -9 of this rank, as far as its peers can tell: its sockets close
                 st.step()
-            except RuntimeError as e:  # a peer is gone: the plugin has reported whom, the EP group is broken
+            except RuntimeError as e:  # a peer is gone: the plugin's failed agreement names whom (gloo's thread)
+                until = time.monotonic() + 10
+                while not plugin.lost_peers and time.monotonic() < until:
+                    time.sleep(0.05)
                 write(out / f"failure{rank}.json", {"rank": rank, "step": step, "error": str(e)[:300],
                                                     "lost": plugin.lost_peers, "reports": plugin.core.stats.reports})
                 os._exit(0)

@@ -125,19 +125,28 @@ def test_sglang_eplb_manager_installs_a_certified_table(tmp_path: Path) -> None:
     assert total.tolist() == [[PASSES * 2 * HOT] + [0] * (E - 1)] * L, total
 
 
-def test_sglang_installs_only_the_version_every_rank_holds(tmp_path: Path) -> None:
+@pytest.mark.parametrize("agree_every", [1, 4])
+def test_sglang_installs_only_the_version_every_rank_holds(tmp_path: Path, agree_every: int) -> None:
     """Rank 1 receives v2 LAG passes after rank 0: the ranks agree on the newest version every one of them holds
-    (the MIN of the newest held), so v2 is installed at pass LAG, not at the first pass when only rank 0 holds it
-    (a rank that agreed on a version it does not hold fails the run: the harness's processes end with it)."""
+    (the MIN of the newest held), so v2 is installed at the first agreement pass from LAG on (LAG itself when
+    they agree every pass; pass 4 when every 4, EMOE_AGREE_EVERY), never while only rank 0 holds it (a rank that
+    agreed on a version it does not hold fails the run: the harness's processes end with it)."""
     passes, lag = 8, 3
-    ranks, v2 = _run_ranks(tmp_path, "--passes", str(passes), "--lag", f"1:{lag}", timeout=240)
+    first = -(-lag // agree_every) * agree_every  # the first agreement pass at or after `lag`
+    ranks, v2 = _run_ranks(tmp_path, "--passes", str(passes), "--lag", f"1:{lag}", "--agree-every",
+                           str(agree_every), timeout=240)
     _assert_installed(ranks, v2, passes)
-    for doc in ranks:  # the plugin's version after each pass: v2 from the pass rank 1 received it on
-        assert doc["versions"] == [1] * lag + [2] * (passes - lag), doc["versions"]
-    # rank 0's reports: the passes up to the install (pass `lag`, run on v1's map) under v1, the rest under v2
+    for doc in ranks:  # the plugin's version after each pass: v2 from the agreement pass after rank 1 got it
+        assert doc["versions"] == [1] * first + [2] * (passes - first), doc["versions"]
+    # rank 0's reports: the passes up to the install (pass `first`, run on v1's map) under v1, the rest under v2,
+    # each pass once
     offered = ranks[0]["offered"]
-    assert [(r["first_step"], r["steps"], r["version"]) for r in offered] == [
-        (0, 2, 1), (2, 2, 1), (4, 2, 2), (6, 2, 2)], offered
+    spans = [(r["first_step"], r["steps"], r["version"]) for r in offered]
+    if agree_every == 1:
+        assert spans == [(0, 2, 1), (2, 2, 1), (4, 2, 2), (6, 2, 2)], offered
+    else:
+        assert spans == [(0, 2, 1), (2, 2, 1), (4, 1, 1), (5, 1, 2), (6, 2, 2)], offered
+    assert sum(r["steps"] for r in offered) == passes
     total = np.sum([r["counts"] for r in offered], axis=0)
     assert total.tolist() == [[passes * 2 * HOT] + [0] * (E - 1)] * L, total
 

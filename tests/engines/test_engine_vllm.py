@@ -213,10 +213,12 @@ def test_vllm_status_shows_installed_versions_and_flags_held_ranks(tmp_path: Pat
 
 
 def test_vllm_plugin_names_a_lost_rank_to_its_agent(tmp_path: Path) -> None:
-    """Rank 1 exits abruptly (its sockets close, as after kill -9). Rank 0's next EP collective (the plugin's
-    version agreement) fails; gloo's error names no rank, so the plugin asks the group's store which peer
-    stopped beating, and reports it to its agent at once, which suspects that rank's node (Lifeguard's local
-    evidence) before its own probes could have failed."""
+    """Rank 1 exits abruptly (its sockets close, as after kill -9) at an agreement step (48: every 16 steps).
+    Rank 0's agreement all-reduce, started at that step and overlapped with the engine, fails in gloo's thread;
+    gloo's error names no rank, so the plugin asks the group's store which peer stopped beating, and reports it
+    to its agent at once, which suspects that rank's node (Lifeguard's local evidence) before its own probes
+    could have failed. (The harness's own per-step all-reduce, standing in for the forward's collectives,
+    fails too; the harness then only waits for the plugin's report.)"""
     py = engine_python()
     cluster = LocalCluster(2, tmp_path / "agents", SHAPE, profile="test")
     out = tmp_path / "ranks"
@@ -225,11 +227,11 @@ def test_vllm_plugin_names_a_lost_rank_to_its_agent(tmp_path: Path) -> None:
         proc = subprocess.Popen(
             [py, str(HARNESS / "vllm_ranks.py"), "--out", str(out), "--port", str(free_ports(1)[0]),
              "--sockets", f"{cluster.shim_socket(0)},{cluster.shim_socket(1)}", "--die-rank", "1",
-             "--die-at-step", "40"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+             "--die-at-step", "48"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
         try:
             fail = _wait("rank 0's failed step", lambda: (f := out / "failure0.json").exists()
                          and json.loads(f.read_text()), 240)
-            assert fail["lost"] == [1] and fail["step"] >= 40, fail
+            assert fail["lost"] == [1] and fail["step"] >= 48, fail
             _wait("agent 0 to take the evidence", lambda: "could not reach ranks [1]" in cluster.log(0).read_text(), 30)
             assert "suspecting ['node2']" in cluster.log(0).read_text()
         finally:
