@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> None:
     for key in ("k1_r1", f"k{k}_r{r}"):
         x = res[key]
         print(f"  {key:>8}: mean {x['mean_us']:7.1f} us  p99 {x['p99_us']:7.1f} us  (agreement mean "
-              f"{x['agree_mean_us']:6.1f} p99 {x['agree_p99_us']:6.1f})  = {x['per_30ms_step'] * 1000:.2f}/1000 of a "
+              f"{x['agree_mean_us']:6.1f} p99 {x['agree_p99_us']:6.1f}; load out {x['load_mean_us']:5.1f})  = "
+              f"{x['per_30ms_step'] * 1000:.2f}/1000 of a "
               f"30 ms step; install delay up to {x['worst_install_delay_ms']:.0f} ms")
     sys.stdout.flush()
 

@@ -216,16 +216,20 @@ def bench(st: Any, plugin: Any, ms: Any, n: int, rounds: int, every: tuple[int, 
             torch.distributed.barrier(group=plugin.group)
             plugin.timings.plugin_us.clear()
             plugin.timings.agree_us.clear()
+            plugin.timings.load_us.clear()
             for _ in range(n):
                 ms.expert_load_pass.fill_(1)
                 torch.distributed.barrier(group=forward)  # the forward pass's all-to-all keeps ranks in step
                 st.step()
             tot, agr = np.array(plugin.timings.plugin_us), np.array(plugin.timings.agree_us)
-            d = per.setdefault(f"k{k}_r{r}", {"mean_us": [], "p99_us": [], "agree_mean_us": [], "agree_p99_us": []})
+            load = np.array(plugin.timings.load_us)
+            d = per.setdefault(f"k{k}_r{r}", {"mean_us": [], "p99_us": [], "agree_mean_us": [], "agree_p99_us": [],
+                                              "load_mean_us": []})
             d["mean_us"].append(float(tot.mean()))
             d["p99_us"].append(float(np.percentile(tot, 99)))
             d["agree_mean_us"].append(float(agr.mean()))
             d["agree_p99_us"].append(float(np.percentile(agr, 99)))
+            d["load_mean_us"].append(float(load.mean()))
     for key, d in per.items():
         out[key] = {m: float(np.median(v)) for m, v in d.items()}
     return out

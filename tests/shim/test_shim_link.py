@@ -170,7 +170,7 @@ async def test_offer_never_blocks_and_counts_what_it_drops(served: tuple[str, So
         os.rmdir(d)
     lt = await asyncio.to_thread(LinkThread, path, 0, shim_id="r1", queue_size=2)
     try:
-        lt.dropped = 3  # as if three earlier reports had been lost
+        lt._failed = 3  # as if three earlier sends had failed
         lt.offer(make_load_report("r1", 1, 0, 1, 1, np.ones((2, 4), np.uint32)))
         for _ in range(500):
             if got:
