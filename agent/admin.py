@@ -34,11 +34,10 @@ MAX_PROPOSE_BYTES = 1 << 20     # encoded request size
 OFFLOAD_OPS = 64
 
 
-class AdminBackend(Protocol):
-    """What the admin service needs from the node."""
+class AdminReads(Protocol):
+    """What the admin service reads of the node (agent.adminview.AdminView)."""
 
     node_id: str
-    paused: bool
 
     def head(self) -> RoutingTable: ...
     def table_at(self, version: int) -> RoutingTable | None: ...
@@ -54,6 +53,13 @@ class AdminBackend(Protocol):
     def ranks_per_node(self) -> int: ...
     def rank_installs(self) -> list[apb.RankInstall]: ...
     def install_lag_bound_s(self) -> float: ...
+
+
+class AdminSteering(Protocol):
+    """How the admin service steers the node (agent.manual.ManualPath)."""
+
+    paused: bool
+
     async def propose_manual(self, ops: tuple[Operation, ...], force: bool) -> apb.ProposeReply: ...
     async def drain(self, rank: int) -> apb.AdminAck: ...
     async def restore(self, rank: int) -> apb.AdminAck: ...
@@ -129,70 +135,98 @@ async def local_callers_only(context: grpc.aio.ServicerContext) -> None:
 
 
 class AdminService(admin_pb2_grpc.AdminServicer):
-    def __init__(self, node: AdminBackend, authorize: Any = None) -> None:
-        self.node = node
+    """Registered before the gRPC server starts (the node's consensus must be served while it recovers), and
+    bound to the node's read and steering parts once the node has started (`bind`); until then every call
+    answers UNAVAILABLE."""
+
+    def __init__(self, node_id: str, authorize: Any = None) -> None:
+        self.node_id = node_id
+        self._reads: AdminReads | None = None
+        self._steer: AdminSteering | None = None
         # authorize(context) aborts with PERMISSION_DENIED for a caller not allowed to mutate (mTLS identity)
         self._authorize = authorize
 
-    async def _mutating(self, context: grpc.aio.ServicerContext) -> None:
+    def bind(self, reads: AdminReads, steer: AdminSteering) -> None:
+        self._reads, self._steer = reads, steer
+
+    @classmethod
+    def over(cls, node: Any, authorize: Any = None) -> AdminService:
+        """A service bound at once to one object that both reads and steers (tests, fuzzing)."""
+        svc = cls(node.node_id, authorize)
+        svc.bind(node, node)
+        return svc
+
+    async def _view(self, context: grpc.aio.ServicerContext) -> AdminReads:
+        if self._reads is None:
+            await _fail(context, grpc.StatusCode.UNAVAILABLE, f"agent {self.node_id} is STARTING")
+        return self._reads
+
+    async def _mutating(self, context: grpc.aio.ServicerContext) -> AdminSteering:
         if self._authorize is not None:
             await self._authorize(context)
-        if self.node.health() != "SERVING":
-            await _fail(context, grpc.StatusCode.UNAVAILABLE, f"agent {self.node.node_id} is {self.node.health()}")
+        view = await self._view(context)
+        if view.health() != "SERVING" or self._steer is None:
+            await _fail(context, grpc.StatusCode.UNAVAILABLE, f"agent {self.node_id} is {view.health()}")
+        return self._steer
 
     async def Status(self, request: apb.StatusRequest, context: grpc.aio.ServicerContext) -> apb.StatusReply:
-        hist = self.node.imbalance_history()
+        view = await self._view(context)
+        hist = view.imbalance_history()
         return apb.StatusReply(
-            node_id=self.node.node_id, committed_version=self.node.head().version,
-            members=self.node.member_states(), paused=self.node.paused, health=self.node.health(),
-            step_imbalance=hist[-1] if hist else 0.0, window_seq=self.node.window_seq(),
-            peer_versions=self.node.peer_versions(), role=self.node.role(), ranks=self.node.rank_installs(),
-            install_lag_bound_s=self.node.install_lag_bound_s(),
+            node_id=self.node_id, committed_version=view.head().version,
+            members=view.member_states(), paused=self._steer is not None and self._steer.paused, health=view.health(),
+            step_imbalance=hist[-1] if hist else 0.0, window_seq=view.window_seq(),
+            peer_versions=view.peer_versions(), role=view.role(), ranks=view.rank_installs(),
+            install_lag_bound_s=view.install_lag_bound_s(),
         )
 
     async def Placement(self, request: apb.PlacementRequest, context: grpc.aio.ServicerContext) -> apb.PlacementReply:
-        head = self.node.head()
-        table = head if request.version in (0, head.version) else self.node.table_at(request.version)
+        view = await self._view(context)
+        head = view.head()
+        table = head if request.version in (0, head.version) else view.table_at(request.version)
         if table is None:
             await _fail(context, grpc.StatusCode.NOT_FOUND,
                                 f"version {request.version} unknown: committed versions are 1..{head.version}")
         if not -1 <= request.layer < table.layers:
             await _fail(context, grpc.StatusCode.INVALID_ARGUMENT,
                                 f"layer {request.layer}: expected -1 (all) or 0..{table.layers - 1}")
-        load = self.node.cluster_load()
+        load = view.cluster_load()
         raw = b"" if load is None else np.asarray(load, dtype="<u4").tobytes()
-        return apb.PlacementReply(table=table_to_pb(table), ranks_per_node=self.node.ranks_per_node(),
+        return apb.PlacementReply(table=table_to_pb(table), ranks_per_node=view.ranks_per_node(),
                                   expert_load=raw)
 
     async def History(self, request: apb.HistoryRequest, context: grpc.aio.ServicerContext) -> apb.HistoryReply:
+        view = await self._view(context)
         limit = request.limit or 20
         entries = [
             apb.HistoryEntry(version=c.table.version, parent=c.table.parent, plan=c.plan, votes=c.votes,
                              proposer=c.proposer, committed_at_ms=c.committed_at_ms)
-            for c in self.node.commits(limit)
+            for c in view.commits(limit)
         ]
         return apb.HistoryReply(entries=entries)
 
     async def Explain(self, request: apb.ExplainRequest, context: grpc.aio.ServicerContext) -> apb.ExplainReply:
-        r = self.node.explain(request.version)
+        view = await self._view(context)
+        r = view.explain(request.version)
         if r is None:
-            head = self.node.head().version
+            head = view.head().version
             if request.version == 0:
                 why = ("no load has arrived from an engine's shim; the planner decides when a load window "
-                       "closes" if self.node.cluster_load() is None else
-                       f"the planner has not decided since this agent started (load window {self.node.window_seq()})")
+                       "closes" if view.cluster_load() is None else
+                       f"the planner has not decided since this agent started (load window {view.window_seq()})")
                 await _fail(context, grpc.StatusCode.NOT_FOUND,
-                            f"no decision yet on agent {self.node.node_id} (head is version {head}): {why}")
+                            f"no decision yet on agent {self.node_id} (head is version {head}): {why}")
             await _fail(context, grpc.StatusCode.NOT_FOUND,
                                 f"no decision recorded for version {request.version} (head is {head})")
         return r
 
     async def LoadView(self, request: apb.LoadViewRequest, context: grpc.aio.ServicerContext) -> apb.LoadViewReply:
+        view = await self._view(context)
         from controlplane.load import rank_load
 
-        head = self.node.head()
-        load = self.node.cluster_load()
-        hist = self.node.imbalance_history()
+        head = view.head()
+        load = view.cluster_load()
+        hist = view.imbalance_history()
         if load is None:
             return apb.LoadViewReply(layers=head.layers, experts=head.experts, imbalance_history=hist[-60:])
         ranks = rank_load(head, load.astype(np.int64)).sum(axis=0)
@@ -203,41 +237,44 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         )
 
     async def Propose(self, request: apb.ProposeRequest, context: grpc.aio.ServicerContext) -> apb.ProposeReply:
-        await self._mutating(context)
+        steer = await self._mutating(context)
+        view = await self._view(context)
         too_big = propose_bounds(request)
         if too_big:
             await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, too_big)
-        head = self.node.head()
+        head = view.head()
         if len(request.ops) > OFFLOAD_OPS:
             ops, bad = await asyncio.to_thread(_decode_and_check, request, head)
         else:
             ops, bad = _decode_and_check(request, head)
         if bad:
             await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, bad)
-        return await self.node.propose_manual(ops, request.force)
+        return await steer.propose_manual(ops, request.force)
 
     async def Drain(self, request: apb.RankRequest, context: grpc.aio.ServicerContext) -> apb.AdminAck:
-        await self._mutating(context)
+        steer = await self._mutating(context)
         await self._check_rank(request.rank, context)
-        return await self.node.drain(request.rank)
+        return await steer.drain(request.rank)
 
     async def Restore(self, request: apb.RankRequest, context: grpc.aio.ServicerContext) -> apb.AdminAck:
-        await self._mutating(context)
+        steer = await self._mutating(context)
         await self._check_rank(request.rank, context)
-        return await self.node.restore(request.rank)
+        return await steer.restore(request.rank)
 
     async def Pause(self, request: apb.Empty, context: grpc.aio.ServicerContext) -> apb.AdminAck:
-        await self._mutating(context)
-        self.node.paused = True
+        steer = await self._mutating(context)
+        view = await self._view(context)
+        steer.paused = True
         return apb.AdminAck(ok=True, reason="automatic rebalancing paused on this agent",
-                            version=self.node.head().version)
+                            version=view.head().version)
 
     async def Resume(self, request: apb.Empty, context: grpc.aio.ServicerContext) -> apb.AdminAck:
-        await self._mutating(context)
-        self.node.paused = False
-        return apb.AdminAck(ok=True, reason="automatic rebalancing resumed", version=self.node.head().version)
+        steer = await self._mutating(context)
+        view = await self._view(context)
+        steer.paused = False
+        return apb.AdminAck(ok=True, reason="automatic rebalancing resumed", version=view.head().version)
 
     async def _check_rank(self, rank: int, context: grpc.aio.ServicerContext) -> None:
-        G = self.node.head().topology.ranks
+        G = (await self._view(context)).head().topology.ranks
         if not 0 <= rank < G:
             await _fail(context, grpc.StatusCode.INVALID_ARGUMENT, f"rank {rank}: expected 0..{G - 1}")

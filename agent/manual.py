@@ -1,7 +1,7 @@
-"""The operator's path into the decision core (Admin Propose, Drain, Restore; a rank back on the local link is
-restored the same way): the operations go through the controller's manual event, so that what it refuses
-is refused with its own reason (agent.pipeline.DecisionPipeline.manual), and the node's proposal is awaited.
-Mixed into NodeState."""
+"""The operator's path into the decision core (Admin Propose, Drain, Restore, Pause; a rank back on the local
+link or after its repair is restored the same way): the operations go through the controller's manual event,
+so that what it refuses is refused with its own reason (agent.pipeline.DecisionPipeline.manual), and the
+node's proposal is awaited. One object, built complete once the pipeline exists (agent.state.NodeState.start)."""
 
 from __future__ import annotations
 
@@ -9,27 +9,43 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
-from agent.adminview import AdminView
 from agent.clock import Clock
+from agent.commit import CommitBackend
+from agent.pipeline import DecisionPipeline
+from controlplane.elastic import DrainRefused, plan_drain, plan_restore
 from controlplane.errors import ControlPlaneError
 from controlplane.ops import Operation, apply_ops
+from controlplane.table import RoutingTable
 from elasticmoe.v1 import admin_pb2 as apb
 
 
-class ManualPath(AdminView):
-    clock: Clock | None
+class ManualPath:
+    """`cluster_load()`: the newest closed cluster window (a drain places the drained experts by it)."""
+
+    def __init__(self, pipeline: DecisionPipeline, backend: CommitBackend, clock: Clock,
+                 cluster_load: Callable[[], Any]) -> None:
+        self.pipeline, self.backend, self.clock, self.cluster_load = pipeline, backend, clock, cluster_load
+
+    @property
+    def paused(self) -> bool:
+        """The operator's switch (Admin Pause/Resume): automatic rebalancing is the pipeline's to pause."""
+        return self.pipeline.paused
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        self.pipeline.paused = value
+
+    def head(self) -> RoutingTable:
+        return self.backend.head
 
     async def _settled(self, limit_s: float = 10.0, poll_s: float = 0.05) -> None:
         """Wait, at most `limit_s` on this node's clock, until this node has no proposal in flight: an operator's
         drain or proposal made while a rebalance awaits its outcome is planned on the head that outcome leaves
         (was refused at once, PROPOSAL_IN_FLIGHT). Past the limit the controller refuses it with its reason."""
-        clock = self.clock
-        if clock is None:
-            return
-        t0 = clock.now()
-        while self.pipeline.inflight is not None and clock.now() - t0 < limit_s:
+        t0 = self.clock.now()
+        while self.pipeline.inflight is not None and self.clock.now() - t0 < limit_s:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            clock.call_later(poll_s, _resolver(fut))
+            self.clock.call_later(poll_s, _resolver(fut))
             await fut
 
     async def _submit(self, ops: tuple[Operation, ...], trigger: str, force: bool) -> Any:
@@ -40,11 +56,9 @@ class ManualPath(AdminView):
         self.pipeline.propose(d, force=force, done=fut)
         return await asyncio.wait_for(fut, timeout=20.0), ""
 
-    def _restore_now(self, rank: int) -> str:
+    def restore_now(self, rank: int) -> str:
         """Propose the restore of `rank` without waiting for its outcome (agent.rejoin watches the commits);
         "" or why it was refused."""
-        from controlplane.elastic import DrainRefused, plan_restore
-
         try:
             ops = plan_restore(self.head(), rank)
         except DrainRefused as e:
@@ -66,9 +80,7 @@ class ManualPath(AdminView):
         return apb.ProposeReply(committed=bool(outcome.committed), version=int(outcome.version),
                                 reason=str(outcome.reason or ""))
 
-    async def _elastic(self, ops_fn: Any, what: str) -> apb.AdminAck:
-        from controlplane.elastic import DrainRefused
-
+    async def _elastic(self, ops_fn: Callable[[], tuple[Operation, ...]], what: str) -> apb.AdminAck:
         await self._settled()
         try:
             ops = ops_fn()
@@ -80,13 +92,9 @@ class ManualPath(AdminView):
         return apb.AdminAck(ok=bool(outcome.committed), reason=str(outcome.reason or what), version=int(outcome.version))
 
     async def drain(self, rank: int) -> apb.AdminAck:
-        from controlplane.elastic import plan_drain
-
         return await self._elastic(lambda: plan_drain(self.head(), rank, self.cluster_load()), f"drain r{rank}")
 
     async def restore(self, rank: int) -> apb.AdminAck:
-        from controlplane.elastic import plan_restore
-
         return await self._elastic(lambda: plan_restore(self.head(), rank), f"restore r{rank}")
 
 

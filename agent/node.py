@@ -85,7 +85,7 @@ class AgentProcess:
         server = grpc.aio.server(interceptors=interceptors(self.cfg), options=SERVER_OPTIONS)
         # without TLS no caller has a verified identity: mutating admin calls only from this host
         authorize = None if self.cfg.tls.cert_dir else local_callers_only
-        service = AdminService(self.state, authorize=authorize)
+        service = AdminService(self.cfg.node_id, authorize=authorize)  # bound to the node's parts once it started
         admin_pb2_grpc.add_AdminServicer_to_server(service, server)  # type: ignore[no-untyped-call]
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(SERVICE_NAMES, server)
@@ -107,6 +107,7 @@ class AgentProcess:
             self.state.start()
         except (StoreCorrupt, DataDirError) as e:
             raise StartupError(str(e)) from None
+        service.bind(self.state.view, self.state.manual)
         self.shim_server = await self.state.serve_shim(sock)
         if self.cfg.tls.health_listen:
             from agent.security import serve_plaintext_health
@@ -130,7 +131,7 @@ class AgentProcess:
         serving = True
         while True:
             await asyncio.sleep(every)
-            now = self.state.health() == "SERVING"
+            now = self.state.view.health() == "SERVING"
             if now != serving:
                 serving = now
                 await self._set_health(health_pb2.HealthCheckResponse.SERVING if now

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import numpy as np
 
+from agent.adminview import AdminView
 from agent.commit import CommitBackend
 from agent.config import AgentConfig
 from agent.installs import Installs
@@ -45,11 +46,18 @@ if TYPE_CHECKING:
 log = logging.getLogger("emoe.agent")
 
 
-class NodeState(ManualPath):
+class NodeState:
     """One node. The real process passes nothing and gets a RealClock, GrpcTransport and file Store; the
-    in-process simulator injects a FakeClock-driven clock, a SimTransport and an in-memory Store."""
+    in-process simulator injects a FakeClock-driven clock, a SimTransport and an in-memory Store.
+
+    Its parts, built by start() on the recovered head, each complete: `pipeline` (agent.pipeline: the decision
+    path), `view` (agent.adminview: what the admin service reads), `manual` (agent.manual: the operator's
+    proposals, drains, restores and pause), `rejoin` (agent.rejoin: a repaired rank that is back is restored
+    through `manual`)."""
 
     pipeline: DecisionPipeline  # the decision path (agent.pipeline), built by start() on the recovered head
+    view: AdminView
+    manual: ManualPath
 
     def __init__(self, cfg: AgentConfig, *, clock: Clock | None = None, transport: Transport | None = None,
                  store: Store | None = None, telemetry: Telemetry | None = None, rng_seed: int | None = None,
@@ -149,7 +157,8 @@ class NodeState(ManualPath):
             self.node_id, self.params, backend, voter, voters=self._voters, live_voters=self._live_voters,
             handover_windows=self.cfg.decision.handover_windows, clock=clock, telemetry=telemetry,
             each_window=self._each_window)
-        self.rejoin = Rejoin(clock, self._my_ranks(), self.cfg.gossip.rejoin_ms / 1000, self._restore_now)
+        self.manual = ManualPath(self.pipeline, backend, clock, lambda: self.view.cluster_load())
+        self.rejoin = Rejoin(clock, self._my_ranks(), self.cfg.gossip.rejoin_ms / 1000, self.manual.restore_now)
         self.rejoin.recovered(backend.commits_since(0), backend.head)
         self.gossip = GossipNode(self.node_id, self.cfg.advertise_address, self._my_ranks(), self.cfg.gossip, clock,
                                  transport, {n: a for n, a in self.cfg.seed_map.items() if n != self.node_id},
@@ -157,6 +166,8 @@ class NodeState(ManualPath):
                                  signer=signer)
         self.gossip.on_window(self._on_window)
         self.gossip.on_member_change(self._on_member_change)
+        self.view = AdminView(self.node_id, self.topology, backend, self.gossip, self.pipeline, self.installs, clock,
+                              lambda: self._health, lambda: self.presence)
         self.gossip.start()
         self._health = "SERVING"
 
@@ -175,9 +186,8 @@ class NodeState(ManualPath):
     async def close(self) -> None:
         if self.consensus is not None:
             await self.consensus.close()
-        close = getattr(self.transport, "close", None)  # a GrpcTransport has sockets to close; the simulator's none
-        if close is not None:
-            await close()
+        if self.transport is not None:
+            await self.transport.close()
         if self.telemetry is not None:
             self.telemetry.shutdown()
 
@@ -188,7 +198,7 @@ class NodeState(ManualPath):
         from agent.shim_link import serve_unix
 
         async def restore(r: int) -> None:
-            ack = await self.restore(r)
+            ack = await self.manual.restore(r)
             if not ack.ok:
                 log.warning("rank %d is back but was not restored: %s (emoe restore %d retries)", r, ack.reason, r)
 
@@ -321,15 +331,6 @@ class NodeState(ManualPath):
         if self.gossip is None:
             raise RuntimeError(f"{self.node_id}: the agent has not started (no gossip yet)")
         return self.gossip
-
-    @property
-    def paused(self) -> bool:
-        """The operator's switch (Admin Pause/Resume): automatic rebalancing is the pipeline's to pause."""
-        return self.pipeline.paused
-
-    @paused.setter
-    def paused(self, value: bool) -> None:
-        self.pipeline.paused = value
 
     def head(self) -> RoutingTable:
         return self._backend.head

@@ -113,6 +113,9 @@ class NullTransport:
     def add_peer(self, node_id: str, address: str) -> None:
         pass
 
+    async def close(self) -> None:
+        """Nothing to release: no sockets."""
+
 
 def _ser(m: Message) -> bytes:
     return m.SerializeToString(deterministic=True)
@@ -234,7 +237,7 @@ class FakeContext:
 
 
 class FakeAdminBackend:
-    """An AdminBackend that records every mutation the service passes on (and changes nothing else)."""
+    """The admin service's reads and steering (agent.admin.AdminReads, AdminSteering) in one object; records every mutation the service passes on (and changes nothing else)."""
 
     def __init__(self, tables: list[RoutingTable] | None = None) -> None:
         self.tables = tables or chain(3)
@@ -320,7 +323,7 @@ class AdminTarget(Target):
         self.method, self.loop, self.identity = method, loop, identity
         self.name = f"Admin/{method}"
         self.request = getattr(apb, ADMIN_METHODS[method])
-        self._make = lambda: AdminService(self.backend, authorize=authorize)
+        self._make = lambda: AdminService.over(self.backend, authorize=authorize)
         self.fresh()
 
     def fresh(self) -> None:

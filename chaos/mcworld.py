@@ -96,6 +96,9 @@ class SchedTransport:
     def add_peer(self, node_id: str, address: str) -> None:
         """Addresses mean nothing here."""
 
+    async def close(self) -> None:
+        """Nothing to release: no sockets."""
+
 
 class RecordingStore(Store):
     """A Store that tells the world about each durable accept (who accepted which table at which ballot)."""

@@ -228,7 +228,7 @@ def apply(c: SimCluster, line: str, rng: random.Random, settle_limit_s: float = 
                 args = [str(rng.choice(pool))]
             rank = int(args[0])
             try:
-                ack = c.admin(lambda: st.drain(rank) if cmd == "drain" else st.restore(rank))
+                ack = c.admin(lambda: st.manual.drain(rank) if cmd == "drain" else st.manual.restore(rank))
             except TimeoutError as e:  # no answer (e.g. cut off from a quorum): the operator gives up
                 return f"{cmd} {rank}: {e}"
             return f"{cmd} {rank}: {'ok v' + str(ack.version) if ack.ok else 'refused: ' + ack.reason}"

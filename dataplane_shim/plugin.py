@@ -49,7 +49,8 @@ class GenesisMismatch(ShimError):
 class Link(Protocol):
     """What the core needs of `dataplane_shim.link.LinkThread` (a fake in unit tests)."""
 
-    dropped: int
+    @property
+    def dropped(self) -> int: ...
 
     def drain(self) -> list[cpb.Commit]: ...
 

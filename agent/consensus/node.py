@@ -350,10 +350,10 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
             self.transport.call(dst, "Consensus/Learn", c, self.timeout, partial(self._saw_head, dst))
 
     def _saw_head(self, src: str, r: Message | None) -> None:
-        head = getattr(r, "committed_head", None)
-        if head is not None and self.running:
-            self._peer_heads[src] = int(head)
-            if head > self.log.head.version:
+        """A Learn's reply: the CommitAck says which head the peer holds (None: the call failed)."""
+        if isinstance(r, pb.CommitAck) and self.running:
+            self._peer_heads[src] = int(r.committed_head)
+            if r.committed_head > self.log.head.version:
                 self.catch_up(src)
 
     def _installed(self, c: pb.Commit, table: RoutingTable) -> None:

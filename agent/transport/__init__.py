@@ -83,6 +83,10 @@ class Transport(Protocol):
         """Learn (or update) where a node listens; the simulated network needs no addresses."""
         ...
 
+    async def close(self) -> None:
+        """Release what the transport holds (channels, sockets); the simulated network holds none."""
+        ...
+
 
 class HandlerTable:
     """Service-specific handlers and a fallback, shared by the transports' dispatch."""

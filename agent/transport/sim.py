@@ -307,3 +307,6 @@ class SimTransport:
 
     def add_peer(self, node_id: str, address: str) -> None:
         self._node.addresses[node_id] = address
+
+    async def close(self) -> None:
+        """Nothing to release: no sockets."""

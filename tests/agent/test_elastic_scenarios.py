@@ -138,10 +138,10 @@ def test_a_drain_while_a_proposal_is_in_flight_waits_for_its_outcome_and_drains(
     c.clock.call_later(1.0, c.heal)
 
     async def both() -> tuple[object, object]:
-        p = asyncio.ensure_future(st.propose_manual((Replicate(0, 3, 2),), True))
+        p = asyncio.ensure_future(st.manual.propose_manual((Replicate(0, 3, 2),), True))
         await asyncio.sleep(0)
         assert st.pipeline.inflight is not None  # the replicate is in flight
-        d = asyncio.ensure_future(st.drain(3))
+        d = asyncio.ensure_future(st.manual.drain(3))
         return await p, await d
 
     prop, ack = c.admin(both, limit_s=30.0, tries=1)
@@ -160,7 +160,7 @@ def test_drain_below_minimum_viable_size_is_refused_with_the_numbers() -> None:
     c.run(1.0)
     st = c.states["n00"]
     before = st.head_version()
-    ack = asyncio.run(st.drain(0))
+    ack = asyncio.run(st.manual.drain(0))
     print(f"\nrefused: {ack.reason}")
     assert not ack.ok
     assert "replicas required: 4" in ack.reason and "0 free slots" in ack.reason
@@ -176,13 +176,13 @@ def test_twenty_drain_restore_cycles_under_load_misroute_nothing(seed: int) -> N
     for i in range(20):
         rank = 1 + i % 7
         admin = c.states[c.ids[(i + 3) % 8]]  # any node takes admin calls
-        ack = c.admin(lambda a=admin, r=rank: a.drain(r))
+        ack = c.admin(lambda a=admin, r=rank: a.manual.drain(r))
         assert ack.ok, ack.reason
         drained += 1
         head = c.states["n00"].head()
         c.run(0.5)
         assert rank not in c.states["n00"].head().active_ranks or c.states["n00"].head().version > head.version
-        ack = c.admin(lambda a=admin, r=rank: a.restore(r))
+        ack = c.admin(lambda a=admin, r=rank: a.manual.restore(r))
         assert ack.ok, ack.reason
         restored += 1
         c.run(0.5)

@@ -125,7 +125,7 @@ async def _serve(options: Sequence[tuple[str, Any]]) -> AsyncIterator[tuple[str,
     """The admin service over a real loopback gRPC server with the decode guard and `options`."""
     backend = FakeAdminBackend()
     srv = grpc.aio.server(interceptors=[DecodeGuardInterceptor()], options=options)
-    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(backend), srv)
+    admin_pb2_grpc.add_AdminServicer_to_server(AdminService.over(backend), srv)
     port = srv.add_insecure_port("127.0.0.1:0")
     await srv.start()
     yield f"127.0.0.1:{port}", backend
@@ -271,7 +271,7 @@ async def test_plaintext_mutations_only_from_this_host() -> None:
         pytest.skip("this host has no non-loopback IPv4 address")
     backend = FakeAdminBackend()
     srv = grpc.aio.server(interceptors=[DecodeGuardInterceptor()])
-    admin_pb2_grpc.add_AdminServicer_to_server(AdminService(backend, authorize=local_callers_only), srv)
+    admin_pb2_grpc.add_AdminServicer_to_server(AdminService.over(backend, authorize=local_callers_only), srv)
     port = srv.add_insecure_port("0.0.0.0:0")
     await srv.start()
     try:

@@ -373,7 +373,7 @@ def test_a_wiped_data_dir_on_a_new_cluster_does_not_vote_again_on_what_it_accept
     x = accepts[owner]
     assert c.down == {owner} and c.history.wipes == [(first, c.history.wipes[0][1], 1)]  # wiped at genesis
     assert c.heads() == {first: 1, third: 1} and not c.states[first].consensus.had_store  # "new"
-    ack = c.admin(lambda: c.states[third].drain(c.ranks_of[owner][0]), tries=1)
+    ack = c.admin(lambda: c.states[third].manual.drain(c.ranks_of[owner][0]), tries=1)
     assert not ack.ok and "learner" in ack.reason, ack
     assert c.heads() == {first: 1, third: 1}  # nothing chosen without the owner
     schedules.apply(c, f"restart {owner}", rng)
@@ -434,7 +434,7 @@ def test_a_learner_leaves_the_planning_turn_until_it_votes_again() -> None:
     assert {p for _, p in planners} & set(c.ids) - {wiped}  # someone else plans meanwhile
     for node in c.states.values():
         node.pipeline.paused = False
-    ack = c.admin(lambda: c.states[sorted(c.ids)[0]].drain(c.ranks_of[sorted(c.ids)[2]][0]), tries=3)
+    ack = c.admin(lambda: c.states[sorted(c.ids)[0]].manual.drain(c.ranks_of[sorted(c.ids)[2]][0]), tries=3)
     assert ack.ok, ack  # a commit past what the learner may have voted on: it votes again ...
     c.run(6.0)
     assert c.states[wiped].consensus.role == "voter"

@@ -12,10 +12,10 @@ logging.getLogger("emoe.agent").setLevel(logging.ERROR)
 
 def _drain_restore(c: SimCluster, via: str, rank: int) -> tuple[bool, str]:
     st = c.states[via]
-    ack = c.admin(lambda: st.drain(rank))
+    ack = c.admin(lambda: st.manual.drain(rank))
     if not ack.ok:
         return False, f"drain {rank} via {via}: {ack.reason}"
-    ack = c.admin(lambda: st.restore(rank))
+    ack = c.admin(lambda: st.manual.restore(rank))
     return bool(ack.ok), f"restore {rank} via {via}: {ack.reason}"
 
 
