@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
+
+from controlplane.topology import Topology
+from dataplane_shim.link import check_load_report
+from elasticmoe.v1 import dataplane_pb2 as dpb
+
+log = logging.getLogger("emoe.agent")
 
 U32 = npt.NDArray[np.uint32]
 
@@ -133,3 +142,62 @@ class ClusterWindows:
             for k in [k for k in w if k <= self.last_closed]:
                 self._forget(w, k)
         return out
+
+
+class LoadGossip(Protocol):
+    """What the load path needs of gossip (agent.gossip_node.GossipNode)."""
+
+    def suspect_ranks(self, ranks: Iterable[int]) -> list[str]: ...
+
+    def publish_window(self, window_seq: int, first_step: int, steps: int, counts: npt.NDArray[np.integer],
+                       learner: bool = False) -> None: ...
+
+    def live_nodes(self) -> list[str]: ...
+
+
+class LoadPath:
+    """One node's load path, whole: its engines' reports (the shim link's sink, `on_report`) -> this node's
+    windows (LocalWindows) -> gossip (signed, with whether this node abstains from consensus) -> every node's
+    windows (`on_window`, gossip's callback; this node's own included) -> the cluster windows (ClusterWindows),
+    each closed one handed to `close_window` (agent.pipeline.DecisionPipeline.close_window).
+    `engine_ran(rank, version)`: the version a rank's engine reported it runs (agent.installs);
+    `abstains()`: why this node may not vote now ("" when it may; agent.commit.CommitBackend.abstains)."""
+
+    def __init__(self, node_id: str, topology: Topology, layers: int, experts: int, window: int,
+                 gossip: LoadGossip, close_window: Callable[[int, npt.NDArray[np.uint64]], None],
+                 engine_ran: Callable[[int, int], None], abstains: Callable[[], str]) -> None:
+        self.node_id, self.topology, self.layers, self.experts, self.window = node_id, topology, layers, experts, window
+        self.gossip, self.close_window, self.engine_ran, self.abstains = gossip, close_window, engine_ran, abstains
+        self.local = LocalWindows(layers, experts, window)
+        self.cluster = ClusterWindows()
+
+    def on_report(self, r: dpb.LoadReport) -> None:
+        """One engine rank's report; LoadReportError names the field of one this node cannot use (before
+        anything is counted)."""
+        why = check_load_report(r, self.layers, self.experts)
+        if not why and any(g >= self.topology.ranks for g in r.unreachable_ranks):
+            why = f"unreachable_ranks {sorted(r.unreachable_ranks)[-4:]}: expected < {self.topology.ranks}"
+        if why:
+            raise LoadReportError(f"load report from {r.shim_id or r.rank}: {why}")
+        if r.unreachable_ranks:  # the engine's own evidence (Lifeguard)
+            who = self.gossip.suspect_ranks(r.unreachable_ranks)
+            log.warning("rank %d could not reach ranks %s: suspecting %s", r.rank, list(r.unreachable_ranks), who)
+        self.engine_ran(int(r.rank), int(r.version))
+        if r.steps == 0:  # evidence only (a peer the engine lost), no load
+            return
+        counts = np.frombuffer(r.counts, dtype="<u4").reshape(self.layers, self.experts)
+        for seq, first, window in self.local.add(r.shim_id or f"rank{r.rank}", r.first_step, r.steps, counts):
+            self.gossip.publish_window(seq, first, self.window, window, bool(self.abstains()))
+            self.on_window(self.node_id, seq, window)
+
+    def on_window(self, node: str, window_seq: int, counts: npt.NDArray[np.integer], *_: Any) -> None:
+        """A node's window (gossip's callback, and this node's own as it publishes one)."""
+        self.cluster.add(node, window_seq, np.asarray(counts, dtype=np.uint32))
+        live = self.gossip.live_nodes()
+        if self.node_id not in live:  # we count ourselves live (a node declared dead still reports)
+            live = sorted([*live, self.node_id])
+        for seq, total in self.cluster.ready(live):
+            self.close_window(seq, total)
+
+    def newest_reported(self) -> int:
+        return self.cluster.newest_reported()

@@ -86,11 +86,25 @@ class Rejoin:
             wait = self.wait_s * self.mult.get(r, 1)
             if now - t < wait or now < self.next_try.get(r, 0.0) or not live(r):
                 continue
-            why = self.propose_restore(r)
-            self.next_try[r] = now + RETRY_S
-            if not why:
-                self.refused.discard(r)
-                log.warning("rank %d: drained by a repair %.1f s ago, its engine is here: restoring it", r, now - t)
-            elif r not in self.refused:
-                self.refused.add(r)
-                log.warning("rank %d is back but its restore was refused (retried every %.0f s): %s", r, RETRY_S, why)
+            self._try(r, now, f"drained by a repair {now - t:.1f} s ago, its engine is here")
+
+    def back(self, rank: int, able: bool) -> bool:
+        """Its engine process attached to this node's link again (first-hand, at once): a rank a repair drained
+        is restored now, without waiting `wait_s` (also with rejoin off), unless it flaps (repaired again soon
+        after its last restore: then `due` restores it after its longer wait). True if a restore was proposed."""
+        now = self.clock.now()
+        if not able or rank not in self.repaired_at or self.mult.get(rank, 1) > 1 or now < self.next_try.get(rank, 0.0):
+            return False
+        return self._try(rank, now, "its engine process attached again")
+
+    def _try(self, r: int, now: float, why_now: str) -> bool:
+        why = self.propose_restore(r)
+        self.next_try[r] = now + RETRY_S
+        if not why:
+            self.refused.discard(r)
+            log.warning("rank %d: %s: restoring it", r, why_now)
+            return True
+        if r not in self.refused:
+            self.refused.add(r)
+            log.warning("rank %d is back but its restore was refused (retried every %.0f s): %s", r, RETRY_S, why)
+        return False

@@ -1,10 +1,10 @@
 """NodeState: one node's live state and the glue between its parts.
 
-Load path: shim reports -> LocalWindows -> gossip -> ClusterWindows -> DecisionPipeline.close_window.
+Load path: shim reports -> LoadPath (LocalWindows -> gossip -> ClusterWindows) -> DecisionPipeline.close_window.
 Decision path: DecisionPipeline (agent.pipeline: controller, planning turn, Ready loop) -> (the window's planner
 only) the commit backend's propose -> commit.
-Commit path: backend.on_commit -> DecisionPipeline.on_commit (controller: TableCommitted) -> rejoin, installs ->
-shims (WatchTables stream).
+Commit path: backend.on_commit -> DecisionPipeline.on_commit (controller: TableCommitted) -> MembershipReactions
+(rejoin, installs) -> shims (WatchTables stream).
 """
 
 from __future__ import annotations
@@ -16,24 +16,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
-import numpy as np
 
 from agent.adminview import AdminView
 from agent.commit import CommitBackend
 from agent.config import AgentConfig
 from agent.installs import Installs
-from agent.loadpath import ClusterWindows, LoadReportError, LocalWindows
+from agent.loadpath import LoadPath
 from agent.manual import ManualPath
-from agent.membership import Member, MemberStatus
 from agent.pipeline import DecisionPipeline
+from agent.reactions import MembershipReactions
 from agent.rejoin import Rejoin
 from agent.voter import Voter
-from agent.wire import plan_kind
-from controlplane.controller import DecisionParams, RanksLost
+from controlplane.controller import DecisionParams
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
 from elasticmoe.v1 import consensus_pb2 as cpb
-from elasticmoe.v1 import dataplane_pb2 as dpb
 
 if TYPE_CHECKING:
     from agent.clock import Clock
@@ -50,12 +47,18 @@ class NodeState:
     """One node. The real process passes nothing and gets a RealClock, GrpcTransport and file Store; the
     in-process simulator injects a FakeClock-driven clock, a SimTransport and an in-memory Store.
 
-    Its parts, built by start() on the recovered head, each complete: `pipeline` (agent.pipeline: the decision
-    path), `view` (agent.adminview: what the admin service reads), `manual` (agent.manual: the operator's
-    proposals, drains, restores and pause), `rejoin` (agent.rejoin: a repaired rank that is back is restored
-    through `manual`)."""
+    Its parts, built by start() on the recovered head, each complete:
+    - `load` (agent.loadpath.LoadPath): shim reports -> this node's windows -> gossip -> cluster windows;
+    - `pipeline` (agent.pipeline.DecisionPipeline): closed windows -> controller -> planning turn -> proposals;
+    - `reactions` (agent.reactions.MembershipReactions): lost ranks repaired, repaired ranks restored (through
+      agent.rejoin), lagging engines named;
+    - `view` (agent.adminview.AdminView): what the admin service reads;
+    - `manual` (agent.manual.ManualPath): the operator's proposals, drains, restores and pause.
+    NodeState itself wires them, serves the shim link (the committed tables out), and owns the lifecycle."""
 
-    pipeline: DecisionPipeline  # the decision path (agent.pipeline), built by start() on the recovered head
+    pipeline: DecisionPipeline
+    load: LoadPath
+    reactions: MembershipReactions
     view: AdminView
     manual: ManualPath
 
@@ -74,12 +77,9 @@ class NodeState:
                                      replay_windows=d.replay_windows, expert_bytes=c.expert_bytes,
                                      # the fast path triggers on a big breach; never below the plain threshold
                                      fast_theta=max(d.theta, DecisionParams.fast_theta))
-        self.local = LocalWindows(c.layers, c.experts, d.window)
-        self.cluster = ClusterWindows()
         self._table_waiters: list[asyncio.Future[None]] = []
         self._health = "STARTING"
-        self.presence: RankPresence | None = None  # this node's engine ranks on the local link (serve_shim)
-        self.rejoin: Rejoin | None = None  # restores this node's ranks a repair drained, once they are back
+        self._presence: RankPresence | None = None  # the local link's rank presence, once served (serve_shim)
         self._tasks: set[asyncio.Future[Any]] = set()
         self._voters = list(cfg.consensus.voters) or sorted(cfg.seed_map) or [cfg.node_id]
         self.installs = Installs(self._my_ranks(), cfg.engine.install_lag_s)  # what this node's engines run
@@ -156,26 +156,34 @@ class NodeState:
         self.pipeline = DecisionPipeline(
             self.node_id, self.params, backend, voter, voters=self._voters, live_voters=self._live_voters,
             handover_windows=self.cfg.decision.handover_windows, clock=clock, telemetry=telemetry,
-            each_window=self._each_window)
+            each_window=lambda: self.reactions.each_window())
         self.manual = ManualPath(self.pipeline, backend, clock, lambda: self.view.cluster_load())
-        self.rejoin = Rejoin(clock, self._my_ranks(), self.cfg.gossip.rejoin_ms / 1000, self.manual.restore_now)
-        self.rejoin.recovered(backend.commits_since(0), backend.head)
+        rejoin = Rejoin(clock, self._my_ranks(), self.cfg.gossip.rejoin_ms / 1000, self.manual.restore_now)
+        rejoin.recovered(backend.commits_since(0), backend.head)
         self.gossip = GossipNode(self.node_id, self.cfg.advertise_address, self._my_ranks(), self.cfg.gossip, clock,
                                  transport, {n: a for n, a in self.cfg.seed_map.items() if n != self.node_id},
                                  rng_seed=self.rng_seed if self.rng_seed is not None else zlib.crc32(self.node_id.encode()),
                                  signer=signer)
-        self.gossip.on_window(self._on_window)
-        self.gossip.on_member_change(self._on_member_change)
+        self.load = LoadPath(self.node_id, self.topology, c.layers, c.experts, self.params.window, self.gossip,
+                             self.pipeline.close_window,
+                             lambda rank, version: self.installs.reported(rank, version, clock.now()),
+                             lambda: backend.abstains)
+        self.gossip.on_window(self.load.on_window)
+        self.reactions = MembershipReactions(
+            self.node_id, self._my_ranks(), clock, backend, self.pipeline, self.gossip, self.installs, rejoin,
+            lambda: self._health == "SERVING" and not backend.abstains
+            and 2 * len(self._live_voters()) > len(self._voters))
+        self.gossip.on_member_change(self.reactions.member_changed)
         self.view = AdminView(self.node_id, self.topology, backend, self.gossip, self.pipeline, self.installs, clock,
-                              lambda: self._health, lambda: self.presence)
+                              lambda: self._health, lambda: self.reactions.presence)
         self.gossip.start()
         self._health = "SERVING"
 
     def stop(self, graceful: bool = True) -> None:
         """Leave the cluster (graceful: peers learn at once instead of by suspicion) and stop the protocols."""
         self._health = "NOT_SERVING"
-        if self.presence is not None:
-            self.presence.close()
+        if self._presence is not None:
+            self._presence.close()
         if self.gossip is not None:
             if graceful:
                 self.gossip.leave()
@@ -192,32 +200,12 @@ class NodeState:
             self.telemetry.shutdown()
 
     async def serve_shim(self, path: str) -> grpc.aio.Server:
-        """The local link for this node's engine ranks; a rank whose process leaves (its link closes) is lost
-        first-hand, in milliseconds (agent.ranklink), and restored when it attaches again."""
-        from agent.ranklink import RankPresence
+        """The local link for this node's engine ranks (after start()): a rank whose process leaves (its link
+        closes) is lost first-hand, in milliseconds, and restored when it attaches again (agent.reactions)."""
         from agent.shim_link import serve_unix
 
-        async def restore(r: int) -> None:
-            ack = await self.manual.restore(r)
-            if not ack.ok:
-                log.warning("rank %d is back but was not restored: %s (emoe restore %d retries)", r, ack.reason, r)
-
-        def back(ranks: tuple[int, ...]) -> None:
-            for r in ranks:
-                if r not in self.head().active_ranks:
-                    log.warning("rank %d: its engine process attached again: restoring it", r)
-                    t = asyncio.ensure_future(restore(r))
-                    self._tasks.add(t)
-                    t.add_done_callback(self._tasks.discard)
-
-        if self.clock is None:
-            raise RuntimeError(f"{self.node_id}: serve_shim() before start()")
-        def lost(ranks: tuple[int, ...]) -> None:
-            self.installs.forget(ranks)
-            self._lose_ranks(ranks, "", "their engine process left")
-
-        self.presence = RankPresence(self.clock, self._my_ranks(), lost, back)
-        return await serve_unix(path, self, self.on_load_report, presence=self.presence)
+        self._presence = self.reactions.serve_presence()
+        return await serve_unix(path, self, self.load.on_report, presence=self._presence)
 
     # ---- shim link: TableSource + load sink ---------------------------------------------------
     def head_version(self) -> int:
@@ -232,25 +220,6 @@ class NodeState:
             self._table_waiters.append(fut)
             await fut
 
-    def on_load_report(self, r: dpb.LoadReport) -> None:
-        c = self.cfg.cluster
-        if (r.layers, r.experts) != (c.layers, c.experts) or len(r.counts) != c.layers * c.experts * 4:
-            raise LoadReportError(f"load report shape [{r.layers}, {r.experts}] with {len(r.counts)} bytes: "
-                                  f"expected [{c.layers}, {c.experts}] with {c.layers * c.experts * 4} bytes")
-        if any(g >= self.topology.ranks for g in r.unreachable_ranks):
-            raise LoadReportError(f"unreachable_ranks {sorted(r.unreachable_ranks)[-4:]}: expected < {self.topology.ranks}")
-        if r.unreachable_ranks and self.gossip is not None:  # the engine's own evidence (Lifeguard)
-            who = self.gossip.suspect_ranks(r.unreachable_ranks)
-            log.warning("rank %d could not reach ranks %s: suspecting %s", r.rank, list(r.unreachable_ranks), who)
-        if self.clock is not None:  # the version its engine runs, and that it reported (this node's ranks only)
-            self.installs.reported(int(r.rank), int(r.version), self.clock.now())
-        if r.steps == 0:  # evidence only (a peer the engine lost), no load
-            return
-        counts = np.frombuffer(r.counts, dtype="<u4").reshape(c.layers, c.experts)
-        for seq, first, window in self.local.add(r.shim_id or f"rank{r.rank}", r.first_step, r.steps, counts):
-            self._gossip.publish_window(seq, first, self.params.window, window, bool(self._backend.abstains))
-            self._on_window(self.node_id, seq, window)
-
     # ---- load view -> controller -> consensus --------------------------------------------------
     def _live_voters(self) -> list[str]:
         """The voters that are live and, by their newest window, neither learners nor on a failed store: the
@@ -261,59 +230,9 @@ class NodeState:
         live -= self.gossip.learners() if self.gossip is not None else set()
         return sorted(v for v in self._voters if v in live)
 
-    def _on_window(self, node: str, window_seq: int, counts: np.ndarray, *_: Any) -> None:
-        self.cluster.add(node, window_seq, np.asarray(counts, dtype=np.uint32))
-        live = self._gossip.live_nodes()
-        if self.node_id not in live:  # we count ourselves live (a node declared dead still reports)
-            live = sorted([*live, self.node_id])
-        for seq, total in self.cluster.ready(live):
-            self.pipeline.close_window(seq, total)
-
-    def _on_member_change(self, m: Member) -> None:
-        """A node declared dead: its ranks are lost, except those a live member (or this node) holds (a member
-        that claims another's rank and "dies", forged or misconfigured, drains nothing). The controller proposes
-        the repair (drain the ranks, reload experts left without a replica); shims mask the ranks meanwhile."""
-        if m.status != MemberStatus.DEAD or m.node_id == self.node_id:
-            return
-        held = set(self._my_ranks()) | {int(g) for o in self._gossip.members() if o.node_id != m.node_id
-                                        and o.status == MemberStatus.ALIVE
-                                        for g in o.ranks}
-        claimed = set(m.ranks) & set(self.head().active_ranks)
-        self._lose_ranks(tuple(sorted(claimed - held)), self.pipeline.turn(self.pipeline.window_seq + 1)[0],
-                         f"node {m.node_id} declared dead")
-
-    def _rank_here(self, r: int) -> bool:
-        """First-hand evidence that rank r's engine runs: its link to this agent is open, or it reported load
-        within the last two seconds."""
-        if self.presence is not None and self.presence.open[r] > 0:
-            return True
-        t = self.installs.last_report(r)
-        return t is not None and self.clock is not None and self.clock.now() - t < 2.0
-
-    def _lose_ranks(self, ranks: tuple[int, ...], planner: str, why: str) -> None:
-        """Repair `ranks` (those active in the head): `planner` proposes at once, this node a window later unless
-        it is the planner ('') (the link's first-hand evidence: no other node knows yet)."""
-        lost = tuple(r for r in ranks if r in self.head().active_ranks)
-        if lost:
-            log.warning("ranks %s lost (%s): repairing", list(lost), why)
-            self.pipeline.step(RanksLost(lost, planner))
-
-    def _each_window(self) -> None:
-        """This node's own duties for a closed window (the pipeline runs them before its controller decides): a
-        repaired rank that is back is restored; a rank whose engine stopped installing tables is named."""
-        if self.rejoin is not None:
-            self.rejoin.due(self._rank_here, able=self._health == "SERVING" and not self._backend.abstains
-                            and 2 * len(self._live_voters()) > len(self._voters))
-        head = self._backend.head
-        for r, v, lag in self.installs.newly_lagging(head.version, self.clock.now() if self.clock else 0.0):
-            log.warning("rank %d still runs version %d, %.1f s behind committed version %d (engine.install_lag_s "
-                        "= %.1f): its engine is not installing tables", r, v, lag, head.version, self.installs.bound_s)
-
     def _on_commit(self, commit: cpb.Commit, table: RoutingTable) -> None:
-        self.pipeline.on_commit(commit, table, self.cluster.newest_reported())
-        if self.rejoin is not None:
-            self.rejoin.committed(table.version, table.parent, table.active_ranks, plan_kind(commit.plan))
-        self.installs.committed(table.version, self.clock.now() if self.clock is not None else 0.0)
+        self.pipeline.on_commit(commit, table, self.load.newest_reported())
+        self.reactions.committed(commit, table)
         waiters, self._table_waiters = self._table_waiters, []
         for f in waiters:
             if not f.done():

@@ -94,7 +94,7 @@ class NodeEngine:
                 self.acc[g][:] = 0
                 rep = make_load_report(f"{self.node_id}/r{g}", g, seq * W, W, self.shims[g].version, counts)
                 try:
-                    self.state.on_load_report(rep)
+                    self.state.load.on_report(rep)
                 except Exception as e:  # a rejected report is a bug in this harness, not a fault to hide
                     raise RuntimeError(f"{self.node_id}: load report refused: {e}") from e
 

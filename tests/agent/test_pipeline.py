@@ -129,7 +129,7 @@ def test_a_standalone_pipeline_makes_the_nodes_decisions() -> None:
 
     st.pipeline.hooks.proposing.append(proposing)
     st.consensus.on_commit(lambda commit, table: seen.append(  # type: ignore[union-attr]
-        ("commit", (commit, table, st.cluster.newest_reported()))))
+        ("commit", (commit, table, st.load.newest_reported()))))
     c.run(10.0)
     node_proposals = [t for k, t in seen if k == "propose"]
     assert len(node_proposals) >= 2

@@ -47,7 +47,7 @@ def _report(agents: list[AgentProcess], k: int) -> None:
     """Every node's shim reports window k (W steps from step k x W)."""
     for i, a in enumerate(agents):
         counts = np.full((L, E), 10 * (i + 1), dtype="<u4")
-        a.state.on_load_report(dpb.LoadReport(shim_id=f"s{i}", rank=i, first_step=k * W, steps=W, layers=L,
+        a.state.load.on_report(dpb.LoadReport(shim_id=f"s{i}", rank=i, first_step=k * W, steps=W, layers=L,
                                               experts=E, counts=counts.tobytes()))
 
 

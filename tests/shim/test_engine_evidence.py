@@ -83,18 +83,14 @@ def test_load_reports_bound_and_check_the_unreachable_ranks() -> None:
     assert "at most" in check_load_report(r)
 
 
-def test_the_agent_suspects_the_nodes_its_engine_cannot_reach(tmp_path: object) -> None:
-    """NodeState.on_load_report hands a report's unreachable ranks to gossip, and refuses ranks outside the
-    cluster (naming the field) before anything is counted."""
-    from agent.config import from_dict
-    from agent.loadpath import LoadReportError
-    from agent.state import NodeState
+def test_the_agent_suspects_the_nodes_its_engine_cannot_reach() -> None:
+    """The agent's load path (agent.loadpath.LoadPath, the shim link's sink) hands a report's unreachable ranks
+    to gossip, and refuses ranks outside the cluster (naming the field) before anything is counted."""
+    from agent.loadpath import LoadPath, LoadReportError
+    from controlplane.topology import Topology
 
-    cfg = from_dict({"node_id": "n1", "profile": "test", "data_dir": str(tmp_path),
-                     "cluster": {"nodes": 2, "ranks_per_node": 2, "slots_per_rank": 4, "layers": 2, "experts": 4,
-                                                                "top_k": 2}})
-    state = NodeState(cfg)
     accused: list[list[int]] = []
+    ran: list[tuple[int, int]] = []
 
     class Gossip:
         def suspect_ranks(self, ranks: object) -> list[str]:
@@ -106,15 +102,18 @@ def test_the_agent_suspects_the_nodes_its_engine_cannot_reach(tmp_path: object) 
         def live_nodes(self) -> list[str]:
             return ["n1", "n2"]
 
-    state.gossip = Gossip()  # type: ignore[assignment]
+    load = LoadPath("n1", Topology(2, 2, 4), 2, 4, 100, Gossip(), lambda seq, total: None,
+                    lambda rank, version: ran.append((rank, version)), lambda: "")
     counts = np.zeros((2, 4), dtype=np.uint32)
     with pytest.raises(LoadReportError, match="unreachable_ranks"):
-        state.on_load_report(make_load_report("s", 0, 0, 1, 1, counts, unreachable_ranks=[4]))
-    assert accused == []
-    state.on_load_report(make_load_report("s", 0, 0, 1, 1, counts, unreachable_ranks=[2, 3]))
+        load.on_report(make_load_report("s", 0, 0, 1, 1, counts, unreachable_ranks=[4]))
+    with pytest.raises(LoadReportError, match=r"shape \[3, 4\]"):
+        load.on_report(make_load_report("s", 0, 0, 1, 1, np.zeros((3, 4), dtype=np.uint32)))
+    assert accused == [] and ran == []
+    load.on_report(make_load_report("s", 0, 0, 1, 1, counts, unreachable_ranks=[2, 3]))
     assert accused == [[2, 3]]
-    state.on_load_report(make_load_report("s", 0, 0, 0, 1, counts, unreachable_ranks=[3]))  # evidence only
-    assert accused == [[2, 3], [3]]
+    load.on_report(make_load_report("s", 0, 0, 0, 1, counts, unreachable_ranks=[3]))  # evidence only
+    assert accused == [[2, 3], [3]] and ran == [(0, 1), (0, 1)]
 
 
 def test_an_evidence_report_has_no_steps_and_no_load() -> None:

@@ -173,7 +173,7 @@ async def test_offer_never_blocks_and_counts_what_it_drops(served: tuple[str, So
         lt._failed = 3  # as if three earlier sends had failed
         lt.offer(make_load_report("r1", 1, 0, 1, 1, np.ones((2, 4), np.uint32)))
         for _ in range(500):
-            if got:
+            if got and lt.sent:  # the agent has it, and the sender saw its ack
                 break
             await asyncio.sleep(0.01)
         assert got[-1].dropped_reports == 3 and lt.sent == 1
