@@ -17,7 +17,7 @@ import numpy as np
 from agent.wire import WireError, ops_from_pb
 from controlplane.ops import Operation
 from controlplane.table import RoutingTable
-from dataplane_shim.certify import table_to_pb
+from elasticmoe.codec import table_to_pb
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import admin_pb2_grpc
 from elasticmoe.v1 import consensus_pb2 as cpb

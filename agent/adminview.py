@@ -16,7 +16,7 @@ from agent.pipeline import DecisionPipeline
 from agent.ranklink import RankPresence
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
-from dataplane_shim.certify import table_from_pb
+from elasticmoe.codec import table_from_pb
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import consensus_pb2 as cpb
 from elasticmoe.v1 import gossip_pb2 as gpb

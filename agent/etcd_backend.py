@@ -25,7 +25,7 @@ import aetcd
 from agent.consensus.node import CommitCallback, Outcome, Verifier, validity_verifier
 from agent.store import Store, StoreFailed
 from controlplane.table import RoutingTable
-from dataplane_shim.certify import TableWireError, table_from_pb, table_to_pb
+from elasticmoe.codec import TableWireError, table_from_pb, table_to_pb
 from elasticmoe.v1 import consensus_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -273,49 +273,3 @@ class EtcdBackend:
         rng = await self._client.get_prefix(self._key("members/"))
         n = len(self._key("members/"))
         return {kv.key[n:].decode(): kv.value.decode() for kv in rng}
-
-
-# ---- a throwaway etcd server for tests and benchmarks -----------------------------------------------
-class EtcdProcess:
-    """A single-member etcd on free loopback ports with its own data dir; `stop()` kills it."""
-
-    def __init__(self, binary: str, data_dir: str) -> None:
-        import socket
-        import subprocess
-
-        ports = []
-        socks = []
-        for _ in range(2):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-        for s in socks:
-            s.close()
-        self.endpoint = f"127.0.0.1:{ports[0]}"
-        client, peer = f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}"
-        self.proc = subprocess.Popen(
-            [binary, "--name", "emoe-test", "--data-dir", data_dir, "--listen-client-urls", client,
-             "--advertise-client-urls", client, "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
-             "--initial-cluster", f"emoe-test={peer}", "--log-level", "error"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def wait_ready(self, timeout: float = 20.0) -> None:
-        import socket
-
-        deadline = time.monotonic() + timeout
-        host, port = parse_endpoint(self.endpoint)
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"etcd exited with {self.proc.returncode} before serving {self.endpoint}")
-            try:
-                with socket.create_connection((host, port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise TimeoutError(f"etcd not serving {self.endpoint} after {timeout} s")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait(timeout=10)

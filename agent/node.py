@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -47,9 +48,10 @@ class StartupError(RuntimeError):
 class AgentProcess:
     """The gRPC servers around a NodeState, with graceful shutdown."""
 
-    def __init__(self, cfg: AgentConfig) -> None:
+    def __init__(self, cfg: AgentConfig, drops: Callable[[str], bool] | None = None) -> None:
+        """`drops`: the gRPC transport's fault hook (None in production; the chaos harness's chaos.agentproc)."""
         self.cfg = cfg
-        self.state = NodeState(cfg)
+        self.state = NodeState(cfg, drops=drops)
         self.server: grpc.aio.Server | None = None
         self.shim_server: grpc.aio.Server | None = None
         self.health_server: grpc.aio.Server | None = None
@@ -163,8 +165,8 @@ def _socket_answers(path: str) -> bool:
     return True
 
 
-async def _main(cfg: AgentConfig) -> int:
-    proc = AgentProcess(cfg)
+async def _main(cfg: AgentConfig, drops: Callable[[str], bool] | None) -> int:
+    proc = AgentProcess(cfg, drops)
     try:
         await proc.start()
     except StartupError as e:
@@ -181,12 +183,12 @@ async def _main(cfg: AgentConfig) -> int:
     return 0
 
 
-def run_forever(cfg: AgentConfig) -> int:
+def run_forever(cfg: AgentConfig, drops: Callable[[str], bool] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("EMOE_LOG", "INFO"),
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         import uvloop
 
-        return uvloop.run(_main(cfg))
+        return uvloop.run(_main(cfg, drops))
     except ImportError:  # pragma: no cover - uvloop is a dependency on Linux
-        return asyncio.run(_main(cfg))
+        return asyncio.run(_main(cfg, drops))

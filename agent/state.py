@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,7 +65,8 @@ class NodeState:
 
     def __init__(self, cfg: AgentConfig, *, clock: Clock | None = None, transport: Transport | None = None,
                  store: Store | None = None, telemetry: Telemetry | None = None, rng_seed: int | None = None,
-                 had_store: bool | None = None) -> None:
+                 had_store: bool | None = None, drops: Callable[[str], bool] | None = None) -> None:
+        """`drops`: the gRPC transport's fault hook (agent.transport.grpc.GrpcTransport; the chaos harness's)."""
         self.cfg = cfg
         self.node_id = cfg.node_id
         c = cfg.cluster
@@ -92,6 +94,7 @@ class NodeState:
         self.rng_seed = rng_seed
         # whether this node ran before (then an empty store was lost): from the data_dir's marker unless given
         self.had_store = had_store
+        self._drops = drops
 
     # ---- construction -------------------------------------------------------------------------
     def _my_ranks(self) -> list[int]:
@@ -107,7 +110,8 @@ class NodeState:
         from agent.transport.grpc import GrpcTransport
         if self.transport is None:
             addresses = {n: a for n, a in self.cfg.seed_map.items() if n != self.node_id}
-            self.transport = GrpcTransport(self.node_id, addresses, credentials=channel_credentials(self.cfg))
+            self.transport = GrpcTransport(self.node_id, addresses, credentials=channel_credentials(self.cfg),
+                                           drops=self._drops)
         if not isinstance(self.transport, GrpcTransport):
             raise RuntimeError(f"{self.node_id}: attach() serves gRPC; this node was given {type(self.transport).__name__}")
         self.transport.attach(server)

@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
                     if binary is None:
                         out["backends"]["etcd"] = {"p50_ms": None, "p99_ms": None, "skipped": "etcd binary not found"}
                         continue
-                    from agent.etcd_backend import EtcdProcess
+                    from chaos.etcdserver import EtcdProcess
 
                     etcd_proc = EtcdProcess(binary, str(work / "etcd"))
                     etcd_proc.wait_ready()

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from bench.engine import H200, EPCluster, StepResult, lost_by_expert, shape_for
 from bench.policies import Change, Elastic, Hindsight, Policy, controller_available, make_policy
 from bench.rankloss import Kill, Outage, masked, recovery_after
 from bench.traces import Trace, moving_average
@@ -31,7 +32,6 @@ from controlplane.baselines.static import static_table
 from controlplane.load import table_step_imbalance
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
-from dataplane_shim.engine import H200, EPCluster, StepResult, lost_by_expert, shape_for
 
 F64 = npt.NDArray[np.float64]
 
@@ -313,7 +313,7 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
         "cluster": {"nodes": cfg.nodes, "ranks_per_node": cfg.ranks_per_node, "slots_per_rank": cfg.slots_per_rank,
                     "window": cfg.window, "seed": cfg.seed, "expert_groups": groups,
                     "eplb": "global" if groups == 1 else f"hierarchical, {groups} groups", "initial": cfg.initial},
-        "engine": {"model": shape.name, "expert_bytes": shape.expert_bytes, "hardware": "H200 (see dataplane_shim.engine)",
+        "engine": {"model": shape.name, "expert_bytes": shape.expert_bytes, "hardware": "H200 (see bench.engine)",
                    "router": getattr(cluster.router, "label", type(cluster.router).__name__), "commit_latency_steps": cfg.commit_latency,
                    "copy_share": cfg.copy_share, "craft_budget_fraction": cfg.craft_budget},
         "wall_s": elapsed,
@@ -325,7 +325,7 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
             "(masks after detection, repair via RanksLost); eplb sends to the dead rank until its next periodic "
             "rebalance over the survivors; static/craft never react; hindsight re-plans free at the kill. detect_s is "
             "converted with the modelled decode step time (MoE part plus attention, dense layers, shared experts and "
-            "LM head: dataplane_shim.engine); --detect-steps sets them directly"}
+            "LM head: bench.engine); --detect-steps sets them directly"}
     for name in cfg.policies:
         if name in unavailable:
             results["policies"][name] = {"unavailable": unavailable[name]}

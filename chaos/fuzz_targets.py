@@ -29,7 +29,7 @@ from agent.transport import InvalidArgument
 from chaos.quorumsim import successor_table
 from controlplane.table import RoutingTable, initial_table
 from controlplane.topology import Topology
-from dataplane_shim.certify import table_to_pb
+from elasticmoe.codec import table_to_pb
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import consensus_pb2 as pb
 

@@ -77,9 +77,11 @@ class LocalCluster:
     def __init__(self, n: int, base: Path, cluster: dict[str, Any], profile: str = "test",
                  sections: dict[str, dict[str, Any]] | None = None, log_level: str = "WARNING",
                  ports: list[int] | None = None, hosts: list[str] | None = None,
-                 wrap: list[list[str]] | None = None) -> None:
+                 wrap: list[list[str]] | None = None, faults_file: str | None = None) -> None:
         """`hosts`: each agent's address (default 127.0.0.1); `wrap`: a command prefix per agent (say
-        `ip netns exec NS`, to run it in a network namespace of its own)."""
+        `ip netns exec NS`, to run it in a network namespace of its own); `faults_file`: run each agent through
+        chaos.agentproc, its transport dropping the links that file lists (chaos.faults)."""
+        self.faults_file = faults_file
         self.n = n
         self.base = Path(base)
         self.ports = free_ports(n) if ports is None else list(ports)
@@ -110,8 +112,10 @@ class LocalCluster:
                 self._logs[k].close()
             log = self._logs[k] = open(self.base / self.ids[k] / "agent.log", "ab")  # noqa: SIM115 - closed in stop()
             env = {**os.environ, "EMOE_LOG": self.log_level, "PYTHONUNBUFFERED": "1"}
+            run = (["-m", "agent.cli", "agent"] if self.faults_file is None
+                   else ["-m", "chaos.agentproc", "--faults", self.faults_file])
             self.procs[k] = subprocess.Popen(
-                [*self.wrap[k], sys.executable, "-m", "agent.cli", "agent", "--config", str(self.configs[k])],
+                [*self.wrap[k], sys.executable, *run, "--config", str(self.configs[k])],
                 cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
             )
 

@@ -9,8 +9,8 @@ switch process between network namespaces, and on tmpfs data_dirs (the fault fil
 - network: as root with nftables, each agent in a network namespace of its own, joined by a switch process
   (chaos/netns.py, chaos/wire.py); partitions and packet loss are kernel rules in those namespaces, and the
   switch delays (with reordering) and duplicates the packets between them; elsewhere the
-  agents share loopback and partitions go through the transport's test-only fault file
-  (`agent.transport.faults`, EMOE_FAULTS_FILE); `partition_mechanism` in the result says which;
+  agents share loopback and partitions go through a fault file that each agent's transport reads through its
+  drop hook (chaos.faults, run by chaos.agentproc); `partition_mechanism` in the result says which;
 - faults, from a seeded generator, one to three episodes per schedule, each holding 0.8-2.5 s: kill -9 then
   restart, SIGSTOP then SIGCONT, partitions (isolate one node, minority | majority, halves), one-way links,
   packet loss, delay and duplication (namespaces only), and with `disks` (root: each data_dir a tmpfs of its
@@ -34,7 +34,6 @@ Every wait is bounded; every process is killed in `finally`.
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 import signal
 import subprocess
@@ -48,9 +47,9 @@ import grpc
 import numpy as np
 
 from agent.datadir import LOG_NAME
-from agent.transport.faults import ENV, write_faults
 from chaos import procfaults
 from chaos.episodes import Episode, make_schedule
+from chaos.faults import write_faults
 from chaos.localcluster import ROOT, LocalCluster, stable_ports
 from chaos.netns import NetLab, unavailable
 from chaos.proccheck import Checks, DataPlane, Engine, agent_head, read_log, versions
@@ -64,7 +63,7 @@ HEAD_AGAIN_S = 10.0  # a restarted agent's head, asked again for I7: how long it
 # I6's grace for a rollback to commit, in windows of 0.1 s: wall time on a shared machine, where 8 agents
 # and their gossip compete for a few cores, so wider than the simulator's 3
 I6_GRACE_WINDOWS = 10
-MECHANISM = ("transport fault file (EMOE_FAULTS_FILE, agent/transport/faults.py): each agent drops gRPC "
+MECHANISM = ("transport fault file (chaos/faults.py, the transport's drop hook via chaos.agentproc): each agent drops gRPC "
              "calls to and from the listed peers; network namespaces unused ({why})")
 NETNS_MECHANISM = ("kernel: each agent in its own network namespace, joined by a switch process on TAP devices; "
                    "partitions, one-way links and packet loss are nftables drop rules on each namespace's input; "
@@ -99,7 +98,7 @@ class ProcRunner:
                                         wrap=[self.lab.wrap(k) for k in range(nodes)])
         else:
             self.cluster = LocalCluster(nodes, base / "agents", {"nodes": nodes, **SHAPE}, profile="test",
-                                        sections=sections, ports=stable_ports(nodes))
+                                        sections=sections, ports=stable_ports(nodes), faults_file=self.faults_path)
         self.disks = ""
         if disks:  # each data_dir a tmpfs of its own, so that one can fill up
             for k in range(nodes):
@@ -330,8 +329,6 @@ class ProcRunner:
 
     async def run(self, schedules: int) -> dict[str, Any]:
         t_start = time.monotonic()
-        old = os.environ.get(ENV)
-        os.environ[ENV] = self.faults_path
         write_faults(self.faults_path, {})
         tasks: list[asyncio.Task[None]] = []
         self.channels = [grpc.aio.insecure_channel(a) for a in self.cluster.addresses]
@@ -382,10 +379,6 @@ class ProcRunner:
                 self.lab.close()
             for k in range(self.n):
                 procfaults.umount(self.data_dir(k))
-            if old is None:
-                os.environ.pop(ENV, None)
-            else:
-                os.environ[ENV] = old
         conv = _quantiles(self.convergence)
         tokens = self.dataplane.report(self.checks)
         return {

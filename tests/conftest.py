@@ -32,8 +32,8 @@ def need_shared_traces() -> Path:
 
 @pytest.fixture(scope="module")
 def etcd_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """A real etcd (agent.etcd_backend.EtcdProcess) for one test module; skipped when etcd is not installed."""
-    from agent.etcd_backend import EtcdProcess
+    """A real etcd (chaos.etcdserver.EtcdProcess) for one test module; skipped when etcd is not installed."""
+    from chaos.etcdserver import EtcdProcess
 
     binary = shutil.which("etcd")
     if binary is None:

@@ -14,7 +14,7 @@ from agent.consensus.paxos import check_certificate
 from agent.store import Recovered, Store
 from controlplane.errors import ControlPlaneError
 from controlplane.table import RoutingTable
-from dataplane_shim.certify import TableWireError, table_from_pb
+from elasticmoe.codec import TableWireError, table_from_pb
 from elasticmoe.v1 import consensus_pb2 as pb
 
 log = logging.getLogger(__name__)

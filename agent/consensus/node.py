@@ -33,7 +33,7 @@ from agent.transport import Transport
 from agent.wire import plan_kind
 from controlplane.errors import InvalidTable
 from controlplane.table import RoutingTable
-from dataplane_shim.certify import TableWireError, table_from_pb, table_to_pb
+from elasticmoe.codec import TableWireError, table_from_pb, table_to_pb
 from elasticmoe.v1 import consensus_pb2 as pb
 
 __all__ = ["CommitCallback", "ConsensusNode", "Outcome", "Verifier", "validity_verifier"]

@@ -24,7 +24,6 @@ import grpc.aio
 from google.protobuf.message import Message
 
 from agent.transport import Deferred, HandlerTable, InvalidArgument, ReplyCallback, RequestHandler
-from agent.transport.faults import FaultFile
 from agent.transport.methods import METHODS, SERVICE_FULL_NAMES, grpc_path, lookup
 
 log = logging.getLogger("emoe.transport")
@@ -80,7 +79,9 @@ def _identity(context: grpc.aio.ServicerContext) -> str | None:
 class GrpcTransport:
     def __init__(self, node_id: str, addresses: dict[str, str], *,
                  credentials: grpc.ChannelCredentials | None = None,
-                 max_message_bytes: int = 64 << 20) -> None:
+                 max_message_bytes: int = 64 << 20, drops: Callable[[str], bool] | None = None) -> None:
+        """`drops(peer)`: a fault hook, whether traffic with `peer` is to be dropped now (a partition that the
+        chaos harness injects, chaos.faults; None in production)."""
         self.node_id = node_id
         self._credentials = credentials
         self._max = max_message_bytes
@@ -91,8 +92,7 @@ class GrpcTransport:
         self._closing: list[grpc.aio.Channel] = []
         self._closed = False
         self._metadata = ((FROM_KEY, node_id),)
-        # chaos tests only: EMOE_FAULTS_FILE names a partition file (agent.transport.faults); unset: None
-        self._faults = FaultFile.from_env(node_id)
+        self._drops = drops
 
     # ---- peers --------------------------------------------------------------------------------
     def add_peer(self, node_id: str, address: str) -> None:
@@ -130,7 +130,7 @@ class GrpcTransport:
         if peer is None or timeout <= 0:
             loop.call_soon(self._deliver, on_reply, None)
             return
-        if self._faults is not None and self._faults.drops(dst):  # injected partition: lost at the deadline
+        if self._drops is not None and self._drops(dst):  # injected partition: lost at the deadline
             loop.call_later(timeout, self._deliver, on_reply, None)
             return
         task = loop.create_task(self._invoke(peer.callable(method), request, timeout, on_reply))
@@ -181,8 +181,8 @@ class GrpcTransport:
                 src = next((v for k, v in context.invocation_metadata() or () if k == FROM_KEY), "")
             if not src:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"no {FROM_KEY} metadata")
-            if self._faults is not None and self._faults.drops(str(src)):
-                await context.abort(grpc.StatusCode.UNAVAILABLE, "injected partition (EMOE_FAULTS_FILE)")
+            if self._drops is not None and self._drops(str(src)):
+                await context.abort(grpc.StatusCode.UNAVAILABLE, "injected partition (drop hook)")
             handler = None if self._closed else self._handlers.get(method)
             if handler is None:
                 await context.abort(grpc.StatusCode.UNAVAILABLE, f"{self.node_id} does not serve {method} now")

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from agent.etcd_backend import EtcdProcess
+from chaos.etcdserver import EtcdProcess
 from chaos.localcluster import LocalCluster
 from tests.agent.test_e2e_cluster import SHAPE, W, first_commit_on_every_shim
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from agent.consensus.node import Outcome
-from agent.etcd_backend import EtcdBackend, EtcdProcess, parse_endpoint
+from agent.etcd_backend import EtcdBackend, parse_endpoint
 from agent.store import Store
+from chaos.etcdserver import EtcdProcess
 from chaos.quorumsim import successor_table
 from controlplane.table import RoutingTable, initial_table
 from controlplane.topology import Topology

@@ -13,7 +13,7 @@ import pytest
 from agent.consensus.paxos import round0_owner
 from chaos.fuzz_targets import VOTERS, ConsensusTarget, certify
 from controlplane.table import RoutingTable
-from dataplane_shim.certify import table_to_pb
+from elasticmoe.codec import table_to_pb
 from elasticmoe.v1 import consensus_pb2 as pb
 
 T = ConsensusTarget.TABLES  # versions 1..5; the node has 1..3 committed

@@ -15,7 +15,7 @@ from agent.security import write_dev_certs
 from chaos.checkers import check
 from chaos.quorumsim import QuorumSim
 from controlplane.table import RoutingTable
-from dataplane_shim.certify import table_to_pb
+from elasticmoe.codec import table_to_pb
 from elasticmoe.v1 import consensus_pb2 as pb
 
 IDS = ["n00", "n01", "n02"]

@@ -2,7 +2,7 @@
 processes and the interleaving forced (agent/consensus/rebuild.py).
 
 Three agents start from empty data_dirs (head: genesis v1). OWNER is v2's round-0 owner (paxos.round0_owner),
-A and B the others. With B cut off from both (the transport's fault file, agent/transport/faults.py), a forced
+A and B the others. With B cut off from both (a fault file the transport reads through its drop hook, chaos/faults.py), a forced
 proposal through OWNER goes out in round 0 to OWNER and A only, both accept: X is chosen and OWNER persists its
 commit; no Learn or catch-up can reach B. Then OWNER is killed (-9), A is killed and its whole data_dir
 removed (IDENTITY marker included), B is healed and A restarted: the only peer that answers A is B, which
@@ -30,7 +30,7 @@ import pytest
 from agent.consensus.paxos import round0_owner
 from agent.datadir import LOG_NAME
 from agent.store import parse
-from agent.transport.faults import ENV, write_faults
+from chaos.faults import write_faults
 from chaos.localcluster import ROOT, LocalCluster, stable_ports
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import admin_pb2_grpc
@@ -110,8 +110,8 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
 def cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[LocalCluster, str]]:
     faults = str(tmp_path / "faults.json")
     write_faults(faults, {})
-    monkeypatch.setenv(ENV, faults)  # the agents inherit it: each drops the links the file lists
-    c = LocalCluster(3, tmp_path, SHAPE, profile="test", sections=SECTIONS, ports=stable_ports(3))
+    # each agent's transport drops the links the file lists (chaos.agentproc)
+    c = LocalCluster(3, tmp_path, SHAPE, profile="test", sections=SECTIONS, ports=stable_ports(3), faults_file=faults)
     with c.running(timeout=30):
         yield c, faults
 

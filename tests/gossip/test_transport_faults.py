@@ -1,4 +1,4 @@
-"""The test-only partition hook of the gRPC transport (EMOE_FAULTS_FILE, agent.transport.faults)."""
+"""The gRPC transport's drop hook and the chaos harness's fault file behind it (chaos.faults, chaos.agentproc)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 import grpc
 import pytest
 
-from agent.transport.faults import ENV, FaultFile, write_faults
+from chaos.faults import FaultFile, write_faults
 from chaos.localcluster import free_ports
 from elasticmoe.v1 import gossip_pb2 as gpb
 
 
-def test_fault_file_reads_its_node_entry_and_follows_rewrites(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fault_file_reads_its_node_entry_and_follows_rewrites(tmp_path: Path) -> None:
     path = str(tmp_path / "faults.json")
     f = FaultFile(path, "a", recheck_s=0.0)
     assert not f.drops("b")  # no file: nothing dropped
@@ -26,26 +26,18 @@ def test_fault_file_reads_its_node_entry_and_follows_rewrites(tmp_path: Path, mo
     assert not f.drops("d")  # malformed: nothing dropped
     Path(path).unlink()
     assert not f.drops("d")
-    monkeypatch.delenv(ENV, raising=False)
-    assert FaultFile.from_env("a") is None
-    monkeypatch.setenv(ENV, path)
-    hooked = FaultFile.from_env("a")
-    assert hooked is not None and hooked.path == path
 
 
 @pytest.mark.asyncio
-async def test_grpc_transport_drops_calls_both_ways_while_the_file_lists_the_peer(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_grpc_transport_drops_calls_both_ways_while_the_file_lists_the_peer(tmp_path: Path) -> None:
     from agent.transport.grpc import GrpcTransport
 
     path = str(tmp_path / "faults.json")
-    monkeypatch.setenv(ENV, path)
     addrs = {n: f"127.0.0.1:{p}" for n, p in zip("ab", free_ports(2), strict=True)}
     servers, ts = [], {}
     for n in "ab":
         server = grpc.aio.server()
-        t = GrpcTransport(n, addrs)
-        t._faults.recheck_s = 0.0  # type: ignore[union-attr]
+        t = GrpcTransport(n, addrs, drops=FaultFile(path, n, recheck_s=0.0).drops)
         t.serve(lambda src, method, req: gpb.ProbeAck())
         t.attach(server)
         server.add_insecure_port(addrs[n])

@@ -6,6 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.engine import DEEPSEEK_V2_LITE, DEEPSEEK_V3, H200, EPCluster, RankEngine, ShimRouter
 from bench.policies import Change, Eplb, Static
 from bench.run import simulate
 from bench.traces import Trace
@@ -13,7 +14,6 @@ from controlplane.baselines.eplb import eplb_table
 from controlplane.load import slot_load
 from controlplane.table import initial_table
 from controlplane.topology import Tier, Topology
-from dataplane_shim.engine import DEEPSEEK_V2_LITE, DEEPSEEK_V3, H200, EPCluster, RankEngine, ShimRouter
 from dataplane_shim.router import preference_order
 
 

@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from dataplane_shim.simulate import run  # noqa: E402
+from chaos.shimsim import run  # noqa: E402
 
 
 @pytest.mark.slow

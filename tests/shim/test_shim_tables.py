@@ -10,13 +10,13 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
+from chaos.shimsim import table_sequence  # noqa: E402
 from controlplane.table import RoutingTable  # noqa: E402
 from controlplane.topology import Topology  # noqa: E402
 from dataplane_shim.certify import certified_commit  # noqa: E402
 from dataplane_shim.counters import DeviceCounters, imm_decode, imm_encode  # noqa: E402
 from dataplane_shim.errors import StaleVersion, Uncertified  # noqa: E402
 from dataplane_shim.shim import Shim  # noqa: E402
-from dataplane_shim.simulate import table_sequence  # noqa: E402
 from dataplane_shim.tables import SlotState, TableStore  # noqa: E402
 
 TOPO = Topology(nodes=1, ranks_per_node=2, slots_per_rank=3)  # rank 0: slots 0-2, rank 1: slots 3-5

@@ -1,7 +1,9 @@
-"""Test-only fault injection for the real gRPC transport: partitions between agent processes on loopback.
+"""Fault injection for the real gRPC transport: partitions between agent processes on loopback.
 
-Enabled only when the environment variable `EMOE_FAULTS_FILE` names a file (the chaos process runner sets
-it; production never does). The file is JSON, rewritten atomically (write + rename) by the runner:
+The agents run through `python -m chaos.agentproc --faults FILE` (chaos.localcluster.LocalCluster with
+`faults_file`), which hands `FaultFile(FILE, node).drops` to the gRPC transport as its drop hook; the product
+has only that hook (agent.transport.grpc.GrpcTransport `drops`, None in production). The file is JSON,
+rewritten atomically (write + rename) by the runner:
 
     {"drop": {"node1": ["node3", "node4"], "node3": ["node1"], ...}}
 
@@ -21,10 +23,7 @@ import logging
 import os
 import time
 
-log = logging.getLogger("emoe.transport.faults")
-
-ENV = "EMOE_FAULTS_FILE"
-
+log = logging.getLogger("emoe.chaos.faults")
 
 class FaultFile:
     """The peers `node_id` drops traffic to and from, read from `path` (see the module docstring)."""
@@ -35,11 +34,6 @@ class FaultFile:
         self._next_check = 0.0
         self._drop: frozenset[str] = frozenset()
         self._warned = False
-
-    @classmethod
-    def from_env(cls, node_id: str) -> FaultFile | None:
-        path = os.environ.get(ENV, "")
-        return cls(path, node_id) if path else None
 
     def drops(self, peer: str) -> bool:
         """True when traffic between this node and `peer` is to be dropped now."""

@@ -199,7 +199,7 @@ def run(*, nodes: int = 2, rpn: int = 4, spr: int = 4, layers: int = 2, experts:
                drain_rounds=drain_rounds, unsafe=unsafe)
     G = nodes * rpn
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["torch", "dataplane_shim.shim", "dataplane_shim.simulate"])
+    ctx.set_forkserver_preload(["torch", "dataplane_shim.shim", "chaos.shimsim"])
     tag = f"emoe{int(time.time() * 1e6) % 10**10}"
     shms = [SharedCounters(f"{tag}c", G, create=True), SharedCounters(f"{tag}h", 1, create=True),
             SharedCounters(f"{tag}p", G, create=True)]
