@@ -18,12 +18,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from chaos.checkers import check as consensus_check
+from chaos.realised import realised_worse
 from chaos.simcluster import CommitRecord, History, WindowRecord
 from chaos.simengine import TokenStats
-from controlplane.load import table_step_imbalance
 from controlplane.table import RoutingTable
 
 INVARIANTS = ("I1", "I2", "I3", "I4", "I5", "I6", "I7")
@@ -117,22 +115,13 @@ def check_i6(history: History, genesis: RoutingTable, tau: float, rollback_windo
         if deadline > end:
             continue  # the run stopped before its rollback was due
         judged += 1
-        real = float(np.mean([table_step_imbalance(r.table, w.total.astype(np.int64)) for w in after[:n]]))
-        cf = float(np.mean([table_step_imbalance(parent, w.total.astype(np.int64)) for w in after[:n]]))
-        if real <= cf * (1.0 + margin):
-            continue
-        late = after[grace:n + grace]
-        real_late = float(np.mean([table_step_imbalance(r.table, w.total.astype(np.int64)) for w in late]))
-        cf_late = float(np.mean([table_step_imbalance(parent, w.total.astype(np.int64)) for w in late]))
-        if real_late <= cf_late * (1.0 + margin):
-            continue  # no longer worse on the load at its deadline: keeping it is right
+        worse = realised_worse(r.table, parent, [w.total for w in after[:n]], [w.total for w in after[grace:n + grace]],
+                               margin)
         # superseded in time: rolled back, or replaced by a later commit (a rebalance planned and verified on the
         # load since counts too: a restart loses a planner's observation of the change, and then a rebalance, not a
         # rollback, is what moves the cluster off it; that rollbacks happen at all the chaos tests assert apart)
-        if not any(c.version > r.version and c.t <= deadline for c in commits):
-            out.append(f"I6: version {r.version} realised step imbalance {real:.3f} vs {cf:.3f} without it over "
-                       f"{n} windows ({real_late:.3f} vs {cf_late:.3f} over the last {n} before the deadline), "
-                       f"not rolled back within {n + grace} windows")
+        if worse is not None and not any(c.version > r.version and c.t <= deadline for c in commits):
+            out.append(worse.message(r.version, n, grace))
     return out, judged
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from agent.store import parse
 from agent.wire import plan_kind
-from controlplane.load import table_step_imbalance
+from chaos.realised import realised_worse
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
 from elasticmoe.v1 import admin_pb2 as apb
@@ -151,21 +151,11 @@ class Checks:
                     or not all(k in windows for k in seqs)):
                 continue
             self.i6_judged += 1
-
-            def mean(table: RoutingTable, ks: list[int]) -> float:
-                return float(np.mean([float(table_step_imbalance(table, windows[k].astype(np.int64))) for k in ks]))
-
-            real, cf = mean(tables[v], seqs), mean(parent, seqs)
-            if real <= cf * (1.0 + margin):
-                continue
-            late = [k for k in range(first + grace, first + grace + n) if k in windows]
-            if late and mean(tables[v], late) <= mean(parent, late) * (1.0 + margin):
-                continue  # the load moved: no longer worse at its deadline (chaos.invariants.check_i6)
+            late = [windows[k] for k in range(first + grace, first + grace + n) if k in windows]
+            worse = realised_worse(tables[v], parent, [windows[k] for k in seqs], late, margin)
             # rolled back or replaced by a later commit (chaos.invariants.check_i6)
-            later = [w for w, at in self.installed_at.items() if w > v and at <= deadline]
-            if not later:
-                self.note("I6", f"realised:{v}", f"v{v} realised step imbalance {real:.3f} vs {cf:.3f} without it "
-                                                 f"over {n} windows, not rolled back within {n + grace} windows")
+            if worse is not None and not any(w > v and at <= deadline for w, at in self.installed_at.items()):
+                self.note("I6", f"realised:{v}", worse.message(v, n, grace))
 
     def restart(self, node: str, before: dict[int, bytes], acked: int | None, after: dict[int, bytes],
                 acked_after: int | None) -> None:
