@@ -22,6 +22,7 @@ from agent.configcheck import bounded as _bounded
 from agent.configcheck import need as _need
 from agent.gossipconfig import GossipConfig
 from controlplane.decision import DecisionParams
+from controlplane.planners import PLANNERS
 
 __all__ = ["DAY_MS", "AgentConfig", "ClusterConfig", "ConfigError", "ConsensusConfig", "DecisionConfig", "EngineConfig",
            "GossipConfig", "TelemetryConfig", "TlsConfig", "from_dict", "is_loopback", "load"]
@@ -116,6 +117,9 @@ class DecisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     rollback_windows: int = DecisionParams.rollback_windows
     max_ops: int = DecisionParams.max_ops
     replay_windows: int = DecisionParams.replay_windows
+    # who proposes operations for the decision core to verify and gate (controlplane.planners): "greedy"
+    # (incremental, widened on a large gap) or "craft" (CRAFT's per-layer replica knapsack, re-planned whole)
+    planner: str = DecisionParams.planner
     # One live voter plans each window: the round-0 owner of the next version, handing over to the next
     # live voter in the rotation after this many windows without a new head (so a planner that is stuck,
     # cut off from a quorum, or finds nothing worth proposing yields). The others vote, replay and stand by;
@@ -130,6 +134,7 @@ class DecisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                                     "max_ops": (1, 65_536), "replay_windows": (1, 1000)})
         _need(self.theta >= 1.0, "decision.theta", self.theta, "a ratio >= 1.0")
         _need(0.0 <= self.tau < 1.0, "decision.tau", self.tau, "a fraction in [0, 1)")
+        _need(self.planner in PLANNERS, "decision.planner", self.planner, f"one of {sorted(PLANNERS)}")
 
 
 class ConsensusConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -76,7 +76,7 @@ class NodeState:
         d = cfg.decision
         self.params = DecisionParams(window=d.window, theta=d.theta, budget_windows=d.budget_windows, tau=d.tau,
                                      rollback_windows=d.rollback_windows, max_ops=d.max_ops,
-                                     replay_windows=d.replay_windows, expert_bytes=c.expert_bytes,
+                                     replay_windows=d.replay_windows, expert_bytes=c.expert_bytes, planner=d.planner,
                                      # the fast path triggers on a big breach; never below the plain threshold
                                      fast_theta=max(d.theta, DecisionParams.fast_theta))
         self._table_waiters: list[asyncio.Future[None]] = []

@@ -15,12 +15,13 @@ import numpy as np
 import numpy.typing as npt
 
 from controlplane import retarget
-from controlplane.cost import DEEPSEEK_V3_EXPERT_BYTES, CostModel, change_cost, layer_costs
+from controlplane.cost import DEEPSEEK_V3_EXPERT_BYTES, CostModel, change_cost
 from controlplane.elastic import DrainRefused, plan_repair
 from controlplane.errors import ControlPlaneError, InvalidOperation, InvalidTable
 from controlplane.monitor import ReplayBuffer
 from controlplane.ops import Consolidate, Migrate, Operation, Replicate, apply_ops, describe
-from controlplane.planner import Plan, Reason, Refused, plan
+from controlplane.planner import Reason, Refused
+from controlplane.planners import PLANNERS, PlanInput, PlanKnobs
 from controlplane.profile import StabilityProfile
 from controlplane.table import RoutingTable, check_no_new_rank_duplicates
 from controlplane.verify import gain, layer_gains
@@ -74,6 +75,7 @@ class DecisionParams:
     #                         layer, mean) differ by at most this from the next: steady state differs by
     #                         ~0.001, ESFT intent -> law by 0.35; a plan fitted to the old mix would miss
     retarget: bool = True  # after a large drift, let layers take larger deltas (controlplane.retarget)
+    planner: str = "greedy"  # who proposes operations: a name in controlplane.planners.PLANNERS
 
     def __post_init__(self) -> None:
         for f in ("window", "budget_windows", "rollback_windows", "max_ops", "replay_windows", "expert_bytes"):
@@ -86,6 +88,8 @@ class DecisionParams:
         if not 0.0 <= self.band < self.theta:
             raise InvalidParams(f"band={self.band!r}: expected 0 <= band < theta")
         mog = self.min_op_gain if self.min_op_gain is not None else 0.0
+        if self.planner not in PLANNERS:
+            raise InvalidParams(f"planner={self.planner!r}: expected one of {sorted(PLANNERS)}")
         if not self.fast_theta >= self.theta or not 0.0 <= mog < 1.0 or not self.drift_tv >= 0.0:
             raise InvalidParams(f"fast_theta={self.fast_theta!r}, min_op_gain={self.min_op_gain!r}, "
                                 f"drift_tv={self.drift_tv!r}: expected fast_theta >= theta, min_op_gain in [0, 1), "
@@ -96,6 +100,10 @@ class DecisionParams:
         if not 0.0 <= self.repack_gain < 1000.0:
             raise InvalidParams(f"repack_gain={self.repack_gain!r}: expected a fraction >= 0")
         self.cost_model()  # validates the cost figures
+
+    def knobs(self, head: RoutingTable) -> PlanKnobs:
+        """What the planner sees of these knobs (controlplane.planners)."""
+        return PlanKnobs(self.max_ops, self.tau, self.op_gain(head), self.fast_theta, self.retarget)
 
     def op_gain(self, head: RoutingTable) -> float:
         """What each copy of a plan on `head` must gain, as a fraction of its layer's objective."""
@@ -187,11 +195,9 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
     shows not to gain, gate the rest by tau and the cost budget."""
     cm = p.cost_model(len(head.active_ranks))
     k = buf.same_mix(p.drift_tv)
-    X = buf.block_totals(k)
-    pl = plan(head, X, buf.steps_of(k), cm, p.max_ops, p.tau, profile, cooldown, p.op_gain(head))
+    inp = PlanInput(buf.block_totals(k), buf.steps_of(k), cooldown, profile, _tokens_per_step(buf))
+    pl = PLANNERS[p.planner](head, inp, cm, p.knobs(head))
     refused = list(pl.refused)
-    if p.retarget and X.shape[0]:
-        pl = _widen(head, X, pl, p, cooldown, cm, _tokens_per_step(buf))
     if not pl.ops:
         return Attempt(None, DecisionOutcome.NO_PLAN, "no move gains at least min_op_gain", tuple(refused))
     base = buf.stats(head, last=k)
@@ -233,82 +239,6 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
     a.decision = Decision(table, tuple(ops), est, vg, cost, trigger, tuple(refused), "rebalance", lo, hi)
     a.outcome, a.refused = DecisionOutcome.PROPOSED, tuple(refused)
     return a
-
-
-def _widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: DecisionParams,
-           cooldown: npt.NDArray[np.bool_], cm: CostModel, tokens: npt.NDArray[np.float64]) -> Plan:
-    """The large-gap planner (controlplane.retarget): when the head is more than fast_theta above an even
-    split and a full re-pack of the replay blocks would leave the greedy plan's result more than tau behind,
-    a layer may take the re-pack or an exchange search (from the head, or from the head with EPLB's replica
-    counts) instead of its greedy moves: whichever gains the most on X net of `min_op_gain` x its layer
-    objective per copied slot. Layers switch in order of that net gain per second of copy cost while the plan
-    stays within the cost budget; a layer with an expert in cooldown stays greedy. Small drift costs at most
-    one re-pack and keeps the greedy plan."""
-    L = head.layers
-    o0 = retarget.layer_objective(head, X).astype(np.float64)
-    # a large gap: the head's objective is above fast_theta x the even split of every block over the active
-    # ranks (what no packing beats), and a full re-pack would beat the greedy plan by more than tau
-    floor = float(np.ceil(np.asarray(X, dtype=np.float64).sum(axis=2) / len(head.active_ranks)).sum())
-    if o0.sum() < p.fast_theta * floor:
-        return pl
-    greedy_t = apply_ops(head, pl.ops) if pl.ops else head
-    og = retarget.layer_objective(greedy_t, X).astype(np.float64)
-    if og.sum() - floor < p.tau * o0.sum():
-        return pl
-    w = np.asarray(X, dtype=np.float64).sum(axis=0)
-    cands = [head.successor(retarget.repack(head, w)[0])]
-    objs = [retarget.layer_objective(cands[0], X)]
-    if og.sum() - objs[0].sum() < p.tau * o0.sum():
-        return pl
-    lam = p.op_gain(head) * o0
-    known: dict[int, dict[int, list[Operation]]] = {}  # candidate -> its operations per layer, when it has them
-    for start in ((head.phy2log, {}), retarget.recount(head, w)):
-        phy, by_layer = retarget.exchange(head, start, w, lam)
-        known[len(cands)] = by_layer
-        cands.append(head.successor(phy))
-    objs += [retarget.layer_objective(t, X) for t in cands[1:]]
-    greedy_cost = layer_costs(cm, head, greedy_t, tokens)
-    greedy_v = (o0 - og) - lam * retarget.moved_slots(head, greedy_t)
-    best_v, best_c, best_cost = greedy_v.copy(), np.full(L, -1), greedy_cost.copy()
-    for i, (t, obj) in enumerate(zip(cands, objs, strict=True)):
-        v = (o0 - obj) - lam * retarget.moved_slots(head, t)
-        better = v > best_v + 1e-9
-        best_v, best_c = np.where(better, v, best_v), np.where(better, i, best_c)
-        best_cost = np.where(better, layer_costs(cm, head, t, tokens), best_cost)
-    best_c[cooldown.any(axis=1)] = -1
-    spent = float(greedy_cost.sum())
-    wide: list[int] = []
-    extra = best_cost - greedy_cost
-    for lay in sorted(np.flatnonzero(best_c >= 0).tolist(),
-                      key=lambda j: (-(best_v[j] - greedy_v[j]) / max(float(extra[j]), 1e-12), j)):
-        if spent + float(extra[lay]) <= cm.budget_s:
-            spent += float(extra[lay])
-            wide.append(lay)
-    if not wide:
-        return pl
-    more: list[Operation] = []
-    for lay in sorted(wide):
-        c = int(best_c[lay])
-        lops = known[c].get(lay, []) if c in known else retarget.ops_to(head, cands[c], [lay])
-        if lops is None:  # a re-pack its operations cannot reach: the layer keeps its greedy moves
-            wide.remove(lay)
-            continue
-        more += lops
-    if not wide:
-        return pl
-    keep = [(o, lay) for o, lay in zip(pl.ops, pl.op_layers, strict=True) if lay not in set(wide)]
-    ops = [o for o, _ in keep] + more
-    op_layers = [lay for _, lay in keep] + [o.layer for o in more]  # type: ignore[union-attr]
-    base = float(o0.sum())
-    try:
-        on = retarget.layer_objective(apply_ops(head, ops), X).astype(np.float64)
-    except InvalidOperation:  # a planner defect must not take the controller down: the greedy plan stands
-        return pl
-    note = (f"large gap: head {o0.sum() / floor:.3f} x an even split, greedy plan {og.sum() / floor:.3f}, full "
-            f"re-pack {objs[0].sum() / floor:.3f}; {len(wide)} of {L} layers re-packed ({len(more)} ops), "
-            f"{float(on.sum()) / floor:.3f} planned")
-    return Plan(tuple(ops), tuple(op_layers), float(o0.sum() - on.sum()) / base, spent, pl.refused,
-                tuple((lay, float(o0[lay] - on[lay]) / base) for lay in sorted(set(op_layers))), note)
 
 
 def manual(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, ops: tuple[Operation, ...], force: bool,

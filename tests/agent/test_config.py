@@ -71,6 +71,7 @@ def test_profiles_fill_defaults_and_fields_override() -> None:
         ({"node_id": "n", "decision": {"theta": float("inf")}}, "decision.theta = inf: expected a finite number"),
         ({"node_id": "n", "decision": {"theta": float("nan")}}, "decision.theta = nan: expected a finite number"),
         ({"node_id": "n", "decision": {"tau": float("nan")}}, "decision.tau = nan"),
+        ({"node_id": "n", "decision": {"planner": "eplb"}}, "decision.planner = 'eplb': expected one of ['craft', "),
         ({"node_id": "n", "gossip": {"suspicion_mult": float("inf")}}, "gossip.suspicion_mult = inf"),
         ({"node_id": "n", "consensus": {"verify_tolerance": float("-inf")}}, "consensus.verify_tolerance = -inf"),
         ({"node_id": "n", "engine": {"install_lag_s": 0.0}}, "engine.install_lag_s = 0.0: expected seconds in"),

@@ -72,9 +72,8 @@ ENTRY = {"agent.cli", "agent.cli.__main__", "agent.__main__", "dataplane_shim.vl
          # the in-memory transport beside the real one, by design (memberlist keeps its mock transport in the
          # package): the simulator and the tests run the product's own protocol code over it
          "agent.transport.sim",
-         # the baselines the decision core is measured against; they become selectable planners behind the
-         # planner interface (not built yet: see the closing note)
-         "controlplane.baselines.craft", "controlplane.baselines.hindsight", "controlplane.baselines.static"}
+         # baselines the decision core is measured against (CRAFT is also a planner: controlplane.planners)
+         "controlplane.baselines.hindsight", "controlplane.baselines.static"}
 
 
 def _module_imports() -> dict[str, set[str]]:

@@ -1,0 +1,185 @@
+"""The planner interface: what proposes operations for the decision core to verify and gate.
+
+A planner turns the head and the replay blocks into a `Plan` (operations, the layer of each, their estimated
+gain and cost); `decision.rebalance` then replays it step by step, drops the layers that do not gain, and
+gates the rest by tau and the copy budget, whoever planned it. One is chosen by name
+(`DecisionParams.planner`, agent config `decision.planner`):
+- "greedy" (the default): the incremental greedy of controlplane.planner, widened to a re-pack or an exchange
+  search where the gap to an even split is large (controlplane.decision's `widen`);
+- "craft": CRAFT as published (controlplane.baselines.craft): per layer, a multiple-choice knapsack over
+  replica counts within the same slot budget, capacity-aware placement on top of one copy of every expert,
+  reached from the head by controlplane.retarget.ops_to. It re-plans every replica each time, so the copy
+  budget decides how much of it goes through.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from controlplane import retarget
+from controlplane.cost import CostModel, change_cost, layer_costs
+from controlplane.errors import InvalidOperation
+from controlplane.ops import Operation, apply_ops
+from controlplane.planner import Plan, plan
+from controlplane.profile import StabilityProfile
+from controlplane.table import RoutingTable
+
+
+@dataclass(frozen=True)
+class PlanKnobs:
+    """The decision core's knobs a planner uses (controlplane.decision.DecisionParams.knobs)."""
+
+    max_ops: int       # moves per plan, a bound
+    tau: float         # the gain a plan must verify
+    op_gain: float     # what each copy must gain of its own layer's objective
+    fast_theta: float  # a gap to an even split this large lets the greedy planner widen (re-pack, exchange)
+    widen: bool        # whether it may
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    """What every planner sees: block totals `X` [B, L, E] of the replay windows that share the latest expert
+    mix (`steps` steps in all), the experts in cooldown [L, E], the stability profile (or None), and the
+    tokens per step [L, E] that weigh a copy's cost."""
+
+    X: npt.NDArray[np.integer]
+    steps: int
+    cooldown: npt.NDArray[np.bool_]
+    profile: StabilityProfile | None
+    tokens_per_step: npt.NDArray[np.float64]
+
+
+class Planner(Protocol):
+    def __call__(self, head: RoutingTable, inp: PlanInput, cost: CostModel, k: PlanKnobs) -> Plan:
+        """Operations for `head` (none: nothing worth doing), each layer's share of the estimated gain."""
+        ...
+
+
+def greedy(head: RoutingTable, inp: PlanInput, cost: CostModel, k: PlanKnobs) -> Plan:
+    """The incremental greedy (controlplane.planner.plan), widened where the gap is large (`widen`)."""
+    pl = plan(head, inp.X, inp.steps, cost, k.max_ops, k.tau, inp.profile, inp.cooldown, k.op_gain)
+    if k.widen and inp.X.shape[0]:
+        pl = widen(head, inp.X, pl, k, inp.cooldown, cost, inp.tokens_per_step)
+    return pl
+
+
+def craft(head: RoutingTable, inp: PlanInput, cost: CostModel, k: PlanKnobs) -> Plan:
+    """CRAFT's placement for the replay blocks, reached from the head layer by layer (module docstring)."""
+    from controlplane.baselines.craft import craft_table
+
+    base = head.successor(_one_copy_each(head))
+    target = craft_table(base, np.asarray(inp.X))
+    o0 = retarget.layer_objective(head, inp.X).astype(np.float64)
+    ot = retarget.layer_objective(target, inp.X).astype(np.float64)
+    layers = [lay for lay in range(head.layers) if ot[lay] < o0[lay] and not inp.cooldown[lay].any()]
+    ops: list[Operation] = []
+    op_layers: list[int] = []
+    for lay in layers:
+        lops = retarget.ops_to(head, target, [lay])
+        if lops:
+            ops += lops
+            op_layers += [lay] * len(lops)
+    if not ops:
+        return Plan((), (), 0.0, 0.0, ())
+    total = float(o0.sum())
+    done = sorted(set(op_layers))
+    planned = apply_ops(head, ops)
+    return Plan(tuple(ops), tuple(op_layers), float(sum(o0[lay] - ot[lay] for lay in done)) / total,
+                change_cost(cost, head, planned, inp.tokens_per_step), (),
+                tuple((lay, float(o0[lay] - ot[lay]) / total) for lay in done), f"CRAFT re-plan of {len(done)} layers")
+
+
+def _one_copy_each(head: RoutingTable) -> npt.NDArray[np.int64]:
+    """The head with every expert's extra replicas dropped (the first slot of each expert kept): CRAFT's static
+    placement."""
+    phy = np.array(head.phy2log, dtype=np.int64)
+    for lay in range(phy.shape[0]):
+        seen: set[int] = set()
+        for s, e in enumerate(phy[lay].tolist()):
+            if e >= 0 and e in seen:
+                phy[lay, s] = -1
+            seen.add(e)
+    return phy
+
+
+def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs,
+           cooldown: npt.NDArray[np.bool_], cm: CostModel, tokens: npt.NDArray[np.float64]) -> Plan:
+    """The large-gap planner (controlplane.retarget): when the head is more than fast_theta above an even
+    split and a full re-pack of the replay blocks would leave the greedy plan's result more than tau behind,
+    a layer may take the re-pack or an exchange search (from the head, or from the head with EPLB's replica
+    counts) instead of its greedy moves: whichever gains the most on X net of `min_op_gain` x its layer
+    objective per copied slot. Layers switch in order of that net gain per second of copy cost while the plan
+    stays within the cost budget; a layer with an expert in cooldown stays greedy. Small drift costs at most
+    one re-pack and keeps the greedy plan."""
+    L = head.layers
+    o0 = retarget.layer_objective(head, X).astype(np.float64)
+    # a large gap: the head's objective is above fast_theta x the even split of every block over the active
+    # ranks (what no packing beats), and a full re-pack would beat the greedy plan by more than tau
+    floor = float(np.ceil(np.asarray(X, dtype=np.float64).sum(axis=2) / len(head.active_ranks)).sum())
+    if o0.sum() < p.fast_theta * floor:
+        return pl
+    greedy_t = apply_ops(head, pl.ops) if pl.ops else head
+    og = retarget.layer_objective(greedy_t, X).astype(np.float64)
+    if og.sum() - floor < p.tau * o0.sum():
+        return pl
+    w = np.asarray(X, dtype=np.float64).sum(axis=0)
+    cands = [head.successor(retarget.repack(head, w)[0])]
+    objs = [retarget.layer_objective(cands[0], X)]
+    if og.sum() - objs[0].sum() < p.tau * o0.sum():
+        return pl
+    lam = p.op_gain * o0
+    known: dict[int, dict[int, list[Operation]]] = {}  # candidate -> its operations per layer, when it has them
+    for start in ((head.phy2log, {}), retarget.recount(head, w)):
+        phy, by_layer = retarget.exchange(head, start, w, lam)
+        known[len(cands)] = by_layer
+        cands.append(head.successor(phy))
+    objs += [retarget.layer_objective(t, X) for t in cands[1:]]
+    greedy_cost = layer_costs(cm, head, greedy_t, tokens)
+    greedy_v = (o0 - og) - lam * retarget.moved_slots(head, greedy_t)
+    best_v, best_c, best_cost = greedy_v.copy(), np.full(L, -1), greedy_cost.copy()
+    for i, (t, obj) in enumerate(zip(cands, objs, strict=True)):
+        v = (o0 - obj) - lam * retarget.moved_slots(head, t)
+        better = v > best_v + 1e-9
+        best_v, best_c = np.where(better, v, best_v), np.where(better, i, best_c)
+        best_cost = np.where(better, layer_costs(cm, head, t, tokens), best_cost)
+    best_c[cooldown.any(axis=1)] = -1
+    spent = float(greedy_cost.sum())
+    wide: list[int] = []
+    extra = best_cost - greedy_cost
+    for lay in sorted(np.flatnonzero(best_c >= 0).tolist(),
+                      key=lambda j: (-(best_v[j] - greedy_v[j]) / max(float(extra[j]), 1e-12), j)):
+        if spent + float(extra[lay]) <= cm.budget_s:
+            spent += float(extra[lay])
+            wide.append(lay)
+    if not wide:
+        return pl
+    more: list[Operation] = []
+    for lay in sorted(wide):
+        c = int(best_c[lay])
+        lops = known[c].get(lay, []) if c in known else retarget.ops_to(head, cands[c], [lay])
+        if lops is None:  # a re-pack its operations cannot reach: the layer keeps its greedy moves
+            wide.remove(lay)
+            continue
+        more += lops
+    if not wide:
+        return pl
+    keep = [(o, lay) for o, lay in zip(pl.ops, pl.op_layers, strict=True) if lay not in set(wide)]
+    ops = [o for o, _ in keep] + more
+    op_layers = [lay for _, lay in keep] + [o.layer for o in more]  # type: ignore[union-attr]
+    base = float(o0.sum())
+    try:
+        on = retarget.layer_objective(apply_ops(head, ops), X).astype(np.float64)
+    except InvalidOperation:  # a planner defect must not take the controller down: the greedy plan stands
+        return pl
+    note = (f"large gap: head {o0.sum() / floor:.3f} x an even split, greedy plan {og.sum() / floor:.3f}, full "
+            f"re-pack {objs[0].sum() / floor:.3f}; {len(wide)} of {L} layers re-packed ({len(more)} ops), "
+            f"{float(on.sum()) / floor:.3f} planned")
+    return Plan(tuple(ops), tuple(op_layers), float(o0.sum() - on.sum()) / base, spent, pl.refused,
+                tuple((lay, float(o0[lay] - on[lay]) / base) for lay in sorted(set(op_layers))), note)
+
+
+PLANNERS: dict[str, Planner] = {"greedy": greedy, "craft": craft}
