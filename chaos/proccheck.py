@@ -10,7 +10,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import grpc
 import numpy as np
@@ -23,9 +23,6 @@ from controlplane.topology import Topology
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import admin_pb2_grpc
 from elasticmoe.v1 import consensus_pb2 as cpb
-
-if TYPE_CHECKING:
-    from chaos.procrunner import ProcRunner
 
 INVARIANTS = ("I1", "I2", "I3", "I4", "I5", "I6", "I7")
 
@@ -179,11 +176,22 @@ class Checks:
         return t
 
 
+class EngineClock(Protocol):
+    """What the engine client needs of its runner (chaos.procrunner.ProcRunner): the engines' shared step clock,
+    the load each window is given, and where the reported load is summed."""
+
+    t0: float
+    windows: dict[int, np.ndarray]
+    reporters: dict[int, int]
+
+    def counts(self, rng: np.random.Generator, steps: int) -> np.ndarray: ...
+
+
 class Engine:
     """One node's engine: a shim client that reports skewed load each window and installs what it is
     streamed, re-connecting (bounded waits) when its agent is killed or paused."""
 
-    def __init__(self, i: int, sock: str, topo: Topology, checks: Checks, runner: ProcRunner,
+    def __init__(self, i: int, sock: str, topo: Topology, checks: Checks, runner: EngineClock,
                  step_s: float = 0.01, window: int = 10) -> None:
         self.i, self.sock, self.topo, self.checks, self.runner = i, sock, topo, checks, runner
         self.name = f"engine{i}"

@@ -14,29 +14,46 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
 
+from agent.clock import FakeClock
 from agent.membership import Member, MemberStatus
 from chaos.tokens import Fabric, Retries, TokenStats, rank_shim, route_step
 from controlplane.table import RoutingTable
+from controlplane.topology import Topology
+from dataplane_shim.counters import DeviceCounters
 from dataplane_shim.link import make_load_report
 from dataplane_shim.shim import Shim
 
 __all__ = ["NodeEngine", "TokenStats"]
 
-if TYPE_CHECKING:
-    from chaos.simcluster import SimCluster
-
 I64 = npt.NDArray[np.int64]
+
+
+class EngineWorld(Protocol):
+    """What a node's engines need of the simulated cluster around them (chaos.simcluster.SimCluster)."""
+
+    clock: FakeClock
+    counters: DeviceCounters
+    mem: dict[int, I64]
+    shape: Any  # chaos.simcluster.Shape: layers, experts
+    tokens: TokenStats
+    topo: Topology
+    step_s: float
+    window: int
+
+    def shim_of(self, rank: int) -> Shim | None: ...
+
+    def share(self, k: int, g: int) -> I64: ...
 
 
 class NodeEngine:
     """The engine loop of one node: its ranks' shims and expert memories."""
 
-    def __init__(self, cluster: SimCluster, node_id: str, ranks: list[int], state: Any, seed: int) -> None:
+    def __init__(self, cluster: EngineWorld, node_id: str, ranks: list[int], state: Any, seed: int) -> None:
         self.c, self.node_id, self.ranks, self.state = cluster, node_id, ranks, state
         self.rng = random.Random(seed)
         self.clock = state.clock
