@@ -311,11 +311,13 @@ def _spawn_ranks(tmp_path: Path, log: Any, *extra: str, env: dict[str, str] | No
     return out, cdir, proc
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_vllm_eplb_agrees_and_installs_without_agents(tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize(("mode", "every"), [("sync", 1), ("async", 1), ("sync", 4), ("async", 4)])
+def test_vllm_eplb_agrees_and_installs_without_agents(tmp_path: Path, mode: str, every: int) -> None:
     """The same through certified commits handed to each rank's link directly (no agents, so no dependence
     on the agents' genesis): also checks the folded load exactly. `async` is vLLM's default EPLB config
-    (use_async, window 1000, interval 3000) with vLLM's own async worker loop in a thread of each rank."""
+    (use_async, window 1000, interval 3000) with vLLM's own async worker loop in a thread of each rank.
+    A report every `every` steps: the plugin sums vLLM's own window ring (async; and sync at 1 step, its window
+    of 2 holding more than a report), or its own accumulator (sync at 4 steps, more than vLLM's window holds)."""
     from controlplane.ops import Consolidate, Replicate, apply_ops
     from controlplane.topology import Topology
     from dataplane_shim.genesis import genesis_table
@@ -325,19 +327,20 @@ def test_vllm_eplb_agrees_and_installs_without_agents(tmp_path: Path, mode: str)
     v2 = apply_ops(g, [Consolidate(0, (0,), 0), Replicate(0, 2, 1)])
     v3 = apply_ops(v2, [Consolidate(1, (1,), 1)])
     with open(tmp_path / "ranks.log", "wb") as log:
-        out, cdir, proc = _spawn_ranks(tmp_path, log, "--mode", mode)
+        out, cdir, proc = _spawn_ranks(tmp_path, log, "--mode", mode, env={"EMOE_REPORT_EVERY": str(every)})
         deliver = _certified_files(cdir)
         try:
             first = _wait("reports", lambda: (r := _ranks(out)) and all(x["last_report"] for x in r) and r, 180, proc)
             for x in first:  # per step: expert 0 has 2 slots x 50 tokens, expert 1 2 slots x 1, others 1
-                assert x["last_report"] == [[100, 2, 1, 1, 1, 1, 1, 1]] * 2
+                assert x["last_report"] == [[100 * every, 2 * every] + [every] * 6] * 2
                 assert x["mode"] == mode and x["install"]["async"] == (mode == "async")
                 assert x["window_load"] > 0  # vLLM's own load window sees the load (its checks read it)
             on_v3 = _install(out, proc, deliver(v2, 0), deliver(v2, 1), deliver(v3, 0, 1))
             # counted from the install: a report taken just before it still shows v2's layer 1
             after = _wait("a report under v3", lambda: (r := _ranks(out)) and r[0]["reports"] > on_v3[0]["reports"] + 5
                           and r, 30, proc)
-            assert after[0]["last_report"] == [[50, 2, 2, 1, 1, 1, 1, 1], [100, 1, 1, 1, 1, 1, 1, 1]]
+            assert after[0]["last_report"] == [[50 * every, 2 * every, 2 * every] + [every] * 5,
+                                               [100 * every] + [every] * 7]
             assert all(x["install"]["install_failures"] == 0 and x["install"]["stalls"] == 0 for x in after)
         finally:
             _stop(out, proc)
