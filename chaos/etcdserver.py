@@ -8,21 +8,14 @@ import subprocess
 import time
 
 from agent.etcd_backend import parse_endpoint
+from chaos.localcluster import free_ports
 
 
 class EtcdProcess:
     """A single-member etcd on free loopback ports with its own data dir; `stop()` kills it."""
 
     def __init__(self, binary: str, data_dir: str) -> None:
-        ports = []
-        socks = []
-        for _ in range(2):
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-        for s in socks:
-            s.close()
+        ports = free_ports(2)
         self.endpoint = f"127.0.0.1:{ports[0]}"
         client, peer = f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}"
         self.proc = subprocess.Popen(

@@ -101,19 +101,7 @@ class RoutingTable:
     @cached_property
     def replica_index(self) -> I64:
         """[L, P] index of each slot among its expert's replicas (ascending slot order); -1 for empty."""
-        L, P = self.phy2log.shape
-        key = np.where(self.phy2log >= 0, self.phy2log, self.experts)  # empties last
-        order = np.argsort(key, axis=1, kind="stable")
-        sorted_key = np.take_along_axis(key, order, axis=1)
-        pos = np.broadcast_to(np.arange(P), (L, P))
-        # start index of each run of equal keys
-        is_start = np.ones((L, P), dtype=bool)
-        is_start[:, 1:] = sorted_key[:, 1:] != sorted_key[:, :-1]
-        start = np.maximum.accumulate(np.where(is_start, pos, 0), axis=1)
-        idx_sorted = pos - start
-        out = np.empty((L, P), dtype=np.int64)
-        np.put_along_axis(out, order, idx_sorted, axis=1)
-        out[self.phy2log < 0] = -1
+        out = layer_views(self.phy2log, self.experts)[1]
         out.setflags(write=False)
         return out
 
@@ -334,3 +322,21 @@ def diff(a: RoutingTable, b: RoutingTable, expert_bytes: int = 0) -> TableDiff:
         for layer, slot in np.argwhere(changed & (a.phy2log >= 0)).tolist()
     )
     return TableDiff(tuple(moves), freed)
+
+
+def layer_views(phy: I64, experts: int) -> tuple[I64, I64]:
+    """phy2log rows [n, P] -> (replica counts [n, E], replica index of each slot [n, P], -1 if empty),
+    for every layer at once (RoutingTable.replica_index, and the replay's per-layer views)."""
+    n, P = phy.shape
+    valid = phy >= 0
+    key = np.where(valid, phy, experts) + (np.arange(n) * (experts + 1))[:, None]
+    cnt = np.bincount(key.reshape(-1), minlength=n * (experts + 1)).reshape(n, experts + 1)[:, :experts]
+    order = np.argsort(key, axis=1, kind="stable")
+    sk = np.take_along_axis(key, order, axis=1)
+    pos = np.broadcast_to(np.arange(P), (n, P))
+    start = np.ones((n, P), dtype=bool)
+    start[:, 1:] = sk[:, 1:] != sk[:, :-1]
+    first = np.maximum.accumulate(np.where(start, pos, 0), axis=1)
+    j = np.empty((n, P), dtype=np.int64)
+    np.put_along_axis(j, order, pos - first, axis=1)
+    return cnt.astype(np.int64), np.where(valid, j, -1)

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from controlplane.errors import InvalidShape, InvalidTable
-from controlplane.table import RoutingTable
+from controlplane.table import RoutingTable, layer_views
 
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
@@ -108,24 +108,6 @@ class RankLoadKernel:
         for k in range(1, S):  # S adds of contiguous [T, n, G] blocks; no overflow: S x top fits dt
             out += s3[:, :, k, :]
         return out
-
-
-def layer_views(phy: I64, experts: int) -> tuple[I64, I64]:
-    """phy2log rows [n, P] -> (replica counts [n, E], replica index of each slot [n, P], -1 if empty),
-    as RoutingTable.logcnt / replica_index compute them for every layer."""
-    n, P = phy.shape
-    valid = phy >= 0
-    key = np.where(valid, phy, experts) + (np.arange(n) * (experts + 1))[:, None]
-    cnt = np.bincount(key.reshape(-1), minlength=n * (experts + 1)).reshape(n, experts + 1)[:, :experts]
-    order = np.argsort(key, axis=1, kind="stable")
-    sk = np.take_along_axis(key, order, axis=1)
-    pos = np.broadcast_to(np.arange(P), (n, P))
-    start = np.ones((n, P), dtype=bool)
-    start[:, 1:] = sk[:, 1:] != sk[:, :-1]
-    first = np.maximum.accumulate(np.where(start, pos, 0), axis=1)
-    j = np.empty((n, P), dtype=np.int64)
-    np.put_along_axis(j, order, pos - first, axis=1)
-    return cnt.astype(np.int64), np.where(valid, j, -1)
 
 
 def layer_totals(counts: npt.NDArray[np.integer]) -> I64:
