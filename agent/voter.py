@@ -50,6 +50,10 @@ class Voter:
         # (decision.rollback): cut at the newest drift, they may be the one window the change was right on
         ok, gain, reason = verify_decision(head, proposed, replay, floor,
                                            drift_tv=None if rollback else self.params.drift_tv)
+        # a rebalance's gain here must also agree with the proposer's (a rollback's need not: above)
+        if ok and not rollback and plan.verified_gain - gain > self.tolerance:
+            return False, gain, (f"replay gain {gain:.4f} is below the proposer's {plan.verified_gain:.4f} by more "
+                                 f"than verify_tolerance {self.tolerance}")
         return ok, gain, reason
 
     def span(self, lo: int, hi: int) -> npt.NDArray[np.uint32] | None:

@@ -30,7 +30,6 @@ from agent.consensus.recovery import RecoveryMixin
 from agent.consensus.signing import VoteSigner
 from agent.store import Store, StoreFailed
 from agent.transport import Transport
-from agent.wire import plan_kind
 from controlplane.errors import InvalidTable
 from controlplane.table import RoutingTable
 from elasticmoe.codec import TableWireError, table_from_pb, table_to_pb
@@ -318,19 +317,11 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
             return False, 0.0, f"table version {table.version} parent {table.parent}: expected {p.version} on {self.log.head.version}"
         if table.parent_hash != self.log.head.digest:  # built on another table for our head's version
             return False, 0.0, parent_hash_mismatch(table, self.log.head)
-        try:
-            ok, gain, why = self.verifier(self.log.head, table, p.plan)
+        try:  # what the plan must show on this node's replay is the verifier's to say (agent.voter.Voter)
+            return self.verifier(self.log.head, table, p.plan)
         except Exception as e:  # a verifier bug must not take the acceptor down; it votes no and says why
             log.exception("verifier raised on version %d", p.version)
             return False, 0.0, f"verifier raised {type(e).__name__}: {e}"
-        # A rollback returns to a parent the cluster committed and verified before: the verifier refuses it only
-        # when this node's own replay shows it clearly worse, and its gain need not match the proposer's (the
-        # nodes' windows differ while members restart, and a refused rollback leaves a change that realised
-        # worse in place)
-        if ok and plan_kind(p.plan) != "rollback" and p.plan.verified_gain - gain > self.cfg.verify_tolerance:
-            return False, gain, (f"replay gain {gain:.4f} is below the proposer's {p.plan.verified_gain:.4f} "
-                                 f"by more than verify_tolerance {self.cfg.verify_tolerance}")
-        return ok, gain, why
 
     # ---- learner ------------------------------------------------------------------------------------
     def _learned(self, c: pb.Commit, src: str | None, broadcast: bool, attempt: BallotAttempt | None = None) -> str:
