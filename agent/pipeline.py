@@ -37,6 +37,7 @@ from controlplane.controller import (
 from controlplane.decision import Decision
 from controlplane.load import table_step_imbalance
 from controlplane.ops import Operation, describe
+from controlplane.profile import StabilityProfile
 from controlplane.table import RoutingTable
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import consensus_pb2 as cpb
@@ -103,12 +104,13 @@ class DecisionPipeline:
     def __init__(self, node_id: str, params: DecisionParams, backend: Proposals, voter: Voter, *,
                  voters: Sequence[str], live_voters: Callable[[], list[str]], handover_windows: int, clock: Now,
                  telemetry: DecisionTelemetry, hooks: Hooks | None = None,
-                 each_window: Callable[[], None] = _nothing) -> None:
+                 each_window: Callable[[], None] = _nothing, profile: StabilityProfile | None = None) -> None:
+        """`profile`: an offline expert-stability profile as the planner's prior (the agent loads none)."""
         self.node_id, self.params, self.backend, self.voter = node_id, params, backend, voter
         self.voters, self.live_voters, self.handover_windows = list(voters), live_voters, handover_windows
         self.clock, self.telemetry, self.each_window = clock, telemetry, each_window
         self.hooks = hooks if hooks is not None else Hooks()
-        self.controller = Controller(params, backend.head)  # plans from the backend's (recovered) head
+        self.controller = Controller(params, backend.head, profile)  # plans from the backend's (recovered) head
         self.paused = False  # the operator's switch: windows are still remembered and judged, not acted on
         self.window_seq = -1  # the last closed window
         self.head_seq = -1  # the last closed window when the head was installed (the planner's turn)
@@ -208,6 +210,9 @@ class DecisionPipeline:
             if t.version > self.backend.head.version:
                 log.error("controller installed v%d beyond the committed head v%d", t.version, self.backend.head.version)
         explains = [e for e in events if isinstance(e, Explain)]
+        for e in explains:
+            for h in self.hooks.explained:
+                h(e)
         if explains and not proposals:
             self.latest_explain = apb.ExplainReply(version=0, trigger=explains[-1].trigger, outcome=explains[-1].outcome)
         for e in events:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -143,14 +144,76 @@ def controller_available() -> str | None:
     return f"controlplane.controller lacks {missing}" if missing else None
 
 
+class _CommitAtOnce:
+    """The bench's commit backend for one in-process node (agent.pipeline.Proposals): every proposal is chosen
+    (one accept round trip of the real consensus takes `commit_latency` steps, charged when the table reaches
+    serving), and its outcome and commit reach the pipeline when the bench delivers them (`deliver`), after the
+    window that proposed it, as a real backend's would."""
+
+    def __init__(self, head: RoutingTable) -> None:
+        self._head = head
+        self.pending: list[tuple[RoutingTable, Any, Callable[[Any], None]]] = []
+
+    @property
+    def head(self) -> RoutingTable:
+        return self._head
+
+    def propose(self, table: RoutingTable, plan: Any, on_done: Callable[[Any], None]) -> None:
+        self.pending.append((table, plan, on_done))
+
+    def deliver(self, pipeline: Any) -> list[tuple[RoutingTable, Any]]:
+        """Commit what was proposed, in order: (table, plan) of each commit."""
+        from agent.consensus.proposer import Outcome
+        from dataplane_shim.certify import certified_commit
+
+        done = []
+        while self.pending:
+            table, plan, on_done = self.pending.pop(0)
+            if table.version != self._head.version + 1:  # proposed on a head another commit replaced
+                on_done(Outcome(False, table.version, f"version {table.version} committed another table"))
+                continue
+            commit = certified_commit(table, ["bench"], 1)
+            commit.plan.CopyFrom(plan)
+            self._head = table
+            on_done(Outcome(True, table.version, "", [], 0.0, commit))
+            pipeline.on_commit(commit, table, pipeline.window_seq)
+            done.append((table, plan))
+        return done
+
+
+class _NoTelemetry:
+    def record_imbalance(self, x: float) -> None: ...
+
+    def record_transition(self, kind: str, state: str) -> None: ...
+
+    def record_version(self, v: int) -> None: ...
+
+    def record_commit_latency(self, ms: float) -> None: ...
+
+    def decision_span(self, version: int, ops: list[str], estimated_gain: float, verified_gain: float,
+                      cost: float, trigger: str, outcome: str) -> None: ...
+
+    def commit_span(self, version: int, parent: int, votes: int, latency_ms: float) -> None: ...
+
+
+class _StepClock:
+    """The pipeline's clock in the bench: steps of the trace, in seconds of `step_s` each."""
+
+    def __init__(self, step_s: float) -> None:
+        self.step_s, self.step = step_s, 0
+
+    def now(self) -> float:
+        return self.step * self.step_s
+
+
 @dataclass
 class Elastic:
-    """This project's decision core (controlplane.controller) with agents simulated in-process.
-
-    At each window close the controller gets the window's per-step counts; every proposal it makes that
-    is not refused commits after `commit_latency` steps (one accept round trip and a step boundary), the
-    controller is told at once (it sees no window in between), and the copies then overlap serving.
-    """
+    """This project's decision path as every agent runs it: agent.pipeline.DecisionPipeline (the controller,
+    the planning turn, the voter's replay windows, the Ready loop), one node of one, driven as the agent's load
+    path drives it: each closed window's tokens summed over its steps (agent.loadpath.ClusterWindows), one
+    `close_window` a window. Every proposal commits (`_CommitAtOnce`) and reaches serving `commit_latency`
+    steps later (one accept round trip and a step boundary); the copies then overlap serving. Not modelled
+    here: gossip delay, the turn among several nodes, consensus faults (`emoe demo` and chaos/ run those)."""
 
     window: int
     commit_latency: int = 3
@@ -158,45 +221,64 @@ class Elastic:
     profile: Any = None  # controlplane.profile.StabilityProfile: the planner's prior (None: none)
     name: str = "elastic"
     holds_tokens: bool = True  # the shim masks a dead rank once detected and holds pairs it cannot serve
-    ctrl: Any = None
+    pipeline: Any = None
     seq: int = 0
     decisions: list[dict[str, Any]] = field(default_factory=list)
     explains: list[dict[str, Any]] = field(default_factory=list)
 
     def start(self, base: RoutingTable, counts: Counts, drift_steps: list[int]) -> list[Change]:
-        mod = importlib.import_module("controlplane.controller")
-        params = mod.DecisionParams(**{"window": self.window, **self.params})
-        self.ctrl = mod.Controller(params, base, self.profile)
-        self._mod = mod
+        from agent.config import ConsensusConfig, DecisionConfig
+        from agent.pipeline import DecisionPipeline
+        from agent.voter import Voter
+        from controlplane.decision import DecisionParams
+
+        params = DecisionParams(**{"window": self.window, **self.params})
+        self.backend = _CommitAtOnce(base)
+        self.clock = _StepClock(1e-3)
+        self.pipeline = DecisionPipeline(
+            "bench", params, self.backend, Voter(params, ConsensusConfig().verify_tolerance), voters=["bench"],
+            live_voters=lambda: ["bench"], handover_windows=DecisionConfig().handover_windows, clock=self.clock,
+            telemetry=_NoTelemetry(), profile=self.profile)
+        self.pipeline.hooks.explained.append(self._explained)
+        self._step = 0
         return []
 
+    def _explained(self, ev: Any) -> None:  # why the controller did or did not act, for the report
+        self.explains.append({"window": self.seq, "step": self._step, "outcome": ev.outcome, "detail": ev.detail,
+                              "imbalance": float(ev.imbalance)})
+
     def on_window(self, first: int, end: int, seen: Counts) -> list[Change]:
-        ready = self.ctrl.step(self._mod.WindowClosed(self.seq, first, np.ascontiguousarray(seen[first:end])))
+        self._step = self.clock.step = end
+        total = np.asarray(seen[first:end], dtype=np.uint64).sum(axis=0)
+        self.pipeline.close_window(self.seq, total)
+        out = self._commits(end)
         self.seq += 1
-        return self._proposals(ready, end)
+        return out
 
     def on_ranks_lost(self, step: int, ranks: list[int]) -> list[Change]:
         """Membership declared `ranks` dead at `step`: the controller proposes a repair (RanksLost)."""
-        return self._proposals(self.ctrl.step(self._mod.RanksLost(tuple(ranks))), step)
+        from controlplane.controller import RanksLost
 
-    def _proposals(self, ready: Any, step: int) -> list[Change]:
-        mod = self._mod
-        for ev in ready.events:  # why the controller did or did not act (Explain), for the report
-            if hasattr(ev, "outcome"):
-                self.explains.append({"window": self.seq - 1, "step": step, "outcome": ev.outcome,
-                                      "detail": ev.detail, "imbalance": float(ev.imbalance)})
-        self.ctrl.advance()
+        self._step = self.clock.step = step
+        self.pipeline.step(RanksLost(tuple(ranks)))
+        return self._commits(step)
+
+    def _commits(self, step: int) -> list[Change]:
+        from agent.wire import ops_from_pb, plan_kind
+
         out: list[Change] = []
-        for d in list(ready.proposals):  # every proposal is sent; `refused` lists the candidates it left out
+        for table, plan in self.backend.deliver(self.pipeline):
+            ops = ops_from_pb(plan.ops)
+            rec = self.pipeline.explains.get(table.version)
+            kind = plan_kind(plan)
             self.decisions.append({
-                "window": self.seq - 1, "step": step, "kind": d.kind, "trigger": d.trigger, "ops": len(d.ops),
-                "op_kinds": dict(sorted(Counter(str(o.kind) for o in d.ops).items())),
-                "refused_candidates": len(d.refused), "estimated_gain": float(d.estimated_gain),
-                "verified_gain": float(d.verified_gain), "cost_s": float(d.cost), "version": d.table.version,
+                "window": self.seq, "step": step, "kind": kind, "trigger": plan.trigger, "ops": len(ops),
+                "op_kinds": dict(sorted(Counter(str(o.kind) for o in ops).items())),
+                "refused_candidates": len(rec.refused) if rec is not None else 0,
+                "estimated_gain": float(plan.estimated_gain), "verified_gain": float(plan.verified_gain),
+                "cost_s": float(plan.cost), "version": table.version,
             })
-            self.ctrl.step(mod.TableCommitted(d.table, d.kind))  # quorum reached within commit_latency steps
-            self.ctrl.advance()
-            out.append(Change(d.table, step + self.commit_latency, "overlapped", d.kind))
+            out.append(Change(table, step + self.commit_latency, "overlapped", kind))
         return out
 
 

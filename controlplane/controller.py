@@ -50,9 +50,10 @@ __all__ = [
 # ---- events in ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class WindowClosed:
-    """Cluster-wide counts of one window: steps uint32 [T, L, E], T rows of the window's load. The agent
-    (agent.pipeline.DecisionPipeline) gives one row, the window's total summed over its steps (T = 1: gossip
-    carries window totals); bench/policies.py gives one row per step (T = W). `planner`: the node that plans
+    """Cluster-wide counts of one window: steps uint32 [T, L, E], T rows of the window's load. Its one caller,
+    agent.pipeline.DecisionPipeline (which the agents and `emoe bench` both run), gives one row: the window's
+    total summed over its steps (T = 1: gossip carries window totals). Tests may give one row a step (T = W):
+    the rows are what the replay and the estimate see of the window's spread. `planner`: the node that plans
     this window when it is another one (this controller observes, and keeps its budget spent for when the
     turn comes to it); empty: this controller plans. `backup`: this node's place after the planner in the
     turn order, the windows a due rollback waits before this node proposes it itself."""

@@ -1,6 +1,7 @@
 """Load monitor: the replay buffer of recent windows, per-window imbalance, and the error-budget trigger.
 
-A window is `W` consecutive steps of cluster-wide per-step counts `uint32 [W, L, E]`. The replay buffer
+A window is `W` consecutive steps of cluster-wide counts `uint32 [T, L, E]` in T rows (the agents' pipeline
+gives one row, the window's total; tests may give one row a step). The replay buffer
 keeps the last `replay_windows` windows; for any table it derives (and caches, keyed by the table's
 content, so a proposal and the table committed from it share one entry) the per-step figures that step
 imbalance needs (`verify.ReplayStats`). Counts are logical, so the same windows can be replayed against
