@@ -154,3 +154,40 @@ def test_a_standalone_pipeline_makes_the_nodes_decisions() -> None:
     mine = [t for t, _, _ in backend.proposed]
     assert [(t.version, t.digest) for t in mine] == [(t.version, t.digest) for t in node_proposals]  # type: ignore[attr-defined]
     assert [type(r).__name__ for r in p.journal] == [type(r).__name__ for r in st.pipeline.journal]
+
+
+def test_the_bench_elastic_policy_and_an_agent_make_the_same_decisions() -> None:
+    """`emoe bench`'s elastic policy (bench/policies.py Elastic) runs the agents' own DecisionPipeline: fed the
+    cluster windows a simulated agent closed, it proposes the same versions with the same operations, in the
+    same order, as that agent did."""
+    import numpy as np
+
+    from agent.wire import ops_from_pb
+    from bench.policies import Elastic
+    from chaos.simcluster import Shape, SimCluster
+
+    c = SimCluster(1, Shape(layers=4, experts=8, ranks_per_node=4, slots_per_rank=4), seed=5)
+    st = c.states["n00"]
+    genesis = st.head()
+    windows: list[tuple[int, np.ndarray]] = []
+    st.pipeline.hooks.window_closed.append(lambda seq, total: windows.append((seq, total.copy())))
+    c.run(10.0)
+    commits = [cm for cm in st.consensus.commits_since(genesis.version)]  # type: ignore[union-attr]
+    agent = [(cm.table.version, ops_from_pb(cm.plan.ops)) for cm in commits]
+    assert len(agent) >= 2
+
+    W = st.pipeline.params.window
+    bench = Elastic(W, params={f: getattr(st.pipeline.params, f) for f in ("theta", "tau", "fast_theta",
+                                                                           "max_ops", "replay_windows",
+                                                                           "rollback_windows", "expert_bytes")})
+    bench.start(genesis, np.zeros((0, 4, 8), np.uint32), [])
+    proposed: list[RoutingTable] = []
+    bench.pipeline.hooks.proposing.append(lambda t: proposed.append(t) or (lambda outcome: None))
+    assert [s for s, _ in windows] == list(range(windows[0][0], windows[0][0] + len(windows)))
+    bench.seq = windows[0][0]
+    for seq, total in windows:  # each window: its total as the first of W steps (the bench sums them)
+        seen = np.zeros((W * (seq + 1), 4, 8), np.uint32)
+        seen[W * seq] = total
+        bench.on_window(W * seq, W * (seq + 1), seen)
+    assert [(d["version"], d["ops"]) for d in bench.decisions] == [(v, len(ops)) for v, ops in agent]
+    assert [t.digest for t in proposed] == [bytes(cm.table.content_hash) for cm in commits]  # the same tables
