@@ -5,8 +5,12 @@
 Shape: 58 MoE layers x 256 routed experts, 8 nodes x 8 ranks, 5 slots per rank (static EP head: 4 experts
 and one spare slot per rank), replay buffer of one window of W = 100 steps of synthetic skewed counts
 (per layer a seeded Zipf(1.2) popularity over a random expert order, 2048 tokens x top-8 per step, multinomial
-per step). Two cases: `incremental` (the head is EPLB fitted on the previous window of the same mix: the
-greedy planner alone) and `large` (the static head: the re-pack planner of controlplane.retarget runs too). One decision = plan on the buffer's block totals (blocks of `plan_block` = 20 steps) + apply + validate + replay verification of the
+per step). Two cases: `incremental` (the head is EPLB fitted on the first segment of the public DeepSeek-V3
+decode pair in ../shared/traces, the window taken from the second, both sampled per step at 2048 tokens x
+top-8; `source` says so, or that it fell back to synthetic load where the traces are absent) and `large` (the
+static head against the synthetic load: the re-pack planner of controlplane.retarget runs too). Each case also
+times the project's EPLB baseline (controlplane.baselines.eplb, DeepSeek's eplb.py algorithm, vectorised)
+re-planning the same window globally: `eplb_replan_median_ms`, and `ratio_to_eplb` = median_ms over it. One decision = plan on the buffer's block totals (blocks of `plan_block` = 20 steps) + apply + validate + replay verification of the
 changed layers on every step + cost of the diff + gating (`controlplane.decision.rebalance`). The head's
 per-step figures are the load monitor's, computed when the window closed (the trigger needs them), so they
 are prepared outside the timed region. `cpu_median_ms` is the same in process CPU time (robust to other
@@ -51,11 +55,35 @@ def synthetic_counts(steps: int, layers: int, experts: int, tokens: int, seed: i
     return out
 
 
+DECODE_PAIR = ("decode_in500out1500", "decode_in2000out100")  # SGLang's DeepSeek-V3 statistics, ../shared/traces
+
+
+def real_pair(window: int, seed: int) -> tuple[npt.NDArray[np.uint32], npt.NDArray[np.uint32]] | None:
+    """The public DeepSeek-V3 decode pair, sampled per step (2048 tokens x top-8): the first segment's
+    `window * 10` steps, and a window of the second; None when ../shared/traces is absent."""
+    from bench.traces import import_sglang_logical_count, sglang_path
+
+    paths = [sglang_path(n) for n in DECODE_PAIR]
+    if not all(p.exists() for p in paths):
+        return None
+    first = import_sglang_logical_count(paths[0], 8, 2048, window * 10, seed).counts
+    second = import_sglang_logical_count(paths[1], 8, 2048, window, seed + 1).counts
+    return first, second
+
+
 def setup(window: int, seed: int, case: str = "large") -> tuple[RoutingTable, npt.NDArray[np.uint32], DecisionParams]:
-    """case "large": the static EP head against skewed load (a large gap: the re-pack planner runs);
-    "incremental": the head is EPLB fitted on an earlier window of the same mix (small drift: greedy only)."""
+    """case "large": the static EP head against skewed synthetic load (a large gap: the re-pack planner runs);
+    "incremental": the head is EPLB fitted on the first segment of the public DeepSeek-V3 decode pair and the
+    window comes from the second (a real drift, small enough for the greedy planner; synthetic, EPLB fitted on
+    an earlier window of the same mix, where ../shared/traces is absent: see `source`)."""
     topo = Topology(NODES, RANKS_PER_NODE, SLOTS)
     head = initial_table(topo, LAYERS, EXPERTS)
+    if case == "incremental":
+        pair = real_pair(window, seed)
+        if pair is not None:
+            first, second = pair
+            return (eplb_table(head, first.sum(axis=0, dtype=np.int64)), second,
+                    DecisionParams(window=window, replay_windows=1))
     counts = synthetic_counts(2 * window, LAYERS, EXPERTS, 2048 * 8, seed)
     if case == "incremental":
         head = eplb_table(head, counts[:window].sum(axis=0, dtype=np.int64))
@@ -72,6 +100,8 @@ def _buffer(head: RoutingTable, counts: npt.NDArray[np.uint32], warm: bool, bloc
 
 def measure(repeats: int, window: int, seed: int, case: str = "large") -> dict[str, object]:
     head, counts, params = setup(window, seed, case)
+    source = ("DeepSeek-V3 decode pair (" + " -> ".join(DECODE_PAIR) + ")" if case == "incremental"
+              and real_pair(1, seed) is not None else "synthetic Zipf(1.2)")
     cool = np.zeros((head.layers, head.experts), dtype=bool)
     trig = "bench"
     times, cpu, scratch, voter = [], [], [], []
@@ -94,8 +124,17 @@ def measure(repeats: int, window: int, seed: int, case: str = "large") -> dict[s
             verify_decision(head, d.table, counts, params.tau)
             voter.append(time.perf_counter() - t0)
     ms = np.array(times) * 1e3
+    eplb = []  # the project's EPLB baseline (DeepSeek's eplb.py): a global re-plan of the same window
+    for _ in range(max(1, min(repeats, 5))):
+        t0 = time.perf_counter()
+        eplb_table(head, counts.sum(axis=0, dtype=np.int64))
+        eplb.append(time.perf_counter() - t0)
+    eplb_ms = float(np.median(eplb) * 1e3)
     return {
         "case": case,
+        "source": source,
+        "eplb_replan_median_ms": round(eplb_ms, 3),
+        "ratio_to_eplb": round(float(np.median(ms)) / eplb_ms, 4),
         "shape": [LAYERS, EXPERTS],
         "ranks": NODES * RANKS_PER_NODE,
         "window": window,
