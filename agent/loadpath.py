@@ -32,7 +32,10 @@ class _Partial:
 class LocalWindows:
     """Sums the reports of this node's shims into windows of `window` steps.
 
-    A window closes once every shim seen so far has reported all of its steps (or a later window).
+    A window closes once every shim seen so far has reported all of its steps (or a later window). A report
+    that crosses a window boundary (an engine plugin reports every EMOE_REPORT_EVERY steps, 16 by default, which
+    need not divide the window: 100) is split between the windows by its steps, its counts in proportion
+    (rounded down, the remainder to the last part, so nothing is lost or counted twice).
     """
 
     def __init__(self, layers: int, experts: int, window: int) -> None:
@@ -42,21 +45,30 @@ class LocalWindows:
         self._closed_upto = -1
 
     def add(self, shim_id: str, first_step: int, steps: int, counts: U32) -> list[tuple[int, int, U32]]:
-        """Add a report covering steps [first_step, first_step + steps) that lies within one window.
+        """Add a report covering steps [first_step, first_step + steps).
 
         Returns the windows that closed: (window_seq, first_step, counts uint32 [L, E])."""
         if steps < 1:
             raise LoadReportError(f"steps = {steps}: expected >= 1")
         if counts.shape != (self.L, self.E):
             raise LoadReportError(f"counts shape {counts.shape}: expected [{self.L}, {self.E}]")
+        closed: list[tuple[int, int, U32]] = []
+        left, at, rest = steps, first_step, counts.astype(np.uint64)
+        while left:
+            n = min(left, self.W - at % self.W)  # this window's share of the report's steps
+            part = rest if n == left else (counts.astype(np.uint64) * n) // steps
+            closed += self._add(shim_id, at, n, part)
+            rest = rest - part
+            left, at = left - n, at + n
+        return closed
+
+    def _add(self, shim_id: str, first_step: int, steps: int, counts: npt.NDArray[np.uint64]) -> list[tuple[int, int, U32]]:
         seq = first_step // self.W
-        if (first_step + steps - 1) // self.W != seq:
-            raise LoadReportError(f"steps [{first_step}, {first_step + steps}) cross a window boundary (W = {self.W})")
         self._shims.add(shim_id)
         if seq <= self._closed_upto:
             return []  # late report for a window already published: dropped, counted by the caller
         part = self._open.setdefault(seq, _Partial(np.zeros((self.L, self.E), np.uint64), {}))
-        part.counts += counts.astype(np.uint64)
+        part.counts += counts
         part.steps[shim_id] = part.steps.get(shim_id, 0) + steps
         closed = []
         for k in sorted(self._open):

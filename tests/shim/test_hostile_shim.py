@@ -139,7 +139,6 @@ def report(**kw: object) -> dpb.LoadReport:
     (dict(counts=b"\x00" * (LAYERS * 8 * 4 + 4)), "bytes"),
     (dict(counts=b""), "bytes"),
     (dict(steps=0), "steps"),
-    (dict(first_step=5, steps=10), "window boundary"),     # the sink refuses it (LocalWindows)
     (dict(first_step=2**64 - 1, steps=1), "overflow"),
     (dict(first_step=2**63, steps=4), "overflow"),
 ])
