@@ -186,13 +186,13 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """The engine ranks beside this agent (their plugins report the version they run with every load report)."""
 
     # A rank whose installed version stays behind the committed head longer than this is flagged `lagging`
-    # in `emoe status` (and logged). Why 5 s: a committed delta reaches the plugin in milliseconds, the EP
-    # ranks agree on it at the next step boundary (one all-reduce per step, or every few steps), and the
-    # engine moves it in place: vLLM's async EPLB moves one layer per step, so even a table that touches all
-    # 61 layers of DeepSeek-V3 is in after ~61 decode steps of ~30 ms, under 2 s, and reported at the next
-    # report (EMOE_REPORT_EVERY steps). 5 s is more than twice that; an engine that rearranges the whole model
-    # synchronously (seconds to tens of seconds per move) needs a larger bound.
-    install_lag_s: float = 5.0
+    # in `emoe status` (and logged). Why 10 s: a committed delta reaches the plugin in milliseconds; the EP
+    # ranks agree on it within 2 x EMOE_AGREE_EVERY - 1 steps (the agreement is overlapped: 63 steps at the
+    # default 32); vLLM's async EPLB moves one layer per step, so a table that touches all 61 layers of
+    # DeepSeek-V3 is in after ~61 more; the next report (EMOE_REPORT_EVERY = 32 steps) says so: ~160 decode
+    # steps of ~30 ms, under 5 s. 10 s is twice that; an engine that rearranges the whole model synchronously
+    # (seconds to tens of seconds per move) needs a larger bound.
+    install_lag_s: float = 10.0
 
     def validate(self) -> None:
         _need(0.1 <= self.install_lag_s <= 3600.0, "engine.install_lag_s", self.install_lag_s,

@@ -3,7 +3,7 @@ CPU (the engine tests' toy model, 2 MoE layers x 10 slots; reports go to an in-p
 idle connected agent),
 run by the engine virtualenv (.venv-engine, `make .venv-engine`).
 
-    python -m bench.plugin_step [--json] [--steps 400] [--rounds 5] [--every 16,16] [--mode async|sync]
+    python -m bench.plugin_step [--json] [--steps 512] [--rounds 5] [--every 32,32] [--mode async|sync]
 
 Side by side in one run, in alternating rounds of `--steps` steps: version agreement and load report every
 step (1,1) against every K and R steps (`--every K,R`, the plugin's EMOE_AGREE_EVERY and EMOE_REPORT_EVERY).
@@ -46,7 +46,7 @@ def _port() -> int:
         return int(s.getsockname()[1])
 
 
-def measure(steps: int = 400, rounds: int = 5, every: tuple[int, int] = (16, 16), mode: str = "async"
+def measure(steps: int = 512, rounds: int = 5, every: tuple[int, int] = (32, 32), mode: str = "async"
             ) -> dict[str, Any]:
     if not ENGINE_PY.exists():
         raise SystemExit(f"{ENGINE_PY} not found: `make .venv-engine` installs vLLM there")
@@ -76,9 +76,9 @@ def measure(steps: int = 400, rounds: int = 5, every: tuple[int, int] = (16, 16)
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    ap.add_argument("--steps", type=int, default=400, help="steps per round and configuration")
+    ap.add_argument("--steps", type=int, default=512, help="steps per round and configuration")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--every", default="16,16", help="K,R: agreement and report period against 1,1")
+    ap.add_argument("--every", default="32,32", help="K,R: agreement and report period against 1,1 (the defaults: 32,32)")
     ap.add_argument("--mode", choices=("async", "sync"), default="async",
                     help="vLLM's EPLB mode: async is its default (window_size 1000)")
     a = ap.parse_args(argv)

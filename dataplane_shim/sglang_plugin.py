@@ -16,7 +16,7 @@ Then it replaces the `EPLBManager` that `ModelRunner` builds under `--enable-epl
 with recovery) and changes three things:
 - when: instead of every `eplb_rebalance_num_iterations` passes, when the EP ranks agree on a newer
   certified version (one all-reduce MIN of an int64 [4] over the MoE EP CPU group every EMOE_AGREE_EVERY
-  forward passes of the shared pass count, default 16, checked equal on every rank at setup; it also proves
+  forward passes of the shared pass count, default 32, checked equal on every rank at setup; it also proves
   the ranks are at the same pass; `dataplane_shim/install.py`'s `Installer`:
   the version counts as installed only once rebalance() returned on its map, one that raised or returned on
   another map is counted in `install_failures`, the latter re-armed with backoff);
