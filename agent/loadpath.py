@@ -50,6 +50,9 @@ class LocalWindows:
         Returns the windows that closed: (window_seq, first_step, counts uint32 [L, E])."""
         if steps < 1:
             raise LoadReportError(f"steps = {steps}: expected >= 1")
+        if steps > self.W:  # (a report crosses one window boundary at most: its split is bounded)
+            raise LoadReportError(f"steps = {steps}: expected at most decision.window = {self.W} (set the engine "
+                                  f"plugin's EMOE_REPORT_EVERY to at most the agents' window)")
         if counts.shape != (self.L, self.E):
             raise LoadReportError(f"counts shape {counts.shape}: expected [{self.L}, {self.E}]")
         closed: list[tuple[int, int, U32]] = []

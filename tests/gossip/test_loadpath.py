@@ -24,6 +24,8 @@ def test_local_window_rejects_bad_reports() -> None:
         lw.add("a", 0, 10, np.ones((3, 2), np.uint32))
     with pytest.raises(LoadReportError, match="steps = 0"):
         lw.add("a", 0, 0, np.ones((2, 3), np.uint32))
+    with pytest.raises(LoadReportError, match="steps = 11: expected at most decision.window = 10"):
+        lw.add("a", 0, 11, np.ones((2, 3), np.uint32))  # more than a window: an engine misconfigured, or hostile
 
 
 def test_reports_across_window_boundaries_are_split_by_steps() -> None:

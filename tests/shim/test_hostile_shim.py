@@ -139,6 +139,7 @@ def report(**kw: object) -> dpb.LoadReport:
     (dict(counts=b"\x00" * (LAYERS * 8 * 4 + 4)), "bytes"),
     (dict(counts=b""), "bytes"),
     (dict(steps=0), "steps"),
+    (dict(steps=10**6), "at most decision.window"),  # the sink refuses it (LocalWindows): its split is bounded
     (dict(first_step=2**64 - 1, steps=1), "overflow"),
     (dict(first_step=2**63, steps=4), "overflow"),
 ])
