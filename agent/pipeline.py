@@ -210,9 +210,9 @@ class DecisionPipeline:
             if t.version > self.backend.head.version:
                 log.error("controller installed v%d beyond the committed head v%d", t.version, self.backend.head.version)
         explains = [e for e in events if isinstance(e, Explain)]
-        for e in explains:
+        for ex in explains:
             for h in self.hooks.explained:
-                h(e)
+                h(ex)
         if explains and not proposals:
             self.latest_explain = apb.ExplainReply(version=0, trigger=explains[-1].trigger, outcome=explains[-1].outcome)
         for e in events:
