@@ -181,21 +181,6 @@ class _CommitAtOnce:
         return done
 
 
-class _NoTelemetry:
-    def record_imbalance(self, x: float) -> None: ...
-
-    def record_transition(self, kind: str, state: str) -> None: ...
-
-    def record_version(self, v: int) -> None: ...
-
-    def record_commit_latency(self, ms: float) -> None: ...
-
-    def decision_span(self, version: int, ops: list[str], estimated_gain: float, verified_gain: float,
-                      cost: float, trigger: str, outcome: str) -> None: ...
-
-    def commit_span(self, version: int, parent: int, votes: int, latency_ms: float) -> None: ...
-
-
 class _StepClock:
     """The pipeline's clock in the bench: steps of the trace, in seconds of `step_s` each."""
 
@@ -229,6 +214,7 @@ class Elastic:
     def start(self, base: RoutingTable, counts: Counts, drift_steps: list[int]) -> list[Change]:
         from agent.config import ConsensusConfig, DecisionConfig
         from agent.pipeline import DecisionPipeline
+        from agent.telemetry import Telemetry
         from agent.voter import Voter
         from controlplane.decision import DecisionParams
 
@@ -238,7 +224,7 @@ class Elastic:
         self.pipeline = DecisionPipeline(
             "bench", params, self.backend, Voter(params, ConsensusConfig().verify_tolerance), voters=["bench"],
             live_voters=lambda: ["bench"], handover_windows=DecisionConfig().handover_windows, clock=self.clock,
-            telemetry=_NoTelemetry(), profile=self.profile)
+            telemetry=Telemetry(enabled=False), profile=self.profile)
         self.pipeline.hooks.explained.append(self._explained)
         self._step = 0
         return []
