@@ -439,27 +439,3 @@ def test_a_window_planned_elsewhere_keeps_the_budget_spent_for_this_controllers_
     r = feed(c, 2, ws[2])  # the turn passes to this controller: it plans at once
     assert len(r.proposals) == 1 and r.proposals[0].table.version == head.version + 1
 
-
-@pytest.mark.parametrize("planner", ["greedy", "craft"])
-def test_each_planner_proposes_through_the_decision_core(planner: str) -> None:
-    """The planner is chosen by name (controlplane.planners); whichever proposes, the decision core replays,
-    verifies and gates its plan the same way."""
-    c, head = setup(planner=planner)
-    ws = windows(0, 8)
-    feed(c, 0, ws[0])
-    c.advance()
-    r = feed(c, 1, ws[1])
-    assert len(r.proposals) == 1, c.last_explain()
-    d = r.proposals[0]
-    assert d.kind == "rebalance" and d.ops and d.table.is_valid() and d.verified_gain >= c.params.tau
-    if planner == "craft":
-        assert "CRAFT" in d.trigger  # its note names it in the explain record
-        # CRAFT places replicas on top of one copy of every expert: every expert keeps a slot
-        assert all(set(range(16)) <= set(row[row >= 0].tolist()) for row in d.table.phy2log)
-
-
-def test_an_unknown_planner_is_refused_by_name() -> None:
-    from controlplane.decision import InvalidParams
-
-    with pytest.raises(InvalidParams, match="planner='eplb'"):
-        DecisionParams(planner="eplb")
