@@ -12,6 +12,7 @@ import numpy.typing as npt
 
 from agent.consensus.proposer import Outcome
 from agent.pipeline import DecisionPipeline
+from agent.telemetry import Telemetry as AgentTelemetry
 from agent.voter import Voter
 from controlplane.controller import DecisionParams, ProposalRecord, Resolution
 from controlplane.table import RoutingTable
@@ -36,23 +37,15 @@ class Clock:
         return 0.0
 
 
-class Telemetry:
+class Telemetry(AgentTelemetry):
+    """The agent's telemetry, disabled, that keeps the imbalance it is given."""
+
     def __init__(self) -> None:
+        super().__init__(enabled=False)
         self.imbalance: list[float] = []
 
     def record_imbalance(self, x: float) -> None:
         self.imbalance.append(x)
-
-    def record_transition(self, kind: str, state: str) -> None: ...
-
-    def record_version(self, v: int) -> None: ...
-
-    def record_commit_latency(self, ms: float) -> None: ...
-
-    def decision_span(self, version: int, ops: list[str], estimated_gain: float, verified_gain: float,
-                      cost: float, trigger: str, outcome: str) -> None: ...
-
-    def commit_span(self, version: int, parent: int, votes: int, latency_ms: float) -> None: ...
 
 
 def _pipeline(head: RoutingTable, params: DecisionParams, voters: list[str], me: str, handover: int,
