@@ -64,8 +64,7 @@ class AdminView:
         return list(self.pipeline.imbalance)
 
     def cluster_load(self) -> np.ndarray | None:
-        replay = self.pipeline.voter.replay
-        return None if not replay else replay[-1]
+        return self.pipeline.latest_window()
 
     def commits(self, limit: int) -> list[cpb.Commit]:
         head = self.head().version

@@ -20,11 +20,11 @@ from elasticmoe.v1 import admin_pb2 as apb
 
 
 class ManualPath:
-    """`cluster_load()`: the newest closed cluster window (a drain places the drained experts by it)."""
+    """The operator's steering (pause, drain, restore, a forced rebalance); a drain places the drained experts
+    by the pipeline's newest closed cluster window."""
 
-    def __init__(self, pipeline: DecisionPipeline, backend: CommitBackend, clock: Clock,
-                 cluster_load: Callable[[], Any]) -> None:
-        self.pipeline, self.backend, self.clock, self.cluster_load = pipeline, backend, clock, cluster_load
+    def __init__(self, pipeline: DecisionPipeline, backend: CommitBackend, clock: Clock) -> None:
+        self.pipeline, self.backend, self.clock = pipeline, backend, clock
 
     @property
     def paused(self) -> bool:
@@ -92,7 +92,7 @@ class ManualPath:
         return apb.AdminAck(ok=bool(outcome.committed), reason=str(outcome.reason or what), version=int(outcome.version))
 
     async def drain(self, rank: int) -> apb.AdminAck:
-        return await self._elastic(lambda: plan_drain(self.head(), rank, self.cluster_load()), f"drain r{rank}")
+        return await self._elastic(lambda: plan_drain(self.head(), rank, self.pipeline.latest_window()), f"drain r{rank}")
 
     async def restore(self, rank: int) -> apb.AdminAck:
         return await self._elastic(lambda: plan_restore(self.head(), rank), f"restore r{rank}")

@@ -119,6 +119,11 @@ class DecisionPipeline:
         self.explains: dict[int, apb.ExplainReply] = {}  # what this node proposed, by version
         self.latest_explain: apb.ExplainReply | None = None  # `emoe explain` for version 0
 
+    def latest_window(self) -> npt.NDArray[np.uint64] | None:
+        """The newest closed cluster window [L, E] (the voter's replay keeps them), None before the first."""
+        replay = self.voter.replay
+        return None if not replay else replay[-1]
+
     # ---- input ---------------------------------------------------------------------------------
     def close_window(self, seq: int, total: npt.NDArray[np.uint64]) -> None:
         """A closed cluster window (see the class docstring)."""

@@ -161,7 +161,7 @@ class NodeState:
             self.node_id, self.params, backend, voter, voters=self._voters, live_voters=self._live_voters,
             handover_windows=self.cfg.decision.handover_windows, clock=clock, telemetry=telemetry,
             each_window=lambda: self.reactions.each_window())
-        self.manual = ManualPath(self.pipeline, backend, clock, lambda: self.view.cluster_load())
+        self.manual = ManualPath(self.pipeline, backend, clock)
         rejoin = Rejoin(clock, self._my_ranks(), self.cfg.gossip.rejoin_ms / 1000, self.manual.restore_now)
         rejoin.recovered(backend.commits_since(0), backend.head)
         self.gossip = GossipNode(self.node_id, self.cfg.advertise_address, self._my_ranks(), self.cfg.gossip, clock,

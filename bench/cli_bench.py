@@ -72,7 +72,7 @@ def _value(v: str) -> Any:
 def load_traces(args: argparse.Namespace) -> Any:
     """Build the bench trace from --trace specs or --synthetic; raises ValueError naming the bad spec."""
     from bench import traces
-    from bench.synthetic import synthetic_trace
+    from chaos.synthetic import synthetic_trace
 
     if args.synthetic:
         if args.trace:

@@ -33,9 +33,9 @@ from agent.store import MemoryDisk
 from agent.telemetry import Telemetry
 from agent.transport.sim import LinkSpec, SimNetwork
 from agent.wire import plan_kind
-from bench.synthetic import synthetic_trace
 from chaos.quorumsim import HistoryEvent, RecordingStore
 from chaos.simengine import NodeEngine, TokenStats
+from chaos.synthetic import synthetic_trace
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
 from dataplane_shim.counters import DeviceCounters

@@ -204,25 +204,6 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
         req = pb.CatchUpRequest(from_version=self.log.head.version, from_node=self.node_id, limit=self.cfg.catchup_batch)
         self.transport.call(peer, "Consensus/CatchUp", req, self.timeout, lambda r: self._on_catchup(peer, r))
 
-    # ---- timers -----------------------------------------------------------------------------------
-    def _arm(self, kind: str, v: int, delay: float, fn: Callable[[], None]) -> None:
-        key = (kind, v)
-        old = self._timers.pop(key, None)
-        if old is not None:
-            old.cancel()
-
-        def fire() -> None:
-            self._timers.pop(key, None)
-            if self.running:
-                fn()
-
-        self._timers[key] = self.clock.call_later(delay, fire)
-
-    def _disarm(self, kind: str, v: int) -> None:
-        t = self._timers.pop((kind, v), None)
-        if t is not None:
-            t.cancel()
-
     def _takeover_delay(self) -> float:
         return self.timeout * (1.0 + self.rng.random())  # jitter breaks duels between recovering voters
 

@@ -7,19 +7,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING
 
 from google.protobuf.message import Message
 
-from agent.clock import Clock
-from agent.config import ConsensusConfig
-from agent.consensus.paxos import Acceptor, BallotAttempt, ballot_of, round0_owner
-from agent.store import Store
-from agent.transport import Transport
+from agent.consensus.core import NodeCore
+from agent.consensus.paxos import BallotAttempt, ballot_of, round0_owner
 from elasticmoe.v1 import consensus_pb2 as pb
-
-if TYPE_CHECKING:
-    from agent.consensus.log import CommittedLog
 
 VOTER_REASON_MAX = 200  # characters of one voter's reason in an outcome: a peer's reply cannot make it unbounded
 
@@ -62,25 +55,8 @@ class Pending:
     reasons: list[str] = field(default_factory=list)
 
 
-class NodeFields:
-    """The node state the ConsensusNode mixins (ProposerMixin, recovery.RecoveryMixin) share; ConsensusNode
-    sets it."""
-
-    node_id: str
-    voters: list[str]
-    cfg: ConsensusConfig
-    clock: Clock
-    transport: Transport
-    store: Store
-    timeout: float
-    running: bool
-    log: CommittedLog
-    acceptor: Acceptor
-    _peer_heads: dict[str, int]
-
-
-class ProposerMixin(NodeFields):
-    """Needs the node's state below; ConsensusNode provides it (and _check, _learned, _arm, _disarm)."""
+class ProposerMixin(NodeCore):
+    """The proposer's state below; ConsensusNode sets it. Calls the other parts only through NodeCore."""
 
     rng: random.Random
     live_voters: Callable[[], list[str]]
@@ -92,27 +68,6 @@ class ProposerMixin(NodeFields):
     _burn_written: pb.AcceptorState | None
     _rtt: dict[str, float]
     _accept_rest: dict[int, tuple[BallotAttempt, pb.AcceptRequest, list[str]]]
-
-    def _check(self, p: pb.Proposal) -> tuple[bool, float, str]:
-        raise NotImplementedError
-
-    def _learned(self, c: pb.Commit, src: str | None, broadcast: bool, attempt: BallotAttempt | None = None) -> str:
-        raise NotImplementedError
-
-    def _persist(self, st: pb.AcceptorState) -> bool:
-        raise NotImplementedError
-
-    def _sign(self, reply: pb.Accepted, p: pb.Proposal) -> pb.Accepted:
-        raise NotImplementedError
-
-    def _arm(self, kind: str, v: int, delay: float, fn: Callable[[], None]) -> None:
-        raise NotImplementedError
-
-    def _disarm(self, kind: str, v: int) -> None:
-        raise NotImplementedError
-
-    def catch_up(self, peer: str) -> None:
-        raise NotImplementedError
 
     def _recover(self, v: int) -> None:
         """Timeout for version v: retry our own proposal, or finish one another proposer left accepted."""

@@ -9,9 +9,8 @@ from functools import partial
 
 from google.protobuf.message import Message
 
-from agent.clock import Timer
-from agent.consensus.paxos import BallotAttempt
-from agent.consensus.proposer import NodeFields, Outcome
+from agent.consensus.core import NodeCore
+from agent.consensus.proposer import Outcome
 from agent.consensus.rebuild import Rebuild
 from agent.consensus.signing import VoteSigner
 from agent.store import StoreFailed
@@ -21,29 +20,13 @@ from elasticmoe.v1 import consensus_pb2 as pb
 log = logging.getLogger("agent.consensus.node")
 
 
-class RecoveryMixin(NodeFields):
-    """Needs the node's state below; ConsensusNode provides it (and catch_up, propose, _learned, _arm)."""
+class RecoveryMixin(NodeCore):
+    """The recovery state below; ConsensusNode sets it. Calls the other parts only through NodeCore."""
 
     signer: VoteSigner | None
     rebuild: Rebuild | None
     enrolment: int
     _deferred: list[tuple[float, RoutingTable, pb.Plan, Callable[[Outcome], None]]]
-    _timers: dict[tuple[str, int], Timer]
-
-    def catch_up(self, peer: str) -> None:
-        raise NotImplementedError
-
-    def propose(self, table: RoutingTable, plan: pb.Plan, on_done: Callable[[Outcome], None]) -> None:
-        raise NotImplementedError
-
-    def _learned(self, c: pb.Commit, src: str | None, broadcast: bool, attempt: BallotAttempt | None = None) -> str:
-        raise NotImplementedError
-
-    def _arm(self, kind: str, v: int, delay: float, fn: Callable[[], None]) -> None:
-        raise NotImplementedError
-
-    def _disarm(self, kind: str, v: int) -> None:
-        raise NotImplementedError
 
     # ---- rebuild after store loss (agent.consensus.rebuild) ----------------------------------------
     @property

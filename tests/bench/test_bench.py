@@ -11,7 +11,7 @@ import pytest
 from agent.cli import main
 from bench.policies import controller_available, make_policy
 from bench.run import Install, PolicyRun, recovery_steps, regressions
-from bench.synthetic import synthetic_trace
+from chaos.synthetic import synthetic_trace
 from controlplane.table import initial_table
 from controlplane.topology import Topology
 

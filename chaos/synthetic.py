@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from bench.traces import Trace
+from controlplane.tracefile import Trace
 
 F64 = npt.NDArray[np.float64]
 
