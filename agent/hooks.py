@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from agent.consensus.proposer import Outcome
+from agent.consensus.core import Outcome
 from controlplane.controller import Explain
 from controlplane.table import RoutingTable
 

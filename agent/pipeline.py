@@ -16,8 +16,8 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from agent.consensus.core import Outcome
 from agent.consensus.paxos import turn
-from agent.consensus.proposer import Outcome
 from agent.hooks import Hooks
 from agent.voter import Voter
 from agent.wire import make_plan, op_to_pb, plan_kind

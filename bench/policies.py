@@ -163,7 +163,7 @@ class _CommitAtOnce:
 
     def deliver(self, pipeline: Any) -> list[tuple[RoutingTable, Any]]:
         """Commit what was proposed, in order: (table, plan) of each commit."""
-        from agent.consensus.proposer import Outcome
+        from agent.consensus.core import Outcome
         from dataplane_shim.certify import certified_commit
 
         done = []

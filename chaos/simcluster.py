@@ -26,7 +26,7 @@ import numpy.typing as npt
 
 from agent.clock import FakeClock
 from agent.config import from_dict
-from agent.consensus.proposer import Outcome
+from agent.consensus.core import Outcome
 from agent.membership import Member, MemberStatus
 from agent.state import NodeState
 from agent.store import MemoryDisk

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from agent.clock import Clock, Timer
@@ -25,7 +26,22 @@ from elasticmoe.v1 import consensus_pb2 as pb
 
 if TYPE_CHECKING:
     from agent.consensus.log import CommittedLog
-    from agent.consensus.proposer import Outcome
+
+
+@dataclass
+class Outcome:
+    """How one `propose` ended. `committed`: our table is the one chosen for `version`.
+
+    A success is reported as soon as the quorum certificate forms (a quorum of voters has the table
+    durably accepted: it is chosen); this node's own log write and its install (on_commit) follow at once.
+    """
+
+    committed: bool
+    version: int
+    reason: str = ""
+    votes: list[pb.Vote] = field(default_factory=list)
+    latency: float = 0.0  # seconds on the node's clock, proposal to commit known here
+    commit: pb.Commit | None = None
 
 
 class NodeCore(ABC):

@@ -22,9 +22,10 @@ from google.protobuf.message import Message
 
 from agent.clock import Clock, Timer
 from agent.config import ConsensusConfig
+from agent.consensus.core import Outcome
 from agent.consensus.log import CommittedLog, parent_hash_mismatch, shape_mismatch
 from agent.consensus.paxos import Acceptor, BallotAttempt, quorum_size, round0_owner
-from agent.consensus.proposer import Outcome, Pending, ProposerMixin
+from agent.consensus.proposer import Pending, ProposerMixin
 from agent.consensus.rebuild import Rebuild
 from agent.consensus.recovery import RecoveryMixin
 from agent.consensus.signing import VoteSigner

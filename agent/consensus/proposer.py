@@ -10,7 +10,7 @@ from functools import partial
 
 from google.protobuf.message import Message
 
-from agent.consensus.core import NodeCore
+from agent.consensus.core import NodeCore, Outcome
 from agent.consensus.paxos import BallotAttempt, ballot_of, round0_owner
 from elasticmoe.v1 import consensus_pb2 as pb
 
@@ -27,22 +27,6 @@ def voters_not_counted(att: BallotAttempt) -> str:
     said = [f"{k}: {clip(r)}" for k, r in sorted(att.rejects.items())]
     silent = [k for k in att.voters if k not in answered and k not in att.rejects]
     return "; ".join(said + ([f"no reply from {', '.join(silent)}"] if silent else []))
-
-
-@dataclass
-class Outcome:
-    """How one `propose` ended. `committed`: our table is the one chosen for `version`.
-
-    A success is reported as soon as the quorum certificate forms (a quorum of voters has the table
-    durably accepted: it is chosen); this node's own log write and its install (on_commit) follow at once.
-    """
-
-    committed: bool
-    version: int
-    reason: str = ""
-    votes: list[pb.Vote] = field(default_factory=list)
-    latency: float = 0.0  # seconds on the node's clock, proposal to commit known here
-    commit: pb.Commit | None = None
 
 
 @dataclass

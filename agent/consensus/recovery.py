@@ -9,8 +9,7 @@ from functools import partial
 
 from google.protobuf.message import Message
 
-from agent.consensus.core import NodeCore
-from agent.consensus.proposer import Outcome
+from agent.consensus.core import NodeCore, Outcome
 from agent.consensus.rebuild import Rebuild
 from agent.consensus.signing import VoteSigner
 from agent.store import StoreFailed

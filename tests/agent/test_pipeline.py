@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from agent.consensus.proposer import Outcome
+from agent.consensus.core import Outcome
 from agent.pipeline import DecisionPipeline
 from agent.telemetry import Telemetry as AgentTelemetry
 from agent.voter import Voter
