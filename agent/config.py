@@ -120,6 +120,10 @@ class DecisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # who proposes operations for the decision core to verify and gate (controlplane.planners): "greedy"
     # (incremental, widened on a large gap) or "craft" (CRAFT's per-layer replica knapsack, re-planned whole)
     planner: str = DecisionParams.planner
+    # the engine plugins send the counts of every sample_every-th step besides the totals, and gossip carries
+    # them to every voter's replay (0: totals only). It must equal the plugins' EMOE_SAMPLE_EVERY (a report
+    # with another is used for its totals only, and a warning names both)
+    sample_every: int = DecisionParams.sample_every
     # One live voter plans each window: the round-0 owner of the next version, handing over to the next
     # live voter in the rotation after this many windows without a new head (so a planner that is stuck,
     # cut off from a quorum, or finds nothing worth proposing yields). The others vote, replay and stand by;
@@ -135,6 +139,8 @@ class DecisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         _need(self.theta >= 1.0, "decision.theta", self.theta, "a ratio >= 1.0")
         _need(0.0 <= self.tau < 1.0, "decision.tau", self.tau, "a fraction in [0, 1)")
         _need(self.planner in PLANNERS, "decision.planner", self.planner, f"one of {sorted(PLANNERS)}")
+        _need(0 <= self.sample_every <= 1_000_000, "decision.sample_every", self.sample_every,
+              "0 (no sampled steps) to 1000000 (a window without a sampled step is seen as its mean step)")
 
 
 class ConsensusConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

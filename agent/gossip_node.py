@@ -25,7 +25,7 @@ from agent.broadcasts import Kind, RumourQueue
 from agent.claims import ClaimSigner
 from agent.clock import Clock, Timer
 from agent.config import GossipConfig
-from agent.loadgossip import LoadGossip, LoadView, check_digests, check_windows
+from agent.loadgossip import LoadGossip, LoadView, WindowCallback, check_digests, check_windows
 from agent.membership import LIVE, Member, Membership, MemberStatus, check_states
 from agent.probe import Prober
 from agent.transport import Deferred, InvalidArgument, Transport
@@ -33,7 +33,6 @@ from agent.windowguard import WindowSigner
 from elasticmoe.v1 import gossip_pb2 as pb
 
 MemberCallback = Callable[[Member], None]
-WindowCallback = Callable[[str, int, npt.NDArray[np.uint32], int, int], None]
 
 
 class GossipSigner(ClaimSigner, WindowSigner, Protocol):
@@ -126,11 +125,13 @@ class GossipNode:
         self.transport.serve(lambda src, method, req: None, service="Gossip")
 
     def publish_window(self, window_seq: int, first_step: int, steps: int, counts: npt.NDArray[np.integer],
-                       learner: bool = False) -> None:
+                       learner: bool = False, samples: npt.NDArray[np.uint32] | None = None,
+                       sample_every: int = 0) -> None:
         """This node's newest load window, uint32 [L, E]; window_seq must increase (`learner`: this node abstains
-        from consensus now, LoadWindow.learner). Ignored once stopped."""
+        from consensus now, LoadWindow.learner; `samples` [S, L, E]: its sampled steps' counts, every
+        `sample_every`-th step). Ignored once stopped."""
         if not self.load.stopped:
-            self.load.publish(window_seq, first_step, steps, counts, learner)
+            self.load.publish(window_seq, first_step, steps, counts, learner, samples, sample_every)
 
     def learners(self) -> set[str]:
         """The nodes whose newest window says they abstain from consensus (LoadWindow.learner)."""
@@ -180,8 +181,8 @@ class GossipNode:
         self._member_cbs.append(cb)
 
     def on_window(self, cb: WindowCallback) -> None:
-        """cb(node_id, window_seq, counts uint32 [L, E], first_step, steps) when a newer window of another
-        node arrives (not for this node's own `publish_window`)."""
+        """cb(node_id, window_seq, counts uint32 [L, E], first_step, steps, samples uint32 [S, L, E] or None)
+        when a newer window of another node arrives (not for this node's own `publish_window`)."""
         self._window_cbs.append(cb)
 
     # ---- glue ---------------------------------------------------------------------------------
@@ -195,9 +196,10 @@ class GossipNode:
         for cb in self._member_cbs:
             cb(m)
 
-    def _window_arrived(self, node: str, seq: int, counts: npt.NDArray[np.uint32], first: int, steps: int) -> None:
+    def _window_arrived(self, node: str, seq: int, counts: npt.NDArray[np.uint32], first: int, steps: int,
+                        samples: npt.NDArray[np.uint32] | None) -> None:
         for cb in self._window_cbs:
-            cb(node, seq, counts, first, steps)
+            cb(node, seq, counts, first, steps, samples)
 
     def _every(self, name: str, period: float, fn: Callable[[], None], phase: float) -> None:
         def tick() -> None:

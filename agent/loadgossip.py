@@ -32,6 +32,7 @@ from agent.config import GossipConfig
 from agent.membership import MAX_COUNTER, Member
 from agent.transport import InvalidArgument, Transport
 from agent.windowguard import WINDOW_SEQ_LEAD, Refusal, WindowGuard, WindowSigner, ahead
+from elasticmoe.loadcodec import RowsError, pack_rows, sample_steps, unpack_rows
 from elasticmoe.v1 import gossip_pb2 as pb
 
 # per-message bytes kept free of windows for the envelope, member states and digests
@@ -48,6 +49,7 @@ class NodeWindow:
     first_step: int
     steps: int
     counts: npt.NDArray[np.uint32]  # [L, E], read-only
+    samples: npt.NDArray[np.uint32] | None = None  # [S, L, E]: the sampled steps' counts (loadcodec), or None
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,8 @@ class Members(Protocol):
     def report_failure(self, node_id: str) -> None: ...
 
 
-WindowCallback = Callable[[str, int, npt.NDArray[np.uint32], int, int], None]
+# (node, window_seq, counts [L, E], first_step, steps, samples [S, L, E] or None)
+WindowCallback = Callable[[str, int, npt.NDArray[np.uint32], int, int, npt.NDArray[np.uint32] | None], None]
 
 
 def _key(w: pb.LoadWindow | pb.Digest) -> tuple[int, int]:
@@ -109,6 +112,23 @@ def check_windows(windows: Iterable[pb.LoadWindow], shape: tuple[int, int] | Non
         if shape is not None and (w.layers, w.experts) != shape:
             raise InvalidArgument(f"window of {w.node_id!r} has shape [{w.layers}, {w.experts}], expected "
                                   f"[{shape[0]}, {shape[1]}]")
+        if bool(w.samples) != bool(w.sample_every):
+            raise InvalidArgument(f"window of {w.node_id!r}: {len(w.samples)} bytes of samples with sample_every "
+                                  f"{w.sample_every}: expected both or neither")
+        if w.samples:
+            try:
+                window_samples(w)
+            except RowsError as e:
+                raise InvalidArgument(f"window of {w.node_id!r}: {e}") from None
+
+
+def window_samples(w: pb.LoadWindow) -> npt.NDArray[np.uint32] | None:
+    """A window's sampled steps [S, L, E] (the steps s of [first_step, first_step + steps) with
+    s % sample_every == 0), None when it carries none; RowsError when they do not decode to that shape."""
+    if not w.samples:
+        return None
+    n = len(sample_steps(w.first_step, w.steps, w.sample_every))
+    return unpack_rows(w.samples, n, w.layers, w.experts)
 
 
 def check_digests(digests: Iterable[pb.Digest], bounded: bool = True) -> None:
@@ -142,12 +162,14 @@ class LoadGossip:
         self._alt: dict[str, list[str]] = {}  # node -> other members that announced its pending window
         self._view: LoadView | None = None
         self._view_live: list[str] = []
+        self.samples_dropped = 0  # own windows sent without their sampled steps (over gossip.max_message_bytes)
         self.stopped = False  # set when the node stops: replies still in flight then start nothing
 
     # ---- this node's windows ------------------------------------------------------------------
     def publish(self, window_seq: int, first_step: int, steps: int, counts: npt.NDArray[np.integer],
-                learner: bool = False) -> None:
-        """Publish this node's window; `learner`: this node abstains from consensus now (LoadWindow.learner)."""
+                learner: bool = False, samples: npt.NDArray[np.uint32] | None = None, sample_every: int = 0) -> None:
+        """Publish this node's window; `learner`: this node abstains from consensus now (LoadWindow.learner);
+        `samples` [S, L, E]: the counts of its steps s with s % sample_every == 0 (sent zlib-compressed)."""
         c = np.asarray(counts)
         if c.ndim != 2 or c.size == 0:
             raise ValueError(f"counts shape {c.shape}: expected [layers, experts]")
@@ -162,7 +184,16 @@ class LoadGossip:
         w = pb.LoadWindow(node_id=self.node_id, incarnation=self.members.incarnation, window_seq=window_seq,
                           layers=shape[0], experts=shape[1], counts=np.ascontiguousarray(c, dtype="<u4").tobytes(),
                           steps=steps, first_step=first_step, learner=learner)
+        if samples is not None and sample_every > 0:
+            n = len(sample_steps(first_step, steps, sample_every))
+            if samples.shape != (n, *shape):
+                raise ValueError(f"samples shape {samples.shape}: expected {(n, *shape)}")
+            w.samples, w.sample_every = pack_rows(samples), sample_every
         self.guard.sign(w)  # once, here: relays pass the signature on unchanged
+        if w.samples and w.ByteSize() > self.cfg.max_message_bytes - _ENVELOPE:  # the totals alone, then
+            self.samples_dropped += 1
+            w.samples, w.sample_every = b"", 0
+            self.guard.sign(w)
         if w.ByteSize() > self.cfg.max_message_bytes - _ENVELOPE:  # signature and certificate included
             raise ValueError(f"a {shape} window is {w.ByteSize()} bytes: more than gossip.max_message_bytes allows")
         self.shape = shape
@@ -215,7 +246,8 @@ class LoadGossip:
         if self.shape is None:
             self.shape = (w.layers, w.experts)
         self._put(w, source)
-        self.on_window(n, w.window_seq, self.node_window(n).counts, w.first_step, w.steps)
+        nw = self.node_window(n)
+        self.on_window(n, w.window_seq, nw.counts, w.first_step, w.steps, nw.samples)
         return True
 
     def node_window(self, node_id: str) -> NodeWindow:
@@ -223,7 +255,8 @@ class LoadGossip:
         if nw is None:
             w = self._w[node_id]
             counts = np.frombuffer(w.counts, dtype="<u4").reshape(w.layers, w.experts)
-            nw = self._np[node_id] = NodeWindow(node_id, w.incarnation, w.window_seq, w.first_step, w.steps, counts)
+            nw = self._np[node_id] = NodeWindow(node_id, w.incarnation, w.window_seq, w.first_step, w.steps, counts,
+                                                window_samples(w))
         return nw
 
     def learners(self) -> set[str]:

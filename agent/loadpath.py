@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
 
 from controlplane.topology import Topology
 from dataplane_shim.link import check_load_report
+from elasticmoe.loadcodec import rows_from_bytes, sample_steps
 from elasticmoe.v1 import dataplane_pb2 as dpb
 
 log = logging.getLogger("emoe.agent")
@@ -27,6 +28,19 @@ class LoadReportError(ValueError):
 class _Partial:
     counts: npt.NDArray[np.uint64]
     steps: dict[str, int]  # shim id -> steps reported into this window
+    rows: dict[int, npt.NDArray[np.uint64]]  # sampled step -> its counts, summed over the shims
+    sampled: bool = True  # every report into this window came with its sampled steps
+
+
+@dataclass(frozen=True)
+class ClosedWindow:
+    """One node's closed window: its totals [L, E] and its sampled steps' counts [S, L, E] (None: some report
+    into it came without them)."""
+
+    seq: int
+    first_step: int
+    counts: U32
+    samples: U32 | None
 
 
 class LocalWindows:
@@ -38,16 +52,18 @@ class LocalWindows:
     (rounded down, the remainder to the last part, so nothing is lost or counted twice).
     """
 
-    def __init__(self, layers: int, experts: int, window: int) -> None:
-        self.L, self.E, self.W = layers, experts, window
+    def __init__(self, layers: int, experts: int, window: int, sample_every: int = 0) -> None:
+        self.L, self.E, self.W, self.every = layers, experts, window, sample_every
         self._open: dict[int, _Partial] = {}
         self._shims: set[str] = set()
         self._closed_upto = -1
 
-    def add(self, shim_id: str, first_step: int, steps: int, counts: U32) -> list[tuple[int, int, U32]]:
-        """Add a report covering steps [first_step, first_step + steps).
+    def add(self, shim_id: str, first_step: int, steps: int, counts: U32,
+            rows: npt.NDArray[np.uint32] | None = None) -> list[ClosedWindow]:
+        """Add a report covering steps [first_step, first_step + steps); `rows`: the counts of its sampled steps
+        (elasticmoe.loadcodec.sample_steps with this node's sample_every), None if it came without them.
 
-        Returns the windows that closed: (window_seq, first_step, counts uint32 [L, E])."""
+        Returns the windows that closed, in order."""
         if steps < 1:
             raise LoadReportError(f"steps = {steps}: expected >= 1")
         if steps > self.W:  # (a report crosses one window boundary at most: its split is bounded)
@@ -55,35 +71,56 @@ class LocalWindows:
                                   f"plugin's EMOE_REPORT_EVERY to at most the agents' window)")
         if counts.shape != (self.L, self.E):
             raise LoadReportError(f"counts shape {counts.shape}: expected [{self.L}, {self.E}]")
-        closed: list[tuple[int, int, U32]] = []
+        sampled = sample_steps(first_step, steps, self.every)
+        if rows is not None and rows.shape != (len(sampled), self.L, self.E):
+            raise LoadReportError(f"sampled rows shape {rows.shape}: expected {(len(sampled), self.L, self.E)}")
+        by_step = dict(zip(sampled, rows, strict=True)) if rows is not None else None
+        closed: list[ClosedWindow] = []
         left, at, rest = steps, first_step, counts.astype(np.uint64)
         while left:
             n = min(left, self.W - at % self.W)  # this window's share of the report's steps
             part = rest if n == left else (counts.astype(np.uint64) * n) // steps
-            closed += self._add(shim_id, at, n, part)
+            mine = None if by_step is None else {s: r for s, r in by_step.items() if at <= s < at + n}
+            closed += self._add(shim_id, at, n, part, mine)
             rest = rest - part
             left, at = left - n, at + n
         return closed
 
-    def _add(self, shim_id: str, first_step: int, steps: int, counts: npt.NDArray[np.uint64]) -> list[tuple[int, int, U32]]:
+    def _add(self, shim_id: str, first_step: int, steps: int, counts: npt.NDArray[np.uint64],
+             rows: dict[int, U32] | None) -> list[ClosedWindow]:
         seq = first_step // self.W
         self._shims.add(shim_id)
         if seq <= self._closed_upto:
             return []  # late report for a window already published: dropped, counted by the caller
-        part = self._open.setdefault(seq, _Partial(np.zeros((self.L, self.E), np.uint64), {}))
+        part = self._open.setdefault(seq, _Partial(np.zeros((self.L, self.E), np.uint64), {}, {}))
         part.counts += counts
         part.steps[shim_id] = part.steps.get(shim_id, 0) + steps
+        if rows is None:
+            part.sampled = False
+        else:
+            for s, r in rows.items():
+                have = part.rows.get(s)
+                part.rows[s] = r.astype(np.uint64) if have is None else have + r
         closed = []
         for k in sorted(self._open):
             p = self._open[k]
             later = any(j > k for j in self._open)
             if all(p.steps.get(s, 0) >= self.W for s in self._shims) or (later and k < seq - 1):
-                closed.append((k, k * self.W, np.minimum(p.counts, np.iinfo(np.uint32).max).astype(np.uint32)))
+                closed.append(self._close(k, p))
                 del self._open[k]
                 self._closed_upto = max(self._closed_upto, k)
             else:
                 break
         return closed
+
+    def _close(self, k: int, p: _Partial) -> ClosedWindow:
+        top = np.iinfo(np.uint32).max
+        want = sample_steps(k * self.W, self.W, self.every)
+        samples = None
+        if p.sampled and self.every > 0 and all(s in p.rows for s in want):
+            samples = (np.minimum(np.stack([p.rows[s] for s in want]), top).astype(np.uint32) if len(want)
+                       else np.zeros((0, self.L, self.E), np.uint32))
+        return ClosedWindow(k, k * self.W, np.minimum(p.counts, top).astype(np.uint32), samples)
 
 
 class ClusterWindows:
@@ -92,29 +129,30 @@ class ClusterWindows:
     Window k closes once every live node has reported it, or, so that one lagging or restarted node cannot
     stall every decision, once some live node is `lag` windows past k: then it closes with the reports at
     hand (a partial sum; `partial` counts how often). Windows at or before the last closed one are ignored.
+    A cluster window's sampled steps are the sum of its nodes' (None when one of them came without them).
     """
 
     def __init__(self, keep: int = 8, lag: int = 2) -> None:
         self.keep = keep
         self.lag = lag
-        self._by_node: dict[str, dict[int, U32]] = {}
+        self._by_node: dict[str, dict[int, tuple[U32, U32 | None]]] = {}
         self.last_closed = -1
         self.partial = 0
         self._count: dict[int, int] = {}  # window seq -> nodes holding it (any node, live or not)
         self._newest = -1  # the newest window seq added (an upper bound of the live nodes' newest)
 
-    def add(self, node: str, window_seq: int, counts: U32) -> None:
+    def add(self, node: str, window_seq: int, counts: U32, samples: U32 | None = None) -> None:
         if window_seq <= self.last_closed:
             return
         w = self._by_node.setdefault(node, {})
         if window_seq not in w:
             self._count[window_seq] = self._count.get(window_seq, 0) + 1
-        w[window_seq] = counts
+        w[window_seq] = (counts, samples)
         self._newest = max(self._newest, window_seq)
         for k in sorted(w)[:-self.keep]:
             self._forget(w, k)
 
-    def _forget(self, w: dict[int, U32], k: int) -> None:
+    def _forget(self, w: dict[int, tuple[U32, U32 | None]], k: int) -> None:
         del w[k]
         c = self._count[k] - 1
         if c:
@@ -130,8 +168,9 @@ class ClusterWindows:
             return -1
         return min(self._newest, self.last_closed + self.lag + 1)
 
-    def ready(self, live_nodes: list[str]) -> list[tuple[int, npt.NDArray[np.uint64]]]:
-        """Cluster windows (seq, sum over live nodes uint64 [L, E]) newly closed, in order."""
+    def ready(self, live_nodes: list[str]) -> list[tuple[int, npt.NDArray[np.uint64], U32 | None]]:
+        """Cluster windows newly closed, in order: (seq, sum over live nodes uint64 [L, E], the sum of their
+        sampled steps uint32 [S, L, E] or None)."""
         # called on every window arrival: first a check that nothing can close (no window held by as many
         # nodes as are live, and none old enough for the lag rule), without touching every node's windows
         ks = [k for k in self._count if k > self.last_closed]
@@ -151,7 +190,13 @@ class ClusterWindows:
             parts = [w[k] for w in held if k in w]
             if not complete:
                 self.partial += 1
-            out.append((k, np.asarray(sum(p.astype(np.uint64) for p in parts), dtype=np.uint64)))
+            total = np.asarray(sum(c.astype(np.uint64) for c, _ in parts), dtype=np.uint64)
+            rows = [r for _, r in parts]
+            samples = None
+            if all(r is not None for r in rows) and len({r.shape for r in rows if r is not None}) == 1:
+                summed = sum(r.astype(np.uint64) for r in rows if r is not None)
+                samples = np.minimum(summed, np.iinfo(np.uint32).max).astype(np.uint32)
+            out.append((k, total, samples))
             self.last_closed = k
         for w in held:
             for k in [k for k in w if k <= self.last_closed]:
@@ -165,7 +210,7 @@ class LoadGossip(Protocol):
     def suspect_ranks(self, ranks: Iterable[int]) -> list[str]: ...
 
     def publish_window(self, window_seq: int, first_step: int, steps: int, counts: npt.NDArray[np.integer],
-                       learner: bool = False) -> None: ...
+                       learner: bool = False, samples: U32 | None = None, sample_every: int = 0) -> None: ...
 
     def live_nodes(self) -> list[str]: ...
 
@@ -179,12 +224,15 @@ class LoadPath:
     `abstains()`: why this node may not vote now ("" when it may; agent.commit.CommitBackend.abstains)."""
 
     def __init__(self, node_id: str, topology: Topology, layers: int, experts: int, window: int,
-                 gossip: LoadGossip, close_window: Callable[[int, npt.NDArray[np.uint64]], None],
-                 engine_ran: Callable[[int, int], None], abstains: Callable[[], str]) -> None:
+                 gossip: LoadGossip, close_window: Callable[[int, npt.NDArray[np.uint64], U32 | None], None],
+                 engine_ran: Callable[[int, int], None], abstains: Callable[[], str], sample_every: int = 0) -> None:
+        """`sample_every`: the sampled steps the engines' reports carry (decision.sample_every)."""
         self.node_id, self.topology, self.layers, self.experts, self.window = node_id, topology, layers, experts, window
         self.gossip, self.close_window, self.engine_ran, self.abstains = gossip, close_window, engine_ran, abstains
-        self.local = LocalWindows(layers, experts, window)
+        self.sample_every = sample_every
+        self.local = LocalWindows(layers, experts, window, sample_every)
         self.cluster = ClusterWindows()
+        self.unsampled = 0  # reports used for their totals only (no sampled steps, or another sample_every)
 
     def on_report(self, r: dpb.LoadReport) -> None:
         """One engine rank's report; LoadReportError names the field of one this node cannot use (before
@@ -201,18 +249,31 @@ class LoadPath:
         if r.steps == 0:  # evidence only (a peer the engine lost), no load
             return
         counts = np.frombuffer(r.counts, dtype="<u4").reshape(self.layers, self.experts)
-        for seq, first, window in self.local.add(r.shim_id or f"rank{r.rank}", r.first_step, r.steps, counts):
-            self.gossip.publish_window(seq, first, self.window, window, bool(self.abstains()))
-            self.on_window(self.node_id, seq, window)
+        rows = None
+        if r.sample_every == self.sample_every > 0:
+            n = len(sample_steps(r.first_step, r.steps, r.sample_every))
+            rows = rows_from_bytes(r.samples, n, self.layers, self.experts)
+        else:
+            self.unsampled += 1
+            if r.sample_every and self.unsampled == 1:
+                log.warning("load report from %s samples every %d steps, this agent every %d (decision.sample_every):"
+                            " its totals are used, its sampled steps are not (set the engine plugin's "
+                            "EMOE_SAMPLE_EVERY to %d)", r.shim_id or r.rank, r.sample_every, self.sample_every,
+                            self.sample_every)
+        for w in self.local.add(r.shim_id or f"rank{r.rank}", r.first_step, r.steps, counts, rows):
+            self.gossip.publish_window(w.seq, w.first_step, self.window, w.counts, bool(self.abstains()),
+                                       w.samples, self.sample_every if w.samples is not None else 0)
+            self.on_window(self.node_id, w.seq, w.counts, w.first_step, self.window, w.samples)
 
-    def on_window(self, node: str, window_seq: int, counts: npt.NDArray[np.integer], *_: Any) -> None:
+    def on_window(self, node: str, window_seq: int, counts: npt.NDArray[np.integer], first_step: int = 0,
+                  steps: int = 0, samples: U32 | None = None) -> None:
         """A node's window (gossip's callback, and this node's own as it publishes one)."""
-        self.cluster.add(node, window_seq, np.asarray(counts, dtype=np.uint32))
+        self.cluster.add(node, window_seq, np.asarray(counts, dtype=np.uint32), samples)
         live = self.gossip.live_nodes()
         if self.node_id not in live:  # we count ourselves live (a node declared dead still reports)
             live = sorted([*live, self.node_id])
-        for seq, total in self.cluster.ready(live):
-            self.close_window(seq, total)
+        for seq, total, rows in self.cluster.ready(live):
+            self.close_window(seq, total, rows)
 
     def newest_reported(self) -> int:
         return self.cluster.newest_reported()

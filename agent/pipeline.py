@@ -35,10 +35,10 @@ from controlplane.controller import (
     WindowClosed,
 )
 from controlplane.decision import Decision
-from controlplane.load import table_step_imbalance
 from controlplane.ops import Operation, describe
 from controlplane.profile import StabilityProfile
 from controlplane.table import RoutingTable
+from controlplane.verify import replay_stats
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import consensus_pb2 as cpb
 
@@ -82,17 +82,31 @@ def _nothing() -> None:
     return None
 
 
+def window_rows(total: npt.NDArray[np.uint64], samples: npt.NDArray[np.uint32] | None,
+                window: int) -> npt.NDArray[np.uint32]:
+    """What the controller and the replay see of a window: its sampled steps [S, L, E], or, without samples
+    (an engine that sends none), one row of its mean step (total / window, rounded), so that every row is one
+    step's worth of tokens either way (the copy cost weighs tokens per step)."""
+    if samples is not None and samples.shape[0] > 0:
+        return np.asarray(samples, dtype=np.uint32)
+    mean = (np.asarray(total, dtype=np.uint64) + window // 2) // max(window, 1)
+    return np.minimum(mean, np.iinfo(np.uint32).max).astype(np.uint32)[None]
+
+
 class DecisionPipeline:
     """One node's decision path. Its one input is the sequence of closed cluster windows:
 
-        close_window(seq, total)   seq: the window number (its first step is seq * params.window);
-                                   total: uint64 [L, E], the window's tokens per (layer, logical expert) summed
-                                   over the window's steps and over every live node (agent.loadpath.ClusterWindows)
+        close_window(seq, total, samples)
+            seq: the window number (its first step is seq * params.window);
+            total: uint64 [L, E], the window's tokens per (layer, logical expert) summed over the window's steps
+                   and over every live node (agent.loadpath.ClusterWindows);
+            samples: uint32 [S, L, E], the counts of the window's sampled steps (every params.sample_every-th,
+                   elasticmoe.loadcodec), summed over the same nodes; None where some engine sent none
 
     fed in increasing `seq`, and, as the backend learns them, the commits: `on_commit(commit, table,
     newest_window)`. Each window is remembered for the voter's replay, judged against the committed head, and
-    handed to the controller as WindowClosed (one row, the summed total: steps [1, L, E]) with this node's
-    planning turn; the controller's Ready is then performed in its contract's order (`perform`), and each
+    handed to the controller as WindowClosed (its rows: the sampled steps, or else one row of the window's mean
+    step, `window_rows`) with this node's planning turn; the controller's Ready is then performed in its contract's order (`perform`), and each
     proposal goes to `backend.propose`. Operator and repair events enter through `step` and `manual`.
 
     Collaborators, all passed in whole: `backend` (the committed head and propose), `voter` (the replay
@@ -125,22 +139,23 @@ class DecisionPipeline:
         return None if not replay else replay[-1]
 
     # ---- input ---------------------------------------------------------------------------------
-    def close_window(self, seq: int, total: npt.NDArray[np.uint64]) -> None:
+    def close_window(self, seq: int, total: npt.NDArray[np.uint64],
+                     samples: npt.NDArray[np.uint32] | None = None) -> None:
         """A closed cluster window (see the class docstring)."""
         for h in self.hooks.window_closed:
             h(seq, total)
         if self.window_seq < 0:  # the first window since start: commits caught up on count from here
             self.head_seq = max(self.head_seq, seq - 1)
         self.window_seq = seq
-        self.voter.remember(seq, total)
+        rows = window_rows(total, samples, self.params.window)
+        self.voter.remember(seq, total, rows)
         self.each_window()
-        imb = float(table_step_imbalance(self.backend.head, total.astype(np.int64)))
+        imb = replay_stats(self.backend.head, rows).mean_imbalance()
         self.imbalance = (self.imbalance + [imb])[-600:]
         self.telemetry.record_imbalance(imb)
         if self.paused:
             return
-        steps = np.minimum(total, np.iinfo(np.uint32).max).astype(np.uint32)[None]
-        self.step(WindowClosed(seq, seq * self.params.window, steps, *self.turn(seq)))
+        self.step(WindowClosed(seq, seq * self.params.window, rows, *self.turn(seq), span=self.params.window))
 
     def on_commit(self, commit: cpb.Commit, table: RoutingTable, newest_window: int) -> None:
         """The backend committed `table` (this node's proposal or another's); `newest_window`: the newest window

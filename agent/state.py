@@ -77,6 +77,7 @@ class NodeState:
         self.params = DecisionParams(window=d.window, theta=d.theta, budget_windows=d.budget_windows, tau=d.tau,
                                      rollback_windows=d.rollback_windows, max_ops=d.max_ops,
                                      replay_windows=d.replay_windows, expert_bytes=c.expert_bytes, planner=d.planner,
+                                     sample_every=d.sample_every,
                                      # the fast path triggers on a big breach; never below the plain threshold
                                      fast_theta=max(d.theta, DecisionParams.fast_theta))
         self._table_waiters: list[asyncio.Future[None]] = []
@@ -171,7 +172,7 @@ class NodeState:
         self.load = LoadPath(self.node_id, self.topology, c.layers, c.experts, self.params.window, self.gossip,
                              self.pipeline.close_window,
                              lambda rank, version: self.installs.reported(rank, version, clock.now()),
-                             lambda: backend.abstains)
+                             lambda: backend.abstains, sample_every=self.params.sample_every)
         self.gossip.on_window(self.load.on_window)
         self.reactions = MembershipReactions(
             self.node_id, self._my_ranks(), clock, backend, self.pipeline, self.gossip, self.installs, rejoin,

@@ -11,20 +11,23 @@ from agent.wire import plan_forced, plan_kind
 from controlplane.decision import DecisionParams
 from controlplane.errors import ControlPlaneError
 from controlplane.table import RoutingTable
-from controlplane.verify import verify_decision
+from controlplane.verify import same_mix, verify_decision
 from elasticmoe.v1 import consensus_pb2 as cpb
 
 
 class Voter:
     def __init__(self, params: DecisionParams, tolerance: float) -> None:
         self.params, self.tolerance = params, tolerance
-        self.replay: list[npt.NDArray[np.uint64]] = []  # the last closed cluster windows, uint64 [L, E] each
-        self.seqs: list[int] = []  # their window numbers
+        self.replay: list[npt.NDArray[np.uint64]] = []  # the last closed cluster windows' totals, uint64 [L, E]
+        self.rows: list[npt.NDArray[np.uint32]] = []  # ... their per-step rows [S, L, E] (pipeline.window_rows)
+        self.seqs: list[int] = []  # ... and their window numbers
 
-    def remember(self, seq: int, total: npt.NDArray[np.uint64]) -> None:
-        """A closed cluster window (the last `replay_windows` are kept)."""
+    def remember(self, seq: int, total: npt.NDArray[np.uint64], rows: npt.NDArray[np.uint32]) -> None:
+        """A closed cluster window: its totals and the rows the controller sees of it (the last
+        `replay_windows` are kept)."""
         keep = self.params.replay_windows
         self.replay = (self.replay + [total])[-keep:]
+        self.rows = (self.rows + [rows])[-keep:]
         self.seqs = (self.seqs + [seq])[-keep:]
 
     def verify(self, head: RoutingTable, proposed: RoutingTable, plan: cpb.Plan) -> tuple[bool, float, str]:
@@ -48,19 +51,22 @@ class Voter:
         floor = -self.tolerance if rollback else max(0.0, min(self.params.tau, plan.verified_gain) - self.tolerance)
         # a rollback is judged on exactly the windows observed since its change, as the controller judged it
         # (decision.rollback): cut at the newest drift, they may be the one window the change was right on
-        ok, gain, reason = verify_decision(head, proposed, replay, floor,
-                                           drift_tv=None if rollback else self.params.drift_tv)
+        if not rollback:  # the windows since the newest drift, as the proposer planned on them
+            replay = replay[len(replay) - same_mix(np.stack([r.sum(axis=0, dtype=np.int64) for r in replay]),
+                                                   self.params.drift_tv):]
+        ok, gain, reason = verify_decision(head, proposed, np.concatenate(replay, axis=0), floor)
         # a rebalance's gain here must also agree with the proposer's (a rollback's need not: above)
         if ok and not rollback and plan.verified_gain - gain > self.tolerance:
             return False, gain, (f"replay gain {gain:.4f} is below the proposer's {plan.verified_gain:.4f} by more "
                                  f"than verify_tolerance {self.tolerance}")
         return ok, gain, reason
 
-    def span(self, lo: int, hi: int) -> npt.NDArray[np.uint32] | None:
-        """The replay windows whose first step lies in the proposer's span [lo, hi) (the same windows its
-        controller verified on), as uint32 [T, L, E]; all of them when the plan names no span."""
+    def span(self, lo: int, hi: int) -> list[npt.NDArray[np.uint32]] | None:
+        """The rows of the replay windows whose first step lies in the proposer's span [lo, hi) (the same
+        windows its controller verified on), a [S, L, E] array a window; all of them when the plan names no
+        span, None when none is held."""
         if hi <= lo:
-            return np.stack(self.replay).astype(np.uint32)
+            return list(self.rows)
         W = self.params.window
-        picked = [w for s, w in zip(self.seqs, self.replay, strict=True) if lo <= s * W < hi]
-        return np.stack(picked).astype(np.uint32) if picked else None
+        picked = [r for s, r in zip(self.seqs, self.rows, strict=True) if lo <= s * W < hi]
+        return picked or None

@@ -62,7 +62,10 @@ def window_payload(w: pb.LoadWindow) -> bytes:
     (the signing domain is added by the signer)."""
     head = struct.pack("<QQQIII?", w.incarnation, w.window_seq, w.first_step, w.steps, w.layers, w.experts,
                        w.learner)
-    return head + hashlib.sha256(w.counts).digest() + w.node_id.encode()
+    out = head + hashlib.sha256(w.counts).digest() + w.node_id.encode()
+    if w.samples or w.sample_every:  # (a window without samples signs as before this field was added)
+        out += b"\x00samples" + struct.pack("<I", w.sample_every) + hashlib.sha256(w.samples).digest()
+    return out
 
 
 def ahead(incarnation: int, window_seq: int, member_incarnation: int, newest_seq: int | None) -> Refusal | None:

@@ -50,10 +50,12 @@ __all__ = [
 # ---- events in ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class WindowClosed:
-    """Cluster-wide counts of one window: steps uint32 [T, L, E], T rows of the window's load. Its one caller,
-    agent.pipeline.DecisionPipeline (which the agents and `emoe bench` both run), gives one row: the window's
-    total summed over its steps (T = 1: gossip carries window totals). Tests may give one row a step (T = W):
-    the rows are what the replay and the estimate see of the window's spread. `planner`: the node that plans
+    """Cluster-wide counts of one window of `span` steps (0: as many as rows): steps uint32 [T, L, E], each row
+    one step's counts. Its one caller, agent.pipeline.DecisionPipeline (which the agents and `emoe bench` both
+    run), gives the window's sampled steps (elasticmoe.loadcodec: every `sample_every`-th step, summed over the
+    nodes as gossip carries them), or, where an engine sends no samples, one row of the window's mean step.
+    The rows are what the estimate, the replay and the rollback judge see of the per-step spread; tests may
+    give every step (T = span). `planner`: the node that plans
     this window when it is another one (this controller observes, and keeps its budget spent for when the
     turn comes to it); empty: this controller plans. `backup`: this node's place after the planner in the
     turn order, the windows a due rollback waits before this node proposes it itself."""
@@ -63,6 +65,7 @@ class WindowClosed:
     steps: npt.NDArray[np.uint32]
     planner: str = ""
     backup: int = 1
+    span: int = 0
 
 
 @dataclass(frozen=True)
@@ -256,7 +259,7 @@ class Controller:
             return
         table = self._inflight.table if self._inflight else self.head
         base = self.head if self._inflight else None
-        rep = self.monitor.observe(ev.window_seq, ev.first_step, ev.steps, table, base)
+        rep = self.monitor.observe(ev.window_seq, ev.first_step, ev.steps, table, base, ev.span)
         self._imbalance = rep.imbalance
         self._ready.events.append(rep)
         self._observe_window(ev.window_seq)

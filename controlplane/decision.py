@@ -56,7 +56,7 @@ class DecisionParams:
     downtime_steps: float = 1.0
     penalty_s: float = 1e-7
     cooldown_windows: int = 10  # experts of a rolled-back change are left alone this many windows
-    plan_block: int = 20  # the planner estimates on totals per block of this many steps (0: per window);
+    plan_block: int = 20  # the planner estimates on totals per block of this many rows (0: per window);
     #                       finer blocks see per-step peaks: on ESFT intent, 20 steps verify 0.050 vs 0.039
     # Each copy of a plan must lower its own layer's objective (sum over replay blocks of the max rank load)
     # by min_op_gain: per layer, so a move's worth does not shrink with the model's depth; and pro rata of the
@@ -76,6 +76,11 @@ class DecisionParams:
     #                         ~0.001, ESFT intent -> law by 0.35; a plan fitted to the old mix would miss
     retarget: bool = True  # after a large drift, let layers take larger deltas (controlplane.retarget)
     planner: str = "greedy"  # who proposes operations: a name in controlplane.planners.PLANNERS
+    # the per-step rows a window carries: every sample_every-th step's counts (elasticmoe.loadcodec; 0: none,
+    # one row of the window's mean step). The mean alone hides the per-step spread that sets a step's time:
+    # DeepSeek-V3 decode at EP144 (bench, EPLB boot) 1.309 mean step imbalance fed window means, 1.2585 fed
+    # every 10th step, 1.2571 fed every step; prefill EP32: 1.70 (it never acted), 1.076, 1.081
+    sample_every: int = 10
 
     def __post_init__(self) -> None:
         for f in ("window", "budget_windows", "rollback_windows", "max_ops", "replay_windows", "expert_bytes"):
@@ -94,6 +99,8 @@ class DecisionParams:
             raise InvalidParams(f"fast_theta={self.fast_theta!r}, min_op_gain={self.min_op_gain!r}, "
                                 f"drift_tv={self.drift_tv!r}: expected fast_theta >= theta, min_op_gain in [0, 1), "
                                 "drift_tv >= 0")
+        if self.sample_every < 0:
+            raise InvalidParams(f"sample_every={self.sample_every!r}: expected >= 0 (0: no sampled steps)")
         if self.cooldown_windows < 0 or self.plan_block < 0:
             raise InvalidParams(f"cooldown_windows={self.cooldown_windows!r}, plan_block={self.plan_block!r}: "
                                 "expected >= 0")
@@ -181,7 +188,7 @@ def _span(buf: ReplayBuffer, last: int | None = None) -> tuple[int, int]:
     if not buf.windows:
         return 0, 0
     ws = list(buf.windows)[-last:] if last else list(buf.windows)
-    return ws[0].first_step, ws[-1].first_step + int(ws[-1].counts.shape[0])
+    return ws[0].first_step, ws[-1].first_step + ws[-1].span
 
 
 def _tokens_per_step(buf: ReplayBuffer) -> npt.NDArray[np.float64]:

@@ -38,8 +38,9 @@ def content_key(table: RoutingTable) -> bytes:
 
 @dataclass(frozen=True)
 class Window:
-    """One closed window: counts uint32 [W, L, E], tokens per step and layer [W, L], totals [L, E], and
-    totals per block of `block` steps [nb, L, E] (what the planner estimates on)."""
+    """One closed window: counts uint32 [T, L, E] (T rows, each one step's counts: the window's sampled steps,
+    or every step), tokens per row and layer [T, L], totals [L, E] and totals per block of `block` rows
+    [nb, L, E] (what the planner estimates on), all over the rows; `span`: the steps the window covers."""
 
     seq: int
     first_step: int
@@ -47,6 +48,7 @@ class Window:
     totals: I64
     expert_totals: I64
     block_totals: I64
+    span: int
 
 
 class ErrorBudget:
@@ -95,7 +97,8 @@ class ReplayBuffer:
         self._cached_tables = cached_tables
         self._counts: U32 | None = None
 
-    def push(self, seq: int, first_step: int, steps: npt.NDArray[np.integer]) -> Window:
+    def push(self, seq: int, first_step: int, steps: npt.NDArray[np.integer], span: int = 0) -> Window:
+        """Keep a window of per-step rows `steps` [T, L, E] covering `span` steps (0: T)."""
         c = np.asarray(steps)
         if c.ndim != 3 or c.shape[1:] != (self.layers, self.experts) or c.shape[0] < 1:
             raise InvalidShape(f"window steps shape {c.shape}: expected [W >= 1, {self.layers}, {self.experts}]")
@@ -110,7 +113,7 @@ class ReplayBuffer:
         edges = np.arange(0, W, b)
         w = Window(seq, first_step, c, layer_totals(c), c.sum(axis=0, dtype=np.int64),
                    np.add.reduceat(c, edges, axis=0, dtype=np.int64) if edges.size > 1 else c.sum(
-                       axis=0, dtype=np.int64)[None])
+                       axis=0, dtype=np.int64)[None], span if span > 0 else W)
         self.windows.append(w)
         while len(self.windows) > self.capacity:
             old = self.windows.popleft()
@@ -211,10 +214,10 @@ class LoadMonitor:
         return self.last_seq is not None and seq <= self.last_seq
 
     def observe(self, seq: int, first_step: int, steps: npt.NDArray[np.integer], table: RoutingTable,
-                base: RoutingTable | None = None) -> WindowReport:
+                base: RoutingTable | None = None, span: int = 0) -> WindowReport:
         """Buffer the window, measure it under `table` (the head, or the in-flight proposal, with `base` the
         head), count it against the budget. A gap in window numbers restarts the count."""
-        w = self.buffer.push(seq, first_step, steps)  # validates first: a bad window changes nothing
+        w = self.buffer.push(seq, first_step, steps, span)  # validates first: a bad window changes nothing
         if self.last_seq is not None and seq != self.last_seq + 1:
             self.budget.reset()
         self.last_seq = seq

@@ -18,6 +18,7 @@ import numpy as np
 import numpy.typing as npt
 
 from dataplane_shim.errors import BadInput
+from elasticmoe.loadcodec import RowsError, rows_bytes, sample_steps
 from elasticmoe.v1 import consensus_pb2 as cpb
 from elasticmoe.v1 import dataplane_pb2 as dpb
 from elasticmoe.v1 import dataplane_pb2_grpc as dgrpc
@@ -44,15 +45,22 @@ def check_load_report(r: dpb.LoadReport, layers: int | None = None, experts: int
     bad = [g for g in r.unreachable_ranks if g < 0 or g == r.rank]
     if bad:
         return f"unreachable_ranks {bad[:4]}: expected other ranks' ids (>= 0, not this report's rank {r.rank})"
+    n = len(sample_steps(r.first_step, r.steps, r.sample_every))
+    if len(r.samples) != 4 * n * r.layers * r.experts:
+        return (f"samples has {len(r.samples)} bytes: expected {n} sampled steps (sample_every = {r.sample_every} "
+                f"over steps {r.first_step}..{r.first_step + r.steps - 1}) x {r.layers} x {r.experts} x 4")
     return ""
 
 
 def make_load_report(
     shim_id: str, rank: int, first_step: int, steps: int, version: int, counts: npt.ArrayLike,
     stale_dispatches: int = 0, dropped_tokens: int = 0, unreachable_ranks: Iterable[int] = (),
+    samples: npt.ArrayLike | None = None, sample_every: int = 0,
 ) -> dpb.LoadReport:
     """A LoadReport for uint32 counts [L, E] summed over `steps` steps starting at `first_step`;
-    `unreachable_ranks`: peers this rank's collectives or dispatch could not reach since its last report."""
+    `unreachable_ranks`: peers this rank's collectives or dispatch could not reach since its last report;
+    `samples` [n, L, E]: the counts of the sampled steps in the range (every `sample_every`-th global step,
+    elasticmoe.loadcodec), or None (sample_every is then sent as 0)."""
     c = np.asarray(counts)
     if c.ndim != 2 or c.dtype.kind not in "iu" or (c < 0).any() or (c > np.iinfo(np.uint32).max).any():
         raise BadInput(f"counts shape {c.shape} dtype {c.dtype}: expected uint32 [layers, experts]")
@@ -62,6 +70,11 @@ def make_load_report(
         stale_dispatches=stale_dispatches, dropped_tokens=dropped_tokens,
         unreachable_ranks=sorted(set(int(g) for g in unreachable_ranks)),
     )
+    if samples is not None and sample_every > 0:
+        try:
+            r.samples, r.sample_every = rows_bytes(samples), sample_every
+        except RowsError as e:
+            raise BadInput(str(e)) from None
     reason = check_load_report(r)
     if reason:
         raise BadInput(reason)

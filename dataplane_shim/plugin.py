@@ -32,6 +32,7 @@ from dataplane_shim.certify import table_from_commit
 from dataplane_shim.errors import BadInput, ShimError
 from dataplane_shim.genesis import content_hex, genesis_table
 from dataplane_shim.link import make_load_report
+from elasticmoe.loadcodec import sample_steps
 from elasticmoe.v1 import consensus_pb2 as cpb
 from elasticmoe.v1 import dataplane_pb2 as dpb
 
@@ -62,6 +63,7 @@ class Link(Protocol):
 # the overlapped agreement delays an install by at most 2 x 32 - 1 steps (1.9 s at 30 ms)
 REPORT_EVERY = 32  # steps per load report: one host copy and one message per 32 decode steps
 AGREE_EVERY = 32   # steps per version agreement: one async all-reduce launch (~150 us here) per 32 steps
+SAMPLE_EVERY = 10  # every 10th step's counts go to the agent besides the totals (elasticmoe.loadcodec)
 
 
 @dataclass
@@ -71,13 +73,16 @@ class Settings:
     report_every: int = REPORT_EVERY
     agree_every: int = AGREE_EVERY
     stall_steps: int = 0
+    sample_every: int = SAMPLE_EVERY
 
     """The plugin's settings, from the engine process's environment: EMOE_SOCKET (the agent's unix socket;
     `{rank}` is replaced by the EP rank; unset: the plugin stays off), EMOE_GENESIS (default `vllm`),
     EMOE_REPORT_EVERY (steps per load report, default 32), EMOE_AGREE_EVERY (steps per version agreement,
     default 32; it must be the same on every EP rank, which the plugin checks at start: a collective only
     some ranks enter hangs), EMOE_STALL_STEPS (steps a weight move may take before it is logged and counted
-    as a stall; 0, the default: 8 per MoE layer, at least 256)."""
+    as a stall; 0, the default: 8 per MoE layer, at least 256), EMOE_SAMPLE_EVERY (the per-step counts of every
+    N-th step go to the agent besides the totals, default 10, 0: none; it must equal the agents'
+    decision.sample_every)."""
 
     @staticmethod
     def from_env(env: dict[str, str] | None = None) -> Settings | None:
@@ -96,7 +101,8 @@ class Settings:
             return v
 
         return Settings(e["EMOE_SOCKET"], e.get("EMOE_GENESIS", "vllm"), integer("EMOE_REPORT_EVERY", REPORT_EVERY, 1),
-                        integer("EMOE_AGREE_EVERY", AGREE_EVERY, 1), integer("EMOE_STALL_STEPS", 0, 0))
+                        integer("EMOE_AGREE_EVERY", AGREE_EVERY, 1), integer("EMOE_STALL_STEPS", 0, 0),
+                        integer("EMOE_SAMPLE_EVERY", SAMPLE_EVERY, 0))
 
 
 @dataclass
@@ -113,9 +119,10 @@ class PluginCore:
     """One EP rank's view: the certified tables received, the version installed, the load to report."""
 
     def __init__(self, link: Link, topo: Topology, layers: int, experts: int, rank: int, boot_phy2log: I64,
-                 *, genesis: str = "vllm", report_every: int = 1, shim_id: str = "") -> None:
-        if report_every < 1:
-            raise BadInput(f"report_every={report_every}: expected >= 1")
+                 *, genesis: str = "vllm", report_every: int = 1, shim_id: str = "", sample_every: int = 0) -> None:
+        if report_every < 1 or sample_every < 0:
+            raise BadInput(f"report_every={report_every}, sample_every={sample_every}: expected >= 1 and >= 0")
+        self.sample_every = sample_every
         if not 0 <= rank < topo.ranks:
             raise BadInput(f"rank={rank}: expected 0..{topo.ranks - 1}")
         self.link, self.topo, self.rank, self.report_every = link, topo, rank, report_every
@@ -138,6 +145,8 @@ class PluginCore:
         self._load = np.zeros((layers, experts), dtype=np.int64)
         self._first_step = 0
         self._steps = 0
+        self._rows: list[npt.NDArray[np.int64]] = []  # the sampled steps' counts since the last report
+        self._sampled = True  # every chunk since the last report came with its sampled rows
         self._unreachable: set[int] = set()
 
     # ---- tables in ---------------------------------------------------------------------------------
@@ -199,11 +208,28 @@ class PluginCore:
         self.stats.installs += 1
 
     # ---- load out ----------------------------------------------------------------------------------
-    def add_load(self, counts: npt.ArrayLike, steps: int = 1) -> None:
-        """Add the logical load of `steps` steps, int [L, E]."""
+    def sampled(self, steps: int) -> list[int]:
+        """Which of the next `steps` steps are sampled, as offsets from the first of them (the rows `add_load`
+        wants: every `sample_every`-th global step, elasticmoe.loadcodec)."""
+        start = self._first_step + self._steps
+        return [s - start for s in sample_steps(start, steps, self.sample_every)]
+
+    def add_load(self, counts: npt.ArrayLike, steps: int = 1, rows: npt.ArrayLike | None = None) -> None:
+        """Add the logical load of `steps` steps, int [L, E]; `rows` [n, L, E]: the counts of the sampled ones
+        among them (`sampled(steps)`), or None when the engine cannot tell its steps apart (the report then
+        carries the totals only)."""
         c = np.asarray(counts)
         if c.shape != self._load.shape or steps < 1:
             raise BadInput(f"load shape {c.shape} over {steps} steps: expected {self._load.shape} over >= 1")
+        n = len(self.sampled(steps))
+        if rows is None:
+            self._sampled = self._sampled and n == 0
+        else:
+            r = np.asarray(rows)
+            if r.shape != (n, *self._load.shape):
+                raise BadInput(f"sampled rows shape {r.shape}: expected {(n, *self._load.shape)} (the sampled "
+                               f"steps among {steps} from step {self._first_step + self._steps})")
+            self._rows.extend(r.astype(np.int64))
         self._load += c
         self._steps += steps
         self.stats.steps += steps
@@ -250,8 +276,13 @@ class PluginCore:
 
     def _report(self) -> bool:
         counts = np.minimum(self._load, np.iinfo(np.uint32).max).astype(np.uint32)
+        rows = None
+        if self._sampled and self.sample_every > 0:
+            rows = (np.minimum(np.stack(self._rows), np.iinfo(np.uint32).max).astype(np.uint32) if self._rows
+                    else np.zeros((0, *counts.shape), np.uint32))
         report = make_load_report(self.shim_id, self.rank, self._first_step, self._steps, self.version, counts,
-                                  unreachable_ranks=self._unreachable)
+                                  unreachable_ranks=self._unreachable, samples=rows, sample_every=self.sample_every)
+        self._rows, self._sampled = [], True
         self._unreachable = set()
         self.link.offer(report)
         self.stats.reports += 1

@@ -96,7 +96,7 @@ def manager_class() -> type:
                                     shim_id=f"sglang-ep{self._rank}", ranks=[self._rank])
             core = PluginCore(self._link, Topology(1, G, P // G), len(self._moe_ids), E, self._rank,
                               phy[self._moe_ids], genesis=settings.genesis, report_every=settings.report_every,
-                              shim_id=f"sglang-ep{self._rank}")
+                              shim_id=f"sglang-ep{self._rank}", sample_every=settings.sample_every)
             # agreement every EMOE_AGREE_EVERY passes of the shared pass count (SGLang's rebalance() runs within
             # the pass it is armed at, or its chunks)
             if G > 1:
@@ -130,7 +130,9 @@ def manager_class() -> type:
             counts = get_global_expert_distribution_recorder().dump_record(output_mode="object")
             if self._rank == 0:
                 c = counts["logical_count"].cpu().numpy().reshape(-1, *counts["logical_count"].shape[-2:])
-                core.add_load(c.sum(axis=0)[self._moe_ids], steps)
+                # one row a forward pass (the recorder's per-pass mode): the sampled passes' rows go too
+                rows = c[core.sampled(steps)][:, self._moe_ids] if c.shape[0] == steps else None
+                core.add_load(c.sum(axis=0)[self._moe_ids], steps, rows)
 
         def _entrypoint(self) -> Iterator[None]:
             while True:

@@ -108,7 +108,8 @@ class VllmPlugin:
         self.link = link
         boot = self.ms.physical_to_logical_map.detach().cpu().numpy()
         self.core = PluginCore(link, self.topo, L, E, self.rank, boot, genesis=settings.genesis,
-                               report_every=settings.report_every, shim_id=f"vllm-ep{self.rank}")
+                               report_every=settings.report_every, shim_id=f"vllm-ep{self.rank}",
+                               sample_every=settings.sample_every)
         self.inst = Installer(self.core, agree_every=settings.agree_every,
                               stall_steps=settings.stall_steps or max(256, 8 * L), rank=self.rank)
         self.E = E
@@ -126,6 +127,7 @@ class VllmPlugin:
         self._acc = (None if self._ring else
                      torch.zeros(tuple(self.ms.expert_load_pass.shape), dtype=torch.int64, device=dev))  # [L, P]
         self._zero_pass = self._window < 2
+        self._acc_rows: list[torch.Tensor] = []  # the accumulator's sampled steps' physical load [L, P] each
         # expert_load_pass -> logical index ([L, P], empty slots -> E): rebuilt after a step that may have moved
         self._idx: torch.Tensor | None = None
         self.target: torch.Tensor | None = None  # the armed table's phy2log, what the policy returns
@@ -186,6 +188,8 @@ class VllmPlugin:
         if not is_dummy:
             if self._acc is not None:
                 self._acc += self.ms.expert_load_pass  # before vLLM records (and zeroes) it
+                if self.core.sample_every and self._acc_steps in self.core.sampled(self._acc_steps + 1):
+                    self._acc_rows.append(self.ms.expert_load_pass.clone())
             self._acc_steps += 1
         t2 = time.perf_counter()
         self._orig_step(is_dummy=is_dummy, is_profile=False, log_stats=log_stats)
@@ -261,7 +265,7 @@ class VllmPlugin:
         idx = self._idx if self._idx is not None else self._index()
         steps = self._acc_steps
         if self._acc is not None:
-            load = self._acc
+            load, rows = self._acc, self._acc_rows
         else:  # vLLM's ring: the slots it wrote since the last fold (fewer than window_size: see __init__)
             ring, cur = self.ms.expert_load_window, int(self.es.expert_load_window_step)
             steps = (cur - self._ring_from) % self._window
@@ -269,13 +273,22 @@ class VllmPlugin:
                 load = ring[self._ring_from:self._ring_from + steps].sum(0)
             else:
                 load = ring[self._ring_from:].sum(0) + ring[:cur].sum(0)
+            rows = [ring[(self._ring_from + o) % self._window] for o in self.core.sampled(steps)]
             self._ring_from = cur
         if steps:
             self._scratch.zero_()
             self._scratch.scatter_add_(1, idx, load.to(torch.int64))
-            self.core.add_load(self._scratch[:, : self.E].cpu().numpy(), steps)
+            folded = None
+            if rows:  # the sampled steps, folded to logical the same way (one batched scatter, one copy)
+                per = torch.zeros(len(rows), *self._scratch.shape, dtype=torch.int64, device=self._scratch.device)
+                per.scatter_add_(2, idx.expand(len(rows), *idx.shape), torch.stack(rows).to(torch.int64))
+                folded = per[:, :, : self.E].cpu().numpy()
+            elif self.core.sample_every:
+                folded = np.zeros((0, *self._scratch[:, : self.E].shape), np.int64)
+            self.core.add_load(self._scratch[:, : self.E].cpu().numpy(), steps, folded)
         if self._acc is not None:
             self._acc.zero_()
+        self._acc_rows = []
         self._acc_steps = 0
         self.core.maybe_report()
 

@@ -43,7 +43,7 @@ class MemberState(_message.Message):
     def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., status: _Optional[_Union[MemberStatus, str]] = ..., ranks: _Optional[_Iterable[int]] = ..., from_node: _Optional[str] = ..., claim: _Optional[bytes] = ..., claim_signature: _Optional[bytes] = ..., claim_certificate: _Optional[bytes] = ...) -> None: ...
 
 class LoadWindow(_message.Message):
-    __slots__ = ("node_id", "incarnation", "window_seq", "layers", "experts", "counts", "steps", "first_step", "signature", "certificate", "learner")
+    __slots__ = ("node_id", "incarnation", "window_seq", "layers", "experts", "counts", "steps", "first_step", "signature", "certificate", "learner", "samples", "sample_every")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     WINDOW_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +55,8 @@ class LoadWindow(_message.Message):
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
     LEARNER_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    SAMPLE_EVERY_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     incarnation: int
     window_seq: int
@@ -66,7 +68,9 @@ class LoadWindow(_message.Message):
     signature: bytes
     certificate: bytes
     learner: bool
-    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., window_seq: _Optional[int] = ..., layers: _Optional[int] = ..., experts: _Optional[int] = ..., counts: _Optional[bytes] = ..., steps: _Optional[int] = ..., first_step: _Optional[int] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ..., learner: _Optional[bool] = ...) -> None: ...
+    samples: bytes
+    sample_every: int
+    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., window_seq: _Optional[int] = ..., layers: _Optional[int] = ..., experts: _Optional[int] = ..., counts: _Optional[bytes] = ..., steps: _Optional[int] = ..., first_step: _Optional[int] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ..., learner: _Optional[bool] = ..., samples: _Optional[bytes] = ..., sample_every: _Optional[int] = ...) -> None: ...
 
 class Digest(_message.Message):
     __slots__ = ("node_id", "incarnation", "window_seq")

@@ -18,11 +18,16 @@ def _tables() -> tuple[RoutingTable, RoutingTable]:
     return head, RoutingTable(topo, 8, np.array([[0, 2, 1, 3, 4, 6, 5, 7]]), 6, 5, (0, 1, 2, 3))
 
 
+def _remember(v: Voter, seq: int, total: np.ndarray) -> None:
+    """A window whose one row is its total (these load patterns are the same at every step)."""
+    v.remember(seq, total.astype(np.uint64), total.astype(np.uint32)[None])
+
+
 def test_a_rollback_needs_no_gain_a_rebalance_does() -> None:
     head, proposed = _tables()
     v = Voter(DecisionParams(), tolerance=0.01)
     for w in range(3):  # load on which the two placements are even
-        v.remember(w, np.full((1, 8), 100, np.uint64))
+        _remember(v, w, np.full((1, 8), 100, np.uint64))
     rebalance = make_plan((), 0.1, 0.1, 0.0, "step imbalance", kind="rebalance")
     rollback = make_plan((), 0.0, 0.0, 0.0, "rollback: v5 realised worse", kind="rollback")
     ok, gain, why = v.verify(head, proposed, rebalance)
@@ -35,7 +40,7 @@ def test_a_rollback_clearly_worse_here_is_refused() -> None:
     head, proposed = _tables()
     v = Voter(DecisionParams(), tolerance=0.05)
     for w in range(3):  # experts 0 and 2 hot: the proposed table puts them together on rank 0
-        v.remember(w, np.array([[100, 10, 100, 10, 10, 10, 10, 10]], np.uint64))
+        _remember(v, w, np.array([[100, 10, 100, 10, 10, 10, 10, 10]], np.uint64))
     rollback = make_plan((), 0.0, 0.0, 0.0, "rollback: v5 realised worse", kind="rollback")
     ok, gain, why = v.verify(head, proposed, rollback)
     assert not ok and gain < -0.05 and why == "GAIN_BELOW_TAU"
@@ -48,7 +53,7 @@ def test_a_rollback_slightly_worse_on_this_nodes_windows_passes() -> None:
     head, proposed = _tables()
     v = Voter(DecisionParams(), tolerance=0.05)
     for w in range(3):
-        v.remember(w, np.array([[100, 95, 100, 95, 100, 95, 100, 95]], np.uint64))
+        _remember(v, w, np.array([[100, 95, 100, 95, 100, 95, 100, 95]], np.uint64))
     rollback = make_plan((), 0.04, 0.04, 0.0, "rollback: v5 realised worse", kind="rollback")
     ok, gain, why = v.verify(head, proposed, rollback)
     assert -0.05 < gain < 0 and ok, (gain, why)
@@ -62,8 +67,8 @@ def test_a_rollback_is_judged_on_every_window_since_its_change_not_cut_at_a_drif
     head, proposed = _tables()
     v = Voter(DecisionParams(), tolerance=0.05)
     for w in range(2):  # experts 0 and 1 hot: the head holds both on rank 0, the rollback splits them
-        v.remember(w, np.array([[100, 100, 10, 10, 10, 10, 10, 10]], np.uint64))
-    v.remember(2, np.array([[100, 10, 100, 10, 10, 10, 10, 10]], np.uint64))  # a drift: 0 and 2 hot
+        _remember(v, w, np.array([[100, 100, 10, 10, 10, 10, 10, 10]], np.uint64))
+    _remember(v, 2, np.array([[100, 10, 100, 10, 10, 10, 10, 10]], np.uint64))  # a drift: 0 and 2 hot
     rollback = make_plan((), 0.2, 0.2, 0.0, "rollback: v5 realised worse", kind="rollback")
     ok, gain, why = v.verify(head, proposed, rollback)
     assert ok and gain > 0, (gain, why)
@@ -80,7 +85,7 @@ def test_a_rebalance_must_agree_with_the_proposers_gain_a_rollback_need_not() ->
     head, proposed = _tables()
     v = Voter(DecisionParams(), tolerance=0.05)
     for w in range(3):  # experts 0 and 1 hot, both on rank 0 in the head: the proposed table splits them
-        v.remember(w, np.array([[100, 100, 10, 10, 10, 10, 10, 10]], np.uint64))
+        _remember(v, w, np.array([[100, 100, 10, 10, 10, 10, 10, 10]], np.uint64))
     ok, here, why = v.verify(head, proposed, make_plan((), 0.2, 0.2, 0.0, "step imbalance", kind="rebalance"))
     assert ok and here > DecisionParams().tau, why  # the gain tau asks for, here
     claimed = here + 0.2  # ... but the proposer claims far more

@@ -191,7 +191,7 @@ def test_view_sums_live_windows_newest_wins_and_callbacks_fire_for_others_only()
     sim.add_nodes(4)
     assert sim.stabilize(10) is not None
     got: list[tuple[str, int, tuple[int, ...], int, int]] = []
-    sim.nodes["n1"].on_window(lambda n, seq, c, first, steps: got.append((n, seq, c.shape, first, steps)))
+    sim.nodes["n1"].on_window(lambda n, seq, c, first, steps, *_: got.append((n, seq, c.shape, first, steps)))
     for n, k in (("n1", 1), ("n2", 2), ("n3", 3)):
         sim.publish_array(n, 1, np.full((2, 3), k, np.uint32))
     sim.publish_array("n2", 2, np.full((2, 3), 20, np.uint32))

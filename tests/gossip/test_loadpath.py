@@ -14,8 +14,8 @@ def test_local_window_closes_when_every_shim_reported() -> None:
     assert lw.add("a", 0, 5, one) == []
     assert lw.add("b", 0, 10, one) == []  # shim a has 5 of 10 steps
     closed = lw.add("a", 5, 5, one)
-    assert [(k, f) for k, f, _ in closed] == [(0, 0)]
-    assert (closed[0][2] == 3).all()
+    assert [(w.seq, w.first_step) for w in closed] == [(0, 0)]
+    assert (closed[0].counts == 3).all()
 
 
 def test_local_window_rejects_bad_reports() -> None:
@@ -37,10 +37,10 @@ def test_reports_across_window_boundaries_are_split_by_steps() -> None:
     closed = []
     for first in range(0, 224, 16):
         closed += lw.add("a", first, 16, np.array([[160, 16, 7]], np.uint32))
-    assert [(k, f) for k, f, _ in closed] == [(0, 0), (1, 100)]
+    assert [(w.seq, w.first_step) for w in closed] == [(0, 0), (1, 100)]
     # expert 2, 7 a report: window 0 has 6 whole reports and 7 x 4 // 16 = 1 of steps 96-111 (43); window 1
     # the other 6 of it, 5 whole reports and 7 x 8 // 16 = 3 of steps 192-207 (44)
-    assert [c.tolist() for _, _, c in closed] == [[[1000, 100, 43]], [[1000, 100, 44]]]
+    assert [w.counts.tolist() for w in closed] == [[[1000, 100, 43]], [[1000, 100, 44]]]
 
 
 def test_cluster_window_needs_every_live_node() -> None:
@@ -49,10 +49,10 @@ def test_cluster_window_needs_every_live_node() -> None:
     assert cw.ready(["n1", "n2"]) == []
     cw.add("n2", 0, np.full((2, 2), 2, np.uint32))
     ready = cw.ready(["n1", "n2"])
-    assert [k for k, _ in ready] == [0] and (ready[0][1] == 3).all()
+    assert [k for k, *_ in ready] == [0] and (ready[0][1] == 3).all()
     assert cw.ready(["n1", "n2"]) == []  # each window once
     cw.add("n1", 1, np.full((2, 2), 1, np.uint32))
-    assert [k for k, _ in cw.ready(["n1"])] == [1]  # n2 declared dead: the survivors' sum
+    assert [k for k, *_ in cw.ready(["n1"])] == [1]  # n2 declared dead: the survivors' sum
 
 
 def test_a_lagging_node_cannot_stall_cluster_windows() -> None:
@@ -63,13 +63,13 @@ def test_a_lagging_node_cannot_stall_cluster_windows() -> None:
         cw.add("fast", k, one * 2)
     ready = cw.ready(["fast", "slow"])
     # 0 is complete; 1 and 2 close without the slow node once fast is 2 windows past them
-    assert [k for k, _ in ready] == [0, 1, 2]
+    assert [k for k, *_ in ready] == [0, 1, 2]
     assert (ready[0][1] == 3).all() and (ready[1][1] == 2).all()
     assert cw.partial == 2
     cw.add("slow", 1, one)  # too late: window 1 is closed
     assert cw.ready(["fast", "slow"]) == []
     cw.add("slow", 3, one)
-    assert [k for k, _ in cw.ready(["fast", "slow"])] == [3]
+    assert [k for k, *_ in cw.ready(["fast", "slow"])] == [3]
 
 
 def test_the_newest_reported_window_is_vouched_for_by_the_last_closed_one() -> None:
@@ -83,7 +83,7 @@ def test_the_newest_reported_window_is_vouched_for_by_the_last_closed_one() -> N
         cw.add("a", k, one)
         cw.add("b", k, one)
     cw.add("a", 3, one)
-    assert [k for k, _ in cw.ready(["a", "b"])] == [0, 1, 2]
+    assert [k for k, *_ in cw.ready(["a", "b"])] == [0, 1, 2]
     assert cw.newest_reported() == 3  # a reported window 3; 4 is open
     cw.add("c", 10**9, one)  # not a live node's: nothing closes
     assert cw.ready(["a", "b"]) == [] and cw.newest_reported() == 2 + 2 + 1
@@ -139,5 +139,5 @@ def test_cluster_windows_fast_path_agrees_with_the_definition(ops: list[tuple[in
         cw.add(n, seq, c)
         ref.add(n, seq, c)
         live = [x for x in nodes if x not in dead] or nodes[:1]
-        got = [(k, int(t.sum())) for k, t in cw.ready(live)]
+        got = [(k, int(t.sum())) for k, t, _ in cw.ready(live)]
         assert got == ref.ready(live)

@@ -97,11 +97,12 @@ def test_a_relayed_genuine_window_is_accepted_at_a_third_node(certs: tuple[Path,
     assert _refused(sim, "n3") == {}
 
 
-@pytest.mark.parametrize("how", ["signed_by_n2", "unsigned", "tampered", "tampered_learner", "foreign_ca"])
+@pytest.mark.parametrize("how", ["signed_by_n2", "unsigned", "tampered", "tampered_learner", "tampered_samples",
+                                 "foreign_ca"])
 def test_a_window_for_another_node_is_refused_and_counted(certs: tuple[Path, Path], how: str) -> None:
     """n2 (a legitimate node) pushes a window "for n1" to n3 and n4: signed with its own key, unsigned, n1's
-    genuine signature over other counts or with `learner` set (which would take n1 out of the planning turn),
-    or signed by an "n1" of another CA. Refused and counted; n1's view unchanged, and n1's next genuine window
+    genuine signature over other counts, with `learner` set (which would take n1 out of the planning turn) or
+    with other sampled steps, or signed by an "n1" of another CA. Refused and counted; n1's view unchanged, and n1's next genuine window
     accepted."""
     good, other = certs
     sim = _sim(good)
@@ -114,6 +115,14 @@ def test_a_window_for_another_node_is_refused_and_counted(certs: tuple[Path, Pat
     elif how == "tampered":
         forged = _sign_as(sim.signers["n1"], _window("n1", 0, 2, value=1))
         forged.counts = np.full((2, 4), 99, dtype="<u4").tobytes()
+        reason = Refusal.BAD_SIGNATURE
+    elif how == "tampered_samples":
+        from elasticmoe.loadcodec import pack_rows
+
+        w = _window("n1", 0, 2, value=1)  # steps 100..199 sampled every 50: steps 100 and 150
+        w.samples, w.sample_every = pack_rows(np.zeros((2, 2, 4), np.uint32)), 50
+        forged = _sign_as(sim.signers["n1"], w)
+        forged.samples = pack_rows(np.full((2, 2, 4), 99, np.uint32))
         reason = Refusal.BAD_SIGNATURE
     elif how == "tampered_learner":
         forged = _sign_as(sim.signers["n1"], _window("n1", 0, 2, value=1))
