@@ -122,6 +122,34 @@ def check_windows(windows: Iterable[pb.LoadWindow], shape: tuple[int, int] | Non
                 raise InvalidArgument(f"window of {w.node_id!r}: {e}") from None
 
 
+def make_window(node_id: str, incarnation: int, window_seq: int, first_step: int, steps: int,
+                counts: npt.NDArray[np.integer], learner: bool = False, samples: npt.NDArray[np.uint32] | None = None,
+                sample_every: int = 0) -> pb.LoadWindow:
+    """A node's LoadWindow, unsigned: counts uint32 [L, E] and, with `sample_every`, its sampled steps' counts
+    [S, L, E] zlib-compressed; ValueError names what does not fit."""
+    c = np.asarray(counts)
+    if c.ndim != 2 or c.size == 0:
+        raise ValueError(f"counts shape {c.shape}: expected [layers, experts]")
+    shape = (int(c.shape[0]), int(c.shape[1]))
+    if (np.issubdtype(c.dtype, np.signedinteger) and c.min() < 0) or int(c.max()) > 0xFFFFFFFF:
+        raise ValueError("counts must fit in uint32")
+    w = pb.LoadWindow(node_id=node_id, incarnation=incarnation, window_seq=window_seq, layers=shape[0],
+                      experts=shape[1], counts=np.ascontiguousarray(c, dtype="<u4").tobytes(), steps=steps,
+                      first_step=first_step, learner=learner)
+    if samples is not None and sample_every > 0:
+        n = len(sample_steps(first_step, steps, sample_every))
+        if samples.shape != (n, *shape):
+            raise ValueError(f"samples shape {samples.shape}: expected {(n, *shape)}")
+        w.samples, w.sample_every = pack_rows(samples), sample_every
+    return w
+
+
+def node_window(w: pb.LoadWindow) -> NodeWindow:
+    """A checked LoadWindow (check_windows) decoded: counts [L, E] and sampled steps [S, L, E] read-only."""
+    counts = np.frombuffer(w.counts, dtype="<u4").reshape(w.layers, w.experts)
+    return NodeWindow(w.node_id, w.incarnation, w.window_seq, w.first_step, w.steps, counts, window_samples(w))
+
+
 def window_samples(w: pb.LoadWindow) -> npt.NDArray[np.uint32] | None:
     """A window's sampled steps [S, L, E] (the steps s of [first_step, first_step + steps) with
     s % sample_every == 0), None when it carries none; RowsError when they do not decode to that shape."""
@@ -170,25 +198,14 @@ class LoadGossip:
                 learner: bool = False, samples: npt.NDArray[np.uint32] | None = None, sample_every: int = 0) -> None:
         """Publish this node's window; `learner`: this node abstains from consensus now (LoadWindow.learner);
         `samples` [S, L, E]: the counts of its steps s with s % sample_every == 0 (sent zlib-compressed)."""
-        c = np.asarray(counts)
-        if c.ndim != 2 or c.size == 0:
-            raise ValueError(f"counts shape {c.shape}: expected [layers, experts]")
-        shape = (int(c.shape[0]), int(c.shape[1]))
-        if self.shape is not None and shape != self.shape:
-            raise ValueError(f"counts shape {shape}: expected {self.shape}")
-        if (np.issubdtype(c.dtype, np.signedinteger) and c.min() < 0) or int(c.max()) > 0xFFFFFFFF:
-            raise ValueError("counts must fit in uint32")
         own = self._w.get(self.node_id)
         if own is not None and window_seq <= own.window_seq:
             raise ValueError(f"window_seq = {window_seq}: expected > {own.window_seq}, the last one published")
-        w = pb.LoadWindow(node_id=self.node_id, incarnation=self.members.incarnation, window_seq=window_seq,
-                          layers=shape[0], experts=shape[1], counts=np.ascontiguousarray(c, dtype="<u4").tobytes(),
-                          steps=steps, first_step=first_step, learner=learner)
-        if samples is not None and sample_every > 0:
-            n = len(sample_steps(first_step, steps, sample_every))
-            if samples.shape != (n, *shape):
-                raise ValueError(f"samples shape {samples.shape}: expected {(n, *shape)}")
-            w.samples, w.sample_every = pack_rows(samples), sample_every
+        w = make_window(self.node_id, self.members.incarnation, window_seq, first_step, steps, counts, learner,
+                        samples, sample_every)
+        shape = (w.layers, w.experts)
+        if self.shape is not None and shape != self.shape:
+            raise ValueError(f"counts shape {shape}: expected {self.shape}")
         self.guard.sign(w)  # once, here: relays pass the signature on unchanged
         if w.samples and w.ByteSize() > self.cfg.max_message_bytes - _ENVELOPE:  # the totals alone, then
             self.samples_dropped += 1
@@ -253,10 +270,7 @@ class LoadGossip:
     def node_window(self, node_id: str) -> NodeWindow:
         nw = self._np.get(node_id)
         if nw is None:
-            w = self._w[node_id]
-            counts = np.frombuffer(w.counts, dtype="<u4").reshape(w.layers, w.experts)
-            nw = self._np[node_id] = NodeWindow(node_id, w.incarnation, w.window_seq, w.first_step, w.steps, counts,
-                                                window_samples(w))
+            nw = self._np[node_id] = node_window(self._w[node_id])
         return nw
 
     def learners(self) -> set[str]:

@@ -143,7 +143,7 @@ class DecisionPipeline:
                      samples: npt.NDArray[np.uint32] | None = None) -> None:
         """A closed cluster window (see the class docstring)."""
         for h in self.hooks.window_closed:
-            h(seq, total)
+            h(seq, total, samples)
         if self.window_seq < 0:  # the first window since start: commits caught up on count from here
             self.head_seq = max(self.head_seq, seq - 1)
         self.window_seq = seq

@@ -27,6 +27,7 @@ class DemoSpec:
     ranks_per_node: int = 4
     slots_per_rank: int = 6
     window: int = 50
+    sample_every: int = 10  # the engines send every 10th step's counts too (decision.sample_every, loadcodec)
     segment_steps: int = 600
     step_ms: float = 10.0
     eplb_period: int = 300
@@ -50,7 +51,8 @@ def split_counts(counts: np.ndarray, n: int, i: int) -> np.ndarray:
 async def run_engine(i: int, n: int, sock: str, trace: Trace, spec: DemoSpec, topo: Topology,
                      progress: list[int]) -> EngineLog:
     """One node's reference engine: serves the trace step by step through the shim, installing each
-    certified table at a step boundary and reporting its load every window."""
+    certified table at a step boundary and reporting its load every window, with its sampled steps' counts
+    (every `spec.sample_every`-th step, as the engine plugins send them)."""
     from dataplane_shim.certify import table_from_commit
     from dataplane_shim.link import ShimLink, make_load_report
 
@@ -69,6 +71,7 @@ async def run_engine(i: int, n: int, sock: str, trace: Trace, spec: DemoSpec, to
     watcher = asyncio.create_task(watch())
     versions = np.zeros(T, dtype=np.int64)
     acc = np.zeros((L, E), dtype=np.uint32)
+    rows: list[np.ndarray] = []
     try:
         for t in range(T):
             if pending:
@@ -79,11 +82,17 @@ async def run_engine(i: int, n: int, sock: str, trace: Trace, spec: DemoSpec, to
                     tables[head.version] = head
                     installed[head.version] = t
             versions[t] = head.version
-            acc += split_counts(trace.counts[t], n, i)
+            mine = split_counts(trace.counts[t], n, i)
+            acc += mine
+            if spec.sample_every and t % spec.sample_every == 0:
+                rows.append(mine)
             if (t + 1) % spec.window == 0:
+                samples = np.stack(rows) if rows else np.zeros((0, L, E), np.uint32)
                 await link.report_load(make_load_report(f"engine{i}", i, t + 1 - spec.window, spec.window,
-                                                        head.version, acc))
+                                                        head.version, acc, samples=samples,
+                                                        sample_every=spec.sample_every))
                 acc[:] = 0
+                rows.clear()
             if i == 0:
                 progress[0] = t + 1
             await asyncio.sleep(spec.step_ms / 1e3)
@@ -142,7 +151,8 @@ def run_demo(spec: DemoSpec, as_json: bool = False) -> dict[str, Any]:
     topo = Topology(spec.agents, spec.ranks_per_node, spec.slots_per_rank)
     cluster_cfg = {"nodes": spec.agents, "ranks_per_node": spec.ranks_per_node,
                    "slots_per_rank": spec.slots_per_rank, "layers": L, "experts": E, "top_k": trace.top_k}
-    sections = {"decision": {"window": spec.window, "budget_windows": 2, "theta": 1.10, "tau": 0.02}}
+    sections = {"decision": {"window": spec.window, "budget_windows": 2, "theta": 1.10, "tau": 0.02,
+                             "sample_every": spec.sample_every}}
     say = (lambda *a: None) if as_json else print
     say(f"ElasticMoE demo: {spec.agents} agents x {spec.ranks_per_node} ranks x {spec.slots_per_rank} slots, "
         f"trace {trace.source} ({T} steps, {L} layers x {E} experts, {trace.step_model}), drift at {trace.drift_steps}")

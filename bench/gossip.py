@@ -14,6 +14,12 @@ network drains for 2 s.
   and with `--signed` its node's signature and certificate, as under mTLS: windows then are signed by the
   origin and verified at every hop, with keys and certificates from a development CA).
 
+- window_bytes_ep144: a node's window as the agents' load path builds it (bench.agentfeed: totals plus every
+  10th step's counts, zlib) on the public DeepSeek-V3 decode statistics in ../shared/traces at DeepSeek's decode
+  shape, EP144 (18 nodes x 8 GPUs, 2 slots a GPU, EPLB placement, 128 tokens a GPU a step): median and max over
+  the nodes and windows, unsigned and with mTLS's ~600 bytes, against the budget of 4 x 59,392 bytes (the
+  counts alone, as windows were before they carried sampled steps). Skipped, with the reason, without the traces.
+
     python -m bench.gossip --nodes 128 --json
 """
 
@@ -91,6 +97,35 @@ def run(nodes: int, seed: int, layers: int, experts: int, period: float, duratio
             **{f"bytes_{m.split('/')[1]}": v / nodes / elapsed for m, v in sorted(by_method.items())}}
 
 
+BUDGET_BYTES = 4 * 58 * 256 * 4  # 4 x a DeepSeek-V3 window of counts alone (59,392 bytes)
+
+
+def ep144_window_bytes(windows: int = 4, seed: int = 0) -> dict[str, object]:
+    """A node's window with its sampled steps at EP144 on the DeepSeek-V3 decode statistics (see the module
+    docstring); {"skipped": why} without ../shared/traces."""
+    from bench.agentfeed import LoadFeed
+    from bench.traces import import_sglang_logical_count, sglang_path
+    from controlplane.baselines.eplb import eplb_table
+    from controlplane.decision import DecisionParams
+    from controlplane.table import initial_table
+    from controlplane.topology import Topology
+
+    path = sglang_path("decode_in500out1500")
+    if not path.exists():
+        return {"skipped": f"{path} is absent"}
+    W, every = DecisionParams.window, DecisionParams.sample_every
+    topo = Topology(18, 8, 2)
+    tr = import_sglang_logical_count(path, 8, 144 * 128, W * windows, seed)
+    head = eplb_table(initial_table(topo, *tr.counts.shape[1:]), tr.counts.sum(axis=0, dtype=np.int64))
+    feed = LoadFeed(topo, *tr.counts.shape[1:], W, every, lambda *a: None)
+    for k in range(windows):
+        feed.feed(k * W, tr.counts[k * W:(k + 1) * W], head)
+    b = feed.bytes_per_window()
+    return {"shape": "58x256, 18 nodes x 8 GPUs x 2 slots", "sample_every": every, "windows": len(feed.window_bytes),
+            "median": int(b["median"]), "max": int(b["max"]), "signed_max": int(b["signed_max"]),
+            "budget": BUDGET_BYTES, "within_budget": b["signed_max"] <= BUDGET_BYTES}
+
+
 def _signers(ids: list[str]) -> dict[str, GossipSigner]:
     """Each node's key and certificate from a fresh development CA (what `emoe certs` makes)."""
     import tempfile
@@ -129,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
            "bytes_per_node_per_s": round(r["bytes_per_node_per_s"]), "overhead_ratio": round(r["overhead_ratio"], 3)}
     if args.detail:
         out.update({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items() if k not in out})
+    out["window_bytes_ep144"] = ep144_window_bytes()
     if not args.json:
         print(f"{r['windows']} windows, {time.time() - t0:.1f} s wall", file=sys.stderr)
     print(json.dumps(out))

@@ -3,7 +3,8 @@
     python -m bench.planner --json
 
 Shape: 58 MoE layers x 256 routed experts, 8 nodes x 8 ranks, 5 slots per rank (static EP head: 4 experts
-and one spare slot per rank), replay buffer of one window of W = 100 steps of synthetic skewed counts
+and one spare slot per rank), replay buffer of one window of W = 100 steps, seen as the agent's controller sees it: its sampled steps (every
+`sample_every` = 10th: 10 rows), of synthetic skewed counts
 (per layer a seeded Zipf(1.2) popularity over a random expert order, 2048 tokens x top-8 per step, multinomial
 per step). Two cases: `incremental` (the head is EPLB fitted on the first segment of the public DeepSeek-V3
 decode pair in ../shared/traces, the window taken from the second, both sampled per step at 2048 tokens x
@@ -11,7 +12,7 @@ top-8; `source` says so, or that it fell back to synthetic load where the traces
 static head against the synthetic load: the re-pack planner of controlplane.retarget runs too). Each case also
 times the project's EPLB baseline (controlplane.baselines.eplb, DeepSeek's eplb.py algorithm, vectorised)
 re-planning the same window globally: `eplb_replan_median_ms`, and `ratio_to_eplb` = median_ms over it. One decision = plan on the buffer's block totals (blocks of `plan_block` = 20 steps) + apply + validate + replay verification of the
-changed layers on every step + cost of the diff + gating (`controlplane.decision.rebalance`). The head's
+changed layers on every row + cost of the diff + gating (`controlplane.decision.rebalance`). The head's
 per-step figures are the load monitor's, computed when the window closed (the trigger needs them), so they
 are prepared outside the timed region. `cpu_median_ms` is the same in process CPU time (robust to other
 load on the machine); `from_scratch_median_ms` times the same decision with them computed inside,
@@ -90,16 +91,24 @@ def setup(window: int, seed: int, case: str = "large") -> tuple[RoutingTable, np
     return head, counts[window:], DecisionParams(window=window, replay_windows=1)
 
 
-def _buffer(head: RoutingTable, counts: npt.NDArray[np.uint32], warm: bool, block: int = 20) -> ReplayBuffer:
+def agent_rows(counts: npt.NDArray[np.uint32], params: DecisionParams) -> npt.NDArray[np.uint32]:
+    """What the agent's controller sees of the window: its sampled steps (every sample_every-th, the load path's
+    rows: agent.pipeline.window_rows)."""
+    return counts[::params.sample_every] if params.sample_every else counts.sum(axis=0, dtype=np.uint32)[None]
+
+
+def _buffer(head: RoutingTable, counts: npt.NDArray[np.uint32], warm: bool, block: int = 20,
+            span: int = 0) -> ReplayBuffer:
     buf = ReplayBuffer(head.layers, head.experts, 1, block)
-    buf.push(0, 0, counts)
+    buf.push(0, 0, counts, span)
     if warm:
         buf.stats(head)  # what the monitor computed when the window closed
     return buf
 
 
 def measure(repeats: int, window: int, seed: int, case: str = "large") -> dict[str, object]:
-    head, counts, params = setup(window, seed, case)
+    head, window_counts, params = setup(window, seed, case)
+    counts = agent_rows(window_counts, params)
     source = ("DeepSeek-V3 decode pair (" + " -> ".join(DECODE_PAIR) + ")" if case == "incremental"
               and real_pair(1, seed) is not None else "synthetic Zipf(1.2)")
     cool = np.zeros((head.layers, head.experts), dtype=bool)
@@ -107,12 +116,12 @@ def measure(repeats: int, window: int, seed: int, case: str = "large") -> dict[s
     times, cpu, scratch, voter = [], [], [], []
     result = None
     for _ in range(repeats):
-        buf = _buffer(head, counts, True, params.plan_block)
+        buf = _buffer(head, counts, True, params.plan_block, window)
         t0, c0 = time.perf_counter(), time.process_time()
         result = rebalance(head, buf, params, None, cool, trig)
         times.append(time.perf_counter() - t0)
         cpu.append(time.process_time() - c0)
-        buf = _buffer(head, counts, False, params.plan_block)
+        buf = _buffer(head, counts, False, params.plan_block, window)
         t0 = time.perf_counter()
         rebalance(head, buf, params, None, cool, trig)
         scratch.append(time.perf_counter() - t0)
@@ -127,7 +136,7 @@ def measure(repeats: int, window: int, seed: int, case: str = "large") -> dict[s
     eplb = []  # the project's EPLB baseline (DeepSeek's eplb.py): a global re-plan of the same window
     for _ in range(max(1, min(repeats, 5))):
         t0 = time.perf_counter()
-        eplb_table(head, counts.sum(axis=0, dtype=np.int64))
+        eplb_table(head, window_counts.sum(axis=0, dtype=np.int64))
         eplb.append(time.perf_counter() - t0)
     eplb_ms = float(np.median(eplb) * 1e3)
     return {
@@ -138,6 +147,7 @@ def measure(repeats: int, window: int, seed: int, case: str = "large") -> dict[s
         "shape": [LAYERS, EXPERTS],
         "ranks": NODES * RANKS_PER_NODE,
         "window": window,
+        "rows": int(counts.shape[0]),  # the window's sampled steps the decision sees
         "median_ms": round(float(np.median(ms)), 3),
         "p99_ms": round(float(np.percentile(ms, 99)), 3),
         "cpu_median_ms": round(float(np.median(cpu) * 1e3), 3),

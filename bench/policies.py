@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
+from bench.agentfeed import LoadFeed
 from bench.rankloss import Kill, eplb_surviving, hindsight_with_kills
 from controlplane.baselines.craft import craft_table
 from controlplane.baselines.static import static_table
@@ -194,11 +195,12 @@ class _StepClock:
 @dataclass
 class Elastic:
     """This project's decision path as every agent runs it: agent.pipeline.DecisionPipeline (the controller,
-    the planning turn, the voter's replay windows, the Ready loop), one node of one, driven as the agent's load
-    path drives it: each closed window's tokens summed over its steps (agent.loadpath.ClusterWindows), one
-    `close_window` a window. Every proposal commits (`_CommitAtOnce`) and reaches serving `commit_latency`
-    steps later (one accept round trip and a step boundary); the copies then overlap serving. Not modelled
-    here: gossip delay, the turn among several nodes, consensus faults (`emoe demo` and chaos/ run those)."""
+    the planning turn, the voter's replay windows, the Ready loop) of one deciding node, fed by the agents' load
+    path (bench.agentfeed: every node's engine reports with their sampled steps -> its LoadPath -> its window
+    as gossip sends it -> the deciding node's cluster windows). Every proposal commits (`_CommitAtOnce`) and
+    reaches serving `commit_latency` steps later (one accept round trip and a step boundary); the copies then
+    overlap serving. Not modelled here: gossip delay, the turn among several nodes, consensus faults
+    (`emoe demo` and chaos/ run those)."""
 
     window: int
     commit_latency: int = 3
@@ -226,6 +228,8 @@ class Elastic:
             live_voters=lambda: ["bench"], handover_windows=DecisionConfig().handover_windows, clock=self.clock,
             telemetry=Telemetry(enabled=False), profile=self.profile)
         self.pipeline.hooks.explained.append(self._explained)
+        self.feed = LoadFeed(base.topology, base.layers, base.experts, self.window, params.sample_every,
+                             self.pipeline.close_window)
         self._step = 0
         return []
 
@@ -235,8 +239,7 @@ class Elastic:
 
     def on_window(self, first: int, end: int, seen: Counts) -> list[Change]:
         self._step = self.clock.step = end
-        total = np.asarray(seen[first:end], dtype=np.uint64).sum(axis=0)
-        self.pipeline.close_window(self.seq, total)
+        self.feed.feed(first, seen[first:end], self.backend.head)  # closes the window at the pipeline
         out = self._commits(end)
         self.seq += 1
         return out

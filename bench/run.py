@@ -208,8 +208,10 @@ def regressions(run: PolicyRun, counts: npt.NDArray[np.uint32], window: int, kil
 
 
 def summarize(run: PolicyRun, counts: npt.NDArray[np.uint32], ref: F64, drift: list[int], window: int,
-              counted_commits: int | None = None, kills: list[Kill] | None = None) -> dict[str, Any]:
+              counted_commits: int | None = None, kills: list[Kill] | None = None, top_k: int = 8) -> dict[str, Any]:
     edges = [0, *drift, run.imbalance.size]
+    tokens = float(counts[:, 0, :].sum(dtype=np.int64)) / max(top_k, 1)  # each token picks top_k experts a layer
+    seconds = float(run.step_ms.sum()) / 1e3
     return {
         "mean_step_imbalance": float(run.imbalance.mean()),
         "segment_imbalance": [float(run.imbalance[a:b].mean()) for a, b in zip(edges[:-1], edges[1:], strict=True)],
@@ -221,6 +223,10 @@ def summarize(run: PolicyRun, counts: npt.NDArray[np.uint32], ref: F64, drift: l
         "stall_ms_total": float(run.stall_ms.sum()),
         "commits": len(run.installs) if counted_commits is None else counted_commits,
         "regressions": regressions(run, counts, window, kills),
+        # modelled, not measured: the trace's tokens over the step-time model's total (bench.engine), stalls
+        # included; every policy serves the same tokens, so ratios of these are ratios of total time
+        "modelled_tokens_per_s": tokens / seconds if seconds > 0 else 0.0,
+        "modelled_seconds": seconds,
     }
 
 
@@ -249,6 +255,8 @@ class BenchConfig:
     initial: str = "static"  # every policy's boot placement: "static" or "eplb:SPEC" (fitted on initial_totals)
     initial_totals: npt.NDArray[np.int64] | None = None  # [L, E] for "eplb:SPEC"
     elastic_profile: Any = None  # a StabilityProfile for the elastic policy's planner (None: none)
+    live: bool = False  # the elastic policy as real agent processes fed by the plugins' core (bench.live)
+    live_step_s: float = 0.01  # wall seconds a replayed step takes in a live run
 
 
 def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress: bool = True,
@@ -294,7 +302,24 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
         if "hindsight" not in names:
             ref_run = simulate(ref_policy, cluster, base, trace, cfg.window, cfg.copy_share, tick, kills, detect)
         elastic_params = {"expert_bytes": int(shape.expert_bytes), **cfg.elastic_params}
+        live: Any = None
+        if cfg.live and "elastic" in names:
+            from bench.live import LivePlayback, run_live
+
+            if kills:
+                raise ValueError("--live with --kill-rank: a live run kills no rank (chaos/ does that)")
+            t_live = time.perf_counter()
+            installs = run_live(trace.counts, trace.top_k, base, cfg.window, elastic_params, cfg.live_step_s,
+                                progress)
+            live = {"installs": [{"step": i.step, "version": i.table.version} for i in installs],
+                    "step_s": cfg.live_step_s, "wall_s": round(time.perf_counter() - t_live, 1),
+                    "agents": topo.nodes, "plugin_cores": topo.ranks}
         for name in names:
+            if name == "elastic" and live is not None:
+                pol: Policy = LivePlayback(installs, cfg.window)
+                policy_objs[name] = pol
+                runs[name] = simulate(pol, cluster, base, trace, cfg.window, cfg.copy_share, tick, kills, detect)
+                continue
             pol = make_policy(name, cfg.window, groups, cfg.craft_budget, cfg.commit_latency, elastic_params)
             if isinstance(pol, Hindsight):
                 pol.kills = kills
@@ -334,11 +359,15 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
             continue
         pol = policy_objs[name]
         committed = len(pol.decisions) if isinstance(pol, Elastic) else None  # tables committed by quorum
-        entry = summarize(runs[name], trace.counts, ref_run.imbalance, trace.drift_steps, cfg.window, committed, kills)
+        entry = summarize(runs[name], trace.counts, ref_run.imbalance, trace.drift_steps, cfg.window, committed, kills,
+                          trace.top_k)
         if isinstance(pol, Elastic):
             entry["decisions"] = pol.decisions
             entry["outcomes"] = dict(Counter(e["outcome"] for e in pol.explains))
             entry["explain"] = pol.explains
+            entry["gossip_window_bytes"] = pol.feed.bytes_per_window()  # a node's window as gossip sends it
+        if name == "elastic" and live is not None:
+            entry["live"] = live
         if kills:
             entry["rank_loss"] = rank_loss_entry(runs[name], ref_run, kills, trace.drift_steps, cfg.window)
             entry["recovery_steps_after_kill"] = entry["rank_loss"]["recovery_steps"]

@@ -18,6 +18,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
+import numpy.typing as npt
+
 from chaos.checkers import check as consensus_check
 from chaos.realised import realised_worse
 from chaos.simcluster import CommitRecord, History, WindowRecord
@@ -115,7 +118,7 @@ def check_i6(history: History, genesis: RoutingTable, tau: float, rollback_windo
         if deadline > end:
             continue  # the run stopped before its rollback was due
         judged += 1
-        worse = realised_worse(r.table, parent, [w.total for w in after[:n]], [w.total for w in after[grace:n + grace]],
+        worse = realised_worse(r.table, parent, [_rows(w) for w in after[:n]], [_rows(w) for w in after[grace:n + grace]],
                                margin)
         # superseded in time: rolled back, or replaced by a later commit (a rebalance planned and verified on the
         # load since counts too: a restart loses a planner's observation of the change, and then a rebalance, not a
@@ -148,3 +151,8 @@ def check_cluster(c: object) -> Report:
     d = c.config(c.ids[0]).decision
     return check_history(c.history, c.tokens, c.genesis, d.tau, d.rollback_windows, c.window * c.step_s, conflicts,
                          end=c.clock.now())
+
+
+def _rows(w: WindowRecord) -> npt.NDArray[np.integer]:
+    """What the controllers judged a window on: its rows (the sampled steps), else its total."""
+    return w.rows if w.rows is not None else w.total

@@ -30,7 +30,10 @@ class Realised:
 
 
 def _mean(table: RoutingTable, windows: Sequence[npt.NDArray[np.integer]]) -> float:
-    return float(np.mean([float(table_step_imbalance(table, np.asarray(w).astype(np.int64))) for w in windows]))
+    """Mean step imbalance over the windows' rows: each window a total [L, E] (one row) or the rows the
+    controller saw of it [S, L, E] (its sampled steps: agent.pipeline.window_rows)."""
+    rows = [np.atleast_1d(table_step_imbalance(table, np.asarray(w).astype(np.int64))) for w in windows]
+    return float(np.mean(np.concatenate(rows)))
 
 
 def realised_worse(table: RoutingTable, parent: RoutingTable, observed: Sequence[npt.NDArray[np.integer]],

@@ -28,6 +28,7 @@ from agent.clock import FakeClock
 from agent.config import from_dict
 from agent.consensus.core import Outcome
 from agent.membership import Member, MemberStatus
+from agent.pipeline import window_rows
 from agent.state import NodeState
 from agent.store import MemoryDisk
 from agent.telemetry import Telemetry
@@ -63,6 +64,7 @@ class WindowRecord:
     total: npt.NDArray[np.uint64]
     head: int
     clean: bool  # no fault active at its close (a node that crashed and restarted inside the window is not seen)
+    rows: npt.NDArray[np.uint32] | None = None  # what the controller saw of it (agent.pipeline.window_rows)
 
 
 @dataclass
@@ -139,7 +141,8 @@ class SimCluster:
             profile=profile, seeds=[f"{x}@{x}:7400" for x in self.ids[:max(1, seeds)]],
             cluster=dict(nodes=nodes, ranks_per_node=sh.ranks_per_node, slots_per_rank=sh.slots_per_rank,
                          layers=sh.layers, experts=sh.experts, top_k=sh.top_k),
-            decision=dict(window=window, budget_windows=1, theta=1.10, tau=0.02, rollback_windows=2,
+            # every step of a 2-step window sampled (the plugins' sampled steps, at this scale)
+            decision=dict(window=window, budget_windows=1, theta=1.10, tau=0.02, rollback_windows=2, sample_every=1,
                           **(decision or {})),
             gossip=dict(gossip or {}), consensus=dict(voters=list(self.ids), **(consensus or {})),
         )
@@ -167,7 +170,8 @@ class SimCluster:
         self.states[n] = st
         st.consensus.on_commit(lambda c, t, n=n: self._installed(n, c, t))
         st.pipeline.hooks.proposing.append(lambda table, n=n: self._proposing(n, table))
-        st.pipeline.hooks.window_closed.append(lambda seq, total, st=st: self._window_closed(st, seq, total))
+        st.pipeline.hooks.window_closed.append(
+            lambda seq, total, samples, st=st: self._window_closed(st, seq, total, samples))
         st.gossip.on_member_change(lambda m, n=n: self._member(n, m))
         self.engines[n] = NodeEngine(self, n, self.ranks_of[n], st, self.rng.getrandbits(32))
 
@@ -183,9 +187,12 @@ class SimCluster:
 
         return done
 
-    def _window_closed(self, st: NodeState, seq: int, total: npt.NDArray[np.uint64]) -> None:
+    def _window_closed(self, st: NodeState, seq: int, total: npt.NDArray[np.uint64],
+                       samples: npt.NDArray[np.uint32] | None) -> None:
         if seq not in self.history.windows:
-            self.history.windows[seq] = WindowRecord(seq, self.clock.now(), total.copy(), st.head_version(), self.clean())
+            rows = window_rows(total, samples, st.params.window)
+            self.history.windows[seq] = WindowRecord(seq, self.clock.now(), total.copy(), st.head_version(), self.clean(),
+                                                     rows)
 
     def _ev(self, kind: str, node: str, **kw: Any) -> HistoryEvent:
         self._seq += 1

@@ -27,6 +27,7 @@ from controlplane.topology import Topology
 from dataplane_shim.counters import DeviceCounters
 from dataplane_shim.link import make_load_report
 from dataplane_shim.shim import Shim
+from elasticmoe.loadcodec import sample_steps
 
 __all__ = ["NodeEngine", "TokenStats"]
 
@@ -66,9 +67,11 @@ class NodeEngine:
         self.retry = {g: Retries() for g in ranks}
         self.fabric = Fabric(S, cluster.shim_of, lambda d: cluster.mem[d], cluster.tokens, cluster.clock.now)
         self.acc = {g: np.zeros((cluster.shape.layers, cluster.shape.experts), np.uint64) for g in ranks}
+        self.every = state.params.sample_every  # the agent's decision.sample_every, as the plugins are set
+        self.rows: dict[int, list[npt.NDArray[np.uint32]]] = {g: [] for g in ranks}
         self.running = True
         state.gossip.on_member_change(self._member)
-        self._arm()
+        self._arm(first=True)
 
     def _member(self, m: Member) -> None:
         if m.status in (MemberStatus.DEAD, MemberStatus.LEFT):
@@ -81,10 +84,12 @@ class NodeEngine:
     # Engines step in lockstep with the cluster (collectives), so step numbers come from the shared clock;
     # the timer is the node's, so that a paused or crashed node's engine stops with it (a skewed node
     # clock counts delays in its own seconds, hence the rate).
-    def _arm(self) -> None:
+    def _arm(self, first: bool = False) -> None:
+        """Time the next step; `first`: an engine that starts on a step boundary serves that step."""
         step_s = self.c.step_s
         now = self.c.clock.now()
-        nxt = (int(now / step_s + 1e-9) + 1) * step_s
+        at = now / step_s
+        nxt = (int(np.ceil(at - 1e-9)) if first else int(at + 1e-9) + 1) * step_s
         self.clock.call_later((nxt - now) * self.clock.rate, self._tick)
 
     def _tick(self) -> None:
@@ -102,14 +107,23 @@ class NodeEngine:
             commits = self.state.commits_since(shim.store.head) if head > shim.store.head else ()
             shim.begin_step(commits, stage_limit=self.rng.choice((1, 2, 4, None)))
             route_step(self.fabric, g, shim, c.share(k, g), self.retry[g], self.dead_ranks)
-            self.acc[g] += shim.end_step()
+            served = shim.end_step()
+            self.acc[g] += served
+            if self.every and k % self.every == 0:  # the plugin's sampled steps (elasticmoe.loadcodec)
+                self.rows[g].append(np.minimum(served, np.iinfo(np.uint32).max).astype(np.uint32))
         W = c.window
         if (k + 1) % W == 0:
             seq = k // W
             for g in self.shims:
                 counts = np.minimum(self.acc[g], np.iinfo(np.uint32).max).astype(np.uint32)
                 self.acc[g][:] = 0
-                rep = make_load_report(f"{self.node_id}/r{g}", g, seq * W, W, self.shims[g].version, counts)
+                want = len(sample_steps(seq * W, W, self.every))
+                rows, self.rows[g] = self.rows[g], []
+                samples = None  # an engine (re)started inside the window has not seen all of its sampled steps
+                if len(rows) == want:
+                    samples = np.stack(rows) if want else np.zeros((0, *counts.shape), np.uint32)
+                rep = make_load_report(f"{self.node_id}/r{g}", g, seq * W, W, self.shims[g].version, counts,
+                                       samples=samples, sample_every=self.every if samples is not None else 0)
                 try:
                     self.state.load.on_report(rep)
                 except Exception as e:  # a rejected report is a bug in this harness, not a fault to hide

@@ -1,12 +1,15 @@
-"""CRAFT: cost-aware expert replica allocation with layer-wise replication benefit.
+"""CRAFT: cost-aware expert replica allocation with layer-wise replication benefit, as published.
 
-From the published description: (1) per layer, estimate the benefit of 1, 2, 4, ... extra replicas by
-replaying recorded routing against the placement each would give; (2) choose how many replicas each layer
-gets with a multiple-choice knapsack, solved by dynamic programming over layers, within a replica budget
-(by default every free slot); (3) capacity-aware placement: the static placement's experts stay where
-they are and each replica goes to the least-loaded rank that still has a free slot and does not hold
-that expert. The benefit of an option is the reduction of the layer's summed per-step max rank load
-(the quantity a layer's latency follows), against the same layer with no replica.
+(1) Per layer, the benefit of 0, 1, 2, 4, ... extra replicas: each option's placement is replayed against the
+recorded routing; (2) how many replicas each layer gets: a multiple-choice knapsack over the layers, solved
+by dynamic programming, within a replica budget (by default the same as EPLB's: every slot beyond one copy of
+each expert); (3) placement, EPLB-like, of every expert: DeepSeek's greedy replication chooses which experts
+the layer's replicas copy, and the layer's physical experts are packed heaviest first onto the least-loaded
+rank with a free slot that does not hold that expert yet (a layer given fewer replicas leaves slots empty).
+The benefit of an option is the reduction of the layer's summed per-step max rank load (the quantity a
+layer's latency follows) against the same layer with no replica. With EPLB's budget, CRAFT gives every layer
+as many replicas as EPLB; its gain is where the budget is smaller (the memory it saves), spent on the skewed
+layers.
 """
 
 from __future__ import annotations
@@ -78,48 +81,43 @@ def mckp(values: F64, costs: I64, budget: int) -> I64:
     return choice
 
 
-def place_replicas(base: RoutingTable, totals: F64, extra: I64) -> I64:
-    """Capacity-aware placement of `extra [L]` replicas per layer on top of `base`'s slots.
+def pack_layers(base: RoutingTable, totals: F64, extra: I64) -> I64:
+    """Every expert of every layer packed anew with `extra [L]` replicas per layer -> phy2log [L, P].
 
-    totals: [L, E] load per expert -> phy2log [L, P]. Which experts get replicas: DeepSeek's greedy
-    replicate_experts over E + extra[l] physical experts; each replica, in that order, goes to the rank
-    with the least estimated load (even split over replicas) that has a free slot and lacks the expert.
-    A replica with no such rank is skipped. Loops over replica index, vectorised over layers.
-    """
+    totals: [L, E] load per expert. Which experts get the replicas: DeepSeek's greedy replicate_experts (the
+    first E + extra[l] of its order). The layer's physical experts, heaviest (load / replicas) first, each go
+    to the rank with the least load so far that has a free slot and lacks that expert (vectorised over
+    layers). A replica with no such rank is dropped; every expert keeps its first copy (it comes first among
+    its copies, and no rank holds it before it)."""
     topo = base.topology
     L, E, G, S = base.layers, base.experts, topo.ranks, topo.slots_per_rank
-    phy = np.array(base.phy2log, dtype=np.int64).reshape(L, G, S)
-    free0 = (phy < 0).sum(axis=2)  # [L, G]
-    extra = np.minimum(extra, E * (G - 1))  # an expert has at most one replica per rank
-    max_extra = int(extra.max(initial=0))
-    if max_extra == 0:
-        return phy.reshape(L, G * S)
-    adds, _ = replicate_experts(totals, E + max_extra, max_replicas=G)
-    adds = adds[:, E:]  # [L, max_extra] expert of each added replica, in greedy order
-    holds = np.zeros((L, G, E), dtype=bool)
-    li, gi, si = np.nonzero(phy >= 0)
-    holds[li, gi, phy[li, gi, si]] = True
-    orig = holds.copy()
-    free = free0.copy()
+    extra = np.minimum(np.asarray(extra, dtype=np.int64), min(G * S - E, E * (G - 1)))
+    n = E + int(extra.max(initial=0))
+    order, _ = replicate_experts(totals, n, max_replicas=G)  # [L, n]: experts, then replicas in greedy order
+    live = np.arange(n)[None, :] < (E + extra)[:, None]  # [L, n] the physical experts each layer has
+    cnt = np.zeros((L, E), dtype=np.int64)
     rows = np.arange(L)
-    for i in range(max_extra):
-        live = i < extra
-        e = adds[:, i]
-        cnt = holds.sum(axis=1)  # [L, E]
-        share = totals / np.maximum(cnt, 1)
-        load = np.einsum("lge,le->lg", holds, share)
-        ok = (free > 0) & ~holds[rows, :, e]
-        score = np.where(ok, load, np.inf)
-        dst = np.argmin(score, axis=1)
-        place = live & ok[rows, dst]
-        lp = rows[place]
-        holds[lp, dst[place], e[place]] = True
-        free[lp, dst[place]] -= 1
-    # write the new replicas into free slots (lowest free slot first)
-    lq, gq, eq = np.nonzero(holds & ~orig)
-    for layer, g, ex in zip(lq.tolist(), gq.tolist(), eq.tolist(), strict=True):  # one per added replica
-        slot = int(np.flatnonzero(phy[layer, g] < 0)[0])
-        phy[layer, g, slot] = ex
+    for i in range(n):
+        np.add.at(cnt, (rows[live[:, i]], order[live[:, i], i]), 1)
+    w = np.where(live, np.take_along_axis(totals / np.maximum(cnt, 1), order, axis=1), -1.0)
+    # heaviest first; among equal weights an expert's first copy before its replicas (stable on the order)
+    seq = np.argsort(-w, axis=1, kind="stable")
+    holds = np.zeros((L, G, E), dtype=bool)
+    load = np.zeros((L, G), dtype=np.float64)
+    free = np.full((L, G), S, dtype=np.int64)
+    phy = np.full((L, G, S), -1, dtype=np.int64)
+    for j in range(n):
+        idx = seq[:, j]
+        ok_l = live[rows, idx]
+        e = order[rows, idx]
+        ok = (free > 0) & ~holds[rows, :, e]  # [L, G]
+        dst = np.argmin(np.where(ok, load, np.inf), axis=1)
+        place = ok_l & ok[rows, dst]
+        lp, gp, ep = rows[place], dst[place], e[place]
+        phy[lp, gp, S - free[lp, gp]] = ep
+        holds[lp, gp, ep] = True
+        load[lp, gp] += w[lp, idx[place]]
+        free[lp, gp] -= 1
     return phy.reshape(L, G * S)
 
 
@@ -133,19 +131,20 @@ def layer_max_load(table_phy: I64, base: RoutingTable, steps: npt.NDArray[np.int
 
 
 def craft_table(base: RoutingTable, steps: npt.NDArray[np.integer], budget: int | None = None) -> RoutingTable:
-    """Plan CRAFT from a replay buffer `steps [T, L, E]` on top of `base` (the static placement).
+    """Plan CRAFT from a replay buffer `steps [T, L, E]` for `base`'s cluster (every expert is placed anew).
 
-    budget: total extra replica slots over all layers (default: every free slot of `base`).
-    Returns the successor of `base` with the chosen replicas placed.
+    budget: total extra replica slots over all layers (default: EPLB's, every slot beyond one copy of each
+    expert, G x S - E a layer). Returns the successor of `base` with the chosen placement.
     """
     s = np.asarray(steps)
     if s.ndim != 3 or s.shape[1:] != (base.layers, base.experts):
         raise InvalidShape(f"steps shape {s.shape}: expected [T, {base.layers}, {base.experts}]")
-    free_per_layer = int((base.phy2log < 0).sum(axis=1).min())
+    topo = base.topology
+    free_per_layer = min(topo.ranks * topo.slots_per_rank - base.experts, base.experts * (topo.ranks - 1))
     b = free_per_layer * base.layers if budget is None else int(budget)
     opts = replica_options(free_per_layer)
     totals = s.sum(axis=0, dtype=np.int64).astype(np.float64)
-    placements = [place_replicas(base, totals, np.full(base.layers, int(r), dtype=np.int64)) for r in opts]
+    placements = [pack_layers(base, totals, np.full(base.layers, int(r), dtype=np.int64)) for r in opts]
     maxload = np.stack([layer_max_load(p, base, s) for p in placements], axis=1)  # [L, K]
     benefit = maxload[:, :1] - maxload
     choice = mckp(benefit, opts, b)

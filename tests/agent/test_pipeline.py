@@ -114,7 +114,7 @@ def test_a_standalone_pipeline_makes_the_nodes_decisions() -> None:
     st = c.states["n00"]
     genesis = st.head()
     seen: list[tuple[str, object]] = []  # what the node's pipeline was fed, in order
-    st.pipeline.hooks.window_closed.append(lambda seq, total: seen.append(("window", (seq, total.copy()))))
+    st.pipeline.hooks.window_closed.append(lambda seq, total, samples: seen.append(("window", (seq, total, samples))))
 
     def proposing(table: RoutingTable) -> Callable[[Outcome], None]:
         seen.append(("propose", table))
@@ -132,8 +132,8 @@ def test_a_standalone_pipeline_makes_the_nodes_decisions() -> None:
     known = 0
     for kind, what in seen:
         if kind == "window":
-            seq, total = what  # type: ignore[misc]
-            p.close_window(seq, total)
+            seq, total, samples = what  # type: ignore[misc]
+            p.close_window(seq, total, samples)
         elif kind == "done":
             assert isinstance(what, Outcome)
             pending.pop(what.version)(what)
@@ -162,8 +162,8 @@ def test_the_bench_elastic_policy_and_an_agent_make_the_same_decisions() -> None
     c = SimCluster(1, Shape(layers=4, experts=8, ranks_per_node=4, slots_per_rank=4), seed=5)
     st = c.states["n00"]
     genesis = st.head()
-    windows: list[tuple[int, np.ndarray]] = []
-    st.pipeline.hooks.window_closed.append(lambda seq, total: windows.append((seq, total.copy())))
+    windows: list[tuple[int, np.ndarray, np.ndarray | None]] = []
+    st.pipeline.hooks.window_closed.append(lambda seq, total, samples: windows.append((seq, total, samples)))
     c.run(10.0)
     commits = [cm for cm in st.consensus.commits_since(genesis.version)]  # type: ignore[union-attr]
     agent = [(cm.table.version, ops_from_pb(cm.plan.ops)) for cm in commits]
@@ -172,15 +172,18 @@ def test_the_bench_elastic_policy_and_an_agent_make_the_same_decisions() -> None
     W = st.pipeline.params.window
     bench = Elastic(W, params={f: getattr(st.pipeline.params, f) for f in ("theta", "tau", "fast_theta",
                                                                            "max_ops", "replay_windows",
-                                                                           "rollback_windows", "expert_bytes")})
+                                                                           "rollback_windows", "expert_bytes",
+                                                                           "sample_every", "budget_windows")})
     bench.start(genesis, np.zeros((0, 4, 8), np.uint32), [])
     proposed: list[RoutingTable] = []
     bench.pipeline.hooks.proposing.append(lambda t: proposed.append(t) or (lambda outcome: None))
-    assert [s for s, _ in windows] == list(range(windows[0][0], windows[0][0] + len(windows)))
+    assert [s for s, *_ in windows] == list(range(windows[0][0], windows[0][0] + len(windows)))
+    # the sim's engines send every step (W = 2, sample_every 1): the bench's trace is those steps
+    assert st.pipeline.params.sample_every == 1 and all(samples is not None for *_, samples in windows)
     bench.seq = windows[0][0]
-    for seq, total in windows:  # each window: its total as the first of W steps (the bench sums them)
+    for seq, _, samples in windows:
         seen = np.zeros((W * (seq + 1), 4, 8), np.uint32)
-        seen[W * seq] = total
+        seen[W * seq:W * (seq + 1)] = samples
         bench.on_window(W * seq, W * (seq + 1), seen)
     assert [(d["version"], d["ops"]) for d in bench.decisions] == [(v, len(ops)) for v, ops in agent]
     assert [t.digest for t in proposed] == [bytes(cm.table.content_hash) for cm in commits]  # the same tables

@@ -214,3 +214,25 @@ def test_eplb_over_survivors_leaves_dead_ranks_empty_and_inactive() -> None:
     assert t.version == base.version + 1 and t.is_valid()
     m = masked(base, np.array([False, True, False, False]))
     assert m.active_ranks == (0, 2, 3) and (m.logcnt[:, 4:8] == 0).all() and not m.is_valid()
+
+
+def test_a_named_case_sets_the_serving_shape_and_a_flag_overrides_it() -> None:
+    import argparse
+
+    from bench.cli_bench import apply_case
+
+    def args(**kw: object) -> argparse.Namespace:
+        base = dict(case=None, trace=[], synthetic=None, initial=None, nodes=None, ranks_per_node=None,
+                    slots_per_rank=None, batch=None, expert_groups=None)
+        return argparse.Namespace(**{**base, **kw})
+
+    a = args(case="deepseek-prefill-ep32")
+    apply_case(a)
+    assert (a.nodes, a.ranks_per_node, a.slots_per_rank, a.batch, a.expert_groups) == (4, 8, 9, 131072, 1)
+    assert a.trace == ["sglang:prefill_in512", "sglang:prefill_in4096"] and a.initial == "eplb:sglang:prefill_in512"
+    a = args(case="deepseek-decode-ep144", slots_per_rank=3, trace=["esft:law"])
+    apply_case(a)
+    assert (a.nodes, a.slots_per_rank, a.batch, a.trace) == (18, 3, 18432, ["esft:law"])
+    a = args()
+    apply_case(a)
+    assert (a.nodes, a.ranks_per_node, a.slots_per_rank, a.batch, a.initial) == (2, 8, 5, 2048, "static")

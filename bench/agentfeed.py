@@ -1,0 +1,132 @@
+"""The agents' load path, driven in-process for `emoe bench`: what a window of the trace becomes before the
+decision path sees it.
+
+Each node's engines report their load every `report_every` steps (dataplane_shim.link.make_load_report, with
+the counts of the sampled steps, elasticmoe.loadcodec); the node's LoadPath (agent.loadpath) sums them into
+its windows; each window goes out as gossip sends it (agent.loadgossip.make_window: serialized, parsed back,
+checked and decoded as a receiving node does) to the deciding node, whose cluster windows (ClusterWindows)
+sum the nodes' windows and hand each closed one to `close_window` (agent.pipeline.DecisionPipeline). A node's
+share of an expert's tokens is its share of the expert's replicas on active ranks (the engines split an
+expert's tokens evenly over its replicas).
+
+Not modelled here: gossip delay and loss (every window arrives before the next is fed), signatures (under
+mTLS a window carries ~600 bytes more: `SIGNATURE_BYTES`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from statistics import median
+
+import numpy as np
+import numpy.typing as npt
+
+from agent.loadgossip import check_windows, make_window, node_window
+from agent.loadpath import LoadPath
+from controlplane.table import RoutingTable
+from controlplane.topology import Topology
+from dataplane_shim.link import make_load_report
+from dataplane_shim.plugin import REPORT_EVERY
+from elasticmoe.loadcodec import sample_steps
+from elasticmoe.v1 import gossip_pb2 as gpb
+
+# what mTLS adds to a window: an ECDSA P-256 signature (<= 72 bytes) and the node's DER certificate (~520)
+SIGNATURE_BYTES = 600
+
+CloseWindow = Callable[[int, npt.NDArray[np.uint64], npt.NDArray[np.uint32] | None], None]
+
+
+def node_shares(table: RoutingTable) -> npt.NDArray[np.float64]:
+    """[N, L, E]: the share of each expert's tokens that node n's engines serve (its replicas on active ranks
+    over all the expert's replicas on active ranks; an expert with none is counted on node 0)."""
+    topo = table.topology
+    held = table.holders & table.active_mask[None, None, :]  # [L, E, G]
+    per_node = held.reshape(table.layers, table.experts, topo.nodes, topo.ranks_per_node).sum(axis=3)
+    per_node = np.moveaxis(per_node, 2, 0).astype(np.float64)  # [N, L, E]
+    total = per_node.sum(axis=0)
+    per_node[0][total == 0] = 1.0
+    out: npt.NDArray[np.float64] = per_node / np.maximum(per_node.sum(axis=0), 1.0)
+    return out
+
+
+class _Loopback:
+    """One node's gossip as its LoadPath sees it: its windows go, as bytes, to the deciding node."""
+
+    def __init__(self, feed: LoadFeed, node: str) -> None:
+        self.feed, self.node = feed, node
+
+    def suspect_ranks(self, ranks: Iterable[int]) -> list[str]:
+        return []
+
+    def publish_window(self, window_seq: int, first_step: int, steps: int, counts: npt.NDArray[np.integer],
+                       learner: bool = False, samples: npt.NDArray[np.uint32] | None = None,
+                       sample_every: int = 0) -> None:
+        w = make_window(self.node, 1, window_seq, first_step, steps, counts, learner, samples, sample_every)
+        wire = w.SerializeToString()
+        self.feed.window_bytes.append(len(wire))
+        if self.node == self.feed.decider:
+            return  # the deciding node's own window reaches its cluster windows directly (LoadPath.on_report)
+        got = gpb.LoadWindow.FromString(wire)
+        check_windows([got], (w.layers, w.experts))
+        nw = node_window(got)
+        self.feed.paths[self.feed.decider].on_window(self.node, nw.window_seq, nw.counts, nw.first_step, nw.steps,
+                                                     nw.samples)
+
+    def live_nodes(self) -> list[str]:
+        return self.feed.nodes
+
+
+class LoadFeed:
+    """Every node's load path; `feed` plays a window of cluster counts through it."""
+
+    def __init__(self, topo: Topology, layers: int, experts: int, window: int, sample_every: int,
+                 close_window: CloseWindow, report_every: int = REPORT_EVERY) -> None:
+        self.topo, self.window, self.sample_every, self.report_every = topo, window, sample_every, report_every
+        self.nodes = [f"n{i}" for i in range(topo.nodes)]
+        self.decider = self.nodes[0]
+        self.window_bytes: list[int] = []  # each node's window as gossip sends it, unsigned
+        self.paths: dict[str, LoadPath] = {}
+        for n in self.nodes:
+            self.paths[n] = LoadPath(n, topo, layers, experts, window, _Loopback(self, n),
+                                     close_window if n == self.decider else _nowhere, _nothing, _voting,
+                                     sample_every=sample_every)
+
+    def feed(self, first: int, counts: npt.NDArray[np.integer], table: RoutingTable) -> None:
+        """Steps [first, first + len(counts)) of cluster counts [T, L, E], served under `table`: each node's
+        engines report their share every `report_every` global steps."""
+        shares = node_shares(table)
+        end = first + counts.shape[0]
+        at = first
+        while at < end:
+            nxt = min(end, (at // self.report_every + 1) * self.report_every)
+            chunk = np.asarray(counts[at - first:nxt - first], dtype=np.int64)
+            offs = [s - at for s in sample_steps(at, nxt - at, self.sample_every)]
+            left = chunk.copy()
+            for i, n in enumerate(self.nodes):
+                mine = left if i == len(self.nodes) - 1 else np.floor(chunk * shares[i]).astype(np.int64)
+                if i < len(self.nodes) - 1:
+                    left -= mine
+                rows = mine[offs] if self.sample_every else None
+                r = make_load_report(f"{n}-engine", i * self.topo.ranks_per_node, at, nxt - at, table.version,
+                                     mine.sum(axis=0), samples=rows, sample_every=self.sample_every)
+                self.paths[n].on_report(r)
+            at = nxt
+
+    def bytes_per_window(self) -> dict[str, float]:
+        """A node's window as gossip sends it: median and max bytes, unsigned and with mTLS's signature."""
+        if not self.window_bytes:
+            return {}
+        return {"median": float(median(self.window_bytes)), "max": float(max(self.window_bytes)),
+                "signed_max": float(max(self.window_bytes) + SIGNATURE_BYTES)}
+
+
+def _nowhere(seq: int, total: npt.NDArray[np.uint64], samples: npt.NDArray[np.uint32] | None) -> None:
+    """Another node's cluster windows: its own decisions are not simulated."""
+
+
+def _nothing(rank: int, version: int) -> None:
+    """The version an engine reports it runs: installs are the bench's own accounting."""
+
+
+def _voting() -> str:
+    return ""
