@@ -193,10 +193,10 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     # A rank whose installed version stays behind the committed head longer than this is flagged `lagging`
     # in `emoe status` (and logged). Why 10 s: a committed delta reaches the plugin in milliseconds; the EP
-    # ranks agree on it within 2 x EMOE_AGREE_EVERY - 1 steps (the agreement is overlapped: 63 steps at the
+    # ranks agree on it within EMOE_AGREE_EVERY + 1 steps (the agreement is overlapped with one step: 33 at the
     # default 32); vLLM's async EPLB moves one layer per step, so a table that touches all 61 layers of
-    # DeepSeek-V3 is in after ~61 more; the next report (EMOE_REPORT_EVERY = 32 steps) says so: ~160 decode
-    # steps of ~30 ms, under 5 s. 10 s is twice that; an engine that rearranges the whole model synchronously
+    # DeepSeek-V3 is in after ~61 more; the next report (EMOE_REPORT_EVERY = 25 steps) says so: ~120 decode
+    # steps of ~30 ms, under 4 s. 10 s is twice that; an engine that rearranges the whole model synchronously
     # (seconds to tens of seconds per move) needs a larger bound.
     install_lag_s: float = 10.0
 

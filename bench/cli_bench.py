@@ -69,7 +69,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="EPLB expert groups: 1 (default) is global EPLB, DeepSeek's choice for a decode pool with "
                         "large EP; G > 1 is hierarchical EPLB (groups packed onto nodes), its choice for prefill")
     p.add_argument("--craft-budget", type=float, default=1.0, help="CRAFT replica budget, fraction of free slots")
-    p.add_argument("--commit-latency", type=int, default=3, help="elastic: steps from proposal to commit")
+    p.add_argument("--commit-latency", type=int, default=3,
+                   help="elastic: steps from a window's close to its commit reaching the engines' plugins (gossip, "
+                        "the decision, one accept round trip; default 3); they then install at the step after their "
+                        "next agreement (--agree-every)")
+    p.add_argument("--agree-every", type=int, default=None,
+                   help="elastic: the engine plugins' version agreement period in steps (EMOE_AGREE_EVERY; default "
+                        "theirs, 32): a commit is served from the step after their next agreement")
     p.add_argument("--copy-share", type=float, default=0.5, help="elastic: link share taken by replica copies")
     p.add_argument("--elastic-param", action="append", default=[], metavar="K=V",
                    help="a DecisionParams field for the elastic policy, e.g. theta=1.1 (repeatable)")
@@ -197,7 +203,9 @@ def bench_main(args: argparse.Namespace) -> int:
                           args.craft_budget, args.commit_latency, args.copy_share, params, tuple(kills),
                           args.detect_s, args.detect_steps, args.initial, init,
                           load_profile(args.elastic_profile) if args.elastic_profile else None,
-                          live=args.live, live_step_s=args.live_step_ms / 1e3)
+                          live=args.live, live_step_s=args.live_step_ms / 1e3, agree_every=args.agree_every)
+        if args.agree_every is not None and args.agree_every < 1:
+            raise ValueError(f"--agree-every {args.agree_every}: expected >= 1")
         if args.live and not args.live_step_ms > 0:
             raise ValueError(f"--live-step-ms {args.live_step_ms}: expected > 0")
         from bench.policies import make_policy

@@ -5,7 +5,8 @@ plugin core per EP rank (dataplane_shim.plugin.PluginCore and its Installer, the
 and SGLang) replaying the trace step by step on this process's thread: each rank serves its share of the
 step's tokens under the table it runs (its replicas' share of each expert), reports them over its unix
 socket every EMOE_REPORT_EVERY steps with the sampled steps, and the ranks agree on a version every
-EMOE_AGREE_EVERY steps (the MIN all-reduce, here over the cores in memory) and install it at a step boundary.
+EMOE_AGREE_EVERY steps (the MIN all-reduce, here over the cores in memory, overlapped as in the vLLM plugin:
+its result is taken at the next step) and install it at a step boundary.
 The agents gossip, close windows, take their planning turns, verify, vote and commit as in production.
 
 What comes out is the sequence of installs (step, table); the bench then serves the trace under them as it
@@ -69,7 +70,9 @@ class ReplayEngine:
     """Every EP rank's plugin core and installer, stepped in lockstep on this thread."""
 
     def __init__(self, cluster: LocalCluster, topo: Topology, counts: Counts, base: RoutingTable, genesis: str,
-                 sample_every: int) -> None:
+                 sample_every: int, agree_every: int | None = None, window: int = 100) -> None:
+        """The plugins report every EMOE_REPORT_EVERY steps (25), or, where that does not divide the agents'
+        `window`, every largest divisor of it below that (as an operator sets EMOE_REPORT_EVERY then)."""
         from dataplane_shim.install import Installer
         from dataplane_shim.link import LinkThread
         from dataplane_shim.plugin import AGREE_EVERY, REPORT_EVERY, PluginCore
@@ -79,9 +82,8 @@ class ReplayEngine:
         rpn = topo.ranks_per_node
         self.links = [LinkThread(cluster.shim_socket(g // rpn), 1, shim_id=f"rank{g}", ranks=[g])
                       for g in range(topo.ranks)]
-        import os
-        report_every = int(os.environ.get("EMOE_REPORT_EVERY", REPORT_EVERY))
-        agree_every = int(os.environ.get("EMOE_AGREE_EVERY", AGREE_EVERY))
+        agree_every = agree_every or AGREE_EVERY
+        report_every = max(d for d in range(1, min(REPORT_EVERY, window) + 1) if window % d == 0)
         self.cores = [PluginCore(link, topo, L, E, g, base.phy2log, genesis=genesis, report_every=report_every,
                                  shim_id=f"rank{g}", sample_every=sample_every) for g, link in enumerate(self.links)]
         self.insts = [Installer(c, agree_every=agree_every, stall_steps=1 << 30, rank=c.rank) for c in self.cores]
@@ -91,13 +93,18 @@ class ReplayEngine:
         T = self.counts.shape[0]
         installs: list[Install] = []
         share, first = rank_shares(self.table)
+        pending: npt.NDArray[np.int64] | None = None  # the agreement started at the previous step
         t_start = time.monotonic()
         tenth = -1
         for t in range(T):
-            if self.insts[0].agreement_due():  # the plugins' MIN all-reduce, over the cores in memory
-                red = np.min([i.agreement_vector() for i in self.insts], axis=0)
+            # the plugins' overlapped MIN all-reduce (over the cores in memory here): started at an agreement
+            # step, taken at the next step (vllm_plugin._agree_step, _take_agreement)
+            if pending is not None:
                 for i in self.insts:
-                    i.agreed(red)
+                    i.agreed(pending)
+                pending = None
+            if self.insts[0].agreement_due():
+                pending = np.min([i.agreement_vector() for i in self.insts], axis=0)
             armed = [i.to_arm() for i in self.insts]
             for i in self.insts:
                 i.after_step(moving=False, matched=True)  # the replay engine installs at once
@@ -131,7 +138,7 @@ class ReplayEngine:
 
 
 def run_live(counts: Counts, top_k: int, base: RoutingTable, window: int, params: dict[str, Any],
-             step_s: float = 0.01, progress: bool = True) -> list[Install]:
+             step_s: float = 0.01, progress: bool = True, agree_every: int | None = None) -> list[Install]:
     """Replay `counts` [T, L, E] through real agents (one a node of base's topology) and the ranks' plugin
     cores; the installs, in order. `params`: the elastic policy's decision settings (DECISION_KEYS) and
     `expert_bytes`."""
@@ -150,7 +157,7 @@ def run_live(counts: Counts, top_k: int, base: RoutingTable, window: int, params
             shape["expert_bytes"] = int(params["expert_bytes"])
         cluster = LocalCluster(topo.nodes, Path(tmp), shape, profile="local", sections={"decision": decision})
         with cluster.running(timeout=60):
-            engine = ReplayEngine(cluster, topo, counts, base, genesis, sample_every)
+            engine = ReplayEngine(cluster, topo, counts, base, genesis, sample_every, agree_every, window)
             try:
                 return engine.run(step_s, progress)
             finally:

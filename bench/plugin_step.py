@@ -3,7 +3,7 @@ CPU (the engine tests' toy model, 2 MoE layers x 10 slots; reports go to an in-p
 idle connected agent),
 run by the engine virtualenv (.venv-engine, `make .venv-engine`).
 
-    python -m bench.plugin_step [--json] [--steps 512] [--rounds 5] [--every 32,32] [--mode async|sync]
+    python -m bench.plugin_step [--json] [--steps 512] [--rounds 5] [--every 32,25] [--mode async|sync]
 
 Side by side in one run, in alternating rounds of `--steps` steps: version agreement and load report every
 step (1,1) against every K and R steps (`--every K,R`, the plugin's EMOE_AGREE_EVERY and EMOE_REPORT_EVERY).
@@ -11,8 +11,8 @@ Per configuration, medians over rounds and ranks of: `mean_us`, the plugin's amo
 its wrapper but vLLM's own step: load accumulation, fold and report, agreement, install bookkeeping);
 `p99_us`; the agreement part alone; `per_30ms_step`, mean_us over a 30 ms decode step (DeepSeek-V3 at EP144;
 the goal is <= 1/1000); and `worst_install_delay_ms`, what the schedule adds to an install at 30 ms a step
-(the agreement is overlapped with the engine, its result taken at the next agreement step: a version that
-arrives just after one waits 2K - 1 steps).
+(the agreement is overlapped with the engine's step, its result taken at the next step: a version that
+arrives just after one agreement waits K + 1 steps).
 
 `--mode async` (the default) is vLLM's default EPLBConfig (use_async, window_size 1000): the plugin reads the
 load from vLLM's own window. `--mode sync` runs the engine tests' sync config (window_size 2), where the
@@ -68,7 +68,7 @@ def measure(steps: int = 512, rounds: int = 5, every: tuple[int, int] = (32, 32)
     for key, k in (("k1_r1", 1), (f"k{every[0]}_r{every[1]}", every[0])):
         row = {m: float(np.median([rk[key][m] for rk in ranks])) for m in ranks[0][key]}
         row["per_30ms_step"] = row["mean_us"] / (STEP_MS * 1000.0)
-        row["worst_install_delay_ms"] = (2 * k - 1) * STEP_MS
+        row["worst_install_delay_ms"] = (k + 1) * STEP_MS
         result[key] = row
     return result
 
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--json", action="store_true", help="print the result as one JSON object")
     ap.add_argument("--steps", type=int, default=512, help="steps per round and configuration")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--every", default="32,32", help="K,R: agreement and report period against 1,1 (the defaults: 32,32)")
+    ap.add_argument("--every", default="32,25", help="K,R: agreement and report period against 1,1 (the defaults: 32,25)")
     ap.add_argument("--mode", choices=("async", "sync"), default="async",
                     help="vLLM's EPLB mode: async is its default (window_size 1000)")
     a = ap.parse_args(argv)

@@ -198,12 +198,15 @@ class Elastic:
     the planning turn, the voter's replay windows, the Ready loop) of one deciding node, fed by the agents' load
     path (bench.agentfeed: every node's engine reports with their sampled steps -> its LoadPath -> its window
     as gossip sends it -> the deciding node's cluster windows). Every proposal commits (`_CommitAtOnce`) and
-    reaches serving `commit_latency` steps later (one accept round trip and a step boundary); the copies then
-    overlap serving. Not modelled here: gossip delay, the turn among several nodes, consensus faults
-    (`emoe demo` and chaos/ run those)."""
+    reaches the engines `commit_latency` steps after its window closed (gossip, the decision, one accept round
+    trip); the engines' plugins then install it as they do, at the step after their next version agreement
+    (every `agree_every` steps: dataplane_shim.plugin.AGREE_EVERY, overlapped with one step); the copies
+    then overlap serving. Not modelled here: the turn among several nodes, consensus faults (`emoe demo`,
+    `emoe bench --live` and chaos/ run those)."""
 
     window: int
     commit_latency: int = 3
+    agree_every: int = 32  # the plugins' EMOE_AGREE_EVERY (make_policy passes the shipped default)
     params: dict[str, Any] = field(default_factory=dict)
     profile: Any = None  # controlplane.profile.StabilityProfile: the planner's prior (None: none)
     name: str = "elastic"
@@ -267,16 +270,24 @@ class Elastic:
                 "estimated_gain": float(plan.estimated_gain), "verified_gain": float(plan.verified_gain),
                 "cost_s": float(plan.cost), "version": table.version,
             })
-            out.append(Change(table, step + self.commit_latency, "overlapped", kind))
+            out.append(Change(table, install_step(step + self.commit_latency, self.agree_every), "overlapped", kind))
         return out
+
+
+def install_step(arrival: int, agree_every: int) -> int:
+    """The step a version that reaches the engines' plugins at step `arrival` is first served at: they agree at
+    the next agreement step (a multiple of `agree_every`) and take the agreement one step later
+    (dataplane_shim.vllm_plugin: the all-reduce overlaps that step)."""
+    return -(-arrival // agree_every) * agree_every + 1
 
 
 POLICY_NAMES = ("static", "eplb", "craft", "craft-periodic", "elastic", "hindsight")
 
 
 def make_policy(spec: str, window: int, groups: int, craft_budget: float, commit_latency: int,
-                elastic_params: dict[str, Any] | None = None) -> Policy:
-    """`static`, `eplb[:PERIOD]`, `craft[:PERIOD]`, `craft-periodic[:PERIOD]`, `elastic`, `hindsight`."""
+                elastic_params: dict[str, Any] | None = None, agree_every: int | None = None) -> Policy:
+    """`static`, `eplb[:PERIOD]`, `craft[:PERIOD]`, `craft-periodic[:PERIOD]`, `elastic`, `hindsight`;
+    `agree_every`: the plugins' agreement period (default: theirs, dataplane_shim.plugin.AGREE_EVERY)."""
     name, _, arg = spec.strip().partition(":")
     if name not in POLICY_NAMES:
         raise ValueError(f"policy {spec!r}: expected one of {', '.join(POLICY_NAMES)} (eplb:PERIOD allowed)")
@@ -294,4 +305,6 @@ def make_policy(spec: str, window: int, groups: int, craft_budget: float, commit
         return Craft(window, period, name == "craft-periodic", craft_budget, name=label)
     if name == "hindsight":
         return Hindsight(groups)
-    return Elastic(window, commit_latency, dict(elastic_params or {}))
+    from dataplane_shim.plugin import AGREE_EVERY
+
+    return Elastic(window, commit_latency, agree_every or AGREE_EVERY, dict(elastic_params or {}))

@@ -207,6 +207,12 @@ def regressions(run: PolicyRun, counts: npt.NDArray[np.uint32], window: int, kil
     return n
 
 
+def _agree_every() -> int:
+    from dataplane_shim.plugin import AGREE_EVERY
+
+    return AGREE_EVERY
+
+
 def summarize(run: PolicyRun, counts: npt.NDArray[np.uint32], ref: F64, drift: list[int], window: int,
               counted_commits: int | None = None, kills: list[Kill] | None = None, top_k: int = 8) -> dict[str, Any]:
     edges = [0, *drift, run.imbalance.size]
@@ -255,6 +261,7 @@ class BenchConfig:
     initial: str = "static"  # every policy's boot placement: "static" or "eplb:SPEC" (fitted on initial_totals)
     initial_totals: npt.NDArray[np.int64] | None = None  # [L, E] for "eplb:SPEC"
     elastic_profile: Any = None  # a StabilityProfile for the elastic policy's planner (None: none)
+    agree_every: int | None = None  # the plugins' version agreement period (None: their default)
     live: bool = False  # the elastic policy as real agent processes fed by the plugins' core (bench.live)
     live_step_s: float = 0.01  # wall seconds a replayed step takes in a live run
 
@@ -310,7 +317,7 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
                 raise ValueError("--live with --kill-rank: a live run kills no rank (chaos/ does that)")
             t_live = time.perf_counter()
             installs = run_live(trace.counts, trace.top_k, base, cfg.window, elastic_params, cfg.live_step_s,
-                                progress)
+                                progress, cfg.agree_every)
             live = {"installs": [{"step": i.step, "version": i.table.version} for i in installs],
                     "step_s": cfg.live_step_s, "wall_s": round(time.perf_counter() - t_live, 1),
                     "agents": topo.nodes, "plugin_cores": topo.ranks}
@@ -320,7 +327,8 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
                 policy_objs[name] = pol
                 runs[name] = simulate(pol, cluster, base, trace, cfg.window, cfg.copy_share, tick, kills, detect)
                 continue
-            pol = make_policy(name, cfg.window, groups, cfg.craft_budget, cfg.commit_latency, elastic_params)
+            pol = make_policy(name, cfg.window, groups, cfg.craft_budget, cfg.commit_latency, elastic_params,
+                              cfg.agree_every)
             if isinstance(pol, Hindsight):
                 pol.kills = kills
             if isinstance(pol, Elastic):
@@ -340,6 +348,7 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
                     "eplb": "global" if groups == 1 else f"hierarchical, {groups} groups", "initial": cfg.initial},
         "engine": {"model": shape.name, "expert_bytes": shape.expert_bytes, "hardware": "H200 (see bench.engine)",
                    "router": getattr(cluster.router, "label", type(cluster.router).__name__), "commit_latency_steps": cfg.commit_latency,
+                   "agree_every": cfg.agree_every or _agree_every(),
                    "copy_share": cfg.copy_share, "craft_budget_fraction": cfg.craft_budget},
         "wall_s": elapsed,
     }

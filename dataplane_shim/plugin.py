@@ -58,10 +58,12 @@ class Link(Protocol):
     def offer(self, report: dpb.LoadReport) -> None: ...
 
 
-# Both 32 (~1 s of 30 ms decode steps): the plugin's own work, agreement and report together, is then about
+# Reports every 25 steps: a divisor of the agents' default window (100), so a window's last report leaves at
+# its last step and the window closes then (at 32, up to 28 steps later). Agreement every 32 steps (~1 s of
+# 30 ms decode steps): the plugin's own work, agreement and report together, is then about
 # 0.8/1000 of a 30 ms step (bench.plugin_step: 24 us a step here, against 46 us at 16 and 15 us at 64), and
-# the overlapped agreement delays an install by at most 2 x 32 - 1 steps (1.9 s at 30 ms)
-REPORT_EVERY = 32  # steps per load report: one host copy and one message per 32 decode steps
+# the overlapped agreement (taken one step after it starts) delays an install by at most 32 + 1 steps
+REPORT_EVERY = 25  # steps per load report: one host copy and one message per 25 decode steps
 AGREE_EVERY = 32   # steps per version agreement: one async all-reduce launch (~150 us here) per 32 steps
 SAMPLE_EVERY = 10  # every 10th step's counts go to the agent besides the totals (elasticmoe.loadcodec)
 
@@ -77,7 +79,7 @@ class Settings:
 
     """The plugin's settings, from the engine process's environment: EMOE_SOCKET (the agent's unix socket;
     `{rank}` is replaced by the EP rank; unset: the plugin stays off), EMOE_GENESIS (default `vllm`),
-    EMOE_REPORT_EVERY (steps per load report, default 32), EMOE_AGREE_EVERY (steps per version agreement,
+    EMOE_REPORT_EVERY (steps per load report, default 25, a divisor of the agents' window), EMOE_AGREE_EVERY (steps per version agreement,
     default 32; it must be the same on every EP rank, which the plugin checks at start: a collective only
     some ranks enter hangs), EMOE_STALL_STEPS (steps a weight move may take before it is logged and counted
     as a stall; 0, the default: 8 per MoE layer, at least 256), EMOE_SAMPLE_EVERY (the per-step counts of every

@@ -176,6 +176,7 @@ class VllmPlugin:
             return
         inst = self.inst
         t0 = time.perf_counter()
+        self._take_agreement(inst)
         if inst.agreement_due():
             self._agree_step(inst)
         t1 = time.perf_counter()
@@ -302,21 +303,16 @@ class VllmPlugin:
         return t.numpy()
 
     def _agree_step(self, inst: Installer) -> None:
-        """One agreement of the schedule, overlapped with the engine: the MIN all-reduce started at the previous
-        agreement step has run in gloo's worker thread meanwhile (the forward passes' collectives use the
-        device group, not this one); its result is taken now, and this step's vector goes out. Every rank takes
-        the same result at the same step, so the schedule stays in lockstep; a version waits one period more
-        (at most 2K - 1 steps from its arrival to its arming)."""
+        """Start one agreement of the schedule, overlapped with the engine's step: the MIN all-reduce runs in
+        gloo's worker thread during this step (the forward passes' collectives use the device group, not this
+        one), and `_take_agreement` takes its result at the next step. Every rank takes the same result at the
+        same step, so the schedule stays in lockstep; a version waits at most K steps for its agreement (from
+        its arrival just after one agreement step to the step after the next)."""
         vec = torch.from_numpy(np.ascontiguousarray(inst.agreement_vector(), dtype=np.int64))
         if self.topo.ranks < 2:
             inst.agreed(vec.numpy())
             return
         try:
-            if self._agreeing is not None:
-                work, buf = self._agreeing
-                self._agreeing = None
-                work.wait()
-                inst.agreed(buf.numpy())
             work = torch.distributed.all_reduce(vec, op=torch.distributed.ReduceOp.MIN, group=self.group,
                                                 async_op=True)
         except RuntimeError:
@@ -324,6 +320,20 @@ class VllmPlugin:
             raise  # the EP group is broken: vLLM's own failure handling takes it from here
         work.get_future().add_done_callback(self._agreement_done)
         self._agreeing = (work, vec)
+
+    def _take_agreement(self, inst: Installer) -> None:
+        """The agreement started at the previous step: done by now (a few int64 over gloo, against a whole
+        engine step), taken on every rank at this same step."""
+        if self._agreeing is None:
+            return
+        work, buf = self._agreeing
+        self._agreeing = None
+        try:
+            work.wait()
+        except RuntimeError:
+            self.peer_failure()
+            raise
+        inst.agreed(buf.numpy())
 
     def _agreement_done(self, fut: Any) -> None:
         """In gloo's thread, as an agreement completes: a failed one names the lost peers to the agent at once,

@@ -243,6 +243,20 @@ def _counts(report: Any) -> list[list[int]] | None:
     return np.frombuffer(report.counts, "<u4").reshape(report.layers, report.experts).tolist()
 
 
+def _last_sample(link: Any) -> dict[str, Any] | None:
+    """The newest sampled step among the offered reports: its step and counts, with the report's rate."""
+    import numpy as np
+
+    from elasticmoe.loadcodec import sample_steps
+
+    for r in reversed(getattr(link, "offered", [])):
+        steps = list(sample_steps(r.first_step, r.steps, r.sample_every))
+        if steps:
+            rows = np.frombuffer(r.samples, "<u4").reshape(len(steps), r.layers, r.experts)
+            return {"step": steps[-1], "every": r.sample_every, "rows": len(steps), "counts": rows[-1].tolist()}
+    return None
+
+
 def write(path: Path, doc: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(doc))
@@ -350,6 +364,7 @@ def worker(rank: int, args: argparse.Namespace) -> None:
                 "policy": st.policy.__name__, "install": plugin.install_status(),
                 "window_load": int(ms.expert_load_window.sum()), "mode": args.mode,
                 "last_report": _counts(getattr(plugin.link, "last", None)),
+                "last_sample": _last_sample(innermost(plugin.link)),
                 "kept": sorted(c.table.version for c in getattr(plugin.link, "kept", [])),
             })
             time.sleep(args.step_s)

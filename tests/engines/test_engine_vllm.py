@@ -333,6 +333,11 @@ def test_vllm_eplb_agrees_and_installs_without_agents(tmp_path: Path, mode: str,
             first = _wait("reports", lambda: (r := _ranks(out)) and all(x["last_report"] for x in r) and r, 180, proc)
             for x in first:  # per step: expert 0 has 2 slots x 50 tokens, expert 1 2 slots x 1, others 1
                 assert x["last_report"] == [[100 * every, 2 * every] + [every] * 6] * 2
+            sampled = _wait("a sampled step", lambda: (r := _ranks(out)) and all(x["last_sample"] for x in r) and r,
+                            60, proc)
+            for x in sampled:  # every 10th step's own counts ride along (EMOE_SAMPLE_EVERY): one step's load
+                s = x["last_sample"]
+                assert s["every"] == 10 and s["step"] % 10 == 0 and s["counts"] == [[100, 2] + [1] * 6] * 2
                 assert x["mode"] == mode and x["install"]["async"] == (mode == "async")
                 assert x["window_load"] > 0  # vLLM's own load window sees the load (its checks read it)
             on_v3 = _install(out, proc, deliver(v2, 0), deliver(v2, 1), deliver(v3, 0, 1))

@@ -146,7 +146,7 @@ def test_a_rearrangement_that_ends_on_another_map_is_rearmed_with_backoff() -> N
 
 def test_settings_from_env() -> None:
     s = Settings.from_env({"EMOE_SOCKET": "/s", "EMOE_AGREE_EVERY": "8"})
-    assert s is not None and (s.agree_every, s.report_every, s.stall_steps) == (8, 32, 0)
+    assert s is not None and (s.agree_every, s.report_every, s.stall_steps) == (8, 25, 0)
     with pytest.raises(BadInput, match="EMOE_AGREE_EVERY='0'"):
         Settings.from_env({"EMOE_SOCKET": "/s", "EMOE_AGREE_EVERY": "0"})
     with pytest.raises(BadInput, match="EMOE_STALL_STEPS='x'"):
