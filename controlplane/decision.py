@@ -79,7 +79,8 @@ class DecisionParams:
     # the per-step rows a window carries: every sample_every-th step's counts (elasticmoe.loadcodec; 0: none,
     # one row of the window's mean step). The mean alone hides the per-step spread that sets a step's time:
     # DeepSeek-V3 decode at EP144 (bench, EPLB boot) 1.309 mean step imbalance fed window means, 1.2585 fed
-    # every 10th step, 1.2571 fed every step; prefill EP32: 1.70 (it never acted), 1.076, 1.081
+    # every 10th step, 1.2571 fed every step; prefill EP32 from a hierarchical EPLB boot: 1.70 (it never
+    # acted), 1.076, 1.081
     sample_every: int = 10
 
     def __post_init__(self) -> None:
