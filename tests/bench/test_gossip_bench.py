@@ -16,10 +16,16 @@ from chaos.gossipsim import GossipSim, profile_gossip
 def test_bench_gossip_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert gossip.main(["--nodes", "16", "--duration-s", "4", "--layers", "8", "--experts", "16", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert list(out) == ["nodes", "interval_ms", "t999_s", "bytes_per_node_per_s", "overhead_ratio"]
+    assert list(out) == ["nodes", "interval_ms", "t999_s", "bytes_per_node_per_s", "overhead_ratio",
+                         "window_bytes_ep144"]
     assert out["nodes"] == 16 and out["interval_ms"] == 200
     assert 0 < out["t999_s"] <= 1.6
     assert out["bytes_per_node_per_s"] > 0 and out["overhead_ratio"] >= 1.0
+    ep = out["window_bytes_ep144"]  # a node's window with its sampled steps at DeepSeek-V3's EP144 shape
+    if "skipped" not in ep:
+        assert ep["windows"] == 4 * 18 and ep["sample_every"] == 10
+        assert 58 * 256 * 4 < ep["median"] <= ep["max"] < ep["signed_max"] <= ep["budget"] == 4 * 59392
+        assert ep["within_budget"] is True
 
 
 def test_bench_gossip_signed_windows_carry_their_signature_and_certificate(capsys: pytest.CaptureFixture[str]) -> None:
