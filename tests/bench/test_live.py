@@ -53,3 +53,24 @@ def test_the_live_engines_and_the_bench_feed_split_load_alike() -> None:
                                                            (7, 1, 8)])
 def test_a_commit_is_served_from_the_step_after_the_next_agreement(arrival: int, every: int, served: int) -> None:
     assert install_step(arrival, every) == served
+
+
+def test_the_bench_feed_delivers_exactly_the_cluster_counts_through_every_nodes_load_path() -> None:
+    """bench.agentfeed: 3 nodes' engine reports -> their LoadPaths -> windows as gossip bytes -> the deciding
+    node's cluster windows: each closed window's totals and sampled steps are the trace's, to the token."""
+    from bench.agentfeed import LoadFeed
+
+    topo = Topology(3, 2, 4)
+    rng = np.random.default_rng(1)
+    counts = rng.integers(0, 200, (300, 2, 16)).astype(np.uint32)
+    table = eplb_table(initial_table(topo, 2, 16), counts.sum(axis=0, dtype=np.int64))
+    got: list[tuple[int, np.ndarray, np.ndarray | None]] = []
+    feed = LoadFeed(topo, 2, 16, 100, 10, lambda seq, total, samples: got.append((seq, total, samples)))
+    for k in range(3):
+        feed.feed(100 * k, counts[100 * k:100 * (k + 1)], table)
+    assert [seq for seq, *_ in got] == [0, 1, 2]
+    for seq, total, samples in got:
+        window = counts[100 * seq:100 * (seq + 1)]
+        assert np.array_equal(total, window.sum(axis=0, dtype=np.uint64))
+        assert samples is not None and np.array_equal(samples, window[::10])
+    assert len(feed.window_bytes) == 3 * 3 and feed.bytes_per_window()["max"] > 2 * 16 * 4
