@@ -57,6 +57,13 @@ class AdminView:
         failure = self.backend.failure if state == "SERVING" else ""
         return f"NOT_SERVING: {failure}" if failure else state
 
+    def paused(self) -> bool:
+        return self.pipeline.paused
+
+    def seconds_since_commit(self) -> float:
+        """Since this node learned its newest commit (since its start, before one)."""
+        return max(0.0, self.clock.now() - self.pipeline.committed_at)
+
     def window_seq(self) -> int:
         return max(0, self.pipeline.window_seq)
 

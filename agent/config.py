@@ -209,6 +209,19 @@ class TelemetryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     enabled: bool = False  # the standard OTEL_* variables configure exporters when enabled
 
 
+class MetricsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Prometheus metrics (agent/metrics.py): `listen` HOST:PORT serves them at /metrics, plaintext (bind it
+    to an address only the scraper reaches); empty, the default: off. `per_expert`: also the newest window's
+    tokens per (layer, expert), layers x experts series (14,848 for DeepSeek-V3)."""
+
+    listen: str = ""
+    per_expert: bool = False
+
+    def validate(self) -> None:
+        if self.listen:
+            _check_hostport("metrics.listen", self.listen)
+
+
 class TlsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Mutual TLS for agent-to-agent and admin traffic (see agent/security.py, `emoe certs`)."""
 
@@ -249,6 +262,7 @@ class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
     telemetry: TelemetryConfig = msgspec.field(default_factory=TelemetryConfig)
     tls: TlsConfig = msgspec.field(default_factory=TlsConfig)
+    metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
 
     def validate(self) -> None:
         _check_finite("", self)
@@ -265,6 +279,9 @@ class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         self.consensus.validate()
         self.engine.validate()
         self.tls.validate()
+        self.metrics.validate()
+        _need(self.metrics.listen not in (self.listen, self.tls.health_listen) or not self.metrics.listen,
+              "metrics.listen", self.metrics.listen, "an address other than listen and tls.health_listen")
         _need(self.tls.health_listen != self.listen, "tls.health_listen", self.tls.health_listen,
               "an address other than listen")
         G = self.cluster.nodes * self.cluster.ranks_per_node

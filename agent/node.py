@@ -20,6 +20,7 @@ from agent.admin import AdminService, local_callers_only
 from agent.config import AgentConfig
 from agent.credentials import interceptors, server_credentials
 from agent.datadir import DataDirError, DataDirLock
+from agent.metrics import MetricsServer
 from agent.state import NodeState
 from agent.store import StoreCorrupt
 from elasticmoe.v1 import admin_pb2, admin_pb2_grpc, consensus_pb2, gossip_pb2
@@ -55,6 +56,7 @@ class AgentProcess:
         self.server: grpc.aio.Server | None = None
         self.shim_server: grpc.aio.Server | None = None
         self.health_server: grpc.aio.Server | None = None
+        self.metrics: MetricsServer | None = None
         self.health = health.aio.HealthServicer()
         self.port = 0
         self.lock = DataDirLock(cfg.data_dir)
@@ -78,6 +80,8 @@ class AgentProcess:
         for srv in (self.shim_server, self.health_server, self.server):
             if srv is not None:
                 await srv.stop(0)
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.close)
         self.lock.release()
 
     async def _start(self) -> None:
@@ -118,6 +122,12 @@ class AgentProcess:
                 self.health_server, _ = await serve_plaintext_health(self.cfg.tls.health_listen, self.health)
             except OSError as e:
                 raise StartupError(str(e)) from None
+        if self.cfg.metrics.listen:
+            try:
+                self.metrics = MetricsServer(self.cfg.metrics.listen, self.state.view, asyncio.get_running_loop(),
+                                             self.cfg.metrics.per_expert)
+            except OSError as e:
+                raise StartupError(f"metrics.listen = {self.cfg.metrics.listen!r}: cannot bind ({e})") from None
         await self._set_health(health_pb2.HealthCheckResponse.SERVING)
         self._watch = asyncio.get_running_loop().create_task(self._watch_health())
         log.info("agent %s serving on %s (shim link %s)", self.cfg.node_id, self.cfg.listen, sock)
@@ -150,6 +160,8 @@ class AgentProcess:
         for srv in (self.shim_server, self.health_server, self.server):
             if srv is not None:
                 await srv.stop(grace)
+        if self.metrics is not None:
+            await asyncio.to_thread(self.metrics.close)
         self.lock.release()
 
 

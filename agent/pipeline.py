@@ -132,6 +132,7 @@ class DecisionPipeline:
         self.journal: deque[Record] = deque(maxlen=1024)  # the controller's proposal records and resolutions
         self.explains: dict[int, apb.ExplainReply] = {}  # what this node proposed, by version
         self.latest_explain: apb.ExplainReply | None = None  # `emoe explain` for version 0
+        self.committed_at = clock.now()  # when this node learned its newest commit (its start, before one)
 
     def latest_window(self) -> npt.NDArray[np.uint64] | None:
         """The newest closed cluster window [L, E] (the voter's replay keeps them), None before the first."""
@@ -161,6 +162,7 @@ class DecisionPipeline:
         """The backend committed `table` (this node's proposal or another's); `newest_window`: the newest window
         reported when this node learned of it (agent.loadpath.ClusterWindows.newest_reported)."""
         # the turn restarts at the window that proposed this table (the same on every node, however late it learns)
+        self.committed_at = self.clock.now()
         end = int(commit.plan.replay_to_step) // self.params.window
         self.head_seq = end - 1 if 0 < end <= self.window_seq + 1 else self.window_seq
         self.step(TableCommitted(table, plan_kind(commit.plan), newest_window))

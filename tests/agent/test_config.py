@@ -94,6 +94,11 @@ def test_profiles_fill_defaults_and_fields_override() -> None:
           "cluster": {"layers": 256, "experts": 16384, "nodes": 256, "ranks_per_node": 8, "slots_per_rank": 8}},
          "decision.replay_windows = 1000: expected a replay buffer"),
         ({"node_id": "n", "ranks": [1, 1]}, "ranks[1] = 1: expected a rank listed once"),
+        ({"node_id": "n", "metrics": {"listen": "localhost"}}, "metrics.listen = 'localhost'"),
+        ({"node_id": "n", "metrics": {"listen": "127.0.0.1:7400"}}, "metrics.listen = '127.0.0.1:7400': expected an "
+                                                                    "address other than listen"),
+        ({"node_id": "n", "metrics": {"port": 9100}}, "port"),
+        ({"node_id": "n", "decision": {"sample_every": -1}}, "decision.sample_every = -1"),
     ],
 )
 def test_errors_name_field_and_value(raw: dict[str, object], needle: str) -> None:

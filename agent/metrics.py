@@ -1,0 +1,178 @@
+"""Prometheus metrics of one agent (`[metrics] listen`, off by default), served by prometheus-client.
+
+A scrape takes one snapshot of the agent's read-only AdminView on the agent's event loop (the HTTP server runs
+on a thread of its own; reading the agent's state from there could see it mid-change), then renders it:
+
+    emoe_committed_version                 the committed routing-table version this agent holds
+    emoe_serving                           1 while SERVING (health), else 0
+    emoe_rebalancing_paused                1 while this agent's automatic rebalancing is paused
+    emoe_window_seq                        the newest closed cluster window
+    emoe_step_imbalance                    its mean step imbalance under the table then committed (absent before
+                                           one; what `emoe status` shows)
+    emoe_seconds_since_commit              since this agent learned its newest commit (or started, before one)
+    emoe_members{status}                   members by SWIM status (alive, suspect, dead, left)
+    emoe_member_committed_version{member}  the committed version each member last reported
+    emoe_layer_tokens{layer}               the newest window's tokens per MoE layer
+    emoe_rank_tokens{rank}                 ... per EP rank under the committed table (its replicas' share)
+    emoe_expert_tokens{layer,expert}       ... per logical expert (`[metrics] per_expert = true`: L x E series)
+    emoe_rank_installed_version{rank}      the version each of this node's engine ranks runs (its reports)
+    emoe_rank_install_lag_seconds{rank}    how long it has been behind the committed version (0: not behind)
+    emoe_rank_report_age_seconds{rank}     since its last load report (absent: never reported)
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from controlplane.load import rank_load
+from controlplane.table import RoutingTable
+from elasticmoe.v1 import admin_pb2 as apb
+from elasticmoe.v1 import gossip_pb2 as gpb
+
+
+class MetricsView(Protocol):
+    """What the metrics read (agent.adminview.AdminView)."""
+
+    def head(self) -> RoutingTable: ...
+
+    def member_states(self) -> list[gpb.MemberState]: ...
+
+    def peer_versions(self) -> dict[str, int]: ...
+
+    def health(self) -> str: ...
+
+    def window_seq(self) -> int: ...
+
+    def imbalance_history(self) -> list[float]: ...
+
+    def cluster_load(self) -> npt.NDArray[Any] | None: ...
+
+    def rank_installs(self) -> list[apb.RankInstall]: ...
+
+    def seconds_since_commit(self) -> float: ...
+
+    def paused(self) -> bool: ...
+
+
+@dataclass
+class Snapshot:
+    version: int
+    serving: bool
+    paused: bool
+    window_seq: int
+    imbalance: float | None
+    since_commit: float
+    members: Counter[str]
+    peer_versions: dict[str, int]
+    layer_tokens: list[float] = field(default_factory=list)
+    rank_tokens: list[float] = field(default_factory=list)
+    expert_tokens: npt.NDArray[np.float64] | None = None
+    ranks: list[apb.RankInstall] = field(default_factory=list)
+
+
+def snapshot(view: MetricsView, per_expert: bool) -> Snapshot:
+    head = view.head()
+    load = view.cluster_load()
+    hist = view.imbalance_history()
+    s = Snapshot(head.version, view.health() == "SERVING", view.paused(), view.window_seq(), hist[-1] if hist else None,
+                 view.seconds_since_commit(),
+                 Counter(gpb.MemberStatus.Name(m.status).lower() for m in view.member_states()),
+                 dict(view.peer_versions()), ranks=list(view.rank_installs()))
+    if load is not None:
+        counts = np.asarray(load, dtype=np.int64)
+        s.layer_tokens = counts.sum(axis=1).astype(np.float64).tolist()
+        s.rank_tokens = rank_load(head, counts[None])[0].sum(axis=0).astype(np.float64).tolist()
+        if per_expert:
+            s.expert_tokens = counts.astype(np.float64)
+    return s
+
+
+def families(s: Snapshot) -> Iterator[Any]:
+    from prometheus_client.core import GaugeMetricFamily
+
+    def one(name: str, doc: str, value: float) -> GaugeMetricFamily:
+        return GaugeMetricFamily(name, doc, value=value)
+
+    yield one("emoe_committed_version", "The committed routing-table version this agent holds", s.version)
+    yield one("emoe_serving", "1 while the agent is SERVING", float(s.serving))
+    yield one("emoe_rebalancing_paused", "1 while automatic rebalancing is paused on this agent", float(s.paused))
+    yield one("emoe_window_seq", "The newest closed cluster window", s.window_seq)
+    if s.imbalance is not None:
+        yield one("emoe_step_imbalance", "Mean step imbalance of the newest window, as emoe status shows it",
+                  s.imbalance)
+    yield one("emoe_seconds_since_commit", "Seconds since this agent learned its newest commit", s.since_commit)
+    m = GaugeMetricFamily("emoe_members", "Cluster members by SWIM status", labels=["status"])
+    for status in ("alive", "suspect", "dead", "left"):
+        m.add_metric([status], s.members.get(status, 0))
+    yield m
+    pv = GaugeMetricFamily("emoe_member_committed_version", "Committed version each member last reported",
+                           labels=["member"])
+    for member, version in sorted(s.peer_versions.items()):
+        pv.add_metric([member], version)
+    yield pv
+    lt = GaugeMetricFamily("emoe_layer_tokens", "Tokens per MoE layer in the newest window", labels=["layer"])
+    for layer, tokens in enumerate(s.layer_tokens):
+        lt.add_metric([str(layer)], tokens)
+    yield lt
+    rt = GaugeMetricFamily("emoe_rank_tokens", "Tokens per EP rank in the newest window, under the committed table",
+                           labels=["rank"])
+    for rank, tokens in enumerate(s.rank_tokens):
+        rt.add_metric([str(rank)], tokens)
+    yield rt
+    if s.expert_tokens is not None:
+        et = GaugeMetricFamily("emoe_expert_tokens", "Tokens per logical expert in the newest window",
+                               labels=["layer", "expert"])
+        for (layer, expert), n in np.ndenumerate(s.expert_tokens):
+            et.add_metric([str(layer), str(expert)], float(n))
+        yield et
+    iv = GaugeMetricFamily("emoe_rank_installed_version", "Version each engine rank of this node runs",
+                           labels=["rank"])
+    lag = GaugeMetricFamily("emoe_rank_install_lag_seconds", "Seconds an engine rank has been behind the "
+                            "committed version", labels=["rank"])
+    age = GaugeMetricFamily("emoe_rank_report_age_seconds", "Seconds since an engine rank's last load report",
+                            labels=["rank"])
+    for r in s.ranks:
+        if r.installed_version:
+            iv.add_metric([str(r.rank)], r.installed_version)
+        lag.add_metric([str(r.rank)], r.lag_s)
+        if r.report_age_s >= 0:
+            age.add_metric([str(r.rank)], r.report_age_s)
+    yield from (iv, lag, age)
+
+
+class _Collector:
+    """A prometheus-client collector that snapshots the view on the agent's loop at each scrape."""
+
+    def __init__(self, view: MetricsView, loop: asyncio.AbstractEventLoop, per_expert: bool) -> None:
+        self.view, self.loop, self.per_expert = view, loop, per_expert
+
+    def collect(self) -> Iterator[Any]:
+        async def take() -> Snapshot:
+            return snapshot(self.view, self.per_expert)
+
+        s = asyncio.run_coroutine_threadsafe(take(), self.loop).result(timeout=5.0)
+        yield from families(s)
+
+
+class MetricsServer:
+    """The /metrics HTTP endpoint on its own thread; `close()` stops it."""
+
+    def __init__(self, listen: str, view: MetricsView, loop: asyncio.AbstractEventLoop, per_expert: bool) -> None:
+        from prometheus_client import CollectorRegistry, start_http_server
+
+        host, _, port = listen.rpartition(":")
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_Collector(view, loop, per_expert))
+        self.server, self.thread = start_http_server(int(port), addr=host.strip("[]"), registry=registry)
+        self.port = int(self.server.server_address[1])
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
