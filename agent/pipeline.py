@@ -37,7 +37,7 @@ from controlplane.controller import (
 from controlplane.decision import Decision
 from controlplane.ops import Operation, describe
 from controlplane.profile import StabilityProfile
-from controlplane.table import RoutingTable
+from controlplane.table import RoutingTable, diff
 from controlplane.verify import replay_stats
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import consensus_pb2 as cpb
@@ -133,6 +133,7 @@ class DecisionPipeline:
         self.explains: dict[int, apb.ExplainReply] = {}  # what this node proposed, by version
         self.latest_explain: apb.ExplainReply | None = None  # `emoe explain` for version 0
         self.committed_at = clock.now()  # when this node learned its newest commit (its start, before one)
+        self._proposed_at: dict[int, float] = {}  # this node's proposals in flight: version -> when proposed
 
     def latest_window(self) -> npt.NDArray[np.uint64] | None:
         """The newest closed cluster window [L, E] (the voter's replay keeps them), None before the first."""
@@ -162,7 +163,13 @@ class DecisionPipeline:
         """The backend committed `table` (this node's proposal or another's); `newest_window`: the newest window
         reported when this node learned of it (agent.loadpath.ClusterWindows.newest_reported)."""
         # the turn restarts at the window that proposed this table (the same on every node, however late it learns)
-        self.committed_at = self.clock.now()
+        now = self.committed_at = self.clock.now()
+        before = self.controller.head
+        moved = (diff(before, table, self.params.expert_bytes).total_bytes
+                 if before.version == table.parent and before.phy2log.shape == table.phy2log.shape else -1)
+        log.info("%s: committed version %d (%s, proposed by %s): %d operations, %s to copy", self.node_id,
+                 table.version, plan_kind(commit.plan), commit.proposer or "?", len(commit.plan.ops),
+                 f"{moved / 1e6:.1f} MB" if moved >= 0 else "bytes unknown (this node was behind)")
         end = int(commit.plan.replay_to_step) // self.params.window
         self.head_seq = end - 1 if 0 < end <= self.window_seq + 1 else self.window_seq
         self.step(TableCommitted(table, plan_kind(commit.plan), newest_window))
@@ -172,7 +179,11 @@ class DecisionPipeline:
             if not rec.votes:
                 rec.votes.extend(commit.votes)
         self.telemetry.record_version(table.version)
-        self.telemetry.commit_span(table.version, table.parent, len(commit.qc.voters), 0.0)
+        proposed = self._proposed_at.pop(table.version, None)
+        for v in [v for v in self._proposed_at if v <= table.version]:  # proposals another table won
+            del self._proposed_at[v]
+        if proposed is not None:  # the latency is known where the table was proposed: one span, there
+            self.telemetry.commit_span(table.version, table.parent, len(commit.qc.voters), (now - proposed) * 1e3)
 
     def step(self, event: Event) -> None:
         """Hand the controller one event and perform its Ready."""
@@ -258,6 +269,7 @@ class DecisionPipeline:
         self.explains[table.version] = record
         self.latest_explain = record
         started = self.clock.now()
+        self._proposed_at[table.version] = started
         observers = [h(table) for h in self.hooks.proposing]
 
         def on_done(outcome: Outcome) -> None:

@@ -4,11 +4,13 @@ commits it saw in the simulated cluster, is matched proposal for proposal by a s
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
+import pytest
 
 from agent.consensus.core import Outcome
 from agent.pipeline import DecisionPipeline
@@ -33,8 +35,11 @@ class Backend:
 
 
 class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
     def now(self) -> float:
-        return 0.0
+        return self.t
 
 
 class Telemetry(AgentTelemetry):
@@ -43,9 +48,13 @@ class Telemetry(AgentTelemetry):
     def __init__(self) -> None:
         super().__init__(enabled=False)
         self.imbalance: list[float] = []
+        self.spans: list[tuple[int, float]] = []
 
     def record_imbalance(self, x: float) -> None:
         self.imbalance.append(x)
+
+    def commit_span(self, version: int, parent: int, votes: int, latency_ms: float) -> None:
+        self.spans.append((version, latency_ms))
 
 
 def _pipeline(head: RoutingTable, params: DecisionParams, voters: list[str], me: str, handover: int,
@@ -85,6 +94,48 @@ def test_a_pipeline_alone_proposes_on_skewed_windows_and_hands_a_failure_back() 
     assert p.inflight is None and p.explains[table.version].outcome == "failed: lost to another table"
     recs = list(p.journal)
     assert [type(r) for r in recs] == [ProposalRecord, Resolution] and recs[1].version == table.version
+
+
+def test_a_commit_is_logged_and_its_span_carries_the_proposal_latency() -> None:
+    """The commit span lasts from this node's proposal to the commit (it was 0.0 whatever the latency); every
+    node logs the commits it learns at INFO with what they move."""
+    from dataplane_shim.certify import certified_commit
+
+    topo = Topology(2, 2, 4)
+    head = genesis_table("static", topo, 4, 8)
+    telemetry = Telemetry()
+    p, backend = _pipeline(head, DecisionParams(window=10), ["a"], "a", 2, telemetry)
+    clock = p.clock
+    assert isinstance(clock, Clock)
+    for seq in range(4):
+        p.close_window(seq, _skewed(4, 8, seq))
+        if backend.proposed:
+            break
+    table, plan, on_done = backend.proposed[0]
+    clock.t += 0.25  # a quarter second to commit
+    commit = certified_commit(table, ["a"], 1)
+    commit.plan.CopyFrom(plan)
+    commit.proposer = "a"
+    backend.head = table
+    said: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("emoe.agent")  # (the agent's CLI tests may have set its level and propagation)
+    level, disabled = logger.level, logger.disabled
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.disabled = False
+    try:
+        on_done(Outcome(True, table.version, "", [], 0.25, commit))
+        p.on_commit(commit, table, p.window_seq)
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.disabled = disabled
+    assert telemetry.spans == [(table.version, pytest.approx(250.0))]
+    line = next(m for m in said if "committed version" in m)
+    assert f"committed version {table.version} (rebalance, proposed by a): {len(plan.ops)} operations" in line
+    assert " MB to copy" in line
 
 
 def test_a_pipeline_that_does_not_plan_this_window_proposes_nothing() -> None:
