@@ -11,6 +11,7 @@ from agent.clock import Clock
 from agent.commit import CommitBackend
 from agent.gossip_node import GossipNode
 from agent.installs import Installs
+from agent.loadpath import LoadPath
 from agent.membership import TO_PB
 from agent.pipeline import DecisionPipeline
 from agent.ranklink import RankPresence
@@ -27,10 +28,10 @@ class AdminView:
     `presence()`: its engine ranks' local links, once it serves them (None before)."""
 
     def __init__(self, node_id: str, topology: Topology, backend: CommitBackend, gossip: GossipNode,
-                 pipeline: DecisionPipeline, installs: Installs, clock: Clock, lifecycle: Callable[[], str],
-                 presence: Callable[[], RankPresence | None]) -> None:
+                 pipeline: DecisionPipeline, load: LoadPath, installs: Installs, clock: Clock,
+                 lifecycle: Callable[[], str], presence: Callable[[], RankPresence | None]) -> None:
         self.node_id, self.topology, self.backend, self.gossip = node_id, topology, backend, gossip
-        self.pipeline, self.installs, self.clock = pipeline, installs, clock
+        self.pipeline, self.load, self.installs, self.clock = pipeline, load, installs, clock
         self.lifecycle, self.presence = lifecycle, presence
 
     def head(self) -> RoutingTable:
@@ -59,6 +60,22 @@ class AdminView:
 
     def paused(self) -> bool:
         return self.pipeline.paused
+
+    def decision_outcomes(self) -> dict[str, int]:
+        """The controller's decisions since start, by outcome (PROPOSED, BELOW_THETA, GAIN_BELOW_TAU, ...)."""
+        return dict(self.pipeline.outcomes)
+
+    def bytes_moved(self) -> int:
+        """Weight bytes the commits this node learned since start copy."""
+        return self.pipeline.bytes_moved
+
+    def reports_dropped(self) -> int:
+        """Load reports this node's engines dropped before sending them (an agent too slow or absent)."""
+        return sum(self.load.dropped.values())
+
+    def reports_unsampled(self) -> int:
+        """Load reports used for their totals only (no sampled steps, or sampled at another rate)."""
+        return self.load.unsampled
 
     def seconds_since_commit(self) -> float:
         """Since this node learned its newest commit (since its start, before one)."""

@@ -233,6 +233,7 @@ class LoadPath:
         self.local = LocalWindows(layers, experts, window, sample_every)
         self.cluster = ClusterWindows()
         self.unsampled = 0  # reports used for their totals only (no sampled steps, or another sample_every)
+        self.dropped: dict[str, int] = {}  # reports each shim dropped before they left it (its own count)
 
     def on_report(self, r: dpb.LoadReport) -> None:
         """One engine rank's report; LoadReportError names the field of one this node cannot use (before
@@ -246,6 +247,8 @@ class LoadPath:
             who = self.gossip.suspect_ranks(r.unreachable_ranks)
             log.warning("rank %d could not reach ranks %s: suspecting %s", r.rank, list(r.unreachable_ranks), who)
         self.engine_ran(int(r.rank), int(r.version))
+        shim = r.shim_id or f"rank{r.rank}"
+        self.dropped[shim] = max(self.dropped.get(shim, 0), int(r.dropped_reports))
         if r.steps == 0:  # evidence only (a peer the engine lost), no load
             return
         counts = np.frombuffer(r.counts, dtype="<u4").reshape(self.layers, self.experts)

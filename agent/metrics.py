@@ -18,6 +18,10 @@ on a thread of its own; reading the agent's state from there could see it mid-ch
     emoe_rank_installed_version{rank}      the version each of this node's engine ranks runs (its reports)
     emoe_rank_install_lag_seconds{rank}    how long it has been behind the committed version (0: not behind)
     emoe_rank_report_age_seconds{rank}     since its last load report (absent: never reported)
+    emoe_decisions_total{outcome}          the controller's decisions by outcome (PROPOSED, BELOW_THETA, ...)
+    emoe_moved_bytes_total                 weight bytes the commits this agent learned copy
+    emoe_reports_dropped_total             load reports this node's engines dropped (agent slow or absent)
+    emoe_reports_unsampled_total           load reports used for their totals only (no or mismatched samples)
 """
 
 from __future__ import annotations
@@ -60,6 +64,14 @@ class MetricsView(Protocol):
 
     def paused(self) -> bool: ...
 
+    def decision_outcomes(self) -> dict[str, int]: ...
+
+    def bytes_moved(self) -> int: ...
+
+    def reports_dropped(self) -> int: ...
+
+    def reports_unsampled(self) -> int: ...
+
 
 @dataclass
 class Snapshot:
@@ -75,6 +87,10 @@ class Snapshot:
     rank_tokens: list[float] = field(default_factory=list)
     expert_tokens: npt.NDArray[np.float64] | None = None
     ranks: list[apb.RankInstall] = field(default_factory=list)
+    outcomes: dict[str, int] = field(default_factory=dict)
+    bytes_moved: int = 0
+    dropped: int = 0
+    unsampled: int = 0
 
 
 def snapshot(view: MetricsView, per_expert: bool) -> Snapshot:
@@ -84,7 +100,8 @@ def snapshot(view: MetricsView, per_expert: bool) -> Snapshot:
     s = Snapshot(head.version, view.health() == "SERVING", view.paused(), view.window_seq(), hist[-1] if hist else None,
                  view.seconds_since_commit(),
                  Counter(gpb.MemberStatus.Name(m.status).lower() for m in view.member_states()),
-                 dict(view.peer_versions()), ranks=list(view.rank_installs()))
+                 dict(view.peer_versions()), ranks=list(view.rank_installs()), outcomes=view.decision_outcomes(),
+                 bytes_moved=view.bytes_moved(), dropped=view.reports_dropped(), unsampled=view.reports_unsampled())
     if load is not None:
         counts = np.asarray(load, dtype=np.int64)
         s.layer_tokens = counts.sum(axis=1).astype(np.float64).tolist()
@@ -95,7 +112,7 @@ def snapshot(view: MetricsView, per_expert: bool) -> Snapshot:
 
 
 def families(s: Snapshot) -> Iterator[Any]:
-    from prometheus_client.core import GaugeMetricFamily
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     def one(name: str, doc: str, value: float) -> GaugeMetricFamily:
         return GaugeMetricFamily(name, doc, value=value)
@@ -145,6 +162,16 @@ def families(s: Snapshot) -> Iterator[Any]:
         if r.report_age_s >= 0:
             age.add_metric([str(r.rank)], r.report_age_s)
     yield from (iv, lag, age)
+    dec = CounterMetricFamily("emoe_decisions", "The controller's decisions since start, by outcome",
+                              labels=["outcome"])
+    for outcome, count in sorted(s.outcomes.items()):
+        dec.add_metric([outcome], count)
+    yield dec
+    yield CounterMetricFamily("emoe_moved_bytes", "Weight bytes the commits this agent learned copy",
+                              value=s.bytes_moved)
+    yield CounterMetricFamily("emoe_reports_dropped", "Load reports this node's engines dropped before sending",
+                              value=s.dropped)
+    yield CounterMetricFamily("emoe_reports_unsampled", "Load reports used for their totals only", value=s.unsampled)
 
 
 class _Collector:

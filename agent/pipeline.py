@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -134,6 +134,8 @@ class DecisionPipeline:
         self.latest_explain: apb.ExplainReply | None = None  # `emoe explain` for version 0
         self.committed_at = clock.now()  # when this node learned its newest commit (its start, before one)
         self._proposed_at: dict[int, float] = {}  # this node's proposals in flight: version -> when proposed
+        self.outcomes: Counter[str] = Counter()  # the controller's decisions by outcome (Explain.outcome)
+        self.bytes_moved = 0  # weight bytes the commits this node learned copy (those whose parent it held)
 
     def latest_window(self) -> npt.NDArray[np.uint64] | None:
         """The newest closed cluster window [L, E] (the voter's replay keeps them), None before the first."""
@@ -167,6 +169,7 @@ class DecisionPipeline:
         before = self.controller.head
         moved = (diff(before, table, self.params.expert_bytes).total_bytes
                  if before.version == table.parent and before.phy2log.shape == table.phy2log.shape else -1)
+        self.bytes_moved += max(moved, 0)
         log.info("%s: committed version %d (%s, proposed by %s): %d operations, %s to copy", self.node_id,
                  table.version, plan_kind(commit.plan), commit.proposer or "?", len(commit.plan.ops),
                  f"{moved / 1e6:.1f} MB" if moved >= 0 else "bytes unknown (this node was behind)")
@@ -244,6 +247,7 @@ class DecisionPipeline:
                 log.error("controller installed v%d beyond the committed head v%d", t.version, self.backend.head.version)
         explains = [e for e in events if isinstance(e, Explain)]
         for ex in explains:
+            self.outcomes[ex.outcome] += 1
             for h in self.hooks.explained:
                 h(ex)
         if explains and not proposals:

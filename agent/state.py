@@ -179,7 +179,8 @@ class NodeState:
             lambda: self._health == "SERVING" and not backend.abstains
             and 2 * len(self._live_voters()) > len(self._voters))
         self.gossip.on_member_change(self.reactions.member_changed)
-        self.view = AdminView(self.node_id, self.topology, backend, self.gossip, self.pipeline, self.installs, clock,
+        self.view = AdminView(self.node_id, self.topology, backend, self.gossip, self.pipeline, self.load, self.installs,
+                              clock,
                               lambda: self._health, lambda: self.reactions.presence)
         self.gossip.start()
         self._health = "SERVING"

@@ -65,7 +65,7 @@ def test_three_agents_metrics_agree_with_their_status(tmp_path: Path) -> None:
         cfg.write_text(cfg.read_text() + f'\n[metrics]\nlisten = "127.0.0.1:{port}"\n')
     topo = Topology(NODES, RPN, S)
     boot = genesis_table("static", topo, L, E).phy2log
-    stop, errors = threading.Event(), []
+    stop, idle, errors = threading.Event(), threading.Event(), []
 
     def engines(cores: list[PluginCore]) -> None:
         try:
@@ -73,6 +73,8 @@ def test_three_agents_metrics_agree_with_their_status(tmp_path: Path) -> None:
             load[:, 0] = 60  # expert 0 hot in every layer: its rank is the busiest until replicas spread it
             while not stop.is_set():
                 for core in cores:
+                    if idle.is_set():  # attached, agreeing and installing, but serving no tokens
+                        continue
                     offs = core.sampled(1)
                     core.add_load(load, 1, load[None] if offs else None)
                     core.maybe_report()
@@ -95,10 +97,20 @@ def test_three_agents_metrics_agree_with_their_status(tmp_path: Path) -> None:
                 (s := _status(c, k))["committed_version"] >= 2 and s["window_seq"] >= 3
                 and all(int(r["installed_version"]) == int(s["committed_version"]) for r in s["ranks"])
                 for k in range(NODES)))
-            stop.set()  # the engines stay attached but serve nothing: no window closes, nothing commits
-            th.join(5)
-            assert not errors, errors
+            idle.set()  # the engines stay attached and install but serve nothing: no window closes from here
             time.sleep(1.0)
+
+            def settled() -> bool:  # (a decision on the last windows may still commit: wait for its install)
+                before = [_status(c, k) for k in range(NODES)]
+                time.sleep(0.5)
+                after = [_status(c, k) for k in range(NODES)]
+                return all(a["committed_version"] == b["committed_version"] and all(
+                    int(r["installed_version"]) == a["committed_version"] for r in a["ranks"])
+                    for a, b in zip(after, before, strict=True))
+
+            _until("the last commit installed everywhere", settled)
+            assert not errors, errors
+            proposed = 0.0
             for k in range(NODES):
                 m, st = _scrape(ports[k]), _status(c, k)
                 one = {name: next(iter(v.values())) for name, v in m.items() if len(v) == 1 and () in v}
@@ -118,6 +130,12 @@ def test_three_agents_metrics_agree_with_their_status(tmp_path: Path) -> None:
                 assert layers > 0 and sum(m["emoe_rank_tokens"].values()) == layers
                 assert len(m["emoe_layer_tokens"]) == L and len(m["emoe_rank_tokens"]) == topo.ranks
                 assert "emoe_expert_tokens" not in m  # per_expert is off by default
+                assert one["emoe_moved_bytes_total"] > 0  # every agent learned the rebalance and what it copies
+                assert one["emoe_reports_dropped_total"] == 0 and one["emoe_reports_unsampled_total"] == 0
+                outcomes = {dict(lab)["outcome"]: v for lab, v in m["emoe_decisions_total"].items()}
+                assert sum(outcomes.values()) >= st["window_seq"], outcomes  # a decision (or none) a window
+                proposed += outcomes.get("PROPOSED", 0)
+            assert proposed >= 1  # the rebalance was some agent's proposal
         finally:
             stop.set()
             th.join(5)
