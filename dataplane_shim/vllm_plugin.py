@@ -347,13 +347,13 @@ class VllmPlugin:
         """A collective of the EP group failed: name the peers that stopped beating and tell the agent at once
         (Lifeguard's local evidence: it suspects their nodes without waiting for its own probes)."""
         lost = self.watch.unreachable() if self.watch is not None else []
-        self.lost_peers = lost
         for r in lost:
             self.core.peer_unreachable(r)
         if lost:
             log.warning("rank %d: EP collective failed; ranks %s stopped responding: reported to the agent",
                         self.rank, lost)
             self.core.report_evidence()
+        self.lost_peers = lost  # set once the agent has been told (an engine that exits on it loses nothing)
         return lost
 
     def close(self) -> None:
