@@ -11,10 +11,10 @@ The agents gossip, close windows, take their planning turns, verify, vote and co
 
 What comes out is the sequence of installs (step, table); the bench then serves the trace under them as it
 serves every policy (copies overlapped with serving from the install step, bench.run.simulate), so the
-results are measured alike. Unlike the in-process path: decisions wait for gossip, the turn, consensus and the
-plugins' agreement schedule (tens of steps instead of `commit_latency`); a step takes `step_s` of wall time
-here, not the modelled step time; weight copies are not made (the engine installs at once, and the bench
-charges the copies as for the in-process policy).
+results are measured alike. Unlike the in-process path: gossip, the turn, the decision's own CPU time and
+consensus take real time here (the in-process path charges `commit_latency` steps for them; both then wait for
+the plugins' next agreement), a step takes `step_s` of wall time, not the modelled step time, and weight copies
+are not made (the engine installs at once, and the bench charges the copies as for the in-process policy).
 """
 
 from __future__ import annotations
