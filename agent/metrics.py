@@ -18,6 +18,7 @@ on a thread of its own; reading the agent's state from there could see it mid-ch
     emoe_rank_installed_version{rank}      the version each of this node's engine ranks runs (its reports)
     emoe_rank_install_lag_seconds{rank}    how long it has been behind the committed version (0: not behind)
     emoe_rank_report_age_seconds{rank}     since its last load report (absent: never reported)
+    emoe_rank_installed_age_seconds{rank}  since its last install (how long it has run its version)
     emoe_decisions_total{outcome}          the controller's decisions by outcome (PROPOSED, BELOW_THETA, ...)
     emoe_moved_bytes_total                 weight bytes the commits this agent learned copy
     emoe_reports_dropped_total             load reports this node's engines dropped (agent slow or absent)
@@ -155,13 +156,17 @@ def families(s: Snapshot) -> Iterator[Any]:
                             "committed version", labels=["rank"])
     age = GaugeMetricFamily("emoe_rank_report_age_seconds", "Seconds since an engine rank's last load report",
                             labels=["rank"])
+    held = GaugeMetricFamily("emoe_rank_installed_age_seconds", "Seconds an engine rank has run its installed "
+                             "version (since its last install)", labels=["rank"])
     for r in s.ranks:
         if r.installed_version:
             iv.add_metric([str(r.rank)], r.installed_version)
         lag.add_metric([str(r.rank)], r.lag_s)
         if r.report_age_s >= 0:
             age.add_metric([str(r.rank)], r.report_age_s)
-    yield from (iv, lag, age)
+        if r.installed_age_s >= 0:
+            held.add_metric([str(r.rank)], r.installed_age_s)
+    yield from (iv, lag, age, held)
     dec = CounterMetricFamily("emoe_decisions", "The controller's decisions since start, by outcome",
                               labels=["outcome"])
     for outcome, count in sorted(s.outcomes.items()):

@@ -126,6 +126,8 @@ def test_three_agents_metrics_agree_with_their_status(tmp_path: Path) -> None:
                 assert sorted(mine) == [RPN * k, RPN * k + 1]
                 got = {int(dict(lab)["rank"]): v for lab, v in m["emoe_rank_installed_version"].items()}
                 assert got == mine and set(got.values()) == {st["committed_version"]}  # installed == the head
+                ages = {int(dict(lab)["rank"]): v for lab, v in m["emoe_rank_installed_age_seconds"].items()}
+                assert sorted(ages) == sorted(mine) and all(v >= 0 for v in ages.values())
                 layers = sum(m["emoe_layer_tokens"].values())
                 assert layers > 0 and sum(m["emoe_rank_tokens"].values()) == layers
                 assert len(m["emoe_layer_tokens"]) == L and len(m["emoe_rank_tokens"]) == topo.ranks
