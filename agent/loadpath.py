@@ -263,7 +263,7 @@ class LoadPath:
                             " its totals are used, its sampled steps are not (set the engine plugin's "
                             "EMOE_SAMPLE_EVERY to %d)", r.shim_id or r.rank, r.sample_every, self.sample_every,
                             self.sample_every)
-        for w in self.local.add(r.shim_id or f"rank{r.rank}", r.first_step, r.steps, counts, rows):
+        for w in self.local.add(shim, r.first_step, r.steps, counts, rows):
             self.gossip.publish_window(w.seq, w.first_step, self.window, w.counts, bool(self.abstains()),
                                        w.samples, self.sample_every if w.samples is not None else 0)
             self.on_window(self.node_id, w.seq, w.counts, w.first_step, self.window, w.samples)

@@ -36,16 +36,24 @@ SIGNATURE_BYTES = 600
 CloseWindow = Callable[[int, npt.NDArray[np.uint64], npt.NDArray[np.uint32] | None], None]
 
 
+def rank_shares(table: RoutingTable) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+    """([G, L, E] each rank's share of an expert's tokens: its replicas over the expert's replicas on active
+    ranks (the engines split an expert's tokens evenly over its replicas); [L, E] the first rank holding it,
+    which takes a rounding remainder and, for an expert with none on an active rank, all of it)."""
+    held = (table.holders & table.active_mask[None, None, :]).astype(np.float64)  # [L, E, G]
+    cnt = held.sum(axis=2, keepdims=True)
+    first = np.argmax(held, axis=2)
+    orphan = cnt[..., 0] == 0
+    held[orphan, 0] = 1.0  # (argmax of all-zero is rank 0: the same rank)
+    share: npt.NDArray[np.float64] = np.moveaxis(held / np.maximum(held.sum(axis=2, keepdims=True), 1.0), 2, 0)
+    return share, first
+
+
 def node_shares(table: RoutingTable) -> npt.NDArray[np.float64]:
-    """[N, L, E]: the share of each expert's tokens that node n's engines serve (its replicas on active ranks
-    over all the expert's replicas on active ranks; an expert with none is counted on node 0)."""
+    """[N, L, E]: the share of each expert's tokens that node n's engines serve (its ranks' `rank_shares`)."""
     topo = table.topology
-    held = table.holders & table.active_mask[None, None, :]  # [L, E, G]
-    per_node = held.reshape(table.layers, table.experts, topo.nodes, topo.ranks_per_node).sum(axis=3)
-    per_node = np.moveaxis(per_node, 2, 0).astype(np.float64)  # [N, L, E]
-    total = per_node.sum(axis=0)
-    per_node[0][total == 0] = 1.0
-    out: npt.NDArray[np.float64] = per_node / np.maximum(per_node.sum(axis=0), 1.0)
+    share, _ = rank_shares(table)
+    out: npt.NDArray[np.float64] = share.reshape(topo.nodes, topo.ranks_per_node, *share.shape[1:]).sum(axis=1)
     return out
 
 

@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from bench.agentfeed import rank_shares
 from bench.policies import Change, Counts
 from chaos.localcluster import LocalCluster
 from controlplane.table import RoutingTable, initial_table
@@ -43,15 +44,6 @@ DECISION_KEYS = ("window", "theta", "budget_windows", "tau", "rollback_windows",
 class Install:
     step: int  # the first step served under `table`
     table: RoutingTable
-
-
-def rank_shares(table: RoutingTable) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
-    """([G, L, E] each rank's share of an expert's tokens: its replicas over the expert's replicas on active
-    ranks; [L, E] the first rank holding it, which takes the rounding remainder)."""
-    held = (table.holders & table.active_mask[None, None, :]).astype(np.float64)  # [L, E, G]
-    cnt = held.sum(axis=2, keepdims=True)
-    share = np.moveaxis(held / np.maximum(cnt, 1.0), 2, 0)
-    return share, np.argmax(held, axis=2)
 
 
 def genesis_spec(base: RoutingTable, directory: Path) -> str:

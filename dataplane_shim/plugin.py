@@ -216,6 +216,10 @@ class PluginCore:
         start = self._first_step + self._steps
         return [s - start for s in sample_steps(start, steps, self.sample_every)]
 
+    def is_sampled(self, offset: int) -> bool:
+        """Whether the step `offset` steps after the last one added is sampled (`sampled`, for one step)."""
+        return self.sample_every > 0 and (self._first_step + self._steps + offset) % self.sample_every == 0
+
     def add_load(self, counts: npt.ArrayLike, steps: int = 1, rows: npt.ArrayLike | None = None) -> None:
         """Add the logical load of `steps` steps, int [L, E]; `rows` [n, L, E]: the counts of the sampled ones
         among them (`sampled(steps)`), or None when the engine cannot tell its steps apart (the report then

@@ -189,7 +189,7 @@ class VllmPlugin:
         if not is_dummy:
             if self._acc is not None:
                 self._acc += self.ms.expert_load_pass  # before vLLM records (and zeroes) it
-                if self.core.sample_every and self._acc_steps in self.core.sampled(self._acc_steps + 1):
+                if self.core.is_sampled(self._acc_steps):
                     self._acc_rows.append(self.ms.expert_load_pass.clone())
             self._acc_steps += 1
         t2 = time.perf_counter()

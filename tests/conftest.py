@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -13,6 +14,15 @@ SHARED_TRACES = ROOT.parent / "shared" / "traces"
 # Every process a test starts (agents, engine ranks run by .venv-engine, whose editable install may point at
 # another checkout) runs this tree's code.
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+
+
+def until(what: str, ok: Callable[[], bool], timeout: float = 20.0) -> None:
+    """Poll `ok` every 0.2 s until it holds; AssertionError naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not ok():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.2)
 
 
 def engine_missing(why: str) -> NoReturn:

@@ -17,6 +17,7 @@ import pytest
 
 from agent.store import parse
 from chaos.localcluster import ROOT, LocalCluster
+from tests.conftest import until as _until
 
 pytestmark = pytest.mark.slow
 
@@ -44,13 +45,6 @@ def _caught_up(c: LocalCluster, k: int, ref: int) -> Callable[[], bool]:
     """Agent k holds what agent `ref` holds (other commits, say a repair after a long kill, may come too)."""
     return lambda: _head(c, k) == _head(c, ref)
 
-
-def _until(what: str, ok: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not ok():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.2)
 
 
 def _commit_pair(c: LocalCluster, via: int, rank: int) -> int:

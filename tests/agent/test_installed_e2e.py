@@ -13,7 +13,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from controlplane.topology import Topology
 from dataplane_shim.genesis import genesis_table
 from dataplane_shim.link import LinkThread
 from dataplane_shim.plugin import PluginCore
+from tests.conftest import until
 
 pytestmark = pytest.mark.slow
 
@@ -96,13 +97,6 @@ def status(c: LocalCluster, k: int) -> dict[str, Any]:
     doc["by_rank"] = {int(i["rank"]): i for i in doc.get("ranks", [])}
     return doc
 
-
-def until(what: str, ok: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not ok():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.2)
 
 
 def _replicate_op(c: LocalCluster) -> list[str]:

@@ -10,7 +10,6 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ from controlplane.topology import Topology
 from dataplane_shim.genesis import genesis_table
 from dataplane_shim.link import LinkThread
 from dataplane_shim.plugin import PluginCore
+from tests.conftest import until as _until
 
 pytestmark = pytest.mark.slow
 
@@ -49,13 +49,6 @@ def _scrape(port: int) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
             out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
     return out
 
-
-def _until(what: str, ok: Callable[[], bool], timeout: float = 40.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not ok():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what}")
-        time.sleep(0.2)
 
 
 def test_three_agents_metrics_agree_with_their_status(tmp_path: Path) -> None:
@@ -96,7 +89,7 @@ def test_three_agents_metrics_agree_with_their_status(tmp_path: Path) -> None:
             _until("a rebalance committed and installed on every rank", lambda: all(
                 (s := _status(c, k))["committed_version"] >= 2 and s["window_seq"] >= 3
                 and all(int(r["installed_version"]) == int(s["committed_version"]) for r in s["ranks"])
-                for k in range(NODES)))
+                for k in range(NODES)), timeout=40.0)
             idle.set()  # the engines stay attached and install but serve nothing: no window closes from here
             time.sleep(1.0)
 
@@ -108,7 +101,7 @@ def test_three_agents_metrics_agree_with_their_status(tmp_path: Path) -> None:
                     int(r["installed_version"]) == a["committed_version"] for r in a["ranks"])
                     for a, b in zip(after, before, strict=True))
 
-            _until("the last commit installed everywhere", settled)
+            _until("the last commit installed everywhere", settled, timeout=40.0)
             assert not errors, errors
             proposed = 0.0
             for k in range(NODES):

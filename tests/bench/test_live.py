@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from agent.cli import main
-from bench.agentfeed import node_shares
-from bench.live import rank_shares
+from bench.agentfeed import node_shares, rank_shares
 from bench.policies import install_step
 from controlplane.baselines.eplb import eplb_table
 from controlplane.table import initial_table
