@@ -1,5 +1,5 @@
 """The admin service's read side of a node (Status, Members, History, Explain, LoadView, Placement): one object
-over the node's parts, built complete once they exist (agent.state.NodeState.start); it changes nothing."""
+over the node's parts, built complete once they exist (agent.state.NodeState); it changes nothing."""
 
 from __future__ import annotations
 

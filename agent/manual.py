@@ -1,7 +1,7 @@
 """The operator's path into the decision core (Admin Propose, Drain, Restore, Pause; a rank back on the local
 link or after its repair is restored the same way): the operations go through the controller's manual event,
 so that what it refuses is refused with its own reason (agent.pipeline.DecisionPipeline.manual), and the
-node's proposal is awaited. One object, built complete once the pipeline exists (agent.state.NodeState.start)."""
+node's proposal is awaited. One object, built complete once the pipeline exists (agent.state.NodeState)."""
 
 from __future__ import annotations
 

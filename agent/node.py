@@ -18,11 +18,12 @@ from grpc_reflection.v1alpha import reflection
 
 from agent.admin import AdminService, local_callers_only
 from agent.config import AgentConfig
-from agent.credentials import interceptors, server_credentials
+from agent.credentials import channel_credentials, interceptors, server_credentials
 from agent.datadir import DataDirError, DataDirLock
 from agent.metrics import MetricsServer
 from agent.state import NodeState
 from agent.store import StoreCorrupt
+from agent.transport.grpc import GrpcTransport
 from elasticmoe.v1 import admin_pb2, admin_pb2_grpc, consensus_pb2, gossip_pb2
 
 log = logging.getLogger("emoe.agent")
@@ -52,7 +53,8 @@ class AgentProcess:
     def __init__(self, cfg: AgentConfig, drops: Callable[[str], bool] | None = None) -> None:
         """`drops`: the gRPC transport's fault hook (None in production; the chaos harness's chaos.agentproc)."""
         self.cfg = cfg
-        self.state = NodeState(cfg, drops=drops)
+        self._drops = drops
+        self._state: NodeState | None = None  # built once the server is bound (start)
         self.server: grpc.aio.Server | None = None
         self.shim_server: grpc.aio.Server | None = None
         self.health_server: grpc.aio.Server | None = None
@@ -74,9 +76,17 @@ class AgentProcess:
             await self._abort()
             raise
 
+    @property
+    def state(self) -> NodeState:
+        """The node, once start() built it."""
+        if self._state is None:
+            raise RuntimeError(f"agent {self.cfg.node_id} has not started")
+        return self._state
+
     async def _abort(self) -> None:
-        if self.state.consensus is not None:  # started, then a later step failed: stop voting first
-            self.state.stop(graceful=False)
+        if self._state is not None:  # started, then a later step failed: stop voting first
+            self._state.stop(graceful=False)
+            await self._state.close()
         for srv in (self.shim_server, self.health_server, self.server):
             if srv is not None:
                 await srv.stop(0)
@@ -95,7 +105,10 @@ class AgentProcess:
         admin_pb2_grpc.add_AdminServicer_to_server(service, server)  # type: ignore[no-untyped-call]
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable_server_reflection(SERVICE_NAMES, server)
-        self.state.attach(server)
+        addresses = {n: a for n, a in self.cfg.seed_map.items() if n != self.cfg.node_id}
+        transport = GrpcTransport(self.cfg.node_id, addresses, credentials=channel_credentials(self.cfg),
+                                  drops=self._drops)
+        transport.attach(server)
         creds = server_credentials(self.cfg)
         try:
             if creds is None:
@@ -110,8 +123,9 @@ class AgentProcess:
         await server.start()
         self.server = server
         try:
-            self.state.start()
+            self._state = NodeState(self.cfg, transport)
         except (StoreCorrupt, DataDirError) as e:
+            await transport.close()
             raise StartupError(str(e)) from None
         service.bind(self.state.view, self.state.manual)
         self.shim_server = await self.state.serve_shim(sock)

@@ -162,10 +162,9 @@ class SimCluster:
                                durable=lambda kind, n=n: self._durable(n, kind))
         if n in self.rates:  # the skew is the machine's oscillator: it survives a restart of the process
             self.net.clock(n).set_rate(self.rates[n])
-        st = NodeState(self.config(n), clock=self.net.clock(n), transport=self.net.transport(n), store=store,
+        st = NodeState(self.config(n), self.net.transport(n), clock=self.net.clock(n), store=store,
                        telemetry=self._tel, rng_seed=zlib.crc32(f"{n}/{self.seed}/{self.incarnation[n]}".encode()),
                        had_store=n in self.identity)  # the data_dir's marker: an empty store after it was lost
-        st.start()
         self.identity.add(n)  # the marker is written once its store first opened
         self.states[n] = st
         st.consensus.on_commit(lambda c, t, n=n: self._installed(n, c, t))

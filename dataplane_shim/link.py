@@ -203,7 +203,8 @@ class LinkThread:
             self._outbox.append(report)
 
     def report(self, report: dpb.LoadReport, timeout: float = 5.0) -> dpb.ReportLoadAck:
-        """Send `report` and wait for the agent's ack (tests and tools; an engine step uses `offer`)."""
+        """Send `report` and wait for the agent's ack (the engine's last word, tests and tools; an engine step
+        uses `offer`)."""
         fut = asyncio.run_coroutine_threadsafe(self.link.report_load(report), self._loop)
         return fut.result(timeout)
 

@@ -57,6 +57,8 @@ class Link(Protocol):
 
     def offer(self, report: dpb.LoadReport) -> None: ...
 
+    def report(self, report: dpb.LoadReport, timeout: float) -> object: ...
+
 
 # Reports every 25 steps: a divisor of the agents' default window (100), so a window's last report leaves at
 # its last step and the window closes then (at 32, up to 28 steps later). Agreement every 32 steps (~1 s of
@@ -256,12 +258,8 @@ class PluginCore:
         report = make_load_report(self.shim_id, self.rank, self._first_step, 0, self.version,
                                   np.zeros(self._load.shape, np.uint32), unreachable_ranks=self._unreachable)
         self._unreachable = set()
-        send = getattr(self.link, "report", None)
         try:
-            if send is not None:
-                send(report, timeout)
-            else:
-                self.link.offer(report)
+            self.link.report(report, timeout)
         except Exception as e:  # noqa: BLE001 - the agent may be gone too: the evidence is best effort
             log.warning("rank %d: could not report unreachable peers to the agent: %s", self.rank, e)
             return True

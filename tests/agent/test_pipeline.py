@@ -172,7 +172,7 @@ def test_a_standalone_pipeline_makes_the_nodes_decisions() -> None:
         return lambda outcome: seen.append(("done", outcome))
 
     st.pipeline.hooks.proposing.append(proposing)
-    st.consensus.on_commit(lambda commit, table: seen.append(  # type: ignore[union-attr]
+    st.consensus.on_commit(lambda commit, table: seen.append(
         ("commit", (commit, table, st.load.newest_reported()))))
     c.run(10.0)
     node_proposals = [t for k, t in seen if k == "propose"]
@@ -216,7 +216,7 @@ def test_the_bench_elastic_policy_and_an_agent_make_the_same_decisions() -> None
     windows: list[tuple[int, np.ndarray, np.ndarray | None]] = []
     st.pipeline.hooks.window_closed.append(lambda seq, total, samples: windows.append((seq, total, samples)))
     c.run(10.0)
-    commits = [cm for cm in st.consensus.commits_since(genesis.version)]  # type: ignore[union-attr]
+    commits = [cm for cm in st.consensus.commits_since(genesis.version)]
     agent = [(cm.table.version, ops_from_pb(cm.plan.ops)) for cm in commits]
     assert len(agent) >= 2
 

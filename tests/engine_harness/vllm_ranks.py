@@ -91,6 +91,9 @@ class HeldLink:
     def offer(self, report: Any) -> None:
         self.inner.offer(report)
 
+    def report(self, report: Any, timeout: float) -> Any:
+        return self.inner.report(report, timeout)
+
     def close(self) -> None:
         self.inner.close()
 
@@ -113,6 +116,9 @@ class CapLink:
 
     def offer(self, report: Any) -> None:
         self.inner.offer(report)
+
+    def report(self, report: Any, timeout: float) -> Any:
+        return self.inner.report(report, timeout)
 
     def close(self) -> None:
         self.inner.close()
@@ -146,6 +152,9 @@ class DirLink:
     def offer(self, report: Any) -> None:
         self.last, self.sent = report, self.sent + 1
         self.offered.append(report)
+
+    def report(self, report: Any, timeout: float) -> None:
+        self.offer(report)
 
     def close(self) -> None:
         pass

@@ -114,6 +114,9 @@ def test_the_plugin_reports_its_sampled_steps_and_the_agent_checks_their_size() 
         def offer(self, report) -> None:  # type: ignore[no-untyped-def]
             sent.append(report)
 
+        def report(self, report, timeout: float) -> None:  # type: ignore[no-untyped-def]
+            self.offer(report)
+
     core = PluginCore(Link(), topo, L, 4, 0, genesis_table("static", topo, L, 4).phy2log, genesis="static",
                       report_every=8, sample_every=3)
     for step in range(8):

@@ -32,6 +32,9 @@ class FakeLink:
     def offer(self, report: dpb.LoadReport) -> None:
         self.sent.append(report)
 
+    def report(self, report, timeout: float) -> None:  # type: ignore[no-untyped-def]
+        self.offer(report)
+
 
 def chain(n: int) -> list[RoutingTable]:
     """Versions 2..n+1 after the vLLM genesis: free a redundant slot, then fill it with another expert."""
