@@ -130,12 +130,22 @@ class DecisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # a repair or due rollback is proposed by the planner at once and by the others a window later if nothing
     # committed (a rank whose process left: by its own node at once). 0: every node plans every window.
     handover_windows: int = 2
+    # cost-benefit (controlplane.worth): the milliseconds of an engine step that grow with its busiest rank's
+    # load (the step time minus a step with no routed tokens; 0: off, act only above theta). A plan is
+    # proposed when its gain over horizon_windows windows repays its copies (1 + worth_margin) times, and under
+    # theta a window is planned on when a perfect plan would gain tau (a refused attempt backs off)
+    load_ms: float = DecisionParams.load_ms
+    horizon_windows: int = DecisionParams.horizon_windows
+    worth_margin: float = DecisionParams.worth_margin
 
     def validate(self) -> None:
         # replay_windows keeps that many [layers, experts] windows in memory
         _bounded("decision", self, {"handover_windows": (0, 10_000), "window": (1, 1_000_000),
                                     "budget_windows": (1, 10_000), "rollback_windows": (1, 10_000),
-                                    "max_ops": (1, 65_536), "replay_windows": (1, 1000)})
+                                    "max_ops": (1, 65_536), "replay_windows": (1, 1000),
+                                    "horizon_windows": (1, 1_000_000)})
+        _need(0.0 <= self.load_ms <= 1e6, "decision.load_ms", self.load_ms, "milliseconds >= 0 (0: no cost-benefit)")
+        _need(0.0 <= self.worth_margin <= 1e6, "decision.worth_margin", self.worth_margin, "a ratio >= 0")
         _need(self.theta >= 1.0, "decision.theta", self.theta, "a ratio >= 1.0")
         _need(0.0 <= self.tau < 1.0, "decision.tau", self.tau, "a fraction in [0, 1)")
         _need(self.planner in PLANNERS, "decision.planner", self.planner, f"one of {sorted(PLANNERS)}")

@@ -85,7 +85,8 @@ class NodeState:
         self.params = DecisionParams(window=d.window, theta=d.theta, budget_windows=d.budget_windows, tau=d.tau,
                                      rollback_windows=d.rollback_windows, max_ops=d.max_ops,
                                      replay_windows=d.replay_windows, expert_bytes=c.expert_bytes, planner=d.planner,
-                                     sample_every=d.sample_every,
+                                     sample_every=d.sample_every, load_ms=d.load_ms,
+                                     horizon_windows=d.horizon_windows, worth_margin=d.worth_margin,
                                      # the fast path triggers on a big breach; never below the plain threshold
                                      fast_theta=max(d.theta, DecisionParams.fast_theta))
         self._table_waiters: list[asyncio.Future[None]] = []

@@ -308,6 +308,20 @@ class EPCluster:
         lost = None if dead is None or not dead.any() else lost_by_expert(table, slots, dead)
         return StepResult(step_ms, imb, lost)
 
+    def load_ms(self, table: RoutingTable, counts: npt.NDArray[np.integer]) -> float:
+        """Milliseconds of a step that scale with its busiest rank's load under `table`, mean over `counts`' steps:
+        the MoE part of the step minus the same step with no routed tokens (weight reads that do not scale).
+        What an operator reads off the engine for the agents' `decision.load_ms` (controlplane.worth)."""
+        S = self.topo.slots_per_rank
+
+        def moe_ms(c: npt.NDArray[np.integer]) -> F64:
+            per_rank = self.router(table, c).reshape(c.shape[0], c.shape[1], self.topo.ranks, S)
+            times = np.stack([eng.layer_ms(per_rank[:, :, g, :], (1.0, 1.0)) for g, eng in enumerate(self.ranks)], axis=2)
+            out: F64 = times[:, :, table.active_mask].max(axis=2).sum(axis=1)
+            return out
+
+        return float(moe_ms(counts).mean() - moe_ms(np.zeros_like(counts[:1])).mean())
+
     def moves(self, old: RoutingTable, new: RoutingTable, dead: npt.NDArray[np.bool_] | None = None) -> Moves:
         """Copies into every slot whose expert changes, each from the nearest live holder in `old`
         (same rank, then same node, then another node, lowest rank id), else from host. dead [G]: ranks

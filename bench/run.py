@@ -308,7 +308,10 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
             ref_policy.kills = kills
         if "hindsight" not in names:
             ref_run = simulate(ref_policy, cluster, base, trace, cfg.window, cfg.copy_share, tick, kills, detect)
-        elastic_params = {"expert_bytes": int(shape.expert_bytes), **cfg.elastic_params}
+        # the agents' cost-benefit reads the step time an operator sees on the engine: here the step model's,
+        # under the boot table over the first window (controlplane.worth; --elastic-param load_ms=... overrides)
+        elastic_params = {"expert_bytes": int(shape.expert_bytes),
+                          "load_ms": round(cluster.load_ms(base, trace.counts[:cfg.window]), 3), **cfg.elastic_params}
         live: Any = None
         if cfg.live and "elastic" in names:
             from bench.live import LivePlayback, run_live

@@ -8,7 +8,8 @@ A Ready holds everything produced since the last `advance()`. The caller perform
 before send, commit before install), then advances. Invariants: at most one of this controller's proposals
 is in flight; nothing is proposed again before the in-flight one is answered by TableCommitted (any table
 for its version or later) or ProposalFailed (its version). Priorities when free to propose: repair of lost
-ranks, then a due rollback, then a rebalance when the error budget is spent. A rebalance is not proposed
+ranks, then a due rollback, then a rebalance when the error budget is spent (or, under theta, when a plan
+could repay its copies: controlplane.worth). A rebalance is not proposed
 while the previous change is still being observed, so that each change is judged on its own: it is judged
 after N windows, or as soon as its realised gain over the windows seen reaches tau (kept: nothing left to
 wait for, and a drift that goes on can be followed at once).
@@ -19,7 +20,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import numpy.typing as npt
 
 from controlplane.decision import (
     Attempt,
@@ -33,81 +33,28 @@ from controlplane.decision import (
     same_ranks,
 )
 from controlplane.errors import ControlPlaneError, InvalidShape
+from controlplane.events import (
+    Event,
+    ManualProposal,
+    ProposalFailed,
+    RanksLost,
+    SetPaused,
+    TableCommitted,
+    WindowClosed,
+)
 from controlplane.monitor import LoadMonitor, WindowReport
-from controlplane.ops import EndReason, Lifecycle, Operation, OpState
+from controlplane.ops import EndReason, Lifecycle, OpState
 from controlplane.planner import Refused
 from controlplane.profile import StabilityProfile
 from controlplane.table import RoutingTable
 from controlplane.verify import verify_decision
+from controlplane.worth import WorthTrigger
 
 __all__ = [
-    "Controller", "Decision", "DecisionParams", "Explain", "ManualProposal", "OpTransition", "ProposalFailed",
+    "Controller", "Decision", "DecisionParams", "Event", "Explain", "ManualProposal", "OpTransition", "ProposalFailed",
     "ProposalRecord", "RanksLost", "Ready", "Refused", "Resolution", "SetPaused", "TableCommitted",
     "WindowClosed", "WindowReport", "verify_decision",
 ]
-
-
-# ---- events in ----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class WindowClosed:
-    """Cluster-wide counts of one window of `span` steps (0: as many as rows): steps uint32 [T, L, E], each row
-    one step's counts. Its one caller, agent.pipeline.DecisionPipeline (which the agents and `emoe bench` both
-    run), gives the window's sampled steps (elasticmoe.loadcodec: every `sample_every`-th step, summed over the
-    nodes as gossip carries them), or, where an engine sends no samples, one row of the window's mean step.
-    The rows are what the estimate, the replay and the rollback judge see of the per-step spread; tests may
-    give every step (T = span). `planner`: the node that plans
-    this window when it is another one (this controller observes, and keeps its budget spent for when the
-    turn comes to it); empty: this controller plans. `backup`: this node's place after the planner in the
-    turn order, the windows a due rollback waits before this node proposes it itself."""
-
-    window_seq: int
-    first_step: int
-    steps: npt.NDArray[np.uint32]
-    planner: str = ""
-    backup: int = 1
-    span: int = 0
-
-
-@dataclass(frozen=True)
-class TableCommitted:
-    """A table committed by quorum. kind: the committed plan's kind when known ("rebalance", "rollback",
-    "manual", "repair"); `kind_of_trigger(plan.trigger)` gives it for a plan from another proposer."""
-
-    table: RoutingTable
-    kind: str = "rebalance"
-    # the newest window reported when this node learned of the commit (-1: not known): the window open at the
-    # commit is the one after it, so the change is judged from the window after that
-    newest_window: int = -1
-
-
-@dataclass(frozen=True)
-class ProposalFailed:
-    version: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class ManualProposal:
-    ops: tuple[Operation, ...]
-    force: bool = False
-    why: str = ""  # who asks, when not an operator (the trigger says so): e.g. a node restoring its own rank
-
-
-@dataclass(frozen=True)
-class RanksLost:
-    """Ranks found dead (membership): drain them and re-home their lone experts. `planner`: as in WindowClosed,
-    the node whose turn it is when it is another one (that node repairs at once; this one waits a window)."""
-
-    ranks: tuple[int, ...]
-    planner: str = ""
-
-
-@dataclass(frozen=True)
-class SetPaused:
-    paused: bool
-
-
-Event = WindowClosed | TableCommitted | ProposalFailed | ManualProposal | RanksLost | SetPaused
 
 
 # ---- output -------------------------------------------------------------------------------------
@@ -144,7 +91,7 @@ class OpTransition:
 class Explain:
     """Why the controller did or did not act. outcome is a stable code: PROPOSED, BELOW_THETA,
     BUDGET_NOT_SPENT, PROPOSAL_IN_FLIGHT, OBSERVING, PAUSED, NO_PLAN, GAIN_BELOW_TAU, OVER_BUDGET,
-    VERIFY_NO_GAIN, KEPT, ROLLBACK_NOT_BETTER, COMMITTED, LOST, FAILED, STALE_WINDOW, STALE_COMMIT,
+    VERIFY_NO_GAIN, NOT_WORTH, KEPT, ROLLBACK_NOT_BETTER, COMMITTED, LOST, FAILED, STALE_WINDOW, STALE_COMMIT,
     STALE_FAILURE, NO_FREE_SLOT, an InvalidOperation reason, INVALID_TABLE, PAUSED/RESUMED."""
 
     window_seq: int
@@ -206,6 +153,7 @@ class Controller:
         self.params, self.head, self.profile = params, head, profile
         self.monitor = LoadMonitor(head.layers, head.experts, params.replay_windows, params.theta, params.band,
                                    params.budget_windows, params.plan_block, params.fast_theta)
+        self.worth = WorthTrigger(params.worth(), params.budget_windows, params.band)  # under theta
         self._ready = Ready()
         self._inflight: Decision | None = None
         self._life = Lifecycle()
@@ -265,14 +213,18 @@ class Controller:
         self._observe_window(ev.window_seq)
         if self._propose_pending(ev.planner, ev.backup):
             return
-        p = self.params
+        p, seq = self.params, ev.window_seq
         count = self.monitor.budget.count
+        low = not rep.fired and self.worth.observe(seq, rep.imbalance)  # under theta: cost-benefit
         trig = (f"step imbalance {rep.imbalance:.2f} > fast theta {p.fast_theta:.2f}: the whole budget at once"
                 if rep.imbalance > p.fast_theta else
-                f"step imbalance {rep.imbalance:.2f} > theta {p.theta:.2f} for {count} windows")
-        if not rep.fired:
+                f"step imbalance {rep.imbalance:.2f} > theta {p.theta:.2f} for {count} windows" if rep.fired else
+                f"step imbalance {rep.imbalance:.3f}: a plan could repay its copies (cost-benefit)")
+        if not rep.fired and not low:
             code = DecisionOutcome.BELOW_THETA if count == 0 else DecisionOutcome.BUDGET_NOT_SPENT
-            self._note("", code, f"step imbalance {rep.imbalance:.3f}, theta {p.theta}, budget {count}/{p.budget_windows}")
+            wait = self.worth.waiting(seq)
+            self._note("", code, f"step imbalance {rep.imbalance:.3f}, theta {p.theta}, budget {count}/{p.budget_windows}"
+                       + (f"; cost-benefit backs off {wait} more windows" if wait else ""))
         elif self._inflight is not None:
             self._note(trig, DecisionOutcome.PROPOSAL_IN_FLIGHT, f"v{self._inflight.table.version} ({self._inflight.kind}) awaits its outcome")
         elif self._paused:
@@ -284,8 +236,10 @@ class Controller:
             self._note(trig, DecisionOutcome.NOT_DESIGNATED, f"{ev.planner} plans this window")
         else:
             self.monitor.budget.reset()  # an attempt spends the budget, whatever its outcome
-            cool = self._cool_until >= ev.window_seq
-            self._attempt(rebalance(self.head, self.monitor.buffer, p, self.profile, cool, trig), trig)
+            a = rebalance(self.head, self.monitor.buffer, p, self.profile, self._cool_until >= seq, trig)
+            if low and a.decision is None:
+                self.worth.refused(seq, rep.imbalance)
+            self._attempt(a, trig)
 
     def _on_commit(self, ev: TableCommitted) -> None:
         t = ev.table
@@ -332,6 +286,7 @@ class Controller:
         self._lost &= set(t.active_ranks)
         if kind == "repair":  # a rank loss is a drift of its own: the next window above theta may plan at once
             self.monitor.budget.count = max(self.monitor.budget.count, self.params.budget_windows - 1)
+        self.worth.reset()
         if kind == "rebalance" and t.parent == prev.version:
             self._observe = _Observation(t.version, prev, ev.newest_window + 2 if ev.newest_window >= 0 else None)
 

@@ -25,6 +25,7 @@ from controlplane.planners import PLANNERS, PlanInput, PlanKnobs
 from controlplane.profile import StabilityProfile
 from controlplane.table import RoutingTable, check_no_new_rank_duplicates
 from controlplane.verify import gain, layer_gains
+from controlplane.worth import Worth
 
 
 class InvalidParams(ControlPlaneError):
@@ -82,6 +83,13 @@ class DecisionParams:
     # every 10th step, 1.2571 fed every step; prefill EP32 from a hierarchical EPLB boot: 1.70 (it never
     # acted), 1.076, 1.081
     sample_every: int = 10
+    # cost-benefit (controlplane.worth): milliseconds of an engine step that scale with its busiest rank's
+    # load (0: off, the theta trigger and the tau gate alone); a plan must repay its copies (1 + worth_margin)
+    # times over horizon_windows windows, and under theta a window is planned on when a perfect plan would
+    # gain tau. 12 ms: DeepSeek-V3 decode on H200 at EP64 (bench.engine's model: ~12 of a ~30 ms step)
+    load_ms: float = 12.0
+    horizon_windows: int = 20
+    worth_margin: float = 1.0
 
     def __post_init__(self) -> None:
         for f in ("window", "budget_windows", "rollback_windows", "max_ops", "replay_windows", "expert_bytes"):
@@ -107,7 +115,14 @@ class DecisionParams:
                                 "expected >= 0")
         if not 0.0 <= self.repack_gain < 1000.0:
             raise InvalidParams(f"repack_gain={self.repack_gain!r}: expected a fraction >= 0")
+        if not self.load_ms >= 0.0 or self.horizon_windows < 1 or not self.worth_margin >= 0.0:
+            raise InvalidParams(f"load_ms={self.load_ms!r}, horizon_windows={self.horizon_windows!r}, worth_margin="
+                                f"{self.worth_margin!r}: expected load_ms >= 0, horizon_windows >= 1, worth_margin >= 0")
         self.cost_model()  # validates the cost figures
+
+    def worth(self) -> Worth:
+        """The cost-benefit test of a plan (controlplane.worth)."""
+        return Worth(self.load_ms, self.horizon_windows * self.window, self.worth_margin, self.tau)
 
     def knobs(self, head: RoutingTable) -> PlanKnobs:
         """What the planner sees of these knobs (controlplane.planners)."""
@@ -233,12 +248,16 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
     est = sum(g for lay, g in pl.layer_gain if lay in set(ls.tolist()))
     cost = change_cost(cm, head, table, _tokens_per_step(buf))
     a = Attempt(None, "", "", (), est, vg, cost)
-    if vg < p.tau or cost > cm.budget_s:
-        reason = Reason.GAIN_BELOW_TAU if vg < p.tau else Reason.OVER_BUDGET
+    w, ranks = p.worth(), len(head.active_ranks)
+    pays = not w.enabled or w.repays(vg, cost, ranks)
+    if vg < p.tau or cost > cm.budget_s or not pays:
+        reason = (Reason.GAIN_BELOW_TAU if vg < p.tau else Reason.OVER_BUDGET if cost > cm.budget_s
+                  else Reason.NOT_WORTH)
         refused += [Refused(o, reason.value, by_layer[lay], 0.0, "plan refused as a whole (gain: its layer's share)")
                     for o, lay in zip(ops, [lay for lay in op_layers.tolist() if lay not in drop], strict=True)]
-        refused.append(Refused(None, reason.value, vg, cost, f"verified gain {vg:.4f} vs tau {p.tau}, "
-                                                             f"cost {cost * 1e3:.3f} ms vs {cm.budget_s * 1e3:.1f} ms"))
+        detail = (w.explain(vg, cost, ranks) if reason is Reason.NOT_WORTH else
+                  f"verified gain {vg:.4f} vs tau {p.tau}, cost {cost * 1e3:.3f} ms vs {cm.budget_s * 1e3:.1f} ms")
+        refused.append(Refused(None, reason.value, vg, cost, detail))
         a.outcome, a.detail, a.refused = reason.value, refused[-1].detail, tuple(refused)
         return a
     lo, hi = _span(buf, k)

@@ -40,6 +40,7 @@ class Reason(StrEnum):
     SUPERSEDED = "SUPERSEDED"  # another move of its layer scored better in that round
     COOLDOWN = "COOLDOWN"  # the expert was part of a rolled-back change
     VERIFY_NO_GAIN = "VERIFY_NO_GAIN"  # its layer did not gain when replayed step by step
+    NOT_WORTH = "NOT_WORTH"  # the plan's gain over the horizon does not repay its copies (controlplane.worth)
 
 
 REASONS = tuple(Reason)

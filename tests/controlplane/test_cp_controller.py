@@ -166,7 +166,7 @@ def test_lost_to_another_proposal_and_stale_commit() -> None:
 
 
 def test_a_change_that_did_not_help_is_rolled_back_once() -> None:
-    c, head = setup(rollback_windows=2, theta=50.0)  # theta high: no rebalance interferes
+    c, head = setup(rollback_windows=2, theta=50.0, load_ms=0.0)  # theta high, no cost-benefit: no rebalance interferes
     ws = windows(3, 10)
     # another proposer's "rebalance" that moves hot expert 5 next to hot expert 0 (rank 0): worse
     bad = apply_ops(head, [Migrate(0, 5, 2, 0), Migrate(1, 5, 2, 0)])
@@ -199,7 +199,7 @@ def _judge(expert0: int) -> tuple[list[str], list[str]]:
     `expert0` and every other expert 10. Under the parent the slowest rank is rank 2 (200); under the change
     it is rank 0 (expert0 + 110): the realised step imbalance is (expert0 + 110) / 200 of the counterfactual.
     Returns the kinds proposed and the reasons of the judgement's transitions, over the windows judged."""
-    c, head = setup(rollback_windows=2, theta=50.0)  # theta high: no rebalance interferes
+    c, head = setup(rollback_windows=2, theta=50.0, load_ms=0.0)  # theta high, no cost-benefit: no rebalance interferes
     change = apply_ops(head, [Migrate(layer, 5, 2, 0) for layer in range(head.layers)])
     load = np.full((W, head.layers, head.experts), 10, dtype=np.uint32)
     load[:, :, [4, 5]] = 100
@@ -236,7 +236,7 @@ def test_a_change_is_judged_on_windows_that_began_after_its_commit() -> None:
     change (expert 5 off rank 2, which also holds hot expert 4, onto rank 0) helps the load while 4 and 5 are
     hot, and the load turns to 0 and 5 (now on one rank) from the first window after the commit: it is judged
     on those, and rolled back."""
-    c, head = setup(rollback_windows=2, theta=50.0)  # theta high: no rebalance interferes
+    c, head = setup(rollback_windows=2, theta=50.0, load_ms=0.0)  # theta high, no cost-benefit: no rebalance interferes
     before, after = windows(11, 3, hot=(4, 5)), windows(12, 3, hot=(0, 5))
     change = apply_ops(head, [Migrate(0, 5, 2, 0), Migrate(1, 5, 2, 0)])
     for seq in (0, 1):
@@ -296,7 +296,7 @@ def test_a_repair_waits_a_window_and_a_rollback_is_proposed_by_the_node_whose_tu
     r = c.step(WindowClosed(1, W, windows(4, 2)[1], planner="n1"))
     assert len(r.proposals) == 1 and r.proposals[0].kind == "repair"  # the planner did not repair: this one does
 
-    c, head = setup(rollback_windows=2, theta=50.0)
+    c, head = setup(rollback_windows=2, theta=50.0, load_ms=0.0)
     ws = windows(3, 10)
     bad = apply_ops(head, [Migrate(0, 5, 2, 0), Migrate(1, 5, 2, 0)])
     c.step(TableCommitted(bad, newest_window=0))  # window 1 was open at the commit: judged from window 2
@@ -321,7 +321,7 @@ def test_a_due_rollback_waits_for_the_nodes_before_it_in_the_turn_order() -> Non
     10 ms and 63 nodes proposed the same rollback together (seed 1000571); waiting for this node's own turn
     failed where the rolling restart walked the nodes in the turn's order and every planner had just
     restarted without the observation (seed 1000261)."""
-    c, head = setup(rollback_windows=2, theta=50.0)
+    c, head = setup(rollback_windows=2, theta=50.0, load_ms=0.0)
     ws = windows(7, 10)
     bad = apply_ops(head, [Migrate(0, 5, 2, 0), Migrate(1, 5, 2, 0)])
     c.step(TableCommitted(bad, newest_window=-1))

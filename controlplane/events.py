@@ -1,0 +1,74 @@
+"""The decision controller's input events (controlplane.controller.Controller.step takes one at a time)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from controlplane.ops import Operation
+from controlplane.table import RoutingTable
+
+
+@dataclass(frozen=True)
+class WindowClosed:
+    """Cluster-wide counts of one window of `span` steps (0: as many as rows): steps uint32 [T, L, E], each row
+    one step's counts. Its one caller, agent.pipeline.DecisionPipeline (which the agents and `emoe bench` both
+    run), gives the window's sampled steps (elasticmoe.loadcodec: every `sample_every`-th step, summed over the
+    nodes as gossip carries them), or, where an engine sends no samples, one row of the window's mean step:
+    what the estimate, the replay and the rollback judge see of the per-step spread (tests may give every
+    step). `planner`: the node that plans this window when it is another one (this controller observes, and
+    keeps its budget spent for when the turn comes to it); empty: this controller plans. `backup`: this node's
+    place after the planner in the turn order, the windows a due rollback waits before it proposes it itself."""
+
+    window_seq: int
+    first_step: int
+    steps: npt.NDArray[np.uint32]
+    planner: str = ""
+    backup: int = 1
+    span: int = 0
+
+
+@dataclass(frozen=True)
+class TableCommitted:
+    """A table committed by quorum. kind: the committed plan's kind when known ("rebalance", "rollback",
+    "manual", "repair"); `kind_of_trigger(plan.trigger)` gives it for a plan from another proposer."""
+
+    table: RoutingTable
+    kind: str = "rebalance"
+    # the newest window reported when this node learned of the commit (-1: not known): the window open at the
+    # commit is the one after it, so the change is judged from the window after that
+    newest_window: int = -1
+
+
+@dataclass(frozen=True)
+class ProposalFailed:
+    version: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class ManualProposal:
+    ops: tuple[Operation, ...]
+    force: bool = False
+    why: str = ""  # who asks, when not an operator (the trigger says so): e.g. a node restoring its own rank
+
+
+@dataclass(frozen=True)
+class RanksLost:
+    """Ranks found dead (membership): drain them and re-home their lone experts. `planner`: as in WindowClosed,
+    the node whose turn it is when it is another one (that node repairs at once; this one waits a window)."""
+
+    ranks: tuple[int, ...]
+    planner: str = ""
+
+
+@dataclass(frozen=True)
+class SetPaused:
+    paused: bool
+
+
+Event = WindowClosed | TableCommitted | ProposalFailed | ManualProposal | RanksLost | SetPaused
+
+
