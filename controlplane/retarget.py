@@ -273,59 +273,91 @@ def exchange(head: RoutingTable, start: tuple[I64, dict[int, list[Operation]]], 
     minus lam[layer] per slot that differs from head: the byte-aware local search that a full re-pack is
     not (EPLB's packing moves almost every slot; this keeps what sits well). `start` is a placement and the
     operations that reach it from head; returns the same for the result (each step a Migrate into an empty
-    slot or a Swap, valid in order by construction)."""
+    slot or a Swap, valid in order by construction). Every layer's search is its own; they run side by side, one step of
+    every still-improving layer per round, vectorised over layers (the same steps, in the same order, as one
+    layer at a time)."""
     topo = head.topology
     G, S, L, E = topo.ranks, topo.slots_per_rank, head.layers, head.experts
     act = head.active_mask
-    others = act[None, :, None]
     out = start[0].reshape(L, G, S).copy()
     ops = {lay: list(o) for lay, o in start[1].items()}
-    head_holds = head.holders  # [L, E, G]
+    ok_slot = out >= 0
+    safe = np.maximum(out, 0)
+    cnt = np.zeros((L, E), dtype=np.int64)  # replicas per expert
+    li, gi, si = np.nonzero(ok_slot)
+    np.add.at(cnt, (li, out[li, gi, si]), 1)
+    w = np.take_along_axis(np.asarray(weight, dtype=np.float64), safe.reshape(L, -1), axis=1).reshape(L, G, S)
+    c = np.take_along_axis(cnt, safe.reshape(L, -1), axis=1).reshape(L, G, S)
+    pw = np.where(ok_slot, w / np.maximum(c, 1), 0.0)
+    pw[:, ~act] = 0.0
+    hold = np.zeros((L, E + 1, G), dtype=bool)  # row E: the empty slot, held nowhere
+    hold[li, out[li, gi, si], gi] = True
+    hh = np.concatenate([head.holders, np.zeros((L, 1, G), dtype=bool)], axis=1)
+    moved = (hold[:, :E] & ~hh[:, :E]).sum(axis=(1, 2)).astype(np.int64)
+    load = np.where(act[None, :], pw.sum(axis=2), -np.inf)
+    top0 = load.max(axis=1)
+    best_v = np.zeros(L)
+    best_k = np.zeros(L, dtype=np.int64)
+    steps: list[list[tuple[int, int, int, int, int, int]]] = [[] for _ in range(L)]
+    others = act[None, None, :, None]
+    live = np.arange(L)
+    lamv = np.asarray(lam, dtype=np.float64)
+    for _ in range(max_steps):
+        if live.size == 0:
+            break
+        n = live.size
+        ar = np.arange(n)
+        ld = load[live]
+        h = ld.argmax(axis=1)
+        row = out[live]  # [n, G, S]
+        a = row[ar, h]  # [n, S]
+        p = pw[live]
+        d = p[ar, h][:, :, None, None] - p[:, None, :, :]  # [n, S, G, S]
+        lh = ld[ar, h]
+        newmax = np.maximum(lh[:, None, None, None] - d, ld[:, None, :, None] + d)
+        b = np.where(row >= 0, row, E)  # [n, G, S]
+        hd = hold[live]  # [n, E+1, G]
+        ai_e = np.where(a >= 0, a, E)
+        ok = (d > 0) & others & (a >= 0)[:, :, None, None] & ~hd[ar[:, None], ai_e][:, :, :, None]
+        ok &= ~hd[ar[:, None, None], b, h[:, None, None]][:, None, :, :]
+        ok[ar, :, h, :] = False
+        score = np.where(ok, newmax, np.inf).reshape(n, -1)
+        k = score.argmin(axis=1)
+        go = score[ar, k] < lh - 1e-9
+        live, h, k, lh = live[go], h[go], k[go], lh[go]
+        if live.size == 0:
+            break
+        ai, g, bi = np.unravel_index(k, (S, G, S))
+        ea = out[live, h, ai]
+        eb = np.where(out[live, g, bi] >= 0, out[live, g, bi], E)
+        hl = hh[live]
+        m = hl.shape[0]
+        r = np.arange(m)
+        moved[live] += ((~hl[r, ea, g]).astype(np.int64) - (~hl[r, ea, h]) + (~hl[r, eb, h]) - (~hl[r, eb, g]))
+        hold[live, ea, h] = False
+        hold[live, ea, g] = True
+        full = eb < E
+        hold[live[full], eb[full], g[full]] = False
+        hold[live[full], eb[full], h[full]] = True
+        x, y = out[live, h, ai].copy(), out[live, g, bi].copy()
+        out[live, h, ai], out[live, g, bi] = y, x
+        x, y = pw[live, h, ai].copy(), pw[live, g, bi].copy()
+        pw[live, h, ai], pw[live, g, bi] = y, x
+        load[live, h] = pw[live, h].sum(axis=1)
+        load[live, g] = pw[live, g].sum(axis=1)
+        v = (top0[live] - load[live].max(axis=1)) - lamv[live] * moved[live]
+        for j, lay in enumerate(live.tolist()):
+            st = steps[lay]
+            st.append((int(h[j]), int(ai[j]), int(g[j]), int(bi[j]), int(ea[j]), int(eb[j]) if eb[j] < E else -1))
+            if v[j] > best_v[lay] + 1e-9:
+                best_v[lay], best_k[lay] = v[j], len(st)
     for lay in range(L):
+        st, bk = steps[lay], int(best_k[lay])
         row = out[lay]
-        ok_slot = row >= 0
-        cnt = np.bincount(row[ok_slot], minlength=E)
-        pw = np.where(ok_slot, weight[lay][np.maximum(row, 0)] / np.maximum(cnt[np.maximum(row, 0)], 1), 0.0)
-        pw[~act] = 0.0
-        hold = np.zeros((E + 1, G), dtype=bool)  # row E: the empty slot, held nowhere
-        gi, si = np.nonzero(ok_slot)
-        hold[row[gi, si], gi] = True
-        hh = np.vstack([head_holds[lay], np.zeros((1, G), dtype=bool)])
-        moved = int((hold[:E] & ~hh[:E]).sum())
-        load = np.where(act, pw.sum(axis=1), -np.inf)
-        best_v, best_k, top0 = 0.0, 0, float(load.max())
-        steps: list[tuple[int, int, int, int, int, int]] = []  # (h, slot on h, g, slot on g, expert h->g, g->h or -1)
-        for _ in range(max_steps):
-            h = int(np.argmax(load))
-            a = row[h]  # [S]
-            d = pw[h][:, None, None] - pw[None, :, :]  # [S, G, S]: load leaving h
-            newmax = np.maximum(load[h] - d, load[None, :, None] + d)
-            b = np.where(row >= 0, row, E)
-            ok = (d > 0) & others & (a >= 0)[:, None, None] & ~hold[np.where(a >= 0, a, E)][:, :, None]
-            ok &= ~hold[b, h][None, :, :]
-            ok[:, h, :] = False
-            score = np.where(ok, newmax, np.inf)
-            k = int(np.argmin(score))
-            if not score.flat[k] < load[h] - 1e-9:
-                break
-            ai, g, bi = (int(x) for x in np.unravel_index(k, score.shape))
-            ea, eb = int(row[h, ai]), int(b[g, bi])
-            moved += int(not hh[ea, g]) - int(not hh[ea, h]) + int(not hh[eb, h]) - int(not hh[eb, g]) \
-                if eb < E else int(not hh[ea, g]) - int(not hh[ea, h])
-            hold[ea, h], hold[ea, g] = False, True
-            if eb < E:
-                hold[eb, g], hold[eb, h] = False, True
-            row[h, ai], row[g, bi] = row[g, bi], row[h, ai]
-            pw[h, ai], pw[g, bi] = pw[g, bi], pw[h, ai]
-            load[h], load[g] = pw[h].sum(), pw[g].sum()
-            steps.append((h, ai, g, bi, ea, eb if eb < E else -1))
-            v = (top0 - float(load.max())) - float(lam[lay]) * moved
-            if v > best_v + 1e-9:
-                best_v, best_k = v, len(steps)
-        for h, ai, g, bi, _, _ in reversed(steps[best_k:]):  # undo the steps past the best prefix
-            row[h, ai], row[g, bi] = row[g, bi], row[h, ai]
-        if best_k:
-            ops.setdefault(lay, []).extend(Migrate(lay, ea, h, g) if eb < 0 else Swap(lay, ea, h, eb, g)
-                                           for h, _, g, _, ea, eb in steps[:best_k])
+        for hh_, ai_, g_, bi_, _, _ in reversed(st[bk:]):
+            row[hh_, ai_], row[g_, bi_] = row[g_, bi_], row[hh_, ai_]
+        if bk:
+            ops.setdefault(lay, []).extend(Migrate(lay, e1, h1, g1) if e2 < 0 else Swap(lay, e1, h1, e2, g1)
+                                           for h1, _, g1, _, e1, e2 in st[:bk])
     res: I64 = out.reshape(L, G * S)
     return res, ops
