@@ -10,6 +10,11 @@ most one table is ever written for a version (I1) and versions follow their pare
 watches `tables/` and installs commits in version order, writing each to its local Store first when it has
 one (commit before install). The certificate of an etcd commit names the etcd cluster as its only voter:
 its quorum is etcd's own.
+
+etcd may be down when the agent starts, or go away while it runs: the backend connects in the background and
+reconnects for as long as it runs, each failed attempt logged at WARNING with the endpoints and the next
+delay. Until it is connected and has read the commits it missed, `failure` says why, so the agent reports
+NOT_SERVING (gRPC health, `emoe status`) and proposes nothing; once caught up it serves again.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 import aetcd
+from aetcd.utils import prefix_range_end
 
 from agent.consensus.node import CommitCallback, Outcome, Verifier, validity_verifier
 from agent.store import Store, StoreFailed
@@ -30,6 +36,15 @@ from elasticmoe.v1 import consensus_pb2 as pb
 
 log = logging.getLogger(__name__)
 ETCD_VOTER = "etcd"
+
+# Reconnection backoff: the first retry after half a second (an etcd restarted in place answers again within
+# about that), doubling up to 5 s, so that an agent started before etcd, or cut off from it, serves within
+# 5 s of etcd answering while a down etcd costs each agent one attempt per endpoint every 5 s.
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 5.0
+# While connected, one Status call every 2 s: a watch on a network that was cut without a FIN or RST waits
+# for ever, and a failed probe ends the session (the backend reconnects) within 2 s plus the call's timeout.
+PROBE_EVERY_S = 2.0
 
 
 def parse_endpoint(ep: str) -> tuple[str, int]:
@@ -55,10 +70,13 @@ class EtcdBackend:
         self._commits: dict[int, pb.Commit] = {}
         self._future: dict[int, pb.Commit] = {}
         self._callbacks: list[CommitCallback] = []
-        self._client: aetcd.Client | None = None
+        self._client: aetcd.Client | None = None  # while connected and caught up: proposals use it
+        self._conn: aetcd.Client | None = None    # the connection of the current session, caught up or not
+        self._unreachable = "not connected to etcd yet"  # why there is no session ("" while there is one)
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._ready = asyncio.Event()
+        self._ready = asyncio.Event()  # set while connected and caught up
         self._lease: Any = None
+        self._registration: tuple[str, int] | None = None  # (address, ttl) once register() was called
         self.running = False
 
     # ---- keys ---------------------------------------------------------------------------------------
@@ -79,7 +97,12 @@ class EtcdBackend:
         self._spawn(self._run())
 
     async def ready(self) -> None:
+        """Return once connected and caught up; TimeoutError after `timeout` seconds."""
         await asyncio.wait_for(self._ready.wait(), self.timeout)
+
+    @property
+    def connected(self) -> bool:
+        return self._client is not None
 
     def stop(self) -> None:
         self.running = False
@@ -91,56 +114,113 @@ class EtcdBackend:
     async def close(self) -> None:
         self.stop()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._client is not None:
+        conn, self._conn, self._client = self._conn, None, None
+        if conn is not None:
             if self._lease is not None:
                 try:
-                    await self._lease.revoke()
+                    await asyncio.wait_for(self._lease.revoke(), self.timeout)
                 except Exception:  # the lease expires on its own
                     log.debug("lease revoke failed", exc_info=True)
-            await self._client.close()
-            self._client = None
+            await _close_quietly(conn, self.timeout)
 
     def _spawn(self, coro: Any) -> None:
         t = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
+        t.add_done_callback(self._done)
 
-    async def _connect(self) -> aetcd.Client:
-        err: Exception | None = None
+    def _done(self, t: asyncio.Task[Any]) -> None:
+        self._tasks.discard(t)
+        if not t.cancelled() and t.exception() is not None:  # a bug: IO failures are absorbed where they happen
+            log.error("etcd backend task failed", exc_info=t.exception())
+
+    async def _connect(self) -> tuple[aetcd.Client, str]:
+        """A client that answered a Status call, and its endpoint; ConnectionError naming every endpoint's error."""
+        errors: list[str] = []
         for host, port in self.endpoints:
             c = aetcd.Client(host=host, port=port, timeout=int(self.timeout) or 1)
             try:
                 await c.connect()
-                await c.status()
-                return c
+                await asyncio.wait_for(c.status(), self.timeout)
+                return c, f"{host}:{port}"
             except Exception as e:  # try the next endpoint
-                err = e
-                await c.close()
-        raise ConnectionError(f"no etcd endpoint reachable of {self.endpoints}: {err}")
+                errors.append(f"{host}:{port}: {_why(e)}")
+                await _close_quietly(c, self.timeout)
+        raise ConnectionError(f"no etcd endpoint reachable ({'; '.join(errors)})")
 
     async def _run(self) -> None:
-        client = self._client = await self._connect()
+        """Connect, follow etcd until the connection is lost, reconnect; for as long as the backend runs."""
+        delay = RETRY_FIRST_S
+        while self.running:
+            try:
+                client, endpoint = await self._connect()
+            except ConnectionError as e:
+                self._unreachable = str(e)
+                log.warning("%s; retrying in %.1f s", e, delay)
+                await asyncio.sleep(delay)
+                delay = min(2 * delay, RETRY_MAX_S)
+                continue
+            self._conn = client
+            try:
+                await self._session(client, endpoint)
+                why = "the watch ended"
+            except asyncio.CancelledError:
+                raise  # stop(): close() closes the connection (after revoking the lease)
+            except Exception as e:  # IO failure: absorbed; the backend reconnects
+                why = _why(e)
+            self._client, self._conn = None, None
+            self._ready.clear()
+            self._unreachable = f"lost the connection to etcd at {endpoint}: {why}"
+            await _close_quietly(client, self.timeout)
+            delay = RETRY_FIRST_S
+            log.warning("%s; reconnecting in %.1f s", self._unreachable, delay)
+            await asyncio.sleep(delay)
+
+    async def _session(self, client: aetcd.Client, endpoint: str) -> None:
+        """Seed the head, read the commits this node lacks, then follow the watch until the connection fails."""
         tx = client.transactions
         head_key = self._key("head")
         await client.transaction(compare=[tx.create(head_key) == 0],
                                  success=[tx.put(head_key, str(self._genesis).encode())], failure=[])
-        rng = await client.get_prefix(self._key("tables/"))
+        tables = self._key("tables/")
+        rng = await client.get_range(self._table_key(self._head.version + 1), prefix_range_end(tables))
         rev = rng.header.revision if rng.header is not None else 0
         for kv in sorted(rng, key=lambda kv: kv.key):
             self._adopt(pb.Commit.FromString(kv.value))
+        watch = await client.watch_prefix(tables, start_revision=rev + 1)
+        self._client, self._unreachable = client, ""
         self._ready.set()
-        watch = await client.watch_prefix(self._key("tables/"), start_revision=rev + 1)
+        log.info("etcd: connected to %s, at version %d", endpoint, self._head.version)
+        if self._registration is not None:
+            await self._put_member(client, *self._registration)
+        follow = asyncio.ensure_future(self._follow(watch))
+        probe = asyncio.ensure_future(self._probe(client))
+        try:
+            done, _ = await asyncio.wait({follow, probe}, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                t.result()  # raises what ended the session
+        finally:
+            for t in (follow, probe):
+                t.cancel()
+            await asyncio.gather(follow, probe, return_exceptions=True)
+
+    async def _follow(self, watch: Any) -> None:
         async for ev in watch:
             if not self.running:
                 break
             if ev.kind == "PUT":
                 self._adopt(pb.Commit.FromString(ev.kv.value))
 
+    async def _probe(self, client: aetcd.Client) -> None:
+        while True:
+            await asyncio.sleep(PROBE_EVERY_S)
+            await asyncio.wait_for(client.status(), self.timeout)
+
     # ---- the ConsensusNode interface -----------------------------------------------------------------
     @property
     def failure(self) -> str:
-        """Why commits are held back here ("" while the local store works)."""
-        return self.store.failure if self.store is not None else ""
+        """Why commits are held back here: a failed local store, or no connection to etcd ("" while neither)."""
+        store = self.store.failure if self.store is not None else ""
+        return store or ("" if self._client is not None else self._unreachable)
 
     @property
     def abstains(self) -> str:
@@ -191,7 +271,7 @@ class EtcdBackend:
         if not ok:
             return Outcome(False, v, f"own check: {why}")
         if self._client is None:
-            return Outcome(False, v, "not connected to etcd")
+            return Outcome(False, v, f"not connected to etcd: {self._unreachable}")
         vote = pb.Vote(voter=self.node_id, accept=True, verified_gain=gain)
         tpb = table_to_pb(table)
         qc = pb.QuorumCertificate(version=v, ballot=pb.Ballot(round=0, node_id=ETCD_VOTER), table_hash=tpb.content_hash,
@@ -251,25 +331,54 @@ class EtcdBackend:
 
     # ---- seed discovery -------------------------------------------------------------------------------
     async def register(self, address: str, ttl: int = 5) -> None:
-        """Announce `node_id -> address` under a lease kept alive while this backend runs."""
-        await self.ready()
+        """Announce `node_id -> address` under a lease kept alive while this backend runs (renewed after a
+        reconnection). ConnectionError when etcd is not reachable within `timeout`."""
+        self._registration = (address, ttl)
+        try:
+            await self.ready()
+        except TimeoutError:
+            raise ConnectionError(f"not connected to etcd: {self._unreachable}") from None
         if self._client is None:
-            raise ConnectionError("not connected to etcd")
-        self._lease = await self._client.lease(ttl)
-        await self._client.put(self._key("members", self.node_id), address.encode(), lease=self._lease)
+            raise ConnectionError(f"not connected to etcd: {self._unreachable}")
+        await self._put_member(self._client, address, ttl)
 
         async def keepalive() -> None:
             while self.running:
                 await asyncio.sleep(max(0.2, ttl / 3))
-                await self._lease.refresh()
+                if self._client is None or self._lease is None:
+                    continue  # the next session registers again
+                try:
+                    await self._lease.refresh()
+                except Exception as e:  # the session's probe notices a lost etcd
+                    log.debug("etcd lease refresh failed: %s", _why(e))
 
         self._spawn(keepalive())
 
+    async def _put_member(self, client: aetcd.Client, address: str, ttl: int) -> None:
+        self._lease = await client.lease(ttl)
+        await client.put(self._key("members", self.node_id), address.encode(), lease=self._lease)
+
     async def members(self) -> dict[str, str]:
         """Live registered nodes: node_id -> address."""
-        await self.ready()
+        try:
+            await self.ready()
+        except TimeoutError:
+            raise ConnectionError(f"not connected to etcd: {self._unreachable}") from None
         if self._client is None:
             raise ConnectionError("not connected to etcd")
         rng = await self._client.get_prefix(self._key("members/"))
         n = len(self._key("members/"))
         return {kv.key[n:].decode(): kv.value.decode() for kv in rng}
+
+
+def _why(e: BaseException) -> str:
+    """One line for an IO error (no traceback): aetcd's errors carry gRPC's details as their text."""
+    text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+async def _close_quietly(client: aetcd.Client, timeout: float) -> None:
+    try:
+        await asyncio.wait_for(client.close(), timeout)
+    except Exception:  # a connection that failed may fail to close too; its channel is dropped either way
+        log.debug("etcd client close failed", exc_info=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,3 +102,57 @@ async def test_unreachable_endpoint_is_named() -> None:
     a = EtcdBackend(["127.0.0.1:1"], "a", genesis(), timeout=1.0)
     with pytest.raises(ConnectionError, match="127.0.0.1"):
         await a._connect()
+
+
+@pytest.mark.asyncio
+async def test_waits_for_etcd_and_reconnects(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """etcd down when the backend starts: it retries with backoff, logging each attempt at WARNING (the endpoint
+    and the next delay, no traceback) and saying why in `failure`; once etcd serves it connects and commits;
+    etcd killed mid-run: `failure` says so, proposals are refused; etcd back: it reconnects and commits again."""
+    import logging
+    import shutil
+
+    from chaos.localcluster import stable_ports
+
+    binary = shutil.which("etcd")
+    if binary is None:
+        pytest.skip("etcd binary not found (Debian: apt-get install etcd-server, or `make etcd`)")
+    client, peer = stable_ports(2)  # below the ephemeral range: no outgoing connection takes them while it is down
+    server = EtcdProcess(binary, str(tmp_path / "etcd"), ports=(client, peer), start=False)
+    caplog.set_level(logging.WARNING, logger="agent.etcd_backend")
+    a = EtcdBackend([server.endpoint], "a", genesis(), cluster="later", timeout=2.0)
+    a.start()
+    rng = random.Random(3)
+
+    async def until(what: str, ok: Any, timeout: float = 20.0) -> None:
+        for _ in range(int(timeout / 0.05)):
+            if ok():
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"not within {timeout} s: {what}")
+
+    try:
+        await until("two failed attempts", lambda: len(caplog.records) >= 2)
+        assert "no etcd endpoint reachable" in a.failure and server.endpoint in a.failure
+        first, second = caplog.records[:2]
+        assert server.endpoint in first.getMessage() and "retrying in 0.5 s" in first.getMessage()
+        assert "retrying in 1.0 s" in second.getMessage()  # backoff
+        assert all(r.levelno == logging.WARNING and r.exc_info is None for r in caplog.records)
+        refused = await a.propose_async(successor_table(a.head, rng), pb.Plan())
+        assert not refused.committed and "not connected to etcd" in refused.reason
+
+        server.start()
+        await until("connected", lambda: a.failure == "")
+        out = await a.propose_async(successor_table(a.head, rng), pb.Plan())
+        assert out.committed and out.version == 2
+
+        server.stop()
+        await until("the lost connection noticed", lambda: a.failure != "")
+        assert "lost the connection to etcd" in a.failure or "no etcd endpoint reachable" in a.failure
+        server.start()
+        await until("reconnected", lambda: a.failure == "")
+        out = await a.propose_async(successor_table(a.head, rng), pb.Plan())
+        assert out.committed and out.version == 3, out.reason
+    finally:
+        await a.close()
+        server.stop()
