@@ -274,6 +274,11 @@ class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     tls: TlsConfig = msgspec.field(default_factory=TlsConfig)
     metrics: MetricsConfig = msgspec.field(default_factory=MetricsConfig)
 
+    @property
+    def shim_socket_path(self) -> str:
+        """The unix socket the engine's plugins connect to: `shim_socket`, or `<data_dir>/shim.sock`."""
+        return self.shim_socket or str(Path(self.data_dir) / "shim.sock")
+
     def validate(self) -> None:
         _check_finite("", self)
         _need(bool(NODE_ID_RE.match(self.node_id)), "node_id", self.node_id, NODE_ID_EXPECTED)

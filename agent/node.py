@@ -10,7 +10,6 @@ import signal
 import socket
 import sys
 from collections.abc import Callable
-from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -35,6 +34,12 @@ SERVICE_NAMES = (
     health.SERVICE_NAME,
     reflection.SERVICE_NAME,
 )
+
+
+# The health service name for liveness (Kubernetes livenessProbe `grpc.service`): SERVING from the moment the
+# server answers until the process exits, whatever the node's readiness (the "" service and every service
+# above: NOT_SERVING while the store has failed or etcd is unreachable, which a restart does not cure).
+LIVENESS = "liveness"
 
 
 # No SO_REUSEPORT: with it, a second agent on the same port starts without error and the kernel splits
@@ -95,7 +100,10 @@ class AgentProcess:
         self.lock.release()
 
     async def _start(self) -> None:
-        sock = self.cfg.shim_socket or str(Path(self.cfg.data_dir) / "shim.sock")
+        # readiness is NOT_SERVING until the node is built and says it serves (the servicer starts SERVING)
+        await self._set_health(health_pb2.HealthCheckResponse.NOT_SERVING)
+        await _maybe_await(self.health.set(LIVENESS, health_pb2.HealthCheckResponse.SERVING))
+        sock = self.cfg.shim_socket_path
         if _socket_answers(sock):  # binding would silently take the socket from the agent behind it
             raise StartupError(f"shim_socket = {sock!r} is in use by another process: give each agent its own")
         server = grpc.aio.server(interceptors=interceptors(self.cfg), options=SERVER_OPTIONS)
@@ -142,19 +150,21 @@ class AgentProcess:
                                              self.cfg.metrics.per_expert)
             except OSError as e:
                 raise StartupError(f"metrics.listen = {self.cfg.metrics.listen!r}: cannot bind ({e})") from None
-        await self._set_health(health_pb2.HealthCheckResponse.SERVING)
-        self._watch = asyncio.get_running_loop().create_task(self._watch_health())
-        log.info("agent %s serving on %s (shim link %s)", self.cfg.node_id, self.cfg.listen, sock)
+        health = self.state.view.health()
+        serving = health == "SERVING"
+        if serving:
+            await self._set_health(health_pb2.HealthCheckResponse.SERVING)
+        self._watch = asyncio.get_running_loop().create_task(self._watch_health(serving))
+        log.info("agent %s %s on %s (shim link %s)", self.cfg.node_id,
+                 "serving" if serving else f"started, {health},", self.cfg.listen, sock)
 
     async def _set_health(self, status: int) -> None:
+        """Readiness: the overall ("") status and every service's; LIVENESS is apart."""
         for name in ("", *SERVICE_NAMES):
-            res = self.health.set(name, status)
-            if asyncio.iscoroutine(res):
-                await res
+            await _maybe_await(self.health.set(name, status))
 
-    async def _watch_health(self, every: float = 0.25) -> None:
-        """Follow the node's health (a failed store makes it NOT_SERVING until the disk recovers)."""
-        serving = True
+    async def _watch_health(self, serving: bool, every: float = 0.25) -> None:
+        """Follow the node's health: NOT_SERVING while its store has failed or its etcd is unreachable."""
         while True:
             await asyncio.sleep(every)
             now = self.state.view.health() == "SERVING"
@@ -177,6 +187,12 @@ class AgentProcess:
         if self.metrics is not None:
             await asyncio.to_thread(self.metrics.close)
         self.lock.release()
+
+
+async def _maybe_await(res: object) -> None:
+    """grpc's HealthServicer.set is a coroutine in grpc.aio and a plain call in the sync servicer."""
+    if asyncio.iscoroutine(res):
+        await res
 
 
 def _socket_answers(path: str) -> bool:
