@@ -9,6 +9,8 @@ with INVALID_ARGUMENT and the reason; reports before it were delivered, the bad 
 
 from __future__ import annotations
 
+import logging
+import os
 from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
@@ -19,6 +21,8 @@ from dataplane_shim.link import check_load_report
 from elasticmoe.v1 import consensus_pb2 as cpb
 from elasticmoe.v1 import dataplane_pb2 as dpb
 from elasticmoe.v1 import dataplane_pb2_grpc as dgrpc
+
+log = logging.getLogger(__name__)
 
 
 class TableSource(Protocol):
@@ -88,9 +92,16 @@ class DataplaneLinkServicer(dgrpc.DataplaneLinkServicer):
         return dpb.ReportLoadAck(accepted=accepted)
 
 
+# The socket's mode: the agent's user and group may connect (the engine runs as another user, in the agent's
+# group: systemd's emoe group, the pods' shared gid), nobody else.
+SOCKET_MODE = 0o660
+
+
 async def serve_unix(path: str, source: TableSource, sink: LoadSink, *, layers: int | None = None,
-                     experts: int | None = None, presence: RankPresence | None = None) -> grpc.aio.Server:
-    """Start a grpc.aio server for the link on `unix:{path}`; the caller stops it."""
+                     experts: int | None = None, presence: RankPresence | None = None,
+                     group: int | None = None) -> grpc.aio.Server:
+    """Start a grpc.aio server for the link on `unix:{path}`, with mode SOCKET_MODE and group `group` (a gid;
+    None: the group of the directory that holds it); the caller stops it."""
     from agent.decode_guard import DecodeGuardInterceptor
 
     server = grpc.aio.server(interceptors=[DecodeGuardInterceptor()])
@@ -98,4 +109,19 @@ async def serve_unix(path: str, source: TableSource, sink: LoadSink, *, layers: 
         DataplaneLinkServicer(source, sink, layers=layers, experts=experts, presence=presence), server)
     server.add_insecure_port(f"unix:{path}")
     await server.start()
+    share_socket(path, os.stat(os.path.dirname(os.path.abspath(path))).st_gid if group is None else group)
     return server
+
+
+def share_socket(path: str, group: int) -> None:
+    """Give the socket at `path` mode SOCKET_MODE and group `group`, so that an engine of that group may connect
+    (a socket is created with the process's umask, typically srwxr-xr-x: nobody else could). A group this
+    process may not give (not one of its groups, unless root) is logged and the socket keeps its own."""
+    os.chmod(path, SOCKET_MODE)
+    if os.stat(path).st_gid == group:
+        return
+    try:
+        os.chown(path, -1, group)
+    except PermissionError:
+        log.warning("shim socket %s: cannot give it group %d (this agent is not in that group): engines must "
+                    "run in group %d to connect", path, group, os.stat(path).st_gid)

@@ -182,11 +182,13 @@ class NodeState:
 
     async def serve_shim(self, path: str) -> grpc.aio.Server:
         """The local link for this node's engine ranks (once built): a rank whose process leaves (its link
-        closes) is lost first-hand, in milliseconds, and restored when it attaches again (agent.reactions)."""
+        closes) is lost first-hand, in milliseconds, and restored when it attaches again (agent.reactions).
+        The socket is group-writable, in the data_dir's group: engines of that group may connect."""
         from agent.shim_link import serve_unix
 
         self._presence = self.reactions.serve_presence()
-        return await serve_unix(path, self, self.load.on_report, presence=self._presence)
+        return await serve_unix(path, self, self.load.on_report, presence=self._presence,
+                                group=self.data_dir.stat().st_gid)
 
     # ---- shim link: TableSource + load sink ---------------------------------------------------
     def head_version(self) -> int:
