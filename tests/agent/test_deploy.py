@@ -108,7 +108,8 @@ def compose_commands() -> list[list[str]]:
 
 def guide_commands() -> list[list[str]]:
     """Commands in the guide's code blocks (complete command lines)."""
-    blocks = re.findall(r"```(?:sh|bash|console)?\n(.*?)```", GUIDE.read_text(), flags=re.S)
+    blocks = [b for lang, b in re.findall(r"```(\w*)\n(.*?)```", GUIDE.read_text(), flags=re.S)
+              if lang in ("", "sh", "bash", "console")]  # a yaml block is no shell
     return [c for b in blocks for line in b.splitlines() if line.strip()
             for c in emoe_commands_in_shell(line.split(" #", 1)[0])]
 
