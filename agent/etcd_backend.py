@@ -145,6 +145,9 @@ class EtcdBackend:
             except Exception as e:  # try the next endpoint
                 errors.append(f"{host}:{port}: {_why(e)}")
                 await _close_quietly(c, self.timeout)
+            except asyncio.CancelledError:  # stop() while connecting: no channel left behind
+                await _close_quietly(c, self.timeout)
+                raise
         raise ConnectionError(f"no etcd endpoint reachable ({'; '.join(errors)})")
 
     async def _run(self) -> None:
