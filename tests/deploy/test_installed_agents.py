@@ -340,3 +340,16 @@ def test_compose_agents_wait_for_etcd_and_survive_its_restart(agents: Agents) ->
         assert "Traceback" not in text and "never retrieved" not in text, f"{n}:\n{text[-3000:]}"
         assert re.search(r"WARNING no etcd endpoint reachable \(127\.0\.0\.1:\d+: .*\); retrying in [\d.]+ s",
                          text), text[-2000:]
+
+
+def test_the_installed_wheel_runs_the_demo_outside_the_checkout(venv: Path, tmp_path: Path) -> None:
+    """`emoe demo` from the fresh environment, in a directory away from the checkout, with nothing of the
+    checkout on the path: real agent processes commit on the trace bundled in the wheel."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    r = subprocess.run([str(venv / "bin" / "emoe"), "demo", "--segment-steps", "300", "--window", "50",
+                        "--step-ms", "2", "--json", "--out", str(tmp_path / "out")],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(r.stdout)
+    assert report["trace"] == "esft:intent -> esft:law" and report["versions_committed"] >= 1
+    assert report["imbalance_after"] < report["imbalance_before"]
