@@ -33,14 +33,16 @@ def vote_signer(cfg: AgentConfig) -> VoteSigner | None:
 
 
 def interceptors(cfg: AgentConfig) -> list[Any]:
-    """mTLS authorisation: consensus and gossip only from members, mutating admin calls only from admins;
-    then malformed protobufs answered with INVALID_ARGUMENT (agent.decode_guard)."""
+    """The caller's wire version first (agent.wireversion); mTLS authorisation: consensus and gossip only from
+    members, mutating admin calls only from admins; then malformed protobufs answered with INVALID_ARGUMENT
+    (agent.decode_guard)."""
     from agent.decode_guard import DecodeGuardInterceptor
+    from agent.wireversion import WireInterceptor
 
-    guard: list[Any] = [DecodeGuardInterceptor()]
+    guard: list[Any] = [WireInterceptor(), DecodeGuardInterceptor()]
     if not cfg.tls.cert_dir:
         return guard
     from agent.security import AuthzInterceptor, policy_from_config
 
     policy = policy_from_config(cfg)
-    return guard if policy is None else [AuthzInterceptor(policy), *guard]
+    return guard if policy is None else [guard[0], AuthzInterceptor(policy), *guard[1:]]

@@ -103,8 +103,9 @@ async def serve_unix(path: str, source: TableSource, sink: LoadSink, *, layers: 
     """Start a grpc.aio server for the link on `unix:{path}`, with mode SOCKET_MODE and group `group` (a gid;
     None: the group of the directory that holds it); the caller stops it."""
     from agent.decode_guard import DecodeGuardInterceptor
+    from agent.wireversion import WireInterceptor
 
-    server = grpc.aio.server(interceptors=[DecodeGuardInterceptor()])
+    server = grpc.aio.server(interceptors=[WireInterceptor(), DecodeGuardInterceptor()])
     dgrpc.add_DataplaneLinkServicer_to_server(  # type: ignore[no-untyped-call]
         DataplaneLinkServicer(source, sink, layers=layers, experts=experts, presence=presence), server)
     server.add_insecure_port(f"unix:{path}")

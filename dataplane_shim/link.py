@@ -22,7 +22,9 @@ from elasticmoe.loadcodec import RowsError, rows_bytes, sample_steps
 from elasticmoe.v1 import consensus_pb2 as cpb
 from elasticmoe.v1 import dataplane_pb2 as dpb
 from elasticmoe.v1 import dataplane_pb2_grpc as dgrpc
+from elasticmoe.versions import WIRE_KEY, WIRE_VERSION
 
+_WIRE = ((WIRE_KEY, str(WIRE_VERSION)),)  # this release's wire version on every call (elasticmoe/versions.py)
 MAX_UNREACHABLE = 4096  # peers one report may name: a bound on input, far above a decode pool's EP group
 
 
@@ -92,7 +94,7 @@ class ShimLink:
     async def watch_tables(self, from_version: int) -> AsyncIterator[cpb.Commit]:
         """Every certified commit with version > from_version, then each new one, in order."""
         call = self._stub.WatchTables(
-            dpb.WatchTablesRequest(from_version=from_version, shim_id=self.shim_id, ranks=self.ranks))
+            dpb.WatchTablesRequest(from_version=from_version, shim_id=self.shim_id, ranks=self.ranks), metadata=_WIRE)
         try:
             async for update in call:
                 yield update.commit
@@ -102,7 +104,7 @@ class ShimLink:
     async def report_load(self, reports: dpb.LoadReport | Iterable[dpb.LoadReport]) -> dpb.ReportLoadAck:
         """Send one or more reports on one client stream; raises grpc.aio.AioRpcError (INVALID_ARGUMENT)."""
         items = [reports] if isinstance(reports, dpb.LoadReport) else list(reports)
-        ack: dpb.ReportLoadAck = await self._stub.ReportLoad(iter(items))
+        ack: dpb.ReportLoadAck = await self._stub.ReportLoad(iter(items), metadata=_WIRE)
         return ack
 
     async def close(self) -> None:

@@ -8,6 +8,9 @@
   transport closed) becomes `on_reply(None)`. Callbacks run on the event loop, never inside `call`.
 - The caller names itself in the `x-emoe-from` metadata; under mutual TLS the certificate's CN is the
   caller instead, and a channel checks the server certificate against the peer's node id.
+- Every call carries this release's wire version (`emoe-wire`, elasticmoe/versions.py; the server's
+  agent.wireversion refuses a caller too far apart), and a reply from a server more than one version apart
+  is dropped (logged once per peer and version), as the server would drop the call the other way.
 - Handlers raising `InvalidArgument` answer INVALID_ARGUMENT with the reason; a handler returning None
   answers UNAVAILABLE; a `Deferred` reply is awaited until the caller's deadline.
 """
@@ -25,6 +28,8 @@ from google.protobuf.message import Message
 
 from agent.transport import Deferred, HandlerTable, InvalidArgument, ReplyCallback, RequestHandler
 from agent.transport.methods import METHODS, SERVICE_FULL_NAMES, grpc_path, lookup
+from agent.wireversion import metadata_value
+from elasticmoe.versions import WIRE_KEY, WIRE_VERSION, wire_of, wire_refusal
 
 log = logging.getLogger("emoe.transport")
 
@@ -91,8 +96,9 @@ class GrpcTransport:
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing: list[grpc.aio.Channel] = []
         self._closed = False
-        self._metadata = ((FROM_KEY, node_id),)
+        self._metadata = ((FROM_KEY, node_id), (WIRE_KEY, str(WIRE_VERSION)))
         self._drops = drops
+        self._wire_logged: set[tuple[str, int]] = set()  # (peer, its wire version) refused and logged
 
     # ---- peers --------------------------------------------------------------------------------
     def add_peer(self, node_id: str, address: str) -> None:
@@ -133,13 +139,20 @@ class GrpcTransport:
         if self._drops is not None and self._drops(dst):  # injected partition: lost at the deadline
             loop.call_later(timeout, self._deliver, on_reply, None)
             return
-        task = loop.create_task(self._invoke(peer.callable(method), request, timeout, on_reply))
+        task = loop.create_task(self._invoke(dst, peer.callable(method), request, timeout, on_reply))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _invoke(self, mc: Any, request: Message, timeout: float, on_reply: ReplyCallback) -> None:
+    async def _invoke(self, dst: str, mc: Any, request: Message, timeout: float, on_reply: ReplyCallback) -> None:
         try:
-            reply = await mc(request, timeout=timeout, metadata=self._metadata)
+            call = mc(request, timeout=timeout, metadata=self._metadata)
+            reply = await call
+            peer = wire_of(metadata_value(await call.initial_metadata(), WIRE_KEY))
+            if why := wire_refusal(peer, f"peer {dst}"):
+                if (dst, peer) not in self._wire_logged:
+                    self._wire_logged.add((dst, peer))
+                    log.error("%s: dropped a reply: %s", self.node_id, why)
+                reply = None
         except asyncio.CancelledError:
             raise
         except grpc.aio.AioRpcError as e:
