@@ -22,6 +22,8 @@ import struct
 from enum import StrEnum
 from typing import Protocol
 
+from google.protobuf.unknown_fields import UnknownFieldSet
+
 from elasticmoe.v1 import gossip_pb2 as pb
 
 log = logging.getLogger("agent.loadgossip")
@@ -57,14 +59,36 @@ class Refusal(StrEnum):
     FUTURE_WINDOW_SEQ = "future_window_seq"    # past the newest window_seq held + WINDOW_SEQ_LEAD
 
 
+# Fields 1 to 13 are signed one by one below; any later field (elasticmoe/versions.py) is signed as the bytes of
+# its encoding, whether this release knows it or not.
+_FIELDS_BY_NAME = 13
+
+
+def later_fields(w: pb.LoadWindow) -> bytes:
+    """The encoding of `w`'s fields numbered above 13, known to this release or not ("" when none is set): a
+    newer release's fields reach an older one as unknown fields, kept as received and encoded after the known
+    ones, which is where (and how) the newer release, in field-number order, encodes them."""
+    if not len(UnknownFieldSet(w)) and not any(f.number > _FIELDS_BY_NAME for f, _ in w.ListFields()):
+        return b""
+    rest = type(w)()  # (the class of `w`: a test's newer release's LoadWindow too)
+    rest.ParseFromString(w.SerializeToString())
+    for f in rest.DESCRIPTOR.fields:
+        if f.number <= _FIELDS_BY_NAME:
+            rest.ClearField(f.name)
+    return bytes(rest.SerializeToString())
+
+
 def window_payload(w: pb.LoadWindow) -> bytes:
-    """What a node signs of its window: every field but signature and certificate, the counts by their SHA-256
-    (the signing domain is added by the signer)."""
+    """What a node signs of its window: every field but signature and certificate, the counts by their SHA-256,
+    fields added after sample_every by the SHA-256 of their encoding (the signing domain is added by the
+    signer)."""
     head = struct.pack("<QQQIII?", w.incarnation, w.window_seq, w.first_step, w.steps, w.layers, w.experts,
                        w.learner)
     out = head + hashlib.sha256(w.counts).digest() + w.node_id.encode()
     if w.samples or w.sample_every:  # (a window without samples signs as before this field was added)
         out += b"\x00samples" + struct.pack("<I", w.sample_every) + hashlib.sha256(w.samples).digest()
+    if later := later_fields(w):  # (and one without later fields as before they could be added)
+        out += b"\x00later" + hashlib.sha256(later).digest()
     return out
 
 
