@@ -18,6 +18,7 @@ from agent.disk import fsync_dir, write_atomic
 LOCK_NAME = "LOCK"
 LOG_NAME = "consensus"
 IDENTITY_NAME = "IDENTITY"  # the node id that owns this data_dir, written once its store first opened
+FORMAT_NAME = "FORMAT"  # the data_dir's format (elasticmoe/versions.py), written with IDENTITY (absent: 1)
 
 
 class DataDirError(RuntimeError):
@@ -62,9 +63,30 @@ class DataDirLock:
         self.release()
 
 
+def data_dir_format(data_dir: str | Path) -> int:
+    """The data_dir's layout format (1 where none is recorded, as before the file). Raises DataDirError when it
+    is newer than this release knows, or unreadable: a node never runs on a layout it does not know."""
+    from elasticmoe.versions import DATADIR_FORMAT
+
+    path = Path(data_dir) / FORMAT_NAME
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return 1
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataDirError(f"data_dir = {str(data_dir)!r}: cannot read {FORMAT_NAME}: {e}") from e
+    if not text.isdigit() or int(text) < 1:
+        raise DataDirError(f"data_dir = {str(data_dir)!r}: {FORMAT_NAME} holds {text[:32]!r}, not a format number")
+    if int(text) > DATADIR_FORMAT:
+        raise DataDirError(f"data_dir = {str(data_dir)!r} has format {int(text)}, written by a newer release; this "
+                           f"agent knows data_dir formats up to {DATADIR_FORMAT}: run the newer release on it")
+    return int(text)
+
+
 def owner(data_dir: str | Path, node_id: str) -> bool:
     """Whether this node ran on `data_dir` before (its identity marker is there). Raises DataDirError when
-    the data_dir belongs to another node id."""
+    the data_dir belongs to another node id, or is of a newer format than this release knows."""
+    data_dir_format(data_dir)
     path = Path(data_dir) / IDENTITY_NAME
     try:
         found = path.read_text().strip()
@@ -79,7 +101,11 @@ def owner(data_dir: str | Path, node_id: str) -> bool:
 
 
 def mark_owner(data_dir: str | Path, node_id: str) -> None:
-    """Record durably that `node_id` runs on `data_dir` (an empty store found later was lost, not new)."""
+    """Record durably that `node_id` runs on `data_dir` (an empty store found later was lost, not new), and the
+    data_dir's format."""
+    from elasticmoe.versions import DATADIR_FORMAT
+
+    write_atomic(Path(data_dir) / FORMAT_NAME, f"{DATADIR_FORMAT}\n".encode())
     write_atomic(Path(data_dir) / IDENTITY_NAME, f"{node_id}\n".encode())
 
 

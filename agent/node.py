@@ -21,7 +21,7 @@ from agent.credentials import channel_credentials, interceptors, server_credenti
 from agent.datadir import DataDirError, DataDirLock
 from agent.metrics import MetricsServer
 from agent.state import NodeState
-from agent.store import StoreCorrupt
+from agent.store import StoreCorrupt, StoreNewer
 from agent.transport.grpc import GrpcTransport
 from elasticmoe.v1 import admin_pb2, admin_pb2_grpc, consensus_pb2, gossip_pb2
 
@@ -132,7 +132,7 @@ class AgentProcess:
         self.server = server
         try:
             self._state = NodeState(self.cfg, transport)
-        except (StoreCorrupt, DataDirError) as e:
+        except (StoreCorrupt, StoreNewer, DataDirError) as e:
             await transport.close()
             raise StartupError(str(e)) from None
         service.bind(self.state.view, self.state.manual)

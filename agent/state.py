@@ -64,8 +64,8 @@ class NodeState:
                  store: Store | None = None, telemetry: Telemetry | None = None, rng_seed: int | None = None,
                  had_store: bool | None = None) -> None:
         """`had_store`: whether this node ran before, so that an empty store means a lost one (default: the
-        data_dir's marker). Raises agent.store.StoreCorrupt or agent.datadir.DataDirError when the store
-        cannot be recovered."""
+        data_dir's marker). Raises agent.store.StoreCorrupt, StoreNewer or agent.datadir.DataDirError when the
+        store cannot be recovered."""
         from agent.clock import RealClock
         from agent.consensus.node import ConsensusNode
         from agent.credentials import vote_signer

@@ -25,6 +25,11 @@ rebuilds as a learner, as after a lost store (it may have voted on versions it n
 mark stays at its high until `settle_loss()` (the node has caught up past every version it may have voted
 on), so a restart meanwhile is strict again. A missing mark (a log written before marks) checks nothing.
 
+A log written by a newer release is refused, never misread nor truncated (elasticmoe/versions.py): a format
+record (kind 255, `<u32 format>`) above this release's `STORE_FORMAT`, or a whole record (its crc checks) of a
+kind this release does not know, stops `open()` with `StoreNewer` naming both, and nothing on disk changes. A
+log of format 1 carries no format record; a store of a later format writes one before anything of its own.
+
 The bytes live on a `Disk`: `FileDisk` (a real file, write + fsync) or `MemoryDisk` (the simulator's
 disk, which survives a simulated crash just as the file survives `kill -9`). The framing and the
 recovery code are the same for both.
@@ -42,11 +47,12 @@ from google.protobuf.message import DecodeError
 
 from agent.disk import Disk, FileDisk, MemoryDisk, fsync_dir, mark_path, write_atomic
 from elasticmoe.v1 import consensus_pb2 as pb
+from elasticmoe.versions import STORE_FORMAT
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Disk", "FileDisk", "MemoryDisk", "Recovered", "Store", "StoreCorrupt", "StoreError", "StoreFailed",
-           "corrupt_where", "frame", "fsync_dir", "high_water", "parse", "torn_tail",
+           "StoreNewer", "corrupt_where", "frame", "fsync_dir", "high_water", "parse", "torn_tail",
            "write_atomic"]  # disks re-exported
 
 _HEADER = struct.Struct("<IIB")
@@ -58,6 +64,9 @@ KIND_KNOWN = 3  # the voters that enrolled here from an empty store (agent/conse
 KIND_REBUILD = 4  # this node's own rebuild: started (before any request) or done (before its first vote)
 _KINDS = (KIND_COMMIT, KIND_ACCEPTOR, KIND_KNOWN, KIND_REBUILD)
 MAX_RECORD = 256 << 20  # a length beyond this is a torn header, not a record
+KIND_FORMAT = 255  # the format of the records after it (elasticmoe/versions.py): <u32 format>, then anything
+_FORMAT = struct.Struct("<I")
+_READ = (*_KINDS, KIND_FORMAT)  # the kinds this release reads
 
 
 class StoreError(RuntimeError):
@@ -74,6 +83,17 @@ class StoreCorrupt(StoreError):
                          f"refusing to start. The log is left as it is. To rebuild this node "
                          f"from its peers, stop it and run `emoe store repair --config <agent.toml>` (moves the "
                          f"log aside; the node rejoins as a learner and votes again once it has caught up)")
+
+
+class StoreNewer(StoreError):
+    """The log was written by a newer release (a format or a record kind this one does not know)."""
+
+    def __init__(self, where: str, offset: int, what: str, readable: int) -> None:
+        self.where, self.offset, self.what = where, offset, what
+        super().__init__(f"{where}: {what} at offset {offset}: this log was written by a newer release than this "
+                         f"agent, which reads store formats up to {readable}; refusing to start, the log is left as "
+                         f"it is. Run the newer release on this data_dir, or, to go back to this one, rebuild the "
+                         f"node from its peers: `emoe store repair --config <agent.toml>` moves the log aside")
 
 
 class StoreFailed(StoreError):
@@ -99,12 +119,18 @@ class Recovered:
     ends: list[int] = field(default_factory=list)  # where each whole record ends
     bad_offset: int = -1  # where the first bad record starts (-1: none)
     bad_reason: str = ""
+    newer: str = ""  # the bad record is whole, of a newer release (a format or a kind this one does not know)
+    format: int = 1  # the store format of the records read (the last format record's; 1 without one)
 
 
 def _decode(kind: int, payload: bytes, rec: Recovered) -> str:
     """Add one record's content to `rec`; returns why it cannot be decoded, or ""."""
     try:
-        if kind == KIND_COMMIT:
+        if kind == KIND_FORMAT:
+            if len(payload) < _FORMAT.size:
+                return f"format record of {len(payload)} bytes: expected at least {_FORMAT.size}"
+            rec.format = int(_FORMAT.unpack_from(payload)[0])
+        elif kind == KIND_COMMIT:
             rec.commits.append(pb.Commit.FromString(payload))
         elif kind == KIND_ACCEPTOR:
             st = pb.AcceptorState.FromString(payload)
@@ -135,9 +161,10 @@ def high_water(log_path: str | Path) -> int | None:
         return None
 
 
-def parse(data: bytes) -> tuple[Recovered, int]:
+def parse(data: bytes, readable: int = STORE_FORMAT) -> tuple[Recovered, int]:
     """Decode whole records from `data`; returns what they hold and the offset just after the last one
-    (`rec.bad_offset` and `rec.bad_reason` say what stopped it, if anything did before the end)."""
+    (`rec.bad_offset` and `rec.bad_reason` say what stopped it, if anything did before the end; `rec.newer`
+    that it is a record of a newer release than one that reads store formats up to `readable`)."""
     rec = Recovered()
     off = 0
     while off < len(data):
@@ -154,8 +181,12 @@ def parse(data: bytes) -> tuple[Recovered, int]:
                 why = f"record cut short: {len(data) - off} of {end - off} bytes"
             elif zlib.crc32(bytes([kind]) + payload) != crc:
                 why = "crc mismatch"
+            elif kind not in _READ:
+                why = rec.newer = f"a record of kind {kind}, which store format {readable} does not have"
             else:
                 why = _decode(kind, payload, rec)  # adds nothing when it fails
+                if not why and rec.format > readable:
+                    why = rec.newer = f"a record of store format {rec.format}"
         if why:
             rec.bad_offset, rec.bad_reason = off, why
             break
@@ -171,10 +202,12 @@ def _whole_record_after(data: bytes, start: int) -> int:
     recovery stopped early, to tell a torn tail (nothing whole after it) from corruption in the middle."""
     for off in range(start + 1, len(data) - _HEADER.size + 1):
         length, crc, kind = _HEADER.unpack_from(data, off)
-        if kind not in _KINDS or length > len(data) - off - _HEADER.size:
+        if length > len(data) - off - _HEADER.size:
             continue
         payload = data[off + _HEADER.size:off + _HEADER.size + length]
-        if zlib.crc32(bytes([kind]) + payload) == crc and not _decode(kind, payload, Recovered()):
+        # (a record of a kind this release does not know is a newer release's: whole, though not read here)
+        if zlib.crc32(bytes([kind]) + payload) == crc and (kind not in _READ or not _decode(kind, payload,
+                                                                                          Recovered())):
             return off
     return -1
 
@@ -205,6 +238,10 @@ def torn_tail(data: bytes, rec: Recovered) -> bool:
     return _whole_record_after(data, off) < 0
 
 
+def _format_frame(store_format: int) -> bytes:
+    return frame(KIND_FORMAT, _FORMAT.pack(store_format))
+
+
 def _known_frame(known: dict[str, int]) -> bytes:
     return frame(KIND_KNOWN, pb.KnownVoters(enrolment=known).SerializeToString(deterministic=True))
 
@@ -213,9 +250,11 @@ class Store:
     """The node's durable consensus state. `open()` recovers; every `save_*`/`append_*` is durable on return,
     or raises `StoreFailed` (then nothing was acknowledged, and the store refuses writes until `resume()`)."""
 
-    def __init__(self, path: str | Path | None = None, *, disk: Disk | None = None, sync: bool = True) -> None:
+    def __init__(self, path: str | Path | None = None, *, disk: Disk | None = None, sync: bool = True,
+                 store_format: int = STORE_FORMAT) -> None:
         if (path is None) == (disk is None):
             raise StoreError("Store needs exactly one of path= or disk=")
+        self.format = store_format  # read up to and written (another than STORE_FORMAT: a test's other release)
         self._disk: Disk = disk if disk is not None else FileDisk(path, sync=sync)  # type: ignore[arg-type]
         self._opened = False
         self.appends = 0
@@ -233,9 +272,12 @@ class Store:
 
     def open(self) -> Recovered:
         """Read the log, truncate a torn tail, and return the committed tables and acceptor state.
-        Raises `StoreCorrupt` (changing nothing) when a bad record is not a torn tail."""
+        Raises `StoreCorrupt` (changing nothing) when a bad record is not a torn tail, `StoreNewer` (changing
+        nothing) at a record of a newer release."""
         data = self._disk.read_all()
-        rec, end = parse(data)
+        rec, end = parse(data, self.format)
+        if rec.newer:
+            raise StoreNewer(self.where, rec.bad_offset, rec.newer, self.format)
         if end < len(data):
             if not torn_tail(data, rec):
                 raise StoreCorrupt(self.where, rec.bad_offset, rec.bad_reason, len(data),
@@ -257,6 +299,8 @@ class Store:
         self._high = max(end, high or 0)
         if high is None or high < end:
             self._write_high(sync=True)
+        if rec.format < self.format:  # (format 1 has no format record: a log an older release can read)
+            self._append(_format_frame(self.format))
         return rec
 
     def _read_high(self) -> int | None:
@@ -360,7 +404,8 @@ class Store:
             raise StoreError("store not opened: call open() (recovery) before compacting")
         if self.failed:
             return False
-        data = b"".join([frame(KIND_COMMIT, c.SerializeToString()) for c in commits]
+        data = b"".join(([_format_frame(self.format)] if self.format > 1 else [])
+                        + [frame(KIND_COMMIT, c.SerializeToString()) for c in commits]
                         + [frame(KIND_ACCEPTOR, st.SerializeToString()) for st in acceptor]
                         + ([_known_frame(self.known)] if self.known else [])
                         + ([frame(KIND_REBUILD, self.rebuild.SerializeToString())]

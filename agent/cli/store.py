@@ -50,6 +50,10 @@ def check(args: argparse.Namespace) -> int:
     span = f"versions {versions[0]}..{versions[-1]}" if versions else "no commits"
     print(f"{log_path}: {len(data)} bytes, {rec.records} whole records ({span}, acceptor state for "
           f"{len(rec.acceptor)} versions)")
+    if rec.newer:
+        print(f"newer: {rec.newer} at offset {rec.bad_offset}: written by a newer release; the agent refuses to "
+              f"start (run the newer release, or repair to rebuild the node from its peers)", file=sys.stderr)
+        return 1
     torn = end < len(data) and torn_tail(data, rec)
     if end < len(data) and not torn:
         print(f"corrupt: bad record at offset {rec.bad_offset} ({rec.bad_reason}), "
