@@ -77,11 +77,16 @@ class LocalCluster:
     def __init__(self, n: int, base: Path, cluster: dict[str, Any], profile: str = "test",
                  sections: dict[str, dict[str, Any]] | None = None, log_level: str = "WARNING",
                  ports: list[int] | None = None, hosts: list[str] | None = None,
-                 wrap: list[list[str]] | None = None, faults_file: str | None = None) -> None:
+                 wrap: list[list[str]] | None = None, faults_file: str | None = None,
+                 code: list[Path] | None = None) -> None:
         """`hosts`: each agent's address (default 127.0.0.1); `wrap`: a command prefix per agent (say
         `ip netns exec NS`, to run it in a network namespace of its own); `faults_file`: run each agent through
-        chaos.agentproc, its transport dropping the links that file lists (chaos.faults)."""
+        chaos.agentproc, its transport dropping the links that file lists (chaos.faults); `code`: the source
+        tree each agent runs (default this one; another release's, extracted, for the rolling-upgrade test),
+        its working directory and PYTHONPATH, so that its imports come from there; set `code[k]` before a
+        restart to run another tree on the same data_dir and ports."""
         self.faults_file = faults_file
+        self.code = [ROOT] * n if code is None else [Path(c) for c in code]
         self.n = n
         self.base = Path(base)
         self.ports = free_ports(n) if ports is None else list(ports)
@@ -111,13 +116,19 @@ class LocalCluster:
             if self._logs[k] is not None:
                 self._logs[k].close()
             log = self._logs[k] = open(self.base / self.ids[k] / "agent.log", "ab")  # noqa: SIM115 - closed in stop()
-            env = {**os.environ, "EMOE_LOG": self.log_level, "PYTHONUNBUFFERED": "1"}
             run = (["-m", "agent.cli", "agent"] if self.faults_file is None
                    else ["-m", "chaos.agentproc", "--faults", self.faults_file])
             self.procs[k] = subprocess.Popen(
                 [*self.wrap[k], sys.executable, *run, "--config", str(self.configs[k])],
-                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                cwd=self.code[k], stdout=log, stderr=subprocess.STDOUT, env=self.env(k), start_new_session=True,
             )
+
+    def env(self, k: int) -> dict[str, str]:
+        """The environment agent k starts with (run in `code[k]`, its working directory)."""
+        env = {**os.environ, "EMOE_LOG": self.log_level, "PYTHONUNBUFFERED": "1"}
+        if self.code[k] != ROOT:  # that tree alone: nothing of this one may fill in what it lacks
+            env["PYTHONPATH"] = str(self.code[k])
+        return env
 
     def wait_healthy(self, timeout: float = 30.0, which: list[int] | None = None) -> None:
         deadline = time.monotonic() + timeout
@@ -154,6 +165,20 @@ class LocalCluster:
         proc = self.procs[k]
         if proc is not None:
             proc.wait(timeout=10)
+
+    def terminate(self, k: int, timeout: float = 15.0) -> int:
+        """SIGTERM agent k (it drains, then closes) and wait for it to exit; its exit status (TimeoutError if it
+        did not exit in time: then it is killed)."""
+        proc = self.procs[k]
+        if proc is None:
+            raise RuntimeError(f"agent {self.ids[k]} was never started")
+        self.signal(k, signal.SIGTERM)
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+            raise TimeoutError(f"agent {self.ids[k]} did not exit within {timeout} s of SIGTERM") from None
 
     def stop(self, timeout: float = 10.0) -> None:
         for k in range(self.n):
