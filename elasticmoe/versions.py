@@ -23,7 +23,10 @@ Formats and how each is versioned:
   kinds 1 to 4 and no format record; a later format is announced by a format record before any record of
   it. A log with a format record above `STORE_FORMAT`, or a whole record (its crc checks) of a kind this
   release does not know, was written by a newer release: the store refuses to open it (StoreNewer, naming
-  both), and neither truncates nor changes it.
+  both), and neither truncates nor changes it. So a new record kind needs no new format (an older release
+  refuses the log at its first record of that kind, and reads it while there is none: a downgrade works
+  until the new kind is used); a new format is for records of an existing kind that change meaning, and it
+  makes every log the newer release opens unreadable to older ones.
 - The data_dir (agent/datadir.py, `DATADIR_FORMAT`): its layout (LOCK, IDENTITY, the log and its mark) is
   named by the `FORMAT` file (absent: 1). An agent refuses a data_dir of a newer format naming both.
 - The log's high-water mark carries its own magic (`EMK1`); a mark of another magic is not read (a warning;
