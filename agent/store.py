@@ -1,5 +1,5 @@
 """Append-only, fsync'd log of committed tables and acceptor state (and of the voters that enrolled here
-from an empty store, for agent/consensus/rebuild.py).
+from an empty store, for agent/consensus/rebuild.py, and of the control-record state, agent/consensus/control.py).
 
 Records are framed `<u32 length><u32 crc32><u8 kind><payload>` (little-endian; the crc covers kind and
 payload). Every append is written and fsync'd before it returns, so a reply or a send that follows it
@@ -62,7 +62,8 @@ KIND_COMMIT = 1
 KIND_ACCEPTOR = 2
 KIND_KNOWN = 3  # the voters that enrolled here from an empty store (agent/consensus/rebuild.py): the whole map
 KIND_REBUILD = 4  # this node's own rebuild: started (before any request) or done (before its first vote)
-_KINDS = (KIND_COMMIT, KIND_ACCEPTOR, KIND_KNOWN, KIND_REBUILD)
+KIND_CONTROL = 5  # the control-record state (agent/consensus/control.py): the whole state, the last one wins
+_KINDS = (KIND_COMMIT, KIND_ACCEPTOR, KIND_KNOWN, KIND_REBUILD, KIND_CONTROL)
 MAX_RECORD = 256 << 20  # a length beyond this is a torn header, not a record
 KIND_FORMAT = 255  # the format of the records after it (elasticmoe/versions.py): <u32 format>, then anything
 _FORMAT = struct.Struct("<I")
@@ -113,6 +114,7 @@ class Recovered:
     acceptor: dict[int, pb.AcceptorState] = field(default_factory=dict)
     known: dict[str, int] = field(default_factory=dict)  # voter -> the first enrolment id it enrolled here with
     rebuild: pb.RebuildMark | None = None  # the last rebuild mark (None: this store never rebuilt)
+    control: pb.ControlState | None = None  # the last control-record state (None: none was ever written)
     records: int = 0
     torn_bytes: int = 0
     lost_bytes: int = 0  # acknowledged bytes missing at the end (the log is shorter than its high-water mark)
@@ -139,6 +141,8 @@ def _decode(kind: int, payload: bytes, rec: Recovered) -> str:
             rec.known = dict(pb.KnownVoters.FromString(payload).enrolment)
         elif kind == KIND_REBUILD:
             rec.rebuild = pb.RebuildMark.FromString(payload)
+        elif kind == KIND_CONTROL:
+            rec.control = pb.ControlState.FromString(payload)
         else:
             return f"unknown record kind {kind}"
     except DecodeError as e:
@@ -265,6 +269,7 @@ class Store:
         self._high = 0  # the high-water mark on disk: max(log size, a loss not yet settled)
         self.known: dict[str, int] = {}  # voter -> first enrolment id it enrolled here with (consensus/rebuild.py)
         self.rebuild: pb.RebuildMark | None = None  # this node's own last rebuild mark
+        self.control: pb.ControlState | None = None  # the control-record state (kept by compaction)
 
     @property
     def where(self) -> str:
@@ -286,7 +291,7 @@ class Store:
                         "acknowledged; truncated", self.where, len(data) - end, end, rec.bad_reason)
             self._disk.truncate(end)
         self.truncated = len(data) - end
-        self.known, self.rebuild = dict(rec.known), rec.rebuild
+        self.known, self.rebuild, self.control = dict(rec.known), rec.rebuild, rec.control
         self._opened = True
         self.size = end
         self.failed = ""
@@ -396,9 +401,14 @@ class Store:
         self._append(frame(KIND_REBUILD, mark.SerializeToString()))
         self.rebuild = mark
 
+    def save_control(self, state: pb.ControlState) -> None:
+        """Record the control-record state (agent/consensus/control.py), durable on return; kept by compaction."""
+        self._append(frame(KIND_CONTROL, state.SerializeToString()))
+        self.control = state
+
     def compact(self, commits: list[pb.Commit], acceptor: list[pb.AcceptorState]) -> bool:
         """Replace the log by just these records (the commits still to keep, in order, and the acceptor state
-        of undecided versions, and the known voters), atomically: a crash leaves either the old log or the new one. A compaction
+        of undecided versions, the known voters and the control-record state), atomically: a crash leaves either the old log or the new one. A compaction
         that cannot be written leaves the old log in place (False); nothing is lost by skipping it."""
         if not self._opened:
             raise StoreError("store not opened: call open() (recovery) before compacting")
@@ -409,7 +419,8 @@ class Store:
                         + [frame(KIND_ACCEPTOR, st.SerializeToString()) for st in acceptor]
                         + ([_known_frame(self.known)] if self.known else [])
                         + ([frame(KIND_REBUILD, self.rebuild.SerializeToString())]
-                           if self.rebuild is not None and not self.rebuild.done else []))
+                           if self.rebuild is not None and not self.rebuild.done else [])
+                        + ([frame(KIND_CONTROL, self.control.SerializeToString())] if self.control is not None else []))
         # Lower the mark first, durably: a crash between the two leaves a log longer than its mark (checks
         # less), never a shorter one (a false alarm). A loss not yet settled keeps the mark at its high.
         new_high = len(data) if not self.lost else max(len(data), self._high)

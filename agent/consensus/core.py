@@ -25,6 +25,7 @@ from controlplane.table import RoutingTable
 from elasticmoe.v1 import consensus_pb2 as pb
 
 if TYPE_CHECKING:
+    from agent.consensus.controlnode import ControlNode
     from agent.consensus.log import CommittedLog
 
 
@@ -54,6 +55,7 @@ class NodeCore(ABC):
     timeout: float
     running: bool
     log: CommittedLog
+    control: ControlNode
     acceptor: Acceptor
     _peer_heads: dict[str, int]
     _timers: dict[tuple[str, int], Timer]

@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import random
+import time
 import zlib
 from collections import deque
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from google.protobuf.message import Message
 
 from agent.clock import Clock, Timer
 from agent.config import ConsensusConfig
+from agent.consensus.controlnode import ControlNode
 from agent.consensus.core import Outcome
 from agent.consensus.log import CommittedLog, parent_hash_mismatch, shape_mismatch
 from agent.consensus.paxos import Acceptor, BallotAttempt, quorum_size, round0_owner
@@ -58,7 +60,10 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
                  cfg: ConsensusConfig, head: RoutingTable, verifier: Verifier = validity_verifier,
                  live_voters: Callable[[], list[str]] | None = None,
                  members: Callable[[], list[str]] | None = None, rng: random.Random | None = None,
-                 had_store: bool = False, signer: VoteSigner | None = None, enrolment: int | None = None) -> None:
+                 had_store: bool = False, signer: VoteSigner | None = None, enrolment: int | None = None,
+                 gate: Callable[[], str] | None = None, wall_ms: Callable[[], int] | None = None) -> None:
+        """`gate()`: why this node must neither vote nor propose now beyond its own state ("" while it may: the
+        cluster fingerprint check, agent.fingerprint); `wall_ms()`: the wall clock for control records' at_ms."""
         if not voters:
             raise ValueError("voters is empty: expected at least one configured voter")
         self.node_id = node_id
@@ -68,6 +73,7 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
         self.verifier = verifier
         self.live_voters = live_voters or (lambda: self.voters)
         self.members = members or (lambda: [])  # non-voting learners that should receive commits
+        self.gate = gate or (lambda: "")
         self.rng = rng or random.Random(zlib.crc32(node_id.encode()))
         self.timeout = cfg.accept_timeout_ms / 1000.0
         self.signer = signer  # under mTLS: votes are signed, and certificates checked for every signature
@@ -97,6 +103,12 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
         self.running = False
         # (version, voter, reason) of recent refusals, for explain
         self.rejections: deque[tuple[int, str, str]] = deque(maxlen=256)
+        # the pause switch: control records on the same voters, store and transport (agent/consensus/control.py)
+        self.control = ControlNode(node_id, self.voters, store, clock, transport, timeout=self.timeout,
+                                   deadline=2 * cfg.max_attempts * self.timeout, max_attempts=cfg.max_attempts,
+                                   abstains=self._abstains, members=lambda: self.members(),
+                                   store_failed=self._store_failed,
+                                   wall_ms=wall_ms or (lambda: int(time.time() * 1000)))
 
     # ---- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -104,6 +116,7 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
         self.log.recover(rec)
         self.acceptor = Acceptor(self.node_id, self.voters, rec.acceptor)
         self.acceptor.prune(self.log.head.version)
+        self.control.recover(rec.control)
         cut = rec.lost_bytes > 0  # the log was cut at a record boundary: votes it gave may be forgotten
         mark = rec.rebuild  # this store's own rebuild; one not done is resumed as it was (it has not voted since)
         resumed = mark is not None and not mark.done and not cut
@@ -134,6 +147,7 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
 
     def stop(self) -> None:
         self.running = False
+        self.control.stop()
         for t in self._timers.values():
             t.cancel()
         self._timers.clear()
@@ -217,6 +231,7 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
             peers = [p for p in self.voters if p != self.node_id]
             if peers:
                 self.catch_up(self.rng.choice(peers))
+            self.control.tick()
             self._arm_sync()
 
         self._arm("sync", 0, delay, tick)
@@ -225,6 +240,8 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
     def _handle(self, src: str, method: str, req: Message) -> Message | None:
         if not self.running:
             return None
+        if method in ("Consensus/ControlAccept", "Consensus/ControlLearn"):
+            return self.control.handle(src, req)
         head = self.log.head.version
         abstains = self._abstains() if method in ("Consensus/Prepare", "Consensus/Accept") else ""
         if abstains:
@@ -279,6 +296,8 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
             self._peer_is_up(src)
             reply.acceptor_high = max(self.acceptor.states, default=0)
             reply.rebuilding = self.rebuild is not None
+            if self.control.record is not None:
+                reply.control.CopyFrom(self.control.record)
             return reply
         return None
 
@@ -357,6 +376,8 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
         if not self.running or not isinstance(r, pb.CatchUpReply):
             return
         self._peer_heads[peer] = int(r.committed_head)
+        if r.HasField("control"):
+            self.control.learn(r.control)
         before = self.log.head.version
         if self._snapshot(peer, r):
             return

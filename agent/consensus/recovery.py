@@ -23,6 +23,7 @@ class RecoveryMixin(NodeCore):
     """The recovery state below; ConsensusNode sets it. Calls the other parts only through NodeCore."""
 
     signer: VoteSigner | None
+    gate: Callable[[], str]
     rebuild: Rebuild | None
     enrolment: int
     _deferred: list[tuple[float, RoutingTable, pb.Plan, Callable[[Outcome], None]]]
@@ -38,17 +39,21 @@ class RecoveryMixin(NodeCore):
     @property
     def abstains(self) -> str:
         """Why this node may neither vote nor propose now (agent.commit.CommitBackend.abstains): a learner, or a
-        failed store or history; "" while it may, and while a founding member still asks whether it ran before."""
+        failed store or history, or a gate (a drifted config); "" while it may, and while a founding member still
+        asks whether it ran before."""
         rb = self.rebuild
         if self.node_id not in self.voters or (rb is not None and not rb.decided and not rb.strict
                                                and not self.store.failed and not self.log.conflicts):
-            return ""
+            return self.gate()
         return self._abstains()
 
     def _abstains(self) -> str:
         """Why this node may not vote now ("" when it may)."""
         if self.store.failed or self.log.conflicts:
             return f"{self.node_id}'s {self.failure}"
+        gated = self.gate()
+        if gated:
+            return gated
         rb = self.rebuild
         if rb is not None:
             if not rb.may_vote(self.log.head.version):
@@ -100,6 +105,8 @@ class RecoveryMixin(NodeCore):
         if rb is None or not self.running or not isinstance(r, pb.CatchUpReply):
             return
         rb.report(peer, int(r.committed_head), int(r.acceptor_high), bool(r.rebuilding), bool(r.knew_you))
+        if r.HasField("control"):
+            self.control.learn(r.control)
         if not self._snapshot(peer, r):  # (a snapshot asks the peer for the rest itself)
             self._learn_in_order(r.commits)
             if r.committed_head > self.log.head.version:

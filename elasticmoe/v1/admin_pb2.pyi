@@ -13,7 +13,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("node_id", "committed_version", "members", "paused", "health", "step_imbalance", "window_seq", "peer_versions", "role", "ranks", "install_lag_bound_s")
+    __slots__ = ("node_id", "committed_version", "members", "paused", "health", "step_imbalance", "window_seq", "peer_versions", "role", "ranks", "install_lag_bound_s", "pause", "planner", "fingerprint", "fingerprint_mismatches")
     class PeerVersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,10 @@ class StatusReply(_message.Message):
     ROLE_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
     INSTALL_LAG_BOUND_S_FIELD_NUMBER: _ClassVar[int]
+    PAUSE_FIELD_NUMBER: _ClassVar[int]
+    PLANNER_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_MISMATCHES_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     committed_version: int
     members: _containers.RepeatedCompositeFieldContainer[_gossip_pb2.MemberState]
@@ -43,10 +47,22 @@ class StatusReply(_message.Message):
     role: str
     ranks: _containers.RepeatedCompositeFieldContainer[RankInstall]
     install_lag_bound_s: float
-    def __init__(self, node_id: _Optional[str] = ..., committed_version: _Optional[int] = ..., members: _Optional[_Iterable[_Union[_gossip_pb2.MemberState, _Mapping]]] = ..., paused: _Optional[bool] = ..., health: _Optional[str] = ..., step_imbalance: _Optional[float] = ..., window_seq: _Optional[int] = ..., peer_versions: _Optional[_Mapping[str, int]] = ..., role: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInstall, _Mapping]]] = ..., install_lag_bound_s: _Optional[float] = ...) -> None: ...
+    pause: _consensus_pb2.ControlCommit
+    planner: str
+    fingerprint: _gossip_pb2.Fingerprint
+    fingerprint_mismatches: _containers.RepeatedCompositeFieldContainer[FingerprintMismatch]
+    def __init__(self, node_id: _Optional[str] = ..., committed_version: _Optional[int] = ..., members: _Optional[_Iterable[_Union[_gossip_pb2.MemberState, _Mapping]]] = ..., paused: _Optional[bool] = ..., health: _Optional[str] = ..., step_imbalance: _Optional[float] = ..., window_seq: _Optional[int] = ..., peer_versions: _Optional[_Mapping[str, int]] = ..., role: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[RankInstall, _Mapping]]] = ..., install_lag_bound_s: _Optional[float] = ..., pause: _Optional[_Union[_consensus_pb2.ControlCommit, _Mapping]] = ..., planner: _Optional[str] = ..., fingerprint: _Optional[_Union[_gossip_pb2.Fingerprint, _Mapping]] = ..., fingerprint_mismatches: _Optional[_Iterable[_Union[FingerprintMismatch, _Mapping]]] = ...) -> None: ...
+
+class FingerprintMismatch(_message.Message):
+    __slots__ = ("node_id", "fields")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    fields: str
+    def __init__(self, node_id: _Optional[str] = ..., fields: _Optional[str] = ...) -> None: ...
 
 class RankInstall(_message.Message):
-    __slots__ = ("rank", "installed_version", "installed_age_s", "report_age_s", "lag_s", "lagging", "attached", "active")
+    __slots__ = ("rank", "installed_version", "installed_age_s", "report_age_s", "lag_s", "lagging", "attached", "active", "error")
     RANK_FIELD_NUMBER: _ClassVar[int]
     INSTALLED_VERSION_FIELD_NUMBER: _ClassVar[int]
     INSTALLED_AGE_S_FIELD_NUMBER: _ClassVar[int]
@@ -55,6 +71,7 @@ class RankInstall(_message.Message):
     LAGGING_FIELD_NUMBER: _ClassVar[int]
     ATTACHED_FIELD_NUMBER: _ClassVar[int]
     ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     rank: int
     installed_version: int
     installed_age_s: float
@@ -63,7 +80,8 @@ class RankInstall(_message.Message):
     lagging: bool
     attached: bool
     active: bool
-    def __init__(self, rank: _Optional[int] = ..., installed_version: _Optional[int] = ..., installed_age_s: _Optional[float] = ..., report_age_s: _Optional[float] = ..., lag_s: _Optional[float] = ..., lagging: _Optional[bool] = ..., attached: _Optional[bool] = ..., active: _Optional[bool] = ...) -> None: ...
+    error: str
+    def __init__(self, rank: _Optional[int] = ..., installed_version: _Optional[int] = ..., installed_age_s: _Optional[float] = ..., report_age_s: _Optional[float] = ..., lag_s: _Optional[float] = ..., lagging: _Optional[bool] = ..., attached: _Optional[bool] = ..., active: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
 
 class PlacementRequest(_message.Message):
     __slots__ = ("layer", "version")

@@ -264,20 +264,68 @@ class CatchUpRequest(_message.Message):
     def __init__(self, from_version: _Optional[int] = ..., from_node: _Optional[str] = ..., limit: _Optional[int] = ..., enrolment: _Optional[int] = ...) -> None: ...
 
 class CatchUpReply(_message.Message):
-    __slots__ = ("commits", "committed_head", "acceptor_high", "rebuilding", "snapshot", "knew_you")
+    __slots__ = ("commits", "committed_head", "acceptor_high", "rebuilding", "snapshot", "knew_you", "control")
     COMMITS_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_HEAD_FIELD_NUMBER: _ClassVar[int]
     ACCEPTOR_HIGH_FIELD_NUMBER: _ClassVar[int]
     REBUILDING_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_FIELD_NUMBER: _ClassVar[int]
     KNEW_YOU_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_FIELD_NUMBER: _ClassVar[int]
     commits: _containers.RepeatedCompositeFieldContainer[Commit]
     committed_head: int
     acceptor_high: int
     rebuilding: bool
     snapshot: bool
     knew_you: bool
-    def __init__(self, commits: _Optional[_Iterable[_Union[Commit, _Mapping]]] = ..., committed_head: _Optional[int] = ..., acceptor_high: _Optional[int] = ..., rebuilding: _Optional[bool] = ..., snapshot: _Optional[bool] = ..., knew_you: _Optional[bool] = ...) -> None: ...
+    control: ControlCommit
+    def __init__(self, commits: _Optional[_Iterable[_Union[Commit, _Mapping]]] = ..., committed_head: _Optional[int] = ..., acceptor_high: _Optional[int] = ..., rebuilding: _Optional[bool] = ..., snapshot: _Optional[bool] = ..., knew_you: _Optional[bool] = ..., control: _Optional[_Union[ControlCommit, _Mapping]] = ...) -> None: ...
+
+class ControlRecord(_message.Message):
+    __slots__ = ("seq", "node_id", "paused", "at_ms", "note")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    AT_MS_FIELD_NUMBER: _ClassVar[int]
+    NOTE_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    node_id: str
+    paused: bool
+    at_ms: int
+    note: str
+    def __init__(self, seq: _Optional[int] = ..., node_id: _Optional[str] = ..., paused: _Optional[bool] = ..., at_ms: _Optional[int] = ..., note: _Optional[str] = ...) -> None: ...
+
+class ControlCommit(_message.Message):
+    __slots__ = ("record", "voters", "quorum")
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    VOTERS_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_FIELD_NUMBER: _ClassVar[int]
+    record: ControlRecord
+    voters: _containers.RepeatedScalarFieldContainer[str]
+    quorum: int
+    def __init__(self, record: _Optional[_Union[ControlRecord, _Mapping]] = ..., voters: _Optional[_Iterable[str]] = ..., quorum: _Optional[int] = ...) -> None: ...
+
+class ControlAcceptRequest(_message.Message):
+    __slots__ = ("record", "from_node")
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    record: ControlRecord
+    from_node: str
+    def __init__(self, record: _Optional[_Union[ControlRecord, _Mapping]] = ..., from_node: _Optional[str] = ...) -> None: ...
+
+class ControlAck(_message.Message):
+    __slots__ = ("ok", "from_node", "reason", "accepted", "certified")
+    OK_FIELD_NUMBER: _ClassVar[int]
+    FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    CERTIFIED_FIELD_NUMBER: _ClassVar[int]
+    ok: bool
+    from_node: str
+    reason: str
+    accepted: ControlRecord
+    certified: ControlCommit
+    def __init__(self, ok: _Optional[bool] = ..., from_node: _Optional[str] = ..., reason: _Optional[str] = ..., accepted: _Optional[_Union[ControlRecord, _Mapping]] = ..., certified: _Optional[_Union[ControlCommit, _Mapping]] = ...) -> None: ...
 
 class KnownVoters(_message.Message):
     __slots__ = ("enrolment",)
@@ -315,3 +363,11 @@ class AcceptorState(_message.Message):
     accepted: Proposal
     proposer_round: int
     def __init__(self, version: _Optional[int] = ..., promised: _Optional[_Union[Ballot, _Mapping]] = ..., accepted_ballot: _Optional[_Union[Ballot, _Mapping]] = ..., accepted: _Optional[_Union[Proposal, _Mapping]] = ..., proposer_round: _Optional[int] = ...) -> None: ...
+
+class ControlState(_message.Message):
+    __slots__ = ("accepted", "certified")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    CERTIFIED_FIELD_NUMBER: _ClassVar[int]
+    accepted: ControlRecord
+    certified: ControlCommit
+    def __init__(self, accepted: _Optional[_Union[ControlRecord, _Mapping]] = ..., certified: _Optional[_Union[ControlCommit, _Mapping]] = ...) -> None: ...

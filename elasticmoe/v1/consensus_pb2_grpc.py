@@ -54,6 +54,16 @@ class ConsensusStub:
                 request_serializer=elasticmoe_dot_v1_dot_consensus__pb2.CatchUpRequest.SerializeToString,
                 response_deserializer=elasticmoe_dot_v1_dot_consensus__pb2.CatchUpReply.FromString,
                 _registered_method=True)
+        self.ControlAccept = channel.unary_unary(
+                '/elasticmoe.v1.Consensus/ControlAccept',
+                request_serializer=elasticmoe_dot_v1_dot_consensus__pb2.ControlAcceptRequest.SerializeToString,
+                response_deserializer=elasticmoe_dot_v1_dot_consensus__pb2.ControlAck.FromString,
+                _registered_method=True)
+        self.ControlLearn = channel.unary_unary(
+                '/elasticmoe.v1.Consensus/ControlLearn',
+                request_serializer=elasticmoe_dot_v1_dot_consensus__pb2.ControlCommit.SerializeToString,
+                response_deserializer=elasticmoe_dot_v1_dot_consensus__pb2.ControlAck.FromString,
+                _registered_method=True)
 
 
 class ConsensusServicer:
@@ -83,6 +93,19 @@ class ConsensusServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ControlAccept(self, request, context):
+        """control records (agent/consensus/control.py): accept one (durably, before the reply), learn a certified one
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ControlLearn(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ConsensusServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -105,6 +128,16 @@ def add_ConsensusServicer_to_server(servicer, server):
                     servicer.CatchUp,
                     request_deserializer=elasticmoe_dot_v1_dot_consensus__pb2.CatchUpRequest.FromString,
                     response_serializer=elasticmoe_dot_v1_dot_consensus__pb2.CatchUpReply.SerializeToString,
+            ),
+            'ControlAccept': grpc.unary_unary_rpc_method_handler(
+                    servicer.ControlAccept,
+                    request_deserializer=elasticmoe_dot_v1_dot_consensus__pb2.ControlAcceptRequest.FromString,
+                    response_serializer=elasticmoe_dot_v1_dot_consensus__pb2.ControlAck.SerializeToString,
+            ),
+            'ControlLearn': grpc.unary_unary_rpc_method_handler(
+                    servicer.ControlLearn,
+                    request_deserializer=elasticmoe_dot_v1_dot_consensus__pb2.ControlCommit.FromString,
+                    response_serializer=elasticmoe_dot_v1_dot_consensus__pb2.ControlAck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -215,6 +248,60 @@ class Consensus:
             '/elasticmoe.v1.Consensus/CatchUp',
             elasticmoe_dot_v1_dot_consensus__pb2.CatchUpRequest.SerializeToString,
             elasticmoe_dot_v1_dot_consensus__pb2.CatchUpReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ControlAccept(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticmoe.v1.Consensus/ControlAccept',
+            elasticmoe_dot_v1_dot_consensus__pb2.ControlAcceptRequest.SerializeToString,
+            elasticmoe_dot_v1_dot_consensus__pb2.ControlAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ControlLearn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/elasticmoe.v1.Consensus/ControlLearn',
+            elasticmoe_dot_v1_dot_consensus__pb2.ControlCommit.SerializeToString,
+            elasticmoe_dot_v1_dot_consensus__pb2.ControlAck.FromString,
             options,
             channel_credentials,
             insecure,

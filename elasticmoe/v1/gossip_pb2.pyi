@@ -21,7 +21,7 @@ DEAD: MemberStatus
 LEFT: MemberStatus
 
 class MemberState(_message.Message):
-    __slots__ = ("node_id", "address", "incarnation", "status", "ranks", "from_node", "claim", "claim_signature", "claim_certificate")
+    __slots__ = ("node_id", "address", "incarnation", "status", "ranks", "from_node", "claim", "claim_signature", "claim_certificate", "fingerprint")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class MemberState(_message.Message):
     CLAIM_FIELD_NUMBER: _ClassVar[int]
     CLAIM_SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     CLAIM_CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     incarnation: int
@@ -40,7 +41,26 @@ class MemberState(_message.Message):
     claim: bytes
     claim_signature: bytes
     claim_certificate: bytes
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., status: _Optional[_Union[MemberStatus, str]] = ..., ranks: _Optional[_Iterable[int]] = ..., from_node: _Optional[str] = ..., claim: _Optional[bytes] = ..., claim_signature: _Optional[bytes] = ..., claim_certificate: _Optional[bytes] = ...) -> None: ...
+    fingerprint: Fingerprint
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., incarnation: _Optional[int] = ..., status: _Optional[_Union[MemberStatus, str]] = ..., ranks: _Optional[_Iterable[int]] = ..., from_node: _Optional[str] = ..., claim: _Optional[bytes] = ..., claim_signature: _Optional[bytes] = ..., claim_certificate: _Optional[bytes] = ..., fingerprint: _Optional[_Union[Fingerprint, _Mapping]] = ...) -> None: ...
+
+class Fingerprint(_message.Message):
+    __slots__ = ("nodes", "ranks_per_node", "slots_per_rank", "layers", "experts", "top_k", "genesis")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    RANKS_PER_NODE_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_PER_RANK_FIELD_NUMBER: _ClassVar[int]
+    LAYERS_FIELD_NUMBER: _ClassVar[int]
+    EXPERTS_FIELD_NUMBER: _ClassVar[int]
+    TOP_K_FIELD_NUMBER: _ClassVar[int]
+    GENESIS_FIELD_NUMBER: _ClassVar[int]
+    nodes: int
+    ranks_per_node: int
+    slots_per_rank: int
+    layers: int
+    experts: int
+    top_k: int
+    genesis: bytes
+    def __init__(self, nodes: _Optional[int] = ..., ranks_per_node: _Optional[int] = ..., slots_per_rank: _Optional[int] = ..., layers: _Optional[int] = ..., experts: _Optional[int] = ..., top_k: _Optional[int] = ..., genesis: _Optional[bytes] = ...) -> None: ...
 
 class LoadWindow(_message.Message):
     __slots__ = ("node_id", "incarnation", "window_seq", "layers", "experts", "counts", "steps", "first_step", "signature", "certificate", "learner", "samples", "sample_every")

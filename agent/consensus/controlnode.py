@@ -1,0 +1,233 @@
+"""ControlNode: drives the control records (agent/consensus/control.py) over the consensus node's Transport,
+Clock and Store. ConsensusNode holds one, serves its two RPCs (ControlAccept, ControlLearn), hands it the
+certified record of each catch-up reply (anti-entropy every `sync_interval_ms`) and ticks it with its sync.
+
+Order of effects as for tables: an acceptor's accept is durable before its ack leaves; a writer's own accept
+is durable before its first send (it never reuses a key); a certified record is durable here before it is
+adopted, reported (`on_change`) and sent on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+from google.protobuf.message import Message
+
+from agent.clock import Clock, Timer
+from agent.consensus.control import ControlAcceptor, ControlWrite, check_commit, describe, key
+from agent.store import Store, StoreFailed
+from agent.transport import Transport
+from elasticmoe.v1 import consensus_pb2 as pb
+
+log = logging.getLogger("agent.consensus.node")
+
+ControlCallback = Callable[[pb.ControlCommit], None]
+
+
+@dataclass(frozen=True)
+class ControlOutcome:
+    """How one write of the switch ended: `committed` (certified by a quorum: `commit`), or why not."""
+
+    committed: bool
+    commit: pb.ControlCommit | None = None
+    reason: str = ""
+
+
+class ControlNode:
+    """`abstains()`: why this node may not accept records now ("" while it may: ConsensusNode's own reason, so a
+    learner, a failed disk or a drifted config refuses here as it does for tables); `members()`: non-voters that
+    should learn records too; `store_failed()`: fail-stop after a write that failed; `wall_ms()`: now, for a
+    record's `at_ms`. A write is given up after `deadline` seconds; messages time out after `timeout`."""
+
+    def __init__(self, node_id: str, voters: list[str], store: Store, clock: Clock, transport: Transport, *,
+                 timeout: float, deadline: float, max_attempts: int, abstains: Callable[[], str],
+                 members: Callable[[], list[str]], store_failed: Callable[[], None],
+                 wall_ms: Callable[[], int]) -> None:
+        self.node_id, self.voters, self.store, self.clock, self.transport = node_id, sorted(set(voters)), store, clock, transport
+        self.timeout, self.deadline, self.max_attempts = timeout, deadline, max_attempts
+        self.abstains, self.members, self.store_failed, self.wall_ms = abstains, members, store_failed, wall_ms
+        self.acceptor = ControlAcceptor(node_id, self.voters)
+        self._callbacks: list[ControlCallback] = []
+        self._write: ControlWrite | None = None  # this node's own record on its way
+        self._finishing: ControlWrite | None = None  # another writer's record this node completes
+        self._given_up: tuple[int, str] | None = None  # the record a finish found superseded
+        self._accepted_at = 0.0
+        self._timers: set[Timer] = set()
+        self.running = False
+
+    # ---- lifecycle and view -----------------------------------------------------------------------
+    def recover(self, st: pb.ControlState | None) -> None:
+        """Adopt the state the store recovered (durable already: no callbacks) and start."""
+        if st is not None:
+            self.acceptor.apply(st)
+        self._accepted_at = self.clock.now()
+        self.running = True
+
+    def stop(self) -> None:
+        self.running = False
+        for t in self._timers:
+            t.cancel()
+        self._timers.clear()
+
+    @property
+    def record(self) -> pb.ControlCommit | None:
+        """The newest certified record known here (None: none yet)."""
+        return self.acceptor.certified
+
+    def on_change(self, cb: ControlCallback) -> None:
+        """`cb(commit)` after each newer certified record is durable here."""
+        self._callbacks.append(cb)
+
+    def _later(self, delay: float, fn: Callable[[], None]) -> None:
+        box: list[Timer] = []
+
+        def fire() -> None:
+            self._timers.discard(box[0])
+            if self.running:
+                fn()
+
+        box.append(self.clock.call_later(delay, fire))
+        self._timers.add(box[0])
+
+    def _persist(self, st: pb.ControlState) -> bool:
+        try:
+            self.store.save_control(st)
+        except StoreFailed:
+            self.store_failed()
+            return False
+        self.acceptor.apply(st)
+        return True
+
+    # ---- writing the switch -----------------------------------------------------------------------
+    def write(self, paused: bool, note: str, on_done: Callable[[ControlOutcome], None]) -> None:
+        """Write a record saying `paused`; `on_done` runs once, when a quorum certified it or this node gave up."""
+        why = "node not running" if not self.running else self.abstains()
+        if not why and self._write is not None:
+            why = "a pause or resume is being written on this node already"
+        if why:
+            on_done(ControlOutcome(False, None, f"UNAVAILABLE: {why}"))
+            return
+        self._attempt(paused, note, on_done, self.clock.now() + self.deadline, 1)
+
+    def _attempt(self, paused: bool, note: str, on_done: Callable[[ControlOutcome], None], deadline: float,
+                 n: int) -> None:
+        r = self.acceptor.next_record(paused, self.wall_ms(), note)
+        reply, st = self.acceptor.on_accept(r)
+        if st is None or not self._persist(st):  # durable before it leaves: this key is never used again
+            on_done(ControlOutcome(False, None, f"UNAVAILABLE: {self.store.failure or reply.reason}"))
+            return
+        self._accepted_at = self.clock.now()
+        w = self._write = ControlWrite(r, self.voters)
+
+        def end(ev: str) -> None:
+            self._write = None
+            if ev == "certified":
+                self._certified(w)
+                on_done(ControlOutcome(True, w.commit()))
+            elif ev == "refused" and w.superseded and n < self.max_attempts and self.clock.now() < deadline:
+                self._attempt(paused, note, on_done, deadline, n + 1)  # above the higher key it was refused for
+            else:
+                others = sorted(w.acks - {self.node_id})
+                after = (f"; {', '.join(others)} accepted it and may still complete it" if others else
+                         "; no other voter said it accepted it, so the switch did not change")
+                what = "refused" if ev == "refused" else f"no quorum of voters within {self.deadline:.1f} s"
+                on_done(ControlOutcome(False, None, f"not committed ({what}): {w.tally()}{after}"))
+
+        self._drive(w, deadline, end, reply)
+
+    def _drive(self, w: ControlWrite, deadline: float, end: Callable[[str], None], own: pb.ControlAck) -> None:
+        """Send `w` to the voters that have not answered, every `timeout` until `deadline`; `end(event)` once."""
+        def answer(src: str, r: Message | None) -> None:
+            if not self.running or not isinstance(r, pb.ControlAck) or w.done:
+                return
+            if r.HasField("certified"):
+                self.learn(r.certified)
+            if r.HasField("accepted"):  # a key above ours somewhere: the next record goes above it
+                self.acceptor.heard = max(self.acceptor.heard, key(r.accepted))
+            ev = w.on_ack(src, r)
+            if ev:
+                end(ev)
+
+        def round_() -> None:
+            if w.done:
+                return
+            if self.clock.now() >= deadline:
+                w.done = True
+                end("timeout")
+                return
+            req = pb.ControlAcceptRequest(record=w.record, from_node=self.node_id)
+            for dst in w.waiting():
+                if dst != self.node_id:
+                    self.transport.call(dst, "Consensus/ControlAccept", req, self.timeout, partial(answer, dst))
+            self._later(self.timeout, round_)
+
+        answer(self.node_id, own)  # this node's own accept (counted when it is a voter)
+        round_()
+
+    def _certified(self, w: ControlWrite) -> None:
+        c = w.commit()
+        if not self.learn(c):
+            for dst in sorted((set(self.voters) | set(self.members())) - {self.node_id}):
+                self.transport.call(dst, "Consensus/ControlLearn", c, self.timeout, lambda r: None)
+
+    # ---- completing another writer's record ---------------------------------------------------------
+    def tick(self) -> None:
+        """(Each sync.) Finish a record of another writer that this node accepted and has not seen certified since
+        `deadline`: its writer gave up, or its learn did not get out (a partition right after it was certified)."""
+        acc, cert = self.acceptor.accepted, self.record
+        if (not self.running or acc is None or acc.node_id == self.node_id or self._finishing is not None
+                or key(acc) <= key(cert.record if cert else None) or key(acc) == self._given_up
+                or self.clock.now() - self._accepted_at < self.deadline or self.abstains()):
+            return
+        w = self._finishing = ControlWrite(acc, self.voters)
+
+        def end(ev: str) -> None:
+            self._finishing = None
+            if ev == "certified":
+                log.info("%s: completed control record %s of %s", self.node_id, acc.seq, acc.node_id)
+                self._certified(w)
+            elif w.superseded:
+                self._given_up = key(acc)
+
+        self._drive(w, self.clock.now() + self.deadline, end, pb.ControlAck(ok=True, from_node=self.node_id))
+
+    # ---- serving ------------------------------------------------------------------------------------
+    def handle(self, src: str, req: Message) -> Message | None:
+        """Consensus/ControlAccept and Consensus/ControlLearn."""
+        if not self.running:
+            return None
+        if isinstance(req, pb.ControlAcceptRequest):
+            why = self.abstains()
+            if why:
+                return pb.ControlAck(ok=False, from_node=self.node_id, reason=f"UNAVAILABLE: {why}")
+            reply, st = self.acceptor.on_accept(req.record)
+            if st is not None:
+                if not self._persist(st):
+                    return pb.ControlAck(ok=False, from_node=self.node_id, reason=f"UNAVAILABLE: {self.store.failure}")
+                self._accepted_at = self.clock.now()
+            return reply
+        if isinstance(req, pb.ControlCommit):
+            why = self.learn(req)
+            ack = pb.ControlAck(ok=not why, from_node=self.node_id, reason=why)
+            if self.record is not None:
+                ack.certified.CopyFrom(self.record)
+            return ack
+        return None
+
+    def learn(self, c: pb.ControlCommit) -> str:
+        """Adopt certified `c` if it is newer than ours (durably first); "" or why it was refused."""
+        why = check_commit(c, self.voters)
+        if why:
+            return f"INVALID_ARGUMENT: {why}"
+        st = self.acceptor.learn(c)
+        if st is None:
+            return ""
+        if not self._persist(st):
+            return f"UNAVAILABLE: {self.store.failure}"
+        log.info("%s: cluster switch: %s", self.node_id, describe(c))
+        for cb in self._callbacks:
+            cb(c)
+        return ""
