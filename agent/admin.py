@@ -53,13 +53,17 @@ class AdminReads(Protocol):
     def ranks_per_node(self) -> int: ...
     def rank_installs(self) -> list[apb.RankInstall]: ...
     def install_lag_bound_s(self) -> float: ...
+    def paused(self) -> bool: ...
+    def pause_record(self) -> cpb.ControlCommit | None: ...
+    def planner(self) -> str: ...
+    def fingerprint(self) -> gpb.Fingerprint: ...
+    def fingerprint_mismatches(self) -> list[apb.FingerprintMismatch]: ...
 
 
 class AdminSteering(Protocol):
     """How the admin service steers the node (agent.manual.ManualPath)."""
 
-    paused: bool
-
+    async def set_paused(self, paused: bool) -> apb.AdminAck: ...
     async def propose_manual(self, ops: tuple[Operation, ...], force: bool) -> apb.ProposeReply: ...
     async def drain(self, rank: int) -> apb.AdminAck: ...
     async def restore(self, rank: int) -> apb.AdminAck: ...
@@ -174,10 +178,11 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         hist = view.imbalance_history()
         return apb.StatusReply(
             node_id=self.node_id, committed_version=view.head().version,
-            members=view.member_states(), paused=self._steer is not None and self._steer.paused, health=view.health(),
+            members=view.member_states(), paused=view.paused(), health=view.health(),
             step_imbalance=hist[-1] if hist else 0.0, window_seq=view.window_seq(),
             peer_versions=view.peer_versions(), role=view.role(), ranks=view.rank_installs(),
-            install_lag_bound_s=view.install_lag_bound_s(),
+            install_lag_bound_s=view.install_lag_bound_s(), pause=view.pause_record(), planner=view.planner(),
+            fingerprint=view.fingerprint(), fingerprint_mismatches=view.fingerprint_mismatches(),
         )
 
     async def Placement(self, request: apb.PlacementRequest, context: grpc.aio.ServicerContext) -> apb.PlacementReply:
@@ -262,17 +267,13 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         return await steer.restore(request.rank)
 
     async def Pause(self, request: apb.Empty, context: grpc.aio.ServicerContext) -> apb.AdminAck:
+        """Commit a pause record by quorum (agent/consensus/control.py): every node stops planning rebalances."""
         steer = await self._mutating(context)
-        view = await self._view(context)
-        steer.paused = True
-        return apb.AdminAck(ok=True, reason="automatic rebalancing paused on this agent",
-                            version=view.head().version)
+        return await steer.set_paused(True)
 
     async def Resume(self, request: apb.Empty, context: grpc.aio.ServicerContext) -> apb.AdminAck:
         steer = await self._mutating(context)
-        view = await self._view(context)
-        steer.paused = False
-        return apb.AdminAck(ok=True, reason="automatic rebalancing resumed", version=view.head().version)
+        return await steer.set_paused(False)
 
     async def _check_rank(self, rank: int, context: grpc.aio.ServicerContext) -> None:
         G = (await self._view(context)).head().topology.ranks

@@ -8,7 +8,8 @@ from collections.abc import Callable
 import numpy as np
 
 from agent.clock import Clock
-from agent.commit import CommitBackend
+from agent.commit import CommitBackend, PauseSwitch
+from agent.fingerprint import FingerprintCheck
 from agent.gossip_node import GossipNode
 from agent.installs import Installs
 from agent.loadpath import LoadPath
@@ -25,14 +26,16 @@ from elasticmoe.v1 import gossip_pb2 as gpb
 
 class AdminView:
     """Reads what the node's parts hold. `lifecycle()`: the node's own STARTING / SERVING / NOT_SERVING;
-    `presence()`: its engine ranks' local links, once it serves them (None before)."""
+    `presence()`: its engine ranks' local links, once it serves them (None before); `switch`: the cluster's pause
+    switch; `fingerprints`: this node's cluster fingerprint against its members'."""
 
     def __init__(self, node_id: str, topology: Topology, backend: CommitBackend, gossip: GossipNode,
                  pipeline: DecisionPipeline, load: LoadPath, installs: Installs, clock: Clock,
-                 lifecycle: Callable[[], str], presence: Callable[[], RankPresence | None]) -> None:
+                 lifecycle: Callable[[], str], presence: Callable[[], RankPresence | None], switch: PauseSwitch,
+                 fingerprints: FingerprintCheck) -> None:
         self.node_id, self.topology, self.backend, self.gossip = node_id, topology, backend, gossip
         self.pipeline, self.load, self.installs, self.clock = pipeline, load, installs, clock
-        self.lifecycle, self.presence = lifecycle, presence
+        self.lifecycle, self.presence, self.switch, self.fingerprints = lifecycle, presence, switch, fingerprints
 
     def head(self) -> RoutingTable:
         return self.backend.head
@@ -53,13 +56,29 @@ class AdminView:
         return self.backend.role
 
     def health(self) -> str:
-        """SERVING, or NOT_SERVING / STARTING with the reason after a colon (a failed store, say)."""
+        """SERVING, or NOT_SERVING / STARTING with the reason after a colon (a failed store, a config whose cluster
+        fingerprint differs from the voters')."""
         state = self.lifecycle()
-        failure = self.backend.failure if state == "SERVING" else ""
+        failure = (self.backend.failure or self.fingerprints.verdict()) if state == "SERVING" else ""
         return f"NOT_SERVING: {failure}" if failure else state
 
     def paused(self) -> bool:
         return self.pipeline.paused
+
+    def pause_record(self) -> cpb.ControlCommit | None:
+        """The cluster's pause switch: the newest certified record this node knows (None: never written)."""
+        return self.switch.record
+
+    def planner(self) -> str:
+        """The node planning the next version (the planning turn); "" when every node plans."""
+        return self.pipeline.planner()
+
+    def fingerprint(self) -> gpb.Fingerprint:
+        return self.fingerprints.mine
+
+    def fingerprint_mismatches(self) -> list[apb.FingerprintMismatch]:
+        """The live members whose cluster fingerprint differs from this node's, with the differing fields."""
+        return [apb.FingerprintMismatch(node_id=n, fields=f) for n, f in self.fingerprints.mismatches()]
 
     def decision_outcomes(self) -> dict[str, int]:
         """The controller's decisions since start, by outcome (PROPOSED, BELOW_THETA, GAIN_BELOW_TAU, ...)."""

@@ -41,9 +41,12 @@ class Claims:
         self.refused_why = ""
         self._verified: dict[bytes, None] = {}
 
-    def sign(self, node_id: str, address: str, incarnation: int, status: pb.MemberStatus, ranks: Iterable[int]) -> Proof:
-        claim = pb.MemberState(node_id=node_id, address=address, incarnation=incarnation, status=status,
-                               ranks=list(ranks)).SerializeToString(deterministic=True)
+    def sign(self, node_id: str, address: str, incarnation: int, status: pb.MemberStatus, ranks: Iterable[int],
+             fingerprint: pb.Fingerprint | None = None) -> Proof:
+        c = pb.MemberState(node_id=node_id, address=address, incarnation=incarnation, status=status, ranks=list(ranks))
+        if fingerprint is not None:
+            c.fingerprint.CopyFrom(fingerprint)
+        claim = c.SerializeToString(deterministic=True)
         return claim, self.signer.sign_claim(claim), self.signer.cert_der
 
     def accept(self, st: pb.MemberState, known: bool) -> bool:
@@ -72,6 +75,8 @@ class Claims:
         if c.node_id != st.node_id or c.address != st.address or list(c.ranks) != list(st.ranks):
             return (f"member state {st.node_id!r} at {st.address!r} ranks {list(st.ranks)}: its claim says "
                     f"{c.node_id!r} at {c.address!r} ranks {list(c.ranks)}")
+        if st.HasField("fingerprint") and c.fingerprint != st.fingerprint:  # (a claim without one: unset, differs)
+            return f"member state {st.node_id!r}: its fingerprint is not the one its claim says"
         if st.status in (pb.ALIVE, pb.LEFT):
             if c.status != st.status or c.incarnation != st.incarnation:
                 return (f"member state {st.node_id!r} {status} at incarnation {st.incarnation}: its claim is "

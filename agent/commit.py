@@ -1,12 +1,14 @@
 """What the agent needs of a commit backend: the quorum consensus (agent.consensus.node.ConsensusNode) and
 etcd (agent.etcd_backend.EtcdBackend) both provide it, so NodeState holds one typed `CommitBackend` and
-never asks which one it has."""
+never asks which one it has; and of the cluster's pause switch beside it (`PauseSwitch`: the quorum's control
+records, ConsensusNode.control, or etcd's key, agent.etcd_pause.EtcdPause)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Protocol
 
+from agent.consensus.controlnode import ControlCallback, ControlOutcome
 from agent.consensus.node import CommitCallback, Outcome
 from controlplane.table import RoutingTable
 from elasticmoe.v1 import consensus_pb2 as pb
@@ -55,3 +57,22 @@ class CommitBackend(Protocol):
     def peer_heads(self) -> dict[str, int]:
         """The committed version each node is known to hold (this node's included)."""
         ...
+
+
+class PauseSwitch(Protocol):
+    """The cluster's pause switch: a record committed apart from the tables (agent/consensus/control.py)."""
+
+    @property
+    def record(self) -> pb.ControlCommit | None:
+        """The newest certified record this node knows (None: nobody ever paused this cluster)."""
+        ...
+
+    def on_change(self, cb: ControlCallback) -> None:
+        """`cb(commit)` each time a newer certified record is durable here."""
+        ...
+
+    def write(self, paused: bool, note: str, on_done: Callable[[ControlOutcome], None]) -> None:
+        """Commit a record saying `paused` (written by this node, `note` the operator's words); `on_done` once."""
+        ...
+
+    def stop(self) -> None: ...

@@ -3,7 +3,8 @@
 Keys under `/emoe/<cluster>/`:
 - `head`              the committed table version, decimal;
 - `tables/<v:020d>`   the consensus_pb2.Commit of version v (its table, plan, proposer);
-- `members/<node>`    the node's address, attached to a lease: seed discovery that forgets dead nodes.
+- `members/<node>`    the node's address, attached to a lease: seed discovery that forgets dead nodes;
+- `control`           the pause switch's newest record, a consensus_pb2.ControlCommit (agent/etcd_pause.py).
 
 A commit is one transaction `compare(value(head) == v) -> put(head, v + 1), put(tables/v+1, commit)`, so at
 most one table is ever written for a version (I1) and versions follow their parents (I2). Every node
@@ -56,12 +57,14 @@ def parse_endpoint(ep: str) -> tuple[str, int]:
 
 class EtcdBackend:
     def __init__(self, endpoints: list[str], node_id: str, head: RoutingTable, *, cluster: str = "emoe",
-                 store: Store | None = None, verifier: Verifier = validity_verifier, timeout: float = 5.0) -> None:
+                 store: Store | None = None, verifier: Verifier = validity_verifier, timeout: float = 5.0,
+                 gate: Callable[[], str] | None = None) -> None:
         if not endpoints:
             raise ValueError("endpoints is empty: expected at least one etcd 'host:port'")
         self.endpoints = [parse_endpoint(e) for e in endpoints]
         self.node_id = node_id
         self.verifier = verifier
+        self.gate = gate or (lambda: "")  # why this node must not propose beyond its store (agent.fingerprint)
         self.timeout = timeout
         self.store = store
         self._prefix = f"/emoe/{cluster}/".encode()
@@ -227,8 +230,9 @@ class EtcdBackend:
 
     @property
     def abstains(self) -> str:
-        """Why this node may not propose now (agent.commit.CommitBackend.abstains): its local store failed."""
-        return self.failure
+        """Why this node may not propose now (agent.commit.CommitBackend.abstains): its local store failed, or its
+        gate says so (a config whose cluster fingerprint differs from the voters')."""
+        return self.failure or self.gate()
 
     @property
     def head(self) -> RoutingTable:
@@ -270,6 +274,8 @@ class EtcdBackend:
         if table.parent != v - 1 or v != self._head.version + 1:
             return Outcome(False, v, f"table version {v} parent {table.parent}: expected version "
                                      f"{self._head.version + 1} parent {self._head.version}")
+        if self.abstains:
+            return Outcome(False, v, f"UNAVAILABLE: {self.abstains}")
         ok, gain, why = self.verifier(self._head, table, plan)
         if not ok:
             return Outcome(False, v, f"own check: {why}")
@@ -331,6 +337,15 @@ class EtcdBackend:
         nxt = self._future.pop(v + 1, None)
         if nxt is not None:
             self._adopt(nxt)
+
+    # ---- the pause switch's key beside the tables (agent/etcd_pause.py) -----------------------------------
+    @property
+    def client(self) -> aetcd.Client | None:
+        """The connected etcd client (None while not connected)."""
+        return self._client
+
+    def control_key(self) -> bytes:
+        return self._key("control")
 
     # ---- seed discovery -------------------------------------------------------------------------------
     async def register(self, address: str, ttl: int = 5) -> None:

@@ -47,17 +47,19 @@ def pushpull_scale(interval: float, n: int) -> float:
 class GossipNode:
     def __init__(self, node_id: str, address: str, ranks: Iterable[int], cfg: GossipConfig, clock: Clock,
                  transport: Transport, seeds: dict[str, str], rng_seed: int,
-                 *, shape: tuple[int, int] | None = None, signer: GossipSigner | None = None) -> None:
+                 *, shape: tuple[int, int] | None = None, signer: GossipSigner | None = None,
+                 fingerprint: pb.Fingerprint | None = None) -> None:
         """`seeds`: node_id -> host:port of members to join through (this node's own id is ignored);
         `shape`: the [layers, experts] of load windows (None: taken from the first window seen);
         `signer` (mTLS): member claims and load windows are signed and checked (agent.membership.Membership,
-        agent.windowguard)."""
+        agent.windowguard); `fingerprint`: this node's cluster fingerprint, in its member state (agent.fingerprint)."""
         self.node_id, self.cfg, self.clock, self.transport = node_id, cfg, clock, transport
         self.rng = random.Random(rng_seed)
         self.seeds = {n: a for n, a in seeds.items() if n != node_id}
         self.rumours = RumourQueue(cfg.retransmit_mult, self._size, on_put=self._kick)
         self.membership = Membership(node_id, address, ranks, cfg, clock, transport, random.Random(self.rng.random()),
-                                     self.rumours, self, self._member_changed, signer=signer)
+                                     self.rumours, self, self._member_changed, signer=signer,
+                                     fingerprint=fingerprint)
         self.prober = Prober(self.membership, cfg, clock, transport, random.Random(self.rng.random()), self)
         self.load = LoadGossip(node_id, cfg, clock, transport, random.Random(self.rng.random()), self.rumours,
                                self.membership, self._window_arrived, shape=shape, signer=signer)
@@ -132,6 +134,10 @@ class GossipNode:
         `sample_every`-th step). Ignored once stopped."""
         if not self.load.stopped:
             self.load.publish(window_seq, first_step, steps, counts, learner, samples, sample_every)
+
+    def fingerprints(self) -> dict[str, pb.Fingerprint]:
+        """The cluster fingerprint of each live member that said one, this node's included."""
+        return self.membership.fingerprints()
 
     def learners(self) -> set[str]:
         """The nodes whose newest window says they abstain from consensus (LoadWindow.learner)."""

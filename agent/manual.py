@@ -1,7 +1,9 @@
 """The operator's path into the decision core (Admin Propose, Drain, Restore, Pause; a rank back on the local
 link or after its repair is restored the same way): the operations go through the controller's manual event,
 so that what it refuses is refused with its own reason (agent.pipeline.DecisionPipeline.manual), and the
-node's proposal is awaited. One object, built complete once the pipeline exists (agent.state.NodeState)."""
+node's proposal is awaited. Pause and Resume write the cluster's pause switch (agent.commit.PauseSwitch: a
+record committed by a quorum apart from the tables), which every node's pipeline follows. One object, built
+complete once the pipeline exists (agent.state.NodeState)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ from collections.abc import Callable
 from typing import Any
 
 from agent.clock import Clock
-from agent.commit import CommitBackend
+from agent.commit import CommitBackend, PauseSwitch
+from agent.consensus.controlnode import ControlOutcome
 from agent.pipeline import DecisionPipeline
 from controlplane.elastic import DrainRefused, plan_drain, plan_restore
 from controlplane.errors import ControlPlaneError
@@ -23,17 +26,32 @@ class ManualPath:
     """The operator's steering (pause, drain, restore, a forced rebalance); a drain places the drained experts
     by the pipeline's newest closed cluster window."""
 
-    def __init__(self, pipeline: DecisionPipeline, backend: CommitBackend, clock: Clock) -> None:
-        self.pipeline, self.backend, self.clock = pipeline, backend, clock
+    def __init__(self, pipeline: DecisionPipeline, backend: CommitBackend, switch: PauseSwitch, clock: Clock) -> None:
+        self.pipeline, self.backend, self.switch, self.clock = pipeline, backend, switch, clock
 
     @property
     def paused(self) -> bool:
-        """The operator's switch (Admin Pause/Resume): automatic rebalancing is the pipeline's to pause."""
+        """Whether the cluster's switch, as this node knows it, pauses automatic rebalancing."""
         return self.pipeline.paused
 
-    @paused.setter
-    def paused(self, value: bool) -> None:
-        self.pipeline.paused = value
+    async def set_paused(self, paused: bool, limit_s: float = 20.0) -> apb.AdminAck:
+        """Commit a pause (or resume) record by quorum; the ack says who holds it, or why it did not commit (a
+        node cut off from a quorum of the voters cannot commit one: its error names who did not answer)."""
+        fut: asyncio.Future[ControlOutcome] = asyncio.get_running_loop().create_future()
+        self.switch.write(paused, "emoe pause" if paused else "emoe resume",
+                          lambda o: None if fut.done() else fut.set_result(o))
+        try:
+            o = await asyncio.wait_for(fut, timeout=limit_s)
+        except TimeoutError:
+            o = ControlOutcome(False, None, f"no outcome within {limit_s:.0f} s")
+        what = "paused" if paused else "resumed"
+        if not o.committed or o.commit is None:
+            return apb.AdminAck(ok=False, reason=f"automatic rebalancing not {what}: {o.reason}",
+                                version=self.head().version)
+        r = o.commit.record
+        return apb.AdminAck(ok=True, version=self.head().version,
+                            reason=f"automatic rebalancing {what} cluster-wide (pause record {r.seq}, by {r.node_id}, "
+                                   f"committed by {', '.join(o.commit.voters)})")
 
     def head(self) -> RoutingTable:
         return self.backend.head

@@ -34,6 +34,7 @@ from agent.broadcasts import RumourQueue
 from agent.claims import MAX_CERT_BYTES, MAX_CLAIM_BYTES, MAX_SIGNATURE_BYTES, Claims, ClaimSigner, Proof
 from agent.clock import Clock, Timer
 from agent.config import GossipConfig
+from agent.suspicion import Suspicion
 from agent.transport import InvalidArgument, Transport
 from elasticmoe.v1 import gossip_pb2 as pb
 
@@ -70,12 +71,13 @@ class Piggyback(Protocol):
 
 
 class _State:
-    __slots__ = ("node_id", "address", "status", "incarnation", "ranks", "since", "heard", "proof")
+    __slots__ = ("node_id", "address", "status", "incarnation", "ranks", "since", "heard", "proof", "fp")
 
     def __init__(self, node_id: str, address: str, status: MemberStatus, incarnation: int,
                  ranks: tuple[int, ...], since: float, proof: Proof | None = None) -> None:
         self.node_id, self.address, self.status, self.incarnation = node_id, address, status, incarnation
         self.ranks, self.since, self.heard, self.proof = ranks, since, since, proof
+        self.fp: pb.Fingerprint | None = None  # the member's cluster fingerprint, as it says (agent.fingerprint)
 
     def public(self) -> Member:
         return Member(self.node_id, self.address, self.status, self.incarnation, self.ranks)
@@ -106,68 +108,19 @@ def check_states(states: Iterable[pb.MemberState]) -> None:
                                   f"most {MAX_CLAIM_BYTES}, {MAX_SIGNATURE_BYTES} and {MAX_CERT_BYTES}")
 
 
-class Suspicion:
-    """Lifeguard's suspicion timer: max at first, min after K independent confirmations (log in between)."""
-
-    def __init__(self, clock: Clock, first: str, k: int, lo: float, hi: float, grace: float,
-                 on_expire: Callable[[], None]) -> None:
-        self.clock, self.k, self.lo, self.hi, self.grace = clock, k, lo, hi, grace
-        self.start = clock.now()
-        self.confirmers = {first}
-        self.on_expire = on_expire
-        self._graced = False
-        self._timer: Timer | None = None
-        self._arm()
-
-    def timeout(self) -> float:
-        n = len(self.confirmers) - 1
-        if self.k < 1:
-            return self.lo
-        frac = math.log(n + 1) / math.log(self.k + 1)
-        return max(self.lo, self.hi - frac * (self.hi - self.lo))
-
-    def _arm(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        due = self.start + self.timeout()
-        self._timer = self.clock.call_later(max(0.0, due - self.clock.now()), lambda: self._fire(due))
-
-    def confirm(self, node: str) -> bool:
-        """Count an independent suspicion; False if already counted or no more are needed."""
-        if node in self.confirmers or len(self.confirmers) - 1 >= self.k:
-            return False
-        self.confirmers.add(node)
-        self._arm()
-        return True
-
-    def _fire(self, due: float) -> None:
-        self._timer = None
-        late = self.clock.now() - due
-        if late > self.grace and not self._graced:
-            # We were not running when it fell due (paused, stalled loop): refutations may be waiting for
-            # us; give them one grace period before accusing anyone.
-            self._graced = True
-            self._timer = self.clock.call_later(self.grace, lambda: self._fire(self.clock.now()))
-            return
-        self.on_expire()
-
-    def cancel(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-
-
 class Membership:
     def __init__(self, node_id: str, address: str, ranks: Iterable[int], cfg: GossipConfig, clock: Clock,
                  transport: Transport, rng: random.Random, rumours: RumourQueue, piggyback: Piggyback,
-                 on_change: Callable[[Member], None], signer: ClaimSigner | None = None) -> None:
+                 on_change: Callable[[Member], None], signer: ClaimSigner | None = None,
+                 fingerprint: pb.Fingerprint | None = None) -> None:
         """`signer` (mTLS): this node signs its own state, and a state that adds a member or says it is alive or
         left is accepted only with that member's signed claim; without one (plaintext) states are taken as
-        heard."""
+        heard. `fingerprint`: this node's cluster fingerprint, carried in its own state like its ranks."""
         self.node_id, self.cfg, self.clock, self.transport, self.rng = node_id, cfg, clock, transport, rng
         self.claims = Claims(signer) if signer is not None else None
         self.rumours, self.piggyback, self.on_change = rumours, piggyback, on_change
         self.me = _State(node_id, address, MemberStatus.ALIVE, 0, tuple(ranks), clock.now())
+        self.me.fp = fingerprint
         self._m: dict[str, _State] = {node_id: self.me}
         self._hash = _hash(node_id, 0, MemberStatus.ALIVE)
         self._suspicions: dict[str, Suspicion] = {}
@@ -241,13 +194,19 @@ class Membership:
                             status=TO_PB[s.status], ranks=s.ranks, from_node=from_node or self.node_id)
         if s.proof is not None:
             st.claim, st.claim_signature, st.claim_certificate = s.proof
+        if s.fp is not None:
+            st.fingerprint.CopyFrom(s.fp)
         return st
+
+    def fingerprints(self) -> dict[str, pb.Fingerprint]:
+        """The cluster fingerprint of each live member that said one, this node's included."""
+        return {n: s.fp for n, s in self._m.items() if s.fp is not None and s.status in LIVE}
 
     # ---- signed claims (mTLS: agent/claims.py) -------------------------------------------------
     def _sign_me(self) -> None:
         if self.claims is not None:
             me = self.me
-            me.proof = self.claims.sign(me.node_id, me.address, me.incarnation, TO_PB[me.status], me.ranks)
+            me.proof = self.claims.sign(me.node_id, me.address, me.incarnation, TO_PB[me.status], me.ranks, me.fp)
 
     @property
     def refused(self) -> int:
@@ -366,7 +325,8 @@ class Membership:
         status = FROM_PB[st.status]
         node, inc = st.node_id, st.incarnation
         if node == self.node_id:
-            if (status != MemberStatus.ALIVE and inc >= self.me.incarnation) or inc > self.me.incarnation:
+            stale = st.HasField("fingerprint") and st.fingerprint != self.me.fp  # a view of our previous process
+            if (status != MemberStatus.ALIVE or stale) and inc >= self.me.incarnation or inc > self.me.incarnation:
                 self._refute(inc)
             return
         s = self._m.get(node)
@@ -396,12 +356,15 @@ class Membership:
             s.address = st.address
             self.transport.add_peer(s.node_id, st.address)
         s.ranks = tuple(st.ranks)
+        if st.HasField("fingerprint"):
+            s.fp = st.fingerprint
         if st.claim:
             s.proof = (st.claim, st.claim_signature, st.claim_certificate)
 
     def _add(self, st: pb.MemberState, status: MemberStatus, source: str | None, rumour: bool = True) -> None:
         s = _State(st.node_id, st.address, MemberStatus.ALIVE, st.incarnation, tuple(st.ranks), self.clock.now(),
                    (st.claim, st.claim_signature, st.claim_certificate) if st.claim else None)
+        s.fp = st.fingerprint if st.HasField("fingerprint") else None
         self._m[st.node_id] = s
         self._ring = self._live = None
         self._hash ^= _hash(s.node_id, s.incarnation, s.status)

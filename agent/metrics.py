@@ -5,7 +5,7 @@ on a thread of its own; reading the agent's state from there could see it mid-ch
 
     emoe_committed_version                 the committed routing-table version this agent holds
     emoe_serving                           1 while SERVING (health), else 0
-    emoe_rebalancing_paused                1 while this agent's automatic rebalancing is paused
+    emoe_rebalancing_paused                1 while the cluster's pause switch, as this agent knows it, says paused
     emoe_window_seq                        the newest closed cluster window
     emoe_step_imbalance                    its mean step imbalance under the table then committed (absent before
                                            one; what `emoe status` shows)
@@ -120,7 +120,7 @@ def families(s: Snapshot) -> Iterator[Any]:
 
     yield one("emoe_committed_version", "The committed routing-table version this agent holds", s.version)
     yield one("emoe_serving", "1 while the agent is SERVING", float(s.serving))
-    yield one("emoe_rebalancing_paused", "1 while automatic rebalancing is paused on this agent", float(s.paused))
+    yield one("emoe_rebalancing_paused", "1 while the cluster's pause switch, as this agent knows it, says paused", float(s.paused))
     yield one("emoe_window_seq", "The newest closed cluster window", s.window_seq)
     if s.imbalance is not None:
         yield one("emoe_step_imbalance", "Mean step imbalance of the newest window, as emoe status shows it",

@@ -31,6 +31,7 @@ from controlplane.controller import (
     ProposalFailed,
     Ready,
     Record,
+    SetPaused,
     TableCommitted,
     WindowClosed,
 )
@@ -125,7 +126,7 @@ class DecisionPipeline:
         self.clock, self.telemetry, self.each_window = clock, telemetry, each_window
         self.hooks = hooks if hooks is not None else Hooks()
         self.controller = Controller(params, backend.head, profile)  # plans from the backend's (recovered) head
-        self.paused = False  # the operator's switch: windows are still remembered and judged, not acted on
+        self._paused = False  # as the controller was told (SetPaused)
         self.window_seq = -1  # the last closed window
         self.head_seq = -1  # the last closed window when the head was installed (the planner's turn)
         self.imbalance: list[float] = []  # the step imbalance of the last windows under the head
@@ -157,8 +158,6 @@ class DecisionPipeline:
         imb = replay_stats(self.backend.head, rows).mean_imbalance()
         self.imbalance = (self.imbalance + [imb])[-600:]
         self.telemetry.record_imbalance(imb)
-        if self.paused:
-            return
         self.step(WindowClosed(seq, seq * self.params.window, rows, *self.turn(seq), span=self.params.window))
 
     def on_commit(self, commit: cpb.Commit, table: RoutingTable, newest_window: int) -> None:
@@ -212,6 +211,20 @@ class DecisionPipeline:
         return mine[0], ""
 
     @property
+    def paused(self) -> bool:
+        """The cluster's pause switch as this node knows it (agent.state.NodeState follows the committed record),
+        handed to the controller (SetPaused): while paused it plans no rebalance; windows are still remembered and
+        judged, a repair of lost ranks and a due rollback (a change that realised worse, I6) are still proposed,
+        and so are the operator's own proposals, drains and restores."""
+        return self._paused
+
+    @paused.setter
+    def paused(self, value: bool) -> None:
+        if value != self._paused:
+            self._paused = value
+            self.step(SetPaused(value))
+
+    @property
     def inflight(self) -> Decision | None:
         """This node's proposal awaiting its outcome, if any."""
         return self.controller.inflight
@@ -227,6 +240,13 @@ class DecisionPipeline:
         planner, place = turn(self.backend.head.version + 1, self.voters, self.live_voters(),
                               seq - self.head_seq - 1, k, self.node_id)
         return ("" if planner is None or planner == self.node_id else planner), place
+
+    def planner(self) -> str:
+        """The node planning the next window in this view (`turn`; this node's id when it is its own turn), or ""
+        when every node plans every window (handover_windows = 0)."""
+        if not self.handover_windows:
+            return ""
+        return self.turn(self.window_seq + 1)[0] or self.node_id
 
     # ---- the Ready loop -------------------------------------------------------------------------
     def perform(self, ready: Ready) -> None:

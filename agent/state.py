@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 import grpc
 
 from agent.adminview import AdminView
-from agent.commit import CommitBackend
+from agent.commit import CommitBackend, PauseSwitch
 from agent.config import AgentConfig
+from agent.fingerprint import FingerprintCheck, fingerprint
 from agent.installs import Installs
 from agent.loadpath import LoadPath
 from agent.manual import ManualPath
@@ -57,7 +58,11 @@ class NodeState:
     - `reactions` (agent.reactions.MembershipReactions): lost ranks repaired, repaired ranks restored (through
       agent.rejoin), lagging engines named;
     - `view` (agent.adminview.AdminView): what the admin service reads;
-    - `manual` (agent.manual.ManualPath): the operator's proposals, drains, restores and pause.
+    - `manual` (agent.manual.ManualPath): the operator's proposals, drains, restores and pause;
+    - `pause` (agent.commit.PauseSwitch): the cluster's pause switch, committed apart from the tables (the quorum's
+      control records, or etcd's key); the pipeline plans no rebalance while it says paused;
+    - `fingerprint` (agent.fingerprint.FingerprintCheck): this node's cluster fingerprint against its members'; on
+      a mismatch with a quorum of the voters the backend neither votes nor proposes.
     NodeState itself wires them, serves the shim link (the committed tables out), and owns the lifecycle."""
 
     def __init__(self, cfg: AgentConfig, transport: Transport, *, clock: Clock | None = None,
@@ -103,29 +108,39 @@ class NodeState:
         marked = had_store is None
         ran_before = owner(self.data_dir, self.node_id) if marked else bool(had_store)
         signer = vote_signer(cfg)  # under mTLS: votes, member claims and load windows are signed with the node key
+        genesis = genesis_table(c.genesis, self.topology, c.layers, c.experts)  # the engine's boot placement
+        mine = fingerprint(c, genesis)  # what every agent of the cluster must agree on, in this node's member state
         self.gossip: GossipNode = GossipNode(
             self.node_id, cfg.advertise_address, ranks, cfg.gossip, self.clock, transport,
             {n: a for n, a in cfg.seed_map.items() if n != self.node_id},
-            rng_seed=rng_seed if rng_seed is not None else zlib.crc32(self.node_id.encode()), signer=signer)
+            rng_seed=rng_seed if rng_seed is not None else zlib.crc32(self.node_id.encode()), signer=signer,
+            fingerprint=mine)
+        self.fingerprint = FingerprintCheck(self.node_id, mine, self._voters, self.gossip.fingerprints)
 
         # the commit backend, recovered: the controller plans from the recovered head
-        genesis = genesis_table(c.genesis, self.topology, c.layers, c.experts)  # the engine's boot placement
         voter = Voter(self.params, cfg.consensus.verify_tolerance)  # the replay windows: verifies proposals
         self.consensus: CommitBackend
+        self.pause: PauseSwitch
         if cfg.consensus.backend == "etcd":
             # commit by etcd transaction compare(version == v) -> put(v + 1); the same interface as quorum
             from agent.etcd_backend import EtcdBackend
+            from agent.etcd_pause import EtcdPause
 
-            self.consensus = EtcdBackend(list(cfg.consensus.etcd_endpoints), self.node_id, genesis,
-                                         store=self.store, verifier=voter.verify)
+            etcd = EtcdBackend(list(cfg.consensus.etcd_endpoints), self.node_id, genesis, store=self.store,
+                               verifier=voter.verify, gate=self.fingerprint.verdict)
+            etcd.start()
+            switch = EtcdPause(lambda: etcd.client, etcd.control_key(), self.node_id, self.store)
+            switch.start()  # (the quorum's control records start with their consensus node)
+            self.consensus, self.pause = etcd, switch
         else:
-            self.consensus = ConsensusNode(
+            quorum = ConsensusNode(
                 self.node_id, self._voters, self.store, self.clock, transport, cfg.consensus, genesis,
                 verifier=voter.verify, live_voters=self._live_voters, members=self.gossip.live_nodes,
-                had_store=ran_before, signer=signer,
+                had_store=ran_before, signer=signer, gate=self.fingerprint.verdict,
                 enrolment=None if rng_seed is None else zlib.crc32(b"e%d" % rng_seed) | 1)  # seeded: reproducible
+            quorum.start()
+            self.consensus, self.pause = quorum, quorum.control
         backend = self.consensus
-        backend.start()
         self.installs.committed(backend.head.version, now())
         if marked and not ran_before:
             mark_owner(self.data_dir, self.node_id)
@@ -135,7 +150,8 @@ class NodeState:
             self.node_id, self.params, backend, voter, voters=self._voters, live_voters=self._live_voters,
             handover_windows=cfg.decision.handover_windows, clock=self.clock, telemetry=self.telemetry,
             each_window=lambda: self.reactions.each_window())
-        self.manual = ManualPath(self.pipeline, backend, self.clock)
+        self.pipeline.paused = self._paused(self.pause.record)  # the switch as recovered
+        self.manual = ManualPath(self.pipeline, backend, self.pause, self.clock)
         rejoin = Rejoin(self.clock, ranks, cfg.gossip.rejoin_ms / 1000, self.manual.restore_now)
         rejoin.recovered(backend.commits_since(0), backend.head)
         self.load = LoadPath(self.node_id, self.topology, c.layers, c.experts, self.params.window, self.gossip,
@@ -147,14 +163,25 @@ class NodeState:
             lambda: self._health == "SERVING" and not backend.abstains
             and 2 * len(self._live_voters()) > len(self._voters))
         self.view = AdminView(self.node_id, self.topology, backend, self.gossip, self.pipeline, self.load,
-                              self.installs, self.clock, lambda: self._health, lambda: self.reactions.presence)
+                              self.installs, self.clock, lambda: self._health, lambda: self.reactions.presence,
+                              self.pause, self.fingerprint)
 
         # wired, then started
         backend.on_commit(self._on_commit)
+        self.pause.on_change(self._switched)
         self.gossip.on_window(self.load.on_window)
         self.gossip.on_member_change(self.reactions.member_changed)
         self.gossip.start()
         self._health = "SERVING"
+
+    @staticmethod
+    def _paused(c: cpb.ControlCommit | None) -> bool:
+        """Whether the switch says automatic rebalancing is paused (never written: not)."""
+        return c is not None and c.record.paused
+
+    def _switched(self, c: cpb.ControlCommit) -> None:
+        """A newer pause record: the pipeline plans no rebalance while it says paused."""
+        self.pipeline.paused = self._paused(c)
 
     def _my_ranks(self) -> list[int]:
         if self.cfg.ranks:
@@ -173,6 +200,7 @@ class NodeState:
         if graceful:
             self.gossip.leave()
         self.gossip.stop()
+        self.pause.stop()
         self.consensus.stop()
 
     async def close(self) -> None:

@@ -32,6 +32,7 @@ from controlplane.topology import Topology
 from elasticmoe.codec import table_to_pb
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import consensus_pb2 as pb
+from elasticmoe.v1 import gossip_pb2 as gpb
 
 TOPO = Topology(nodes=2, ranks_per_node=2, slots_per_rank=4)
 LAYERS, EXPERTS = 2, 8
@@ -242,7 +243,7 @@ class FakeAdminBackend:
     def __init__(self, tables: list[RoutingTable] | None = None) -> None:
         self.tables = tables or chain(3)
         self.node_id = "a"
-        self.paused = False
+        self.switch = False  # the pause switch as Pause and Resume left it
         self.mutations: list[tuple[Any, ...]] = []
         self.load = np.arange(LAYERS * EXPERTS, dtype=np.uint32).reshape(LAYERS, EXPERTS)
 
@@ -287,6 +288,25 @@ class FakeAdminBackend:
 
     def install_lag_bound_s(self) -> float:
         return 5.0
+
+    def paused(self) -> bool:
+        return self.switch
+
+    def pause_record(self) -> pb.ControlCommit | None:
+        return pb.ControlCommit(record=pb.ControlRecord(seq=1, node_id="a", paused=self.switch), voters=["a"], quorum=1)
+
+    def planner(self) -> str:
+        return "a"
+
+    def fingerprint(self) -> gpb.Fingerprint:
+        return gpb.Fingerprint(nodes=2, ranks_per_node=2, slots_per_rank=4, layers=LAYERS, experts=EXPERTS, top_k=2)
+
+    def fingerprint_mismatches(self) -> list[apb.FingerprintMismatch]:
+        return []
+
+    async def set_paused(self, paused: bool) -> apb.AdminAck:
+        self.switch = paused
+        return apb.AdminAck(ok=True, version=self.head().version)
 
     async def propose_manual(self, ops: tuple[Any, ...], force: bool) -> apb.ProposeReply:
         self.mutations.append(("propose", ops, force))
@@ -334,7 +354,7 @@ class AdminTarget(Target):
         return _ADMIN_SEEDS.get(self.method, lambda: [self.request()])()
 
     def snapshot(self) -> Hashable:
-        return (repr(self.backend.mutations), self.backend.paused)
+        return (repr(self.backend.mutations), self.backend.switch)
 
     def must_refuse(self, req: Message) -> str:
         if self.method in ("Drain", "Restore") and not 0 <= req.rank < TOPO.ranks:  # type: ignore[attr-defined]

@@ -82,8 +82,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         _install_timeout(p)
         p.add_argument("--json", action="store_true")
     for name in ("pause", "resume"):
-        p = add(name, f"{name} automatic rebalancing on this agent", cmd_pause if name == "pause" else cmd_resume,
-                read=False)
+        p = add(name, f"{name} automatic rebalancing cluster-wide (a record committed by a quorum of the voters; "
+                      f"exits 1 if it cannot commit)", cmd_pause if name == "pause" else cmd_resume, read=False)
         p.add_argument("--json", action="store_true")
 
 
@@ -368,10 +368,10 @@ def cmd_restore(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int
 
 
 def cmd_pause(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
-    r = stub.Pause(apb.Empty(), timeout=TIMEOUT_S)
+    r = stub.Pause(apb.Empty(), timeout=30.0)  # a quorum write: the agent answers within ~20 s
     return _ack(args, r.ok, r.reason, r.version, r)
 
 
 def cmd_resume(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
-    r = stub.Resume(apb.Empty(), timeout=TIMEOUT_S)
+    r = stub.Resume(apb.Empty(), timeout=30.0)
     return _ack(args, r.ok, r.reason, r.version, r)

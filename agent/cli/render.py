@@ -47,6 +47,7 @@ def status(r: apb.StatusReply) -> None:
             f"  window {r.window_seq}")
     if r.role and r.role != "voter":
         c.print(f"role: [yellow]{r.role}[/]")
+    cluster_lines(c, r)
     t = _table("member", "address", "status", "incarnation", "ranks", "version")
     for m in sorted(r.members, key=lambda m: m.node_id):
         st = gpb.MemberStatus.Name(m.status).lower()
@@ -58,12 +59,27 @@ def status(r: apb.StatusReply) -> None:
     rank_installs(c, r)
 
 
+def cluster_lines(c: Console, r: apb.StatusReply) -> None:
+    """The cluster-wide pause switch (who wrote it, when), the planner of the next version, fingerprint mismatches."""
+    if r.HasField("pause"):
+        p = r.pause.record
+        when = dt.datetime.fromtimestamp(p.at_ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+        c.print(f"pause: {'[yellow]paused[/]' if p.paused else 'resumed'} cluster-wide by {p.node_id} at {when} "
+                f"(record {p.seq}: {p.note or '-'})")
+    c.print((f"planner: {r.planner} plans version {r.committed_version + 1}" if r.planner
+             else "planner: every agent plans each window") + (" (paused: no rebalance)" if r.paused else ""))
+    for m in r.fingerprint_mismatches:
+        c.print(f"[red]fingerprint mismatch[/]: {m.node_id}: {m.fields}")
+
+
 def _age(s: float) -> str:
     return "-" if s < 0 else f"{s:.1f} s"
 
 
 def rank_state(r: apb.StatusReply, i: apb.RankInstall) -> str:
     """One rank's install state in words (plain text: tests and scripts may match it)."""
+    if i.error:  # its plugin's last fatal error (GENESIS_MISMATCH: ...)
+        return i.error
     if not i.installed_version:
         if i.attached or i.report_age_s >= 0:
             return "attached, no version yet"

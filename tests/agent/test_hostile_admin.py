@@ -117,7 +117,7 @@ def test_mutations_need_an_admin_identity(loop: asyncio.AbstractEventLoop, ident
 def test_pause_by_an_admin_is_accepted(loop: asyncio.AbstractEventLoop) -> None:
     policy = AuthzPolicy(members=frozenset(), admins=frozenset({"admin"}))
     t = AdminTarget("Pause", loop, identity="admin", authorize=policy.check_admin)
-    assert not t.call(apb.Empty()).rejected and t.backend.paused
+    assert not t.call(apb.Empty()).rejected and t.backend.switch
 
 
 # ---- over a real grpc.aio server: what never reaches the servicer ------------------------------------
@@ -162,7 +162,7 @@ async def test_malformed_protobuf_is_refused_before_the_handler(server: tuple[st
             await call(raw, timeout=10)
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT, e.value
     assert "malformed request to /elasticmoe.v1.Admin/Propose" in e.value.details()
-    assert backend.mutations == [] and not backend.paused
+    assert backend.mutations == [] and not backend.switch
 
 
 def test_agent_server_answers_malformed_protobufs_with_invalid_argument(tmp_path: object) -> None:
@@ -284,8 +284,8 @@ async def test_plaintext_mutations_only_from_this_host() -> None:
                     await call(req, timeout=5)
                 assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED
                 assert f"caller ipv4:{ip}:" in e.value.details() and "[tls] cert_dir" in e.value.details()
-        assert backend.mutations == [] and not backend.paused
+        assert backend.mutations == [] and not backend.switch
         async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as ch:
-            assert (await admin_pb2_grpc.AdminStub(ch).Pause(apb.Empty(), timeout=5)).ok and backend.paused
+            assert (await admin_pb2_grpc.AdminStub(ch).Pause(apb.Empty(), timeout=5)).ok and backend.switch
     finally:
         await srv.stop(None)
