@@ -132,7 +132,8 @@ class AdminView:
         active, links = set(head.active_ranks), presence.open if presence is not None else None
         return [apb.RankInstall(rank=i.rank, installed_version=i.installed, installed_age_s=i.installed_age_s,
                                 report_age_s=i.report_age_s, lag_s=i.lag_s, lagging=i.lagging,
-                                attached=links is not None and links[i.rank] > 0, active=i.rank in active)
+                                attached=links is not None and links[i.rank] > 0, active=i.rank in active,
+                                error=i.error)
                 for i in self.installs.view(head.version, self.clock.now())]
 
     def install_lag_bound_s(self) -> float:

@@ -20,6 +20,7 @@ a node keeps voting (the tables' own checks refuse a table of another shape) and
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 
 from agent.config import ClusterConfig
@@ -27,6 +28,7 @@ from agent.consensus.paxos import quorum_size
 from controlplane.table import RoutingTable
 from elasticmoe.v1 import gossip_pb2 as pb
 
+log = logging.getLogger("emoe.agent")
 SHAPE = ("nodes", "ranks_per_node", "slots_per_rank", "layers", "experts", "top_k")
 
 
@@ -54,9 +56,17 @@ class FingerprintCheck:
     def __init__(self, node_id: str, mine: pb.Fingerprint, voters: Iterable[str],
                  heard: Callable[[], dict[str, pb.Fingerprint]]) -> None:
         self.node_id, self.mine, self.voters, self.heard = node_id, mine, sorted(set(voters)), heard
+        self._said = ""  # the verdict last logged
+        self._logged: dict[str, pb.Fingerprint] = {}  # the mismatched fingerprint last logged, per member
 
     def _others(self) -> dict[str, pb.Fingerprint]:
-        return {n: fp for n, fp in self.heard().items() if n != self.node_id and fp != self.mine}
+        out = {n: fp for n, fp in self.heard().items() if n != self.node_id and fp != self.mine}
+        for n, fp in out.items():  # each member's mismatch logged once (until it changes)
+            if self._logged.get(n) != fp:
+                self._logged[n] = fp
+                log.warning("%s: member %s's cluster fingerprint differs: %s", self.node_id, n,
+                            differences(self.mine, fp))
+        return out
 
     def mismatches(self) -> list[tuple[str, str]]:
         """(member, its differing fields in words) for each live member whose fingerprint differs from this node's."""
@@ -73,9 +83,14 @@ class FingerprintCheck:
                 groups.setdefault(k, []).append(n)
                 fps[k] = fp
         need = quorum_size(len(self.voters))
-        for k, nodes in sorted(groups.items(), key=lambda kv: -len(kv[1])):
-            if len(nodes) >= need:
-                return (f"cluster fingerprint differs from the one {len(nodes)} of {len(self.voters)} voters hold "
-                        f"({', '.join(sorted(nodes))}): {differences(self.mine, fps[k], 'on ' + sorted(nodes)[0])}: "
-                        f"this node neither votes nor proposes until its config agrees")
-        return ""
+        why = next((f"cluster fingerprint differs from the one {len(nodes)} of {len(self.voters)} voters hold "
+                    f"({', '.join(sorted(nodes))}): {differences(self.mine, fps[k], 'on ' + sorted(nodes)[0])}: "
+                    f"this node neither votes nor proposes until its config agrees"
+                    for k, nodes in sorted(groups.items(), key=lambda kv: -len(kv[1])) if len(nodes) >= need), "")
+        if why != self._said:
+            self._said = why
+            if why:
+                log.error("%s: %s", self.node_id, why)
+            else:
+                log.warning("%s: its cluster fingerprint agrees with the voters' again: it votes again", self.node_id)
+        return why

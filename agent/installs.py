@@ -10,6 +10,10 @@ A rank lags from the later of (a) when the first version newer than the one it r
 (b) when it installed the one it runs: a stream of commits every second does not reset the clock of a rank
 that installs none of them. Only this node's ranks report here; other nodes' ranks are their agents'.
 
+A report with an error is its plugin's last word before it stops (GENESIS_MISMATCH: the engine booted with
+another placement than the agents' genesis): kept for the rank, whose process then leaves, until the rank
+reports a version again.
+
 A report with version 0 says nothing about the install (an evidence-only or tool client that does not fill
 it): it counts as a report, not as a version. A rank that never reported a version has no engine attached
 as far as installs go: it is never lagging and nothing waits for it. A rank whose link closed is forgotten
@@ -35,6 +39,7 @@ class RankInstall:
     report_age_s: float   # since it last reported (-1: never)
     lag_s: float          # how long it has been behind the committed head (0: not behind)
     lagging: bool         # behind for longer than the bound
+    error: str = ""       # the last fatal error its plugin reported ("" none since it last reported a version)
 
 
 class Installs:
@@ -50,14 +55,22 @@ class Installs:
         self._versions: list[int] = []  # committed versions learned here, ascending ...
         self._times: list[float] = []   # ... and when each was learned
         self._warned: set[tuple[int, int]] = set()  # (rank, installed version) already reported lagging
+        self._errors: dict[int, str] = {}  # rank -> its plugin's last fatal error (kept when its link closes)
 
     def reported(self, rank: int, version: int, now: float) -> None:
         """A load report from `rank` (ignored if not this node's) saying its engine runs `version`."""
         if rank not in self.ranks:
             return
         self._last[rank] = now
+        if version > 0:
+            self._errors.pop(rank, None)
         if version > 0 and self._installed.get(rank, (0, 0.0))[0] != version:
             self._installed[rank] = (version, now)
+
+    def failed(self, rank: int, error: str) -> None:
+        """`rank`'s plugin reported a fatal error (ignored if not this node's rank)."""
+        if rank in self.ranks:
+            self._errors[rank] = error
 
     def committed(self, version: int, now: float) -> None:
         """This agent learned committed `version` at `now` (the recovered head at start, then each commit)."""
@@ -115,5 +128,6 @@ class Installs:
             last = self._last.get(r)
             lag = self.lag_s(r, head, now)
             out.append(RankInstall(r, got[0] if got else 0, now - got[1] if got else -1.0,
-                                   now - last if last is not None else -1.0, lag, lag > self.bound_s))
+                                   now - last if last is not None else -1.0, lag, lag > self.bound_s,
+                                   self._errors.get(r, "")))
         return out

@@ -221,15 +221,17 @@ class LoadPath:
     windows (`on_window`, gossip's callback; this node's own included) -> the cluster windows (ClusterWindows),
     each closed one handed to `close_window` (agent.pipeline.DecisionPipeline.close_window).
     `engine_ran(rank, version)`: the version a rank's engine reported it runs (agent.installs);
-    `abstains()`: why this node may not vote now ("" when it may; agent.commit.CommitBackend.abstains)."""
+    `abstains()`: why this node may not vote now ("" when it may; agent.commit.CommitBackend.abstains);
+    `engine_failed(rank, error)`: the fatal error a rank's plugin reported before it stopped (agent.installs)."""
 
     def __init__(self, node_id: str, topology: Topology, layers: int, experts: int, window: int,
                  gossip: LoadGossip, close_window: Callable[[int, npt.NDArray[np.uint64], U32 | None], None],
-                 engine_ran: Callable[[int, int], None], abstains: Callable[[], str], sample_every: int = 0) -> None:
+                 engine_ran: Callable[[int, int], None], abstains: Callable[[], str], sample_every: int = 0,
+                 engine_failed: Callable[[int, str], None] = lambda rank, error: None) -> None:
         """`sample_every`: the sampled steps the engines' reports carry (decision.sample_every)."""
         self.node_id, self.topology, self.layers, self.experts, self.window = node_id, topology, layers, experts, window
         self.gossip, self.close_window, self.engine_ran, self.abstains = gossip, close_window, engine_ran, abstains
-        self.sample_every = sample_every
+        self.sample_every, self.engine_failed = sample_every, engine_failed
         self.local = LocalWindows(layers, experts, window, sample_every)
         self.cluster = ClusterWindows()
         self.unsampled = 0  # reports used for their totals only (no sampled steps, or another sample_every)
@@ -243,6 +245,10 @@ class LoadPath:
             why = f"unreachable_ranks {sorted(r.unreachable_ranks)[-4:]}: expected < {self.topology.ranks}"
         if why:
             raise LoadReportError(f"load report from {r.shim_id or r.rank}: {why}")
+        if r.error:  # the plugin's last word before it stops (GENESIS_MISMATCH: ...): no load
+            log.error("rank %d's plugin stopped: %s", r.rank, r.error)
+            self.engine_failed(int(r.rank), r.error)
+            return
         if r.unreachable_ranks:  # the engine's own evidence (Lifeguard)
             who = self.gossip.suspect_ranks(r.unreachable_ranks)
             log.warning("rank %d could not reach ranks %s: suspecting %s", r.rank, list(r.unreachable_ranks), who)

@@ -157,7 +157,8 @@ class NodeState:
         self.load = LoadPath(self.node_id, self.topology, c.layers, c.experts, self.params.window, self.gossip,
                              self.pipeline.close_window,
                              lambda rank, version: self.installs.reported(rank, version, now()),
-                             lambda: backend.abstains, sample_every=self.params.sample_every)
+                             lambda: backend.abstains, sample_every=self.params.sample_every,
+                             engine_failed=self.installs.failed)
         self.reactions = MembershipReactions(
             self.node_id, ranks, self.clock, backend, self.pipeline, self.gossip, self.installs, rejoin,
             lambda: self._health == "SERVING" and not backend.abstains

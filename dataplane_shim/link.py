@@ -26,6 +26,7 @@ from elasticmoe.versions import WIRE_KEY, WIRE_VERSION
 
 _WIRE = ((WIRE_KEY, str(WIRE_VERSION)),)  # this release's wire version on every call (elasticmoe/versions.py)
 MAX_UNREACHABLE = 4096  # peers one report may name: a bound on input, far above a decode pool's EP group
+MAX_ERROR = 1024  # characters of a plugin's fatal error (LoadReport.error)
 
 
 def check_load_report(r: dpb.LoadReport, layers: int | None = None, experts: int | None = None) -> str:
@@ -37,9 +38,11 @@ def check_load_report(r: dpb.LoadReport, layers: int | None = None, experts: int
     if len(r.counts) != r.layers * r.experts * 4:
         return (f"counts has {len(r.counts)} bytes: expected layers x experts x 4 = "
                 f"{r.layers * r.experts * 4} (little-endian uint32)")
-    if r.steps < 1 and not (r.steps == 0 and r.unreachable_ranks and not any(r.counts)):
-        return (f"steps = {r.steps}: expected >= 1 (0 only in an evidence report: unreachable_ranks set and "
-                f"every count zero)")
+    if len(r.error) > MAX_ERROR:
+        return f"error of {len(r.error)} characters: expected at most {MAX_ERROR}"
+    if r.steps < 1 and not (r.steps == 0 and (r.unreachable_ranks or r.error) and not any(r.counts)):
+        return (f"steps = {r.steps}: expected >= 1 (0 only in an evidence or error report: unreachable_ranks or "
+                f"error set and every count zero)")
     if r.first_step + r.steps > 2**63:
         return f"first_step = {r.first_step} + steps = {r.steps}: expected <= 2^63 (a step counter overflow)"
     if len(r.unreachable_ranks) > MAX_UNREACHABLE:
@@ -57,7 +60,7 @@ def check_load_report(r: dpb.LoadReport, layers: int | None = None, experts: int
 def make_load_report(
     shim_id: str, rank: int, first_step: int, steps: int, version: int, counts: npt.ArrayLike,
     stale_dispatches: int = 0, dropped_tokens: int = 0, unreachable_ranks: Iterable[int] = (),
-    samples: npt.ArrayLike | None = None, sample_every: int = 0,
+    samples: npt.ArrayLike | None = None, sample_every: int = 0, error: str = "",
 ) -> dpb.LoadReport:
     """A LoadReport for uint32 counts [L, E] summed over `steps` steps starting at `first_step`;
     `unreachable_ranks`: peers this rank's collectives or dispatch could not reach since its last report;
@@ -70,7 +73,7 @@ def make_load_report(
         shim_id=shim_id, rank=rank, first_step=first_step, steps=steps, version=version,
         layers=c.shape[0], experts=c.shape[1], counts=c.astype("<u4").tobytes(),
         stale_dispatches=stale_dispatches, dropped_tokens=dropped_tokens,
-        unreachable_ranks=sorted(set(int(g) for g in unreachable_ranks)),
+        unreachable_ranks=sorted(set(int(g) for g in unreachable_ranks)), error=error[:MAX_ERROR],
     )
     if samples is not None and sample_every > 0:
         try:

@@ -139,10 +139,16 @@ class PluginCore:
         engine = RoutingTable(topo, experts, boot, version=1, parent=0)
         if not engine.content_equal(want):
             layer, slot = (int(x) for x in np.argwhere(engine.phy2log != want.phy2log)[0])
-            raise GenesisMismatch(
+            e = GenesisMismatch(
                 f"the engine booted with placement {content_hex(engine)}, the agents' genesis {genesis!r} is "
                 f"{content_hex(want)} (first difference: layer {layer} slot {slot}: engine expert "
                 f"{int(engine.phy2log[layer, slot])}, genesis expert {int(want.phy2log[layer, slot])})")
+            try:  # the agent's `emoe status` names it for the rank (LoadReport.error), then the plugin stops
+                link.report(make_load_report(shim_id or f"rank{rank}", rank, 0, 0, 0, np.zeros((layers, experts),
+                                             np.uint32), error=str(e)), timeout=2.0)
+            except Exception:  # noqa: BLE001 - an absent agent: the engine's own error still says it
+                log.warning("rank %d: could not tell the agent of %s", rank, e.code)
+            raise e
         self.current: RoutingTable = want
         self.tables: dict[int, RoutingTable] = {}
         self.stats = PluginStats()

@@ -11,6 +11,7 @@ from controlplane.topology import Topology
 from dataplane_shim.certify import certified_commit
 from dataplane_shim.errors import BadInput
 from dataplane_shim.genesis import genesis_table, vllm_boot_phy2log
+from dataplane_shim.link import check_load_report
 from dataplane_shim.plugin import GenesisMismatch, PluginCore
 from elasticmoe.v1 import consensus_pb2 as cpb
 from elasticmoe.v1 import dataplane_pb2 as dpb
@@ -63,6 +64,15 @@ def test_genesis_mismatch_names_both_digests() -> None:
         PluginCore(FakeLink(), TOPO, L, E, 0, boot)
     with pytest.raises(BadInput, match=r"shape \(2, 9\)"):
         PluginCore(FakeLink(), TOPO, L, E, 0, boot[:, :9])
+
+
+def test_a_genesis_mismatch_is_told_to_the_agent_before_the_plugin_stops() -> None:
+    link = FakeLink()
+    with pytest.raises(GenesisMismatch):
+        core(1, link, genesis="static")
+    (r,) = link.sent
+    assert r.error.startswith("GENESIS_MISMATCH: the engine booted with placement") and r.rank == 1
+    assert r.steps == 0 and not any(r.counts) and check_load_report(r, L, E) == ""
 
 
 def test_a_version_is_installed_only_once_every_rank_holds_it() -> None:
