@@ -130,7 +130,7 @@ def fuzz(target: Target, examples: int, *, raise_on_failure: bool = False, seed:
 def factories() -> dict[str, Callable[[asyncio.AbstractEventLoop], Target]]:
     """RPC name -> how to build its target (gossip's once agent/gossip_node.py serves them)."""
     out: dict[str, Callable[[asyncio.AbstractEventLoop], Target]] = {}
-    for m in ("Prepare", "Accept", "Learn", "CatchUp"):
+    for m in ("Prepare", "Accept", "Learn", "CatchUp", "ControlAccept", "ControlLearn"):
         out[f"Consensus/{m}"] = lambda loop, m=m: ConsensusTarget(m)
     for m in ADMIN_METHODS:
         out[f"Admin/{m}"] = lambda loop, m=m: AdminTarget(m, loop)

@@ -22,6 +22,7 @@ from google.protobuf.message import Message
 
 from agent.clock import FakeClock
 from agent.config import ConsensusConfig
+from agent.consensus.control import MAX_SEQ_STEP, check_commit, check_record
 from agent.consensus.node import ConsensusNode
 from agent.consensus.paxos import round0_owner
 from agent.store import MemoryDisk, Store
@@ -132,7 +133,8 @@ class ConsensusTarget(Target):
         self.method, self.src = method, src
         self.name = f"Consensus/{method}"
         self.request = {"Prepare": pb.PrepareRequest, "Accept": pb.AcceptRequest, "Learn": pb.Commit,
-                        "CatchUp": pb.CatchUpRequest}[method]
+                        "CatchUp": pb.CatchUpRequest, "ControlAccept": pb.ControlAcceptRequest,
+                        "ControlLearn": pb.ControlCommit}[method]
         base = Store(disk=(disk := MemoryDisk()))
         base.open()
         for t in self.TABLES[1:3]:
@@ -166,6 +168,12 @@ class ConsensusTarget(Target):
             return out
         if self.method == "Learn":
             return [certify(v4), certify(t[4]), certify(t[2]), certify(v4, ["a", "b", "c"])]
+        if self.method == "ControlAccept":
+            return [pb.ControlAcceptRequest(record=pb.ControlRecord(seq=s, node_id=n, paused=True, at_ms=1, note="x"),
+                                            from_node="b") for s, n in ((1, "b"), (2, "c"), (70000, "b"))]
+        if self.method == "ControlLearn":
+            r = pb.ControlRecord(seq=3, node_id="c", paused=True, at_ms=1)
+            return [pb.ControlCommit(record=r, voters=vs, quorum=2) for vs in (["b", "c"], ["a", "b", "c"], ["c"])]
         return [pb.CatchUpRequest(from_version=v, from_node="b", limit=lim) for v, lim in ((1, 2), (0, 0), (3, 9))]
 
     def snapshot(self) -> Hashable:
@@ -174,7 +182,7 @@ class ConsensusTarget(Target):
                 tuple((v, _ser(c)) for v, c in sorted(n.log.commits.items())),
                 tuple((v, _ser(c)) for v, c in sorted(n.log.future.items())),
                 tuple((v, _ser(s)) for v, s in sorted(n.acceptor.states.items())),
-                bytes(self.disk.data), tuple(n.log.conflicts))
+                bytes(self.disk.data), tuple(n.log.conflicts), _ser(n.control.acceptor.state()))
 
     def must_refuse(self, req: Message) -> str:
         head = self.node.head.version
@@ -191,6 +199,12 @@ class ConsensusTarget(Target):
                 return "non-finite plan number"
             if (p.table.layers, p.table.experts) != (LAYERS, EXPERTS) or p.version != head + 1:
                 return "wrong shape or not the next version"
+        if isinstance(req, pb.ControlAcceptRequest) and check_record(req.record):
+            return "a malformed control record"
+        if isinstance(req, pb.ControlAcceptRequest) and req.record.seq > MAX_SEQ_STEP:  # (nothing held here yet)
+            return "a control record's seq far above any held"
+        if isinstance(req, pb.ControlCommit) and check_commit(req, VOTERS):
+            return "a control certificate with non-voters, too few voters, or a wrong quorum"
         if isinstance(req, pb.Commit) and req.table.version > head:
             if set(req.qc.voters) - set(VOTERS) or len(set(req.qc.voters)) < 2 or req.qc.quorum != 2:
                 return "certificate with non-voters, too few voters, or a wrong quorum"

@@ -14,7 +14,8 @@ from chaos.fuzz import FuzzFailure, check_one, default_examples, factories, fuzz
 from chaos.fuzz_targets import ConsensusTarget, Target, Verdict
 from elasticmoe.v1 import consensus_pb2 as pb
 
-EXPECTED = {"Consensus/Prepare", "Consensus/Accept", "Consensus/Learn", "Consensus/CatchUp", "Admin/Propose",
+EXPECTED = {"Consensus/Prepare", "Consensus/Accept", "Consensus/Learn", "Consensus/CatchUp",
+            "Consensus/ControlAccept", "Consensus/ControlLearn", "Admin/Propose",
             "Admin/Drain", "Admin/Restore", "Admin/Pause", "Admin/Resume", "Admin/Status", "Admin/Placement",
             "Admin/History", "Admin/Explain", "Admin/LoadView", "DataplaneLink/ReportLoad",
             "DataplaneLink/WatchTables", "Shim/OfferCommit", "Gossip/Probe", "Gossip/IndirectProbe", "Gossip/PushPull",
