@@ -41,6 +41,14 @@ def _status(c: LocalCluster, k: int) -> apb.StatusReply:
         return r
 
 
+def _health(c: LocalCluster, k: int) -> str:
+    """Agent k's health, "" while it does not answer yet (it starts: not SERVING, so nobody waited for it)."""
+    try:
+        return _status(c, k).health
+    except grpc.RpcError:
+        return ""
+
+
 def _as_node1(c: LocalCluster, k: int, method: str, req: object) -> object:
     """A consensus call to agent k as node1 would make it (plaintext agents take the caller's word)."""
     with grpc.insecure_channel(c.addresses[k]) as ch:
@@ -58,7 +66,7 @@ def test_a_node_with_a_drifted_slots_per_rank_refuses_to_vote_and_status_names_t
     try:
         c.start()
         c.wait_healthy(timeout=60, which=[0, 1])
-        until("node3 says it abstains", lambda: "slots_per_rank = 5 here, 4 on node1" in _status(c, 2).health)
+        until("node3 says it abstains", lambda: "slots_per_rank = 5 here, 4 on node1" in _health(c, 2), timeout=60)
         st = _status(c, 2)
         assert st.health.startswith("NOT_SERVING: cluster fingerprint differs") and "neither votes" in st.health
         text = _cli("status", "--agent", c.addresses[2]).stdout
