@@ -8,6 +8,7 @@ from __future__ import annotations
 from agent.config import ConsensusConfig
 from agent.consensus.control import MAX_SEQ_STEP, ControlAcceptor, ControlWrite, check_commit, key
 from agent.consensus.controlnode import ControlOutcome
+from agent.store import MemoryDisk, Store
 from chaos.quorumsim import QuorumSim
 from elasticmoe.v1 import consensus_pb2 as pb
 
@@ -159,3 +160,16 @@ def test_a_voter_that_abstains_refuses_control_records() -> None:
         c.nodes[n].gate = lambda: "cluster fingerprint differs"
     (o,) = write(c, c.voters[0], True)
     assert not o.committed and "fingerprint" in o.reason, o.reason
+
+
+def test_the_control_state_is_kept_by_compaction() -> None:
+    disk = MemoryDisk()
+    s = Store(disk=disk)
+    s.open()
+    st = pb.ControlState(accepted=rec(4, "b"), certified=pb.ControlCommit(record=rec(3, "a"), voters=["a", "b"],
+                                                                           quorum=2))
+    s.save_control(st)
+    assert s.compact([], [])
+    s.close()
+    again = Store(disk=disk)
+    assert again.open().control == st and again.control == st
