@@ -13,10 +13,12 @@ import uvloop
 from agent.config import from_dict
 from agent.datadir import DataDirError, data_dir_format, mark_owner, owner
 from agent.node import AgentProcess, StartupError
-from agent.store import KIND_FORMAT, Store, StoreCorrupt, StoreNewer, frame, parse
+from agent.store import _KINDS, KIND_FORMAT, Store, StoreCorrupt, StoreNewer, frame, parse
 from chaos.localcluster import free_ports
 from elasticmoe.v1 import consensus_pb2 as cpb
 from elasticmoe.versions import STORE_FORMAT
+
+NEWER_KIND = max(_KINDS) + 1  # a record kind no release so far writes
 
 
 def _commit(v: int) -> cpb.Commit:
@@ -40,17 +42,17 @@ def test_a_record_kind_of_a_newer_release_is_refused_by_name_and_left_as_it_is(t
     s.open()
     s.append_commit(_commit(2))
     s.close()
-    p.write_bytes(p.read_bytes() + frame(5, b"a newer release's record") + frame(1, _commit(3).SerializeToString()))
+    p.write_bytes(p.read_bytes() + frame(NEWER_KIND, b"a newer release's record") + frame(1, _commit(3).SerializeToString()))
     before = p.read_bytes()
     with pytest.raises(StoreNewer) as e:
         Store(p).open()
-    assert "a record of kind 5, which store format 1 does not have" in str(e.value) and "newer release" in str(e.value)
+    assert f"a record of kind {NEWER_KIND}, which store format 1 does not have" in str(e.value) and "newer release" in str(e.value)
     first = len(frame(1, _commit(2).SerializeToString()))
     assert e.value.offset == first
     assert p.read_bytes() == before  # neither truncated nor changed
     # a damaged record before it is corruption (a whole record after it, if only a newer release's), not a torn
     # tail to cut off: here its length runs past the end of the log, as a write cut short by a crash would
-    damaged = struct.pack("<I", 1 << 16) + before[4:first] + frame(5, b"a newer release's record")
+    damaged = struct.pack("<I", 1 << 16) + before[4:first] + frame(NEWER_KIND, b"a newer release's record")
     p.write_bytes(damaged)
     with pytest.raises(StoreCorrupt, match="with whole records after it"):
         Store(p).open()
