@@ -16,7 +16,7 @@ import numpy as np
 
 from agent.wire import WireError, ops_from_pb
 from controlplane.ops import Operation
-from controlplane.table import RoutingTable
+from controlplane.table import RoutingTable, copied_slots
 from elasticmoe.codec import table_to_pb
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import admin_pb2_grpc
@@ -58,6 +58,7 @@ class AdminReads(Protocol):
     def planner(self) -> str: ...
     def fingerprint(self) -> gpb.Fingerprint: ...
     def fingerprint_mismatches(self) -> list[apb.FingerprintMismatch]: ...
+    def expert_bytes(self) -> int: ...
 
 
 class AdminSteering(Protocol):
@@ -86,6 +87,25 @@ def unknown_ids(head: RoutingTable, ops: tuple[Operation, ...]) -> str:
                 if not lo <= x < hi:
                     return f"ops[{i}].{name} = {x}: expected {lo}..{hi - 1} (unknown {name.rstrip('s')})"
     return ""
+
+
+def rank_nodes(members: list[gpb.MemberState], ranks: int) -> list[str]:
+    """The node id of each of `ranks` global ranks by the members' own rank lists ("" where none holds it; a
+    rank two members claim goes to the first by node id)."""
+    out = [""] * ranks
+    for m in sorted(members, key=lambda m: m.node_id, reverse=True):
+        for g in m.ranks:
+            if 0 <= g < ranks:
+                out[g] = m.node_id
+    return out
+
+
+def copy_bytes(parent: cpb.Commit, commit: cpb.Commit, expert_bytes: int) -> int:
+    """Weight bytes `commit` copies over `parent` (0 unless `parent` is the commit's parent and of its shape)."""
+    if parent.table.version != commit.table.parent or len(parent.table.phy2log) != len(commit.table.phy2log):
+        return 0
+    a, b = (np.frombuffer(t.phy2log, dtype="<i8") for t in (parent.table, commit.table))
+    return copied_slots(a, b) * expert_bytes
 
 
 def propose_bounds(request: apb.ProposeRequest) -> str:
@@ -198,15 +218,19 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         load = view.cluster_load()
         raw = b"" if load is None else np.asarray(load, dtype="<u4").tobytes()
         return apb.PlacementReply(table=table_to_pb(table), ranks_per_node=view.ranks_per_node(),
-                                  expert_load=raw)
+                                  expert_load=raw, rank_nodes=rank_nodes(view.member_states(), table.topology.ranks))
 
     async def History(self, request: apb.HistoryRequest, context: grpc.aio.ServicerContext) -> apb.HistoryReply:
         view = await self._view(context)
         limit = request.limit or 20
+        commits = view.commits(limit + 1)  # newest first; one more: the parent of the oldest shown
+        size = view.expert_bytes()
         entries = [
             apb.HistoryEntry(version=c.table.version, parent=c.table.parent, plan=c.plan, votes=c.votes,
-                             proposer=c.proposer, committed_at_ms=c.committed_at_ms)
-            for c in view.commits(limit)
+                             proposer=c.proposer, committed_at_ms=c.committed_at_ms,
+                             committed_at_unix_ms=c.plan.proposed_at_unix_ms,
+                             copy_bytes=copy_bytes(p, c, size) if p is not None else 0)
+            for c, p in zip(commits[:limit], [*commits[1:limit + 1], None], strict=False)
         ]
         return apb.HistoryReply(entries=entries)
 

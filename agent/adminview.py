@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from agent.admin import copy_bytes
 from agent.clock import Clock
 from agent.commit import CommitBackend, PauseSwitch
 from agent.fingerprint import FingerprintCheck
@@ -120,9 +121,16 @@ class AdminView:
         if rec is None:
             c = self.backend.committed(version)
             if c is not None:
+                parent = self.backend.committed(int(c.table.parent))
+                size = copy_bytes(parent, c, self.expert_bytes()) if parent is not None else 0
                 rec = apb.ExplainReply(version=version, trigger=c.plan.trigger, plan=c.plan, votes=c.votes,
-                                       outcome="committed (proposed by " + (c.proposer or "?") + ")")
+                                       outcome="committed (proposed by " + (c.proposer or "?") + ")",
+                                       copy_bytes=size)
         return rec
+
+    def expert_bytes(self) -> int:
+        """One expert's weight bytes (cluster.expert_bytes): what one copied slot moves."""
+        return self.pipeline.params.expert_bytes
 
     def rank_installs(self) -> list[apb.RankInstall]:
         """This node's engine ranks, ascending: the version each runs against the committed head, how long it has

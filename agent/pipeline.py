@@ -38,7 +38,7 @@ from controlplane.controller import (
 from controlplane.decision import Decision
 from controlplane.ops import Operation, describe
 from controlplane.profile import StabilityProfile
-from controlplane.table import RoutingTable, diff
+from controlplane.table import RoutingTable, copied_slots, diff
 from controlplane.verify import replay_stats
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import consensus_pb2 as cpb
@@ -83,6 +83,10 @@ def _nothing() -> None:
     return None
 
 
+def _no_wall_clock() -> int:
+    return 0
+
+
 def window_rows(total: npt.NDArray[np.uint64], samples: npt.NDArray[np.uint32] | None,
                 window: int) -> npt.NDArray[np.uint32]:
     """What the controller and the replay see of a window: its sampled steps [S, L, E], or, without samples
@@ -112,18 +116,21 @@ class DecisionPipeline:
 
     Collaborators, all passed in whole: `backend` (the committed head and propose), `voter` (the replay
     windows; the backend's verifier is its `verify`), `voters` and `live_voters()` (the turn order and who is
-    up now), `clock` (proposal latency), `telemetry`, `hooks` (what a harness observes), and `each_window`,
+    up now), `clock` (proposal latency), `wall_ms()` (the time of day each plan carries, Unix epoch ms, for
+    the operator: 0, the default, where there is none, as in the simulator), `telemetry`, `hooks` (what a
+    harness observes), and `each_window`,
     the node's own duties for a window (a rank restore, install lag), run after the window is remembered and
     before the controller decides on it."""
 
     def __init__(self, node_id: str, params: DecisionParams, backend: Proposals, voter: Voter, *,
                  voters: Sequence[str], live_voters: Callable[[], list[str]], handover_windows: int, clock: Now,
                  telemetry: DecisionTelemetry, hooks: Hooks | None = None,
-                 each_window: Callable[[], None] = _nothing, profile: StabilityProfile | None = None) -> None:
+                 each_window: Callable[[], None] = _nothing, profile: StabilityProfile | None = None,
+                 wall_ms: Callable[[], int] = _no_wall_clock) -> None:
         """`profile`: an offline expert-stability profile as the planner's prior (the agent loads none)."""
         self.node_id, self.params, self.backend, self.voter = node_id, params, backend, voter
         self.voters, self.live_voters, self.handover_windows = list(voters), live_voters, handover_windows
-        self.clock, self.telemetry, self.each_window = clock, telemetry, each_window
+        self.clock, self.telemetry, self.each_window, self.wall_ms = clock, telemetry, each_window, wall_ms
         self.hooks = hooks if hooks is not None else Hooks()
         self.controller = Controller(params, backend.head, profile)  # plans from the backend's (recovered) head
         self._paused = False  # as the controller was told (SetPaused)
@@ -286,10 +293,13 @@ class DecisionPipeline:
                          decision.replay_from_step, decision.replay_to_step, kind=str(decision.kind), forced=force)
         if force:
             plan.trigger = f"manual --force: {plan.trigger}"
+        plan.proposed_at_unix_ms = max(0, int(self.wall_ms()))
         refused = [apb.Candidate(op=op_to_pb(r.op) if r.op is not None else None, reason=r.reason, gain=r.gain,
                                  cost=r.cost) for r in decision.refused]
+        parent = self.controller.head
+        copies = copied_slots(parent.phy2log, table.phy2log) if parent.version == table.parent else 0
         record = apb.ExplainReply(version=table.version, trigger=decision.trigger, plan=plan, refused=refused,
-                                  outcome="proposed")
+                                  outcome="proposed", copy_bytes=copies * self.params.expert_bytes)
         self.explains[table.version] = record
         self.latest_explain = record
         started = self.clock.now()

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,6 +46,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("emoe.agent")
 
 
+def _epoch_ms(wall: Callable[[], float] | None) -> Callable[[], int]:
+    """`wall` (seconds since the epoch) in whole ms; none: always 0 (no time of day known)."""
+    if wall is None:
+        return lambda: 0
+    clock = wall
+    return lambda: int(clock() * 1000)
+
+
 class NodeState:
     """One node, built complete: constructing it recovers the store, builds every part on the recovered head
     and starts the protocols; the object returned serves until stop() (then close()). The real process
@@ -67,10 +77,12 @@ class NodeState:
 
     def __init__(self, cfg: AgentConfig, transport: Transport, *, clock: Clock | None = None,
                  store: Store | None = None, telemetry: Telemetry | None = None, rng_seed: int | None = None,
-                 had_store: bool | None = None) -> None:
+                 had_store: bool | None = None, wall: Callable[[], float] | None = None) -> None:
         """`had_store`: whether this node ran before, so that an empty store means a lost one (default: the
-        data_dir's marker). Raises agent.store.StoreCorrupt, StoreNewer or agent.datadir.DataDirError when the
-        store cannot be recovered."""
+        data_dir's marker). `wall`: the time of day (seconds since the epoch) each proposed plan carries for
+        the operator (`emoe history`); default: the system's with the real clock, none (0) with an injected
+        clock, so that a simulated cluster stays reproducible from its seed. Raises agent.store.StoreCorrupt,
+        StoreNewer or agent.datadir.DataDirError when the store cannot be recovered."""
         from agent.clock import RealClock
         from agent.consensus.node import ConsensusNode
         from agent.credentials import vote_signer
@@ -102,6 +114,8 @@ class NodeState:
         self.installs = Installs(ranks, cfg.engine.install_lag_s)  # what this node's engines run
         self.transport: Transport = transport
         self.telemetry: Telemetry = telemetry or Telemetry.from_env(cfg.telemetry.enabled, node_id=self.node_id)
+        if wall is None and clock is None:
+            wall = time.time
         self.clock: Clock = clock or RealClock()
         self.store: Store = store or Store(self.data_dir / LOG_NAME)
         now = self.clock.now
@@ -149,7 +163,8 @@ class NodeState:
         self.pipeline = DecisionPipeline(
             self.node_id, self.params, backend, voter, voters=self._voters, live_voters=self._live_voters,
             handover_windows=cfg.decision.handover_windows, clock=self.clock, telemetry=self.telemetry,
-            each_window=lambda: self.reactions.each_window())
+            each_window=lambda: self.reactions.each_window(),
+            wall_ms=_epoch_ms(wall))
         self.pipeline.paused = self._paused(self.pause.record)  # the switch as recovered
         self.manual = ManualPath(self.pipeline, backend, self.pause, self.clock)
         rejoin = Rejoin(self.clock, ranks, cfg.gossip.rejoin_ms / 1000, self.manual.restore_now)

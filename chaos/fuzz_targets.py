@@ -322,6 +322,9 @@ class FakeAdminBackend:
         self.switch = paused
         return apb.AdminAck(ok=True, version=self.head().version)
 
+    def expert_bytes(self) -> int:
+        return 1 << 20
+
     async def propose_manual(self, ops: tuple[Any, ...], force: bool) -> apb.ProposeReply:
         self.mutations.append(("propose", ops, force))
         return apb.ProposeReply(committed=True, version=self.head().version + 1)

@@ -324,6 +324,16 @@ def diff(a: RoutingTable, b: RoutingTable, expert_bytes: int = 0) -> TableDiff:
     return TableDiff(tuple(moves), freed)
 
 
+def copied_slots(a: npt.ArrayLike, b: npt.ArrayLike) -> int:
+    """How many slots of phy2log `b` [L, P] receive an expert they did not hold in phy2log `a` [L, P]: the
+    moves of `diff` between their tables, counted without building them (the weight bytes a change copies
+    are this times the expert's size)."""
+    pa, pb = np.asarray(a), np.asarray(b)
+    if pa.shape != pb.shape:
+        raise InvalidShape(f"diff of tables shaped {pa.shape} and {pb.shape}")
+    return int(((pa != pb) & (pb >= 0)).sum())
+
+
 def layer_views(phy: I64, experts: int) -> tuple[I64, I64]:
     """phy2log rows [n, P] -> (replica counts [n, E], replica index of each slot [n, P], -1 if empty),
     for every layer at once (RoutingTable.replica_index, and the replay's per-layer views)."""

@@ -26,7 +26,7 @@ from elasticmoe.v1 import consensus_pb2 as elasticmoe_dot_v1_dot_consensus__pb2
 from elasticmoe.v1 import gossip_pb2 as elasticmoe_dot_v1_dot_gossip__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x65lasticmoe/v1/admin.proto\x12\relasticmoe.v1\x1a\x1d\x65lasticmoe/v1/consensus.proto\x1a\x1a\x65lasticmoe/v1/gossip.proto\"\x0f\n\rStatusRequest\"\xb5\x04\n\x0bStatusReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x19\n\x11\x63ommitted_version\x18\x02 \x01(\x04\x12+\n\x07members\x18\x03 \x03(\x0b\x32\x1a.elasticmoe.v1.MemberState\x12\x0e\n\x06paused\x18\x04 \x01(\x08\x12\x0e\n\x06health\x18\x05 \x01(\t\x12\x16\n\x0estep_imbalance\x18\x06 \x01(\x01\x12\x12\n\nwindow_seq\x18\x07 \x01(\x04\x12\x43\n\rpeer_versions\x18\x08 \x03(\x0b\x32,.elasticmoe.v1.StatusReply.PeerVersionsEntry\x12\x0c\n\x04role\x18\t \x01(\t\x12)\n\x05ranks\x18\n \x03(\x0b\x32\x1a.elasticmoe.v1.RankInstall\x12\x1b\n\x13install_lag_bound_s\x18\x0b \x01(\x01\x12+\n\x05pause\x18\x0c \x01(\x0b\x32\x1c.elasticmoe.v1.ControlCommit\x12\x0f\n\x07planner\x18\r \x01(\t\x12/\n\x0b\x66ingerprint\x18\x0e \x01(\x0b\x32\x1a.elasticmoe.v1.Fingerprint\x12\x42\n\x16\x66ingerprint_mismatches\x18\x0f \x03(\x0b\x32\".elasticmoe.v1.FingerprintMismatch\x1a\x33\n\x11PeerVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"6\n\x13\x46ingerprintMismatch\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66ields\x18\x02 \x01(\t\"\xb6\x01\n\x0bRankInstall\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x19\n\x11installed_version\x18\x02 \x01(\x04\x12\x17\n\x0finstalled_age_s\x18\x03 \x01(\x01\x12\x14\n\x0creport_age_s\x18\x04 \x01(\x01\x12\r\n\x05lag_s\x18\x05 \x01(\x01\x12\x0f\n\x07lagging\x18\x06 \x01(\x08\x12\x10\n\x08\x61ttached\x18\x07 \x01(\x08\x12\x0e\n\x06\x61\x63tive\x18\x08 \x01(\x08\x12\r\n\x05\x65rror\x18\t \x01(\t\"2\n\x10PlacementRequest\x12\r\n\x05layer\x18\x01 \x01(\x05\x12\x0f\n\x07version\x18\x02 \x01(\x04\"i\n\x0ePlacementReply\x12*\n\x05table\x18\x01 \x01(\x0b\x32\x1b.elasticmoe.v1.RoutingTable\x12\x16\n\x0eranks_per_node\x18\x02 \x01(\r\x12\x13\n\x0b\x65xpert_load\x18\x03 \x01(\x0c\"\x1f\n\x0eHistoryRequest\x12\r\n\x05limit\x18\x01 \x01(\r\"\xa1\x01\n\x0cHistoryEntry\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0e\n\x06parent\x18\x02 \x01(\x04\x12!\n\x04plan\x18\x03 \x01(\x0b\x32\x13.elasticmoe.v1.Plan\x12\"\n\x05votes\x18\x04 \x03(\x0b\x32\x13.elasticmoe.v1.Vote\x12\x10\n\x08proposer\x18\x05 \x01(\t\x12\x17\n\x0f\x63ommitted_at_ms\x18\x06 \x01(\x04\"<\n\x0cHistoryReply\x12,\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1b.elasticmoe.v1.HistoryEntry\"!\n\x0e\x45xplainRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\"]\n\tCandidate\x12$\n\x02op\x18\x01 \x01(\x0b\x32\x18.elasticmoe.v1.Operation\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0c\n\x04gain\x18\x03 \x01(\x01\x12\x0c\n\x04\x63ost\x18\x04 \x01(\x01\"\xb3\x01\n\x0c\x45xplainReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0f\n\x07trigger\x18\x02 \x01(\t\x12!\n\x04plan\x18\x03 \x01(\x0b\x32\x13.elasticmoe.v1.Plan\x12)\n\x07refused\x18\x04 \x03(\x0b\x32\x18.elasticmoe.v1.Candidate\x12\"\n\x05votes\x18\x05 \x03(\x0b\x32\x13.elasticmoe.v1.Vote\x12\x0f\n\x07outcome\x18\x06 \x01(\t\"F\n\x0eProposeRequest\x12%\n\x03ops\x18\x01 \x03(\x0b\x32\x18.elasticmoe.v1.Operation\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\"e\n\x0cProposeReply\x12\x11\n\tcommitted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12!\n\x04plan\x18\x04 \x01(\x0b\x32\x13.elasticmoe.v1.Plan\"\x1b\n\x0bRankRequest\x12\x0c\n\x04rank\x18\x01 \x01(\x05\"\x07\n\x05\x45mpty\"7\n\x08\x41\x64minAck\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x04\"\x11\n\x0fLoadViewRequest\"\x86\x01\n\rLoadViewReply\x12\x0e\n\x06layers\x18\x01 \x01(\r\x12\x0f\n\x07\x65xperts\x18\x02 \x01(\r\x12\x0e\n\x06\x63ounts\x18\x03 \x01(\x0c\x12\x11\n\trank_load\x18\x04 \x01(\x0c\x12\x16\n\x0estep_imbalance\x18\x05 \x01(\x01\x12\x19\n\x11imbalance_history\x18\x06 \x03(\x01\x32\xa6\x05\n\x05\x41\x64min\x12\x42\n\x06Status\x12\x1c.elasticmoe.v1.StatusRequest\x1a\x1a.elasticmoe.v1.StatusReply\x12K\n\tPlacement\x12\x1f.elasticmoe.v1.PlacementRequest\x1a\x1d.elasticmoe.v1.PlacementReply\x12\x45\n\x07History\x12\x1d.elasticmoe.v1.HistoryRequest\x1a\x1b.elasticmoe.v1.HistoryReply\x12\x45\n\x07\x45xplain\x12\x1d.elasticmoe.v1.ExplainRequest\x1a\x1b.elasticmoe.v1.ExplainReply\x12H\n\x08LoadView\x12\x1e.elasticmoe.v1.LoadViewRequest\x1a\x1c.elasticmoe.v1.LoadViewReply\x12\x45\n\x07Propose\x12\x1d.elasticmoe.v1.ProposeRequest\x1a\x1b.elasticmoe.v1.ProposeReply\x12<\n\x05\x44rain\x12\x1a.elasticmoe.v1.RankRequest\x1a\x17.elasticmoe.v1.AdminAck\x12>\n\x07Restore\x12\x1a.elasticmoe.v1.RankRequest\x1a\x17.elasticmoe.v1.AdminAck\x12\x36\n\x05Pause\x12\x14.elasticmoe.v1.Empty\x1a\x17.elasticmoe.v1.AdminAck\x12\x37\n\x06Resume\x12\x14.elasticmoe.v1.Empty\x1a\x17.elasticmoe.v1.AdminAckb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19\x65lasticmoe/v1/admin.proto\x12\relasticmoe.v1\x1a\x1d\x65lasticmoe/v1/consensus.proto\x1a\x1a\x65lasticmoe/v1/gossip.proto\"\x0f\n\rStatusRequest\"\xb5\x04\n\x0bStatusReply\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x19\n\x11\x63ommitted_version\x18\x02 \x01(\x04\x12+\n\x07members\x18\x03 \x03(\x0b\x32\x1a.elasticmoe.v1.MemberState\x12\x0e\n\x06paused\x18\x04 \x01(\x08\x12\x0e\n\x06health\x18\x05 \x01(\t\x12\x16\n\x0estep_imbalance\x18\x06 \x01(\x01\x12\x12\n\nwindow_seq\x18\x07 \x01(\x04\x12\x43\n\rpeer_versions\x18\x08 \x03(\x0b\x32,.elasticmoe.v1.StatusReply.PeerVersionsEntry\x12\x0c\n\x04role\x18\t \x01(\t\x12)\n\x05ranks\x18\n \x03(\x0b\x32\x1a.elasticmoe.v1.RankInstall\x12\x1b\n\x13install_lag_bound_s\x18\x0b \x01(\x01\x12+\n\x05pause\x18\x0c \x01(\x0b\x32\x1c.elasticmoe.v1.ControlCommit\x12\x0f\n\x07planner\x18\r \x01(\t\x12/\n\x0b\x66ingerprint\x18\x0e \x01(\x0b\x32\x1a.elasticmoe.v1.Fingerprint\x12\x42\n\x16\x66ingerprint_mismatches\x18\x0f \x03(\x0b\x32\".elasticmoe.v1.FingerprintMismatch\x1a\x33\n\x11PeerVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"6\n\x13\x46ingerprintMismatch\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0e\n\x06\x66ields\x18\x02 \x01(\t\"\xb6\x01\n\x0bRankInstall\x12\x0c\n\x04rank\x18\x01 \x01(\x05\x12\x19\n\x11installed_version\x18\x02 \x01(\x04\x12\x17\n\x0finstalled_age_s\x18\x03 \x01(\x01\x12\x14\n\x0creport_age_s\x18\x04 \x01(\x01\x12\r\n\x05lag_s\x18\x05 \x01(\x01\x12\x0f\n\x07lagging\x18\x06 \x01(\x08\x12\x10\n\x08\x61ttached\x18\x07 \x01(\x08\x12\x0e\n\x06\x61\x63tive\x18\x08 \x01(\x08\x12\r\n\x05\x65rror\x18\t \x01(\t\"2\n\x10PlacementRequest\x12\r\n\x05layer\x18\x01 \x01(\x05\x12\x0f\n\x07version\x18\x02 \x01(\x04\"}\n\x0ePlacementReply\x12*\n\x05table\x18\x01 \x01(\x0b\x32\x1b.elasticmoe.v1.RoutingTable\x12\x16\n\x0eranks_per_node\x18\x02 \x01(\r\x12\x13\n\x0b\x65xpert_load\x18\x03 \x01(\x0c\x12\x12\n\nrank_nodes\x18\x04 \x03(\t\"\x1f\n\x0eHistoryRequest\x12\r\n\x05limit\x18\x01 \x01(\r\"\xd3\x01\n\x0cHistoryEntry\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0e\n\x06parent\x18\x02 \x01(\x04\x12!\n\x04plan\x18\x03 \x01(\x0b\x32\x13.elasticmoe.v1.Plan\x12\"\n\x05votes\x18\x04 \x03(\x0b\x32\x13.elasticmoe.v1.Vote\x12\x10\n\x08proposer\x18\x05 \x01(\t\x12\x17\n\x0f\x63ommitted_at_ms\x18\x06 \x01(\x04\x12\x1c\n\x14\x63ommitted_at_unix_ms\x18\x07 \x01(\x04\x12\x12\n\ncopy_bytes\x18\x08 \x01(\x04\"<\n\x0cHistoryReply\x12,\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1b.elasticmoe.v1.HistoryEntry\"!\n\x0e\x45xplainRequest\x12\x0f\n\x07version\x18\x01 \x01(\x04\"]\n\tCandidate\x12$\n\x02op\x18\x01 \x01(\x0b\x32\x18.elasticmoe.v1.Operation\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0c\n\x04gain\x18\x03 \x01(\x01\x12\x0c\n\x04\x63ost\x18\x04 \x01(\x01\"\xc7\x01\n\x0c\x45xplainReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0f\n\x07trigger\x18\x02 \x01(\t\x12!\n\x04plan\x18\x03 \x01(\x0b\x32\x13.elasticmoe.v1.Plan\x12)\n\x07refused\x18\x04 \x03(\x0b\x32\x18.elasticmoe.v1.Candidate\x12\"\n\x05votes\x18\x05 \x03(\x0b\x32\x13.elasticmoe.v1.Vote\x12\x0f\n\x07outcome\x18\x06 \x01(\t\x12\x12\n\ncopy_bytes\x18\x07 \x01(\x04\"F\n\x0eProposeRequest\x12%\n\x03ops\x18\x01 \x03(\x0b\x32\x18.elasticmoe.v1.Operation\x12\r\n\x05\x66orce\x18\x02 \x01(\x08\"e\n\x0cProposeReply\x12\x11\n\tcommitted\x18\x01 \x01(\x08\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12!\n\x04plan\x18\x04 \x01(\x0b\x32\x13.elasticmoe.v1.Plan\"\x1b\n\x0bRankRequest\x12\x0c\n\x04rank\x18\x01 \x01(\x05\"\x07\n\x05\x45mpty\"7\n\x08\x41\x64minAck\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x04\"\x11\n\x0fLoadViewRequest\"\x86\x01\n\rLoadViewReply\x12\x0e\n\x06layers\x18\x01 \x01(\r\x12\x0f\n\x07\x65xperts\x18\x02 \x01(\r\x12\x0e\n\x06\x63ounts\x18\x03 \x01(\x0c\x12\x11\n\trank_load\x18\x04 \x01(\x0c\x12\x16\n\x0estep_imbalance\x18\x05 \x01(\x01\x12\x19\n\x11imbalance_history\x18\x06 \x03(\x01\x32\xa6\x05\n\x05\x41\x64min\x12\x42\n\x06Status\x12\x1c.elasticmoe.v1.StatusRequest\x1a\x1a.elasticmoe.v1.StatusReply\x12K\n\tPlacement\x12\x1f.elasticmoe.v1.PlacementRequest\x1a\x1d.elasticmoe.v1.PlacementReply\x12\x45\n\x07History\x12\x1d.elasticmoe.v1.HistoryRequest\x1a\x1b.elasticmoe.v1.HistoryReply\x12\x45\n\x07\x45xplain\x12\x1d.elasticmoe.v1.ExplainRequest\x1a\x1b.elasticmoe.v1.ExplainReply\x12H\n\x08LoadView\x12\x1e.elasticmoe.v1.LoadViewRequest\x1a\x1c.elasticmoe.v1.LoadViewReply\x12\x45\n\x07Propose\x12\x1d.elasticmoe.v1.ProposeRequest\x1a\x1b.elasticmoe.v1.ProposeReply\x12<\n\x05\x44rain\x12\x1a.elasticmoe.v1.RankRequest\x1a\x17.elasticmoe.v1.AdminAck\x12>\n\x07Restore\x12\x1a.elasticmoe.v1.RankRequest\x1a\x17.elasticmoe.v1.AdminAck\x12\x36\n\x05Pause\x12\x14.elasticmoe.v1.Empty\x1a\x17.elasticmoe.v1.AdminAck\x12\x37\n\x06Resume\x12\x14.elasticmoe.v1.Empty\x1a\x17.elasticmoe.v1.AdminAckb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -48,33 +48,33 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PLACEMENTREQUEST']._serialized_start=929
   _globals['_PLACEMENTREQUEST']._serialized_end=979
   _globals['_PLACEMENTREPLY']._serialized_start=981
-  _globals['_PLACEMENTREPLY']._serialized_end=1086
-  _globals['_HISTORYREQUEST']._serialized_start=1088
-  _globals['_HISTORYREQUEST']._serialized_end=1119
-  _globals['_HISTORYENTRY']._serialized_start=1122
-  _globals['_HISTORYENTRY']._serialized_end=1283
-  _globals['_HISTORYREPLY']._serialized_start=1285
-  _globals['_HISTORYREPLY']._serialized_end=1345
-  _globals['_EXPLAINREQUEST']._serialized_start=1347
-  _globals['_EXPLAINREQUEST']._serialized_end=1380
-  _globals['_CANDIDATE']._serialized_start=1382
-  _globals['_CANDIDATE']._serialized_end=1475
-  _globals['_EXPLAINREPLY']._serialized_start=1478
-  _globals['_EXPLAINREPLY']._serialized_end=1657
-  _globals['_PROPOSEREQUEST']._serialized_start=1659
-  _globals['_PROPOSEREQUEST']._serialized_end=1729
-  _globals['_PROPOSEREPLY']._serialized_start=1731
-  _globals['_PROPOSEREPLY']._serialized_end=1832
-  _globals['_RANKREQUEST']._serialized_start=1834
-  _globals['_RANKREQUEST']._serialized_end=1861
-  _globals['_EMPTY']._serialized_start=1863
-  _globals['_EMPTY']._serialized_end=1870
-  _globals['_ADMINACK']._serialized_start=1872
-  _globals['_ADMINACK']._serialized_end=1927
-  _globals['_LOADVIEWREQUEST']._serialized_start=1929
-  _globals['_LOADVIEWREQUEST']._serialized_end=1946
-  _globals['_LOADVIEWREPLY']._serialized_start=1949
-  _globals['_LOADVIEWREPLY']._serialized_end=2083
-  _globals['_ADMIN']._serialized_start=2086
-  _globals['_ADMIN']._serialized_end=2764
+  _globals['_PLACEMENTREPLY']._serialized_end=1106
+  _globals['_HISTORYREQUEST']._serialized_start=1108
+  _globals['_HISTORYREQUEST']._serialized_end=1139
+  _globals['_HISTORYENTRY']._serialized_start=1142
+  _globals['_HISTORYENTRY']._serialized_end=1353
+  _globals['_HISTORYREPLY']._serialized_start=1355
+  _globals['_HISTORYREPLY']._serialized_end=1415
+  _globals['_EXPLAINREQUEST']._serialized_start=1417
+  _globals['_EXPLAINREQUEST']._serialized_end=1450
+  _globals['_CANDIDATE']._serialized_start=1452
+  _globals['_CANDIDATE']._serialized_end=1545
+  _globals['_EXPLAINREPLY']._serialized_start=1548
+  _globals['_EXPLAINREPLY']._serialized_end=1747
+  _globals['_PROPOSEREQUEST']._serialized_start=1749
+  _globals['_PROPOSEREQUEST']._serialized_end=1819
+  _globals['_PROPOSEREPLY']._serialized_start=1821
+  _globals['_PROPOSEREPLY']._serialized_end=1922
+  _globals['_RANKREQUEST']._serialized_start=1924
+  _globals['_RANKREQUEST']._serialized_end=1951
+  _globals['_EMPTY']._serialized_start=1953
+  _globals['_EMPTY']._serialized_end=1960
+  _globals['_ADMINACK']._serialized_start=1962
+  _globals['_ADMINACK']._serialized_end=2017
+  _globals['_LOADVIEWREQUEST']._serialized_start=2019
+  _globals['_LOADVIEWREQUEST']._serialized_end=2036
+  _globals['_LOADVIEWREPLY']._serialized_start=2039
+  _globals['_LOADVIEWREPLY']._serialized_end=2173
+  _globals['_ADMIN']._serialized_start=2176
+  _globals['_ADMIN']._serialized_end=2854
 # @@protoc_insertion_point(module_scope)

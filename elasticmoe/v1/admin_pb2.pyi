@@ -92,14 +92,16 @@ class PlacementRequest(_message.Message):
     def __init__(self, layer: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
 
 class PlacementReply(_message.Message):
-    __slots__ = ("table", "ranks_per_node", "expert_load")
+    __slots__ = ("table", "ranks_per_node", "expert_load", "rank_nodes")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     RANKS_PER_NODE_FIELD_NUMBER: _ClassVar[int]
     EXPERT_LOAD_FIELD_NUMBER: _ClassVar[int]
+    RANK_NODES_FIELD_NUMBER: _ClassVar[int]
     table: _consensus_pb2.RoutingTable
     ranks_per_node: int
     expert_load: bytes
-    def __init__(self, table: _Optional[_Union[_consensus_pb2.RoutingTable, _Mapping]] = ..., ranks_per_node: _Optional[int] = ..., expert_load: _Optional[bytes] = ...) -> None: ...
+    rank_nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, table: _Optional[_Union[_consensus_pb2.RoutingTable, _Mapping]] = ..., ranks_per_node: _Optional[int] = ..., expert_load: _Optional[bytes] = ..., rank_nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class HistoryRequest(_message.Message):
     __slots__ = ("limit",)
@@ -108,20 +110,24 @@ class HistoryRequest(_message.Message):
     def __init__(self, limit: _Optional[int] = ...) -> None: ...
 
 class HistoryEntry(_message.Message):
-    __slots__ = ("version", "parent", "plan", "votes", "proposer", "committed_at_ms")
+    __slots__ = ("version", "parent", "plan", "votes", "proposer", "committed_at_ms", "committed_at_unix_ms", "copy_bytes")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PARENT_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     VOTES_FIELD_NUMBER: _ClassVar[int]
     PROPOSER_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    COPY_BYTES_FIELD_NUMBER: _ClassVar[int]
     version: int
     parent: int
     plan: _consensus_pb2.Plan
     votes: _containers.RepeatedCompositeFieldContainer[_consensus_pb2.Vote]
     proposer: str
     committed_at_ms: int
-    def __init__(self, version: _Optional[int] = ..., parent: _Optional[int] = ..., plan: _Optional[_Union[_consensus_pb2.Plan, _Mapping]] = ..., votes: _Optional[_Iterable[_Union[_consensus_pb2.Vote, _Mapping]]] = ..., proposer: _Optional[str] = ..., committed_at_ms: _Optional[int] = ...) -> None: ...
+    committed_at_unix_ms: int
+    copy_bytes: int
+    def __init__(self, version: _Optional[int] = ..., parent: _Optional[int] = ..., plan: _Optional[_Union[_consensus_pb2.Plan, _Mapping]] = ..., votes: _Optional[_Iterable[_Union[_consensus_pb2.Vote, _Mapping]]] = ..., proposer: _Optional[str] = ..., committed_at_ms: _Optional[int] = ..., committed_at_unix_ms: _Optional[int] = ..., copy_bytes: _Optional[int] = ...) -> None: ...
 
 class HistoryReply(_message.Message):
     __slots__ = ("entries",)
@@ -148,20 +154,22 @@ class Candidate(_message.Message):
     def __init__(self, op: _Optional[_Union[_consensus_pb2.Operation, _Mapping]] = ..., reason: _Optional[str] = ..., gain: _Optional[float] = ..., cost: _Optional[float] = ...) -> None: ...
 
 class ExplainReply(_message.Message):
-    __slots__ = ("version", "trigger", "plan", "refused", "votes", "outcome")
+    __slots__ = ("version", "trigger", "plan", "refused", "votes", "outcome", "copy_bytes")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TRIGGER_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
     VOTES_FIELD_NUMBER: _ClassVar[int]
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    COPY_BYTES_FIELD_NUMBER: _ClassVar[int]
     version: int
     trigger: str
     plan: _consensus_pb2.Plan
     refused: _containers.RepeatedCompositeFieldContainer[Candidate]
     votes: _containers.RepeatedCompositeFieldContainer[_consensus_pb2.Vote]
     outcome: str
-    def __init__(self, version: _Optional[int] = ..., trigger: _Optional[str] = ..., plan: _Optional[_Union[_consensus_pb2.Plan, _Mapping]] = ..., refused: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., votes: _Optional[_Iterable[_Union[_consensus_pb2.Vote, _Mapping]]] = ..., outcome: _Optional[str] = ...) -> None: ...
+    copy_bytes: int
+    def __init__(self, version: _Optional[int] = ..., trigger: _Optional[str] = ..., plan: _Optional[_Union[_consensus_pb2.Plan, _Mapping]] = ..., refused: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., votes: _Optional[_Iterable[_Union[_consensus_pb2.Vote, _Mapping]]] = ..., outcome: _Optional[str] = ..., copy_bytes: _Optional[int] = ...) -> None: ...
 
 class ProposeRequest(_message.Message):
     __slots__ = ("ops", "force")
