@@ -64,7 +64,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--slots-per-rank", type=int, default=None, help="expert slots a GPU (default 5)")
     p.add_argument("--window", type=int, default=100, help="W steps per window (default 100)")
     p.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma list (default {DEFAULT_POLICIES}); eplb:3000")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic trace and the step model (default 0)")
     p.add_argument("--expert-groups", type=int, default=None,
                    help="EPLB expert groups: 1 (default) is global EPLB, DeepSeek's choice for a decode pool with "
                         "large EP; G > 1 is hierarchical EPLB (groups packed onto nodes), its choice for prefill")
@@ -94,9 +94,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                         "plugin core a rank replaying the trace (bench/live.py); same flags and results.json")
     p.add_argument("--live-step-ms", type=float, default=10.0,
                    help="--live: wall milliseconds a replayed step takes (default 10)")
-    p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--no-plots", action="store_true", help="write results.json only, no plots")
+    p.add_argument("--no-progress", action="store_true", help="print no progress lines on stderr")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="directory for results.json and the plots")
     p.set_defaults(func=bench_main)
 
 
@@ -212,6 +212,10 @@ def bench_main(args: argparse.Namespace) -> int:
 
         for spec in cfg.policies:
             make_policy(spec, cfg.window, 1, cfg.craft_budget, cfg.commit_latency)
+    except (OSError, ValueError, KeyError, ControlPlaneError) as e:  # bad input (agent.cli.exits: 2)
+        print(f"emoe bench: {e}", file=sys.stderr)
+        return 2
+    try:
         res = run_bench(trace, cfg, args.out, progress=not args.no_progress, plots=not args.no_plots)
     except (OSError, ValueError, KeyError, ControlPlaneError) as e:
         print(f"emoe bench: {e}", file=sys.stderr)

@@ -12,8 +12,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="run a local cluster on the bundled real trace and report")
     p.add_argument("--agents", type=int_in(3, 64), default=3,
                    help="agent processes (nodes), 3..64 (a quorum needs 3), default 3")
-    p.add_argument("--ranks-per-node", type=int_in(1, 64), default=4)
-    p.add_argument("--slots-per-rank", type=int_in(1, 64), default=6)
+    p.add_argument("--ranks-per-node", type=int_in(1, 64), default=4, help="engine ranks per agent (default 4)")
+    p.add_argument("--slots-per-rank", type=int_in(1, 64), default=6, help="expert slots per rank (default 6)")
     p.add_argument("--window", type=int_in(1, 100_000), default=50, help="steps per load window")
     p.add_argument("--segment-steps", type=int_in(1, 1_000_000), default=600,
                    help="steps per trace segment (two segments)")

@@ -8,8 +8,11 @@ import argparse
 import importlib
 import os
 import sys
-from collections.abc import Sequence
-from importlib.metadata import entry_points
+from collections.abc import Iterator, Sequence
+from importlib.metadata import PackageNotFoundError, entry_points, version
+
+from agent.cli import exits
+from agent.cli.argtypes import float_in
 
 # Modules that add subcommands: each defines register(subparsers) and sets `func` on its parsers.
 COMMAND_MODULES = (
@@ -23,8 +26,27 @@ COMMAND_MODULES = (
 PLUGIN_GROUP = "elasticmoe.cli"  # entry points: register(subparsers), called after the product's own commands
 
 
+def package_version() -> str:
+    """The installed `elasticmoe` distribution's version (pyproject.toml's), or a note that it is not installed."""
+    try:
+        return version("elasticmoe")
+    except PackageNotFoundError:
+        return "unknown (the elasticmoe package is not installed)"
+
+
+def add_timeout(p: argparse.ArgumentParser, default: object = argparse.SUPPRESS) -> None:
+    """`--timeout S`: seconds each RPC to an agent may take. On a command's own parser it defaults to
+    SUPPRESS, so that `emoe --timeout 3 status` and `emoe status --timeout 3` both work."""
+    p.add_argument("--timeout", type=float_in(0.0, 3600.0, lo_open=True), default=default, metavar="S",
+                   help="seconds each RPC to an agent may take (default: 5; 30 for propose, drain and restore, "
+                        "which wait for a commit)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="emoe", description="ElasticMoE control plane")
+    parser = argparse.ArgumentParser(prog="emoe", description="ElasticMoE control plane", epilog=exits.EPILOG)
+    parser.add_argument("--version", action="version", version=f"emoe {package_version()}",
+                        help="print the package version and exit")
+    add_timeout(parser, default=None)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
@@ -33,13 +55,25 @@ def build_parser() -> argparse.ArgumentParser:
             ep.load()(sub)
         except Exception as e:  # noqa: BLE001 - a broken plugin costs its commands, not the CLI
             print(f"emoe: commands from {ep.value} unavailable: {type(e).__name__}: {e}", file=sys.stderr)
+    for cmd, help_text in commands(parser):  # `emoe drain --help` says what drain does, as `emoe --help` does
+        if cmd.description is None and help_text:
+            cmd.description = help_text[:1].upper() + help_text[1:] + "."
+        if cmd.epilog is None:
+            cmd.epilog = exits.EPILOG
     return parser
 
 
-# Exit status when stdout's reader went away (`emoe status --json | head -1`): 141 = 128 + SIGPIPE, what the
-# shell reports for cat, seq or git cut off the same way, so `set -o pipefail` scripts already treat it as
-# theirs. Not 0: the output was not all delivered; not 1: that means the command itself failed.
-EXIT_CLOSED_PIPE = 141
+def commands(parser: argparse.ArgumentParser) -> Iterator[tuple[argparse.ArgumentParser, str]]:
+    """Every (sub)command's parser under `parser`, with its one-line help, depth first."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help or "" for a in action._choices_actions}
+            for name, p in action.choices.items():
+                yield p, helps.get(name, "")
+                yield from commands(p)
+
+
+EXIT_CLOSED_PIPE = exits.CLOSED_PIPE
 
 
 def _stdout_to_devnull() -> None:
@@ -70,11 +104,11 @@ def _dispatch(argv: Sequence[str] | None) -> int:
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
+        return exits.USAGE
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
-        return 130
+        return exits.INTERRUPTED
 
 
 if __name__ == "__main__":

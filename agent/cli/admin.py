@@ -1,6 +1,7 @@
 """Operator commands against a running agent: status, placement, history, explain, top, propose,
 drain, restore, pause, resume. Read commands print rich tables, or JSON with --json. Errors are one line
-naming the agent and the reason, with a non-zero exit."""
+naming the agent and the reason, with the exit status of agent.cli.exits (1 refused or failed, 2 bad input,
+3 the agent could not be reached)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from typing import Any
 import grpc
 from google.protobuf.json_format import MessageToDict
 
-from agent.cli import render
+from agent.cli import add_timeout, exits, render
 from agent.cli.argtypes import INT32_MAX, UINT64_MAX, float_in, int_in
 from agent.cli.installwait import ASK_TIMEOUT_S, wait_installed
 from elasticmoe.v1 import admin_pb2 as apb
@@ -27,40 +28,74 @@ from elasticmoe.v1 import admin_pb2_grpc
 from elasticmoe.v1 import consensus_pb2 as cpb
 
 DEFAULT_AGENT = "127.0.0.1:7400"
-TIMEOUT_S = 5.0
+TIMEOUT_S = 5.0         # per RPC, unless --timeout says otherwise
+COMMIT_TIMEOUT_S = 30.0  # propose, drain, restore: the agent answers once the commit is decided
 HISTORY_MAX = 10_000
 
 
 class CliError(Exception):
-    pass
+    """A command's one-line error; `exit` is its status (agent.cli.exits)."""
+
+    def __init__(self, message: str, exit: int = exits.FAILED) -> None:
+        super().__init__(message)
+        self.exit = exit
 
 
-def _agent_default() -> str:
-    return os.environ.get("EMOE_AGENT", DEFAULT_AGENT)
+def check_address(text: str, source: str) -> str:
+    """`text` if it is HOST:PORT (an IPv6 host in brackets) with a port in 1..65535; else CliError (exit 2)
+    naming the value and where it came from (`source`): checked before dialing, so that a typo is not
+    reported as an agent that refuses connections."""
+    host, sep, port = text.rpartition(":")
+    bare = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    ok = (bool(sep) and bool(bare) and port.isdigit() and 0 < int(port) < 65536
+          and not any(c.isspace() or c in "/@[]" for c in bare) and (":" not in bare or bare != host))
+    if not ok:
+        raise CliError(f"bad address {text!r} ({source}): expected HOST:PORT with a port in 1..65535 (an IPv6 "
+                       f"host in brackets: [::1]:7400)", exits.USAGE)
+    return text
+
+
+def rpc_timeout(args: argparse.Namespace, default: float = TIMEOUT_S) -> float:
+    """Seconds one RPC may take: --timeout, else `default`."""
+    t = getattr(args, "timeout", None)
+    return float(t) if t else default
+
+
+def add_agent_options(p: argparse.ArgumentParser) -> None:
+    """--agent, --config and --timeout: how a command reaches one agent."""
+    p.add_argument("--agent", default=None, metavar="HOST:PORT",
+                   help=f"the agent's admin address (default $EMOE_AGENT or {DEFAULT_AGENT})")
+    p.add_argument("--config", default=None, metavar="FILE", help="take the agent address from this config's `listen`")
+    add_timeout(p)
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     def add(name: str, help: str, func: Callable[[argparse.Namespace, admin_pb2_grpc.AdminStub], int],
             read: bool = True) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=help)
-        p.add_argument("--agent", default=None, help=f"HOST:PORT of an agent (default $EMOE_AGENT or {DEFAULT_AGENT})")
-        p.add_argument("--config", default=None, help="take the agent address from this config's `listen`")
+        add_agent_options(p)
         if read:
             p.add_argument("--json", action="store_true", help="print JSON instead of a table")
         p.set_defaults(func=lambda a, f=func: _run(a, f))
         return p
+
+    def verbose(p: argparse.ArgumentParser) -> None:
+        p.add_argument("-v", "--verbose", action="store_true",
+                       help=f"list every operation and candidate (default: a summary past {render.SHORT_OPS} operations)")
 
     add("status", "members, committed versions and health", cmd_status)
     p = add("placement", "the routing table as a ranks x slots grid", cmd_placement)
     p.add_argument("--layer", type=int_in(-1, INT32_MAX), default=0, help="layer to show (-1: all)")
     p.add_argument("--version", type=int_in(0, UINT64_MAX), default=0,
                    help="table version (default: latest committed)")
-    p = add("history", "committed versions with their operations, gains, votes", cmd_history)
+    p = add("history", "committed versions with their time, operations, gains and votes", cmd_history)
     p.add_argument("--limit", type=int_in(1, HISTORY_MAX), default=20,
                    help=f"newest commits to show, 1..{HISTORY_MAX} (default 20)")
+    verbose(p)
     p = add("explain", "why a version was (or was not) committed", cmd_explain)
     p.add_argument("version", type=int_in(0, UINT64_MAX), nargs="?", default=0,
                    help="version (default: the latest decision)")
+    verbose(p)
     p = add("top", "live view: per-rank load, imbalance, recent commits", cmd_top)
     p.add_argument("--interval", type=float_in(0.0, 3600.0, lo_open=True), default=1.0,
                    help="refresh period in seconds")
@@ -72,19 +107,23 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--force", action="store_true", help="skip the gain check (validity is still checked)")
     p.add_argument("--wait", action="store_true", help="return once every active engine rank installed the commit")
     _install_timeout(p)
-    p.add_argument("--json", action="store_true")
-    for name, help in (("drain", "move a rank's experts away, then take it out of service (returns once every "
-                                 "active engine rank installed the commit)"),
-                       ("restore", "return a drained rank to service (returns once every active engine rank "
-                                   "installed the commit)")):
+    p.add_argument("--json", action="store_true", help="print the agent's answer as JSON")
+    verbose(p)
+    for name, help, rank_help in (
+            ("drain", "move a rank's experts away, then take it out of service (returns once every active engine "
+                      "rank installed the commit)", "the global rank to drain (emoe placement shows ranks by node)"),
+            ("restore", "return a drained rank to service with experts on it, planned on the recent load "
+                        "(returns once every active engine rank installed the commit)",
+             "the global rank to restore (a drained one)")):
         p = add(name, help, cmd_drain if name == "drain" else cmd_restore, read=False)
-        p.add_argument("rank", type=int_in(0, INT32_MAX))
+        p.add_argument("rank", type=int_in(0, INT32_MAX), help=rank_help)
         _install_timeout(p)
-        p.add_argument("--json", action="store_true")
+        p.add_argument("--json", action="store_true", help="print the agent's answer as JSON")
+        verbose(p)
     for name in ("pause", "resume"):
         p = add(name, f"{name} automatic rebalancing cluster-wide (a record committed by a quorum of the voters; "
                       f"exits 1 if it cannot commit)", cmd_pause if name == "pause" else cmd_resume, read=False)
-        p.add_argument("--json", action="store_true")
+        p.add_argument("--json", action="store_true", help="print the agent's answer as JSON")
 
 
 def _install_timeout(p: argparse.ArgumentParser) -> None:
@@ -94,16 +133,28 @@ def _install_timeout(p: argparse.ArgumentParser) -> None:
 
 
 def _address(args: argparse.Namespace) -> str:
-    if args.agent:
-        return str(args.agent)
+    """The agent to ask: --agent, else --config's `listen` (a wildcard as loopback), else $EMOE_AGENT, else the
+    default; CliError (exit 2) for a bad one."""
+    if args.agent is not None:
+        return check_address(str(args.agent), "--agent")
     if args.config:
-        from agent.config import ConfigError, load
+        return config_address(args.config)
+    if os.environ.get("EMOE_AGENT") is not None:
+        return check_address(os.environ["EMOE_AGENT"], "$EMOE_AGENT")
+    return DEFAULT_AGENT
 
-        try:
-            return load(args.config).listen.replace("0.0.0.0", "127.0.0.1")
-        except ConfigError as e:
-            raise CliError(f"invalid config: {e}") from None
-    return _agent_default()
+
+def config_address(path: str) -> str:
+    """The admin address of the agent that runs `path` (its `listen`, a wildcard as loopback)."""
+    from agent.config import ConfigError, load
+
+    try:
+        listen = load(path).listen
+    except ConfigError as e:
+        raise CliError(f"invalid config: {e}", exits.USAGE) from None
+    host, _, port = listen.rpartition(":")
+    host = {"0.0.0.0": "127.0.0.1", "[::]": "[::1]"}.get(host, host)
+    return check_address(f"{host}:{port}", f"listen in {path}")
 
 
 def _channel(address: str) -> grpc.Channel:
@@ -185,6 +236,27 @@ def unavailable_reason(code: grpc.StatusCode | None, detail: str, tls: bool,
     return f"unreachable ({code.name.lower()})"
 
 
+def rpc_exit(code: grpc.StatusCode | None, detail: str) -> int:
+    """The exit status of a failed call: the agent called the request invalid (2), no answer from the agent
+    (3: the transport's UNAVAILABLE or a deadline; the agent's own UNAVAILABLE, "agent X is NOT_SERVING: ...",
+    is an answer), anything else the agent answered (1)."""
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):
+        return exits.USAGE
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED or (code == grpc.StatusCode.UNAVAILABLE
+                                                      and not detail.startswith("agent ")):
+        return exits.UNREACHABLE
+    return exits.FAILED
+
+
+def rpc_failure(e: grpc.RpcError, address: str) -> tuple[str, int]:
+    """What to say of a failed call to `address`, and the exit status."""
+    code = e.code() if hasattr(e, "code") else None
+    detail = (e.details() if hasattr(e, "details") else str(e)) or ""
+    reason = unavailable_reason(code, detail, tls=bool(os.environ.get("EMOE_CERT_DIR")),
+                                listener=partial(probe_listener, address))
+    return f"agent {address}: {reason}", rpc_exit(code, detail)
+
+
 def _run(args: argparse.Namespace, func: Callable[[argparse.Namespace, admin_pb2_grpc.AdminStub], int]) -> int:
     from agent.security import TlsFilesError
 
@@ -192,28 +264,30 @@ def _run(args: argparse.Namespace, func: Callable[[argparse.Namespace, admin_pb2
         address = _address(args)
     except CliError as e:
         print(f"emoe {args.command}: {e}", file=sys.stderr)
-        return 2
+        return e.exit
     try:
         with _channel(address) as ch:
             return func(args, admin_pb2_grpc.AdminStub(ch))  # type: ignore[no-untyped-call]
     except TlsFilesError as e:
         print(f"emoe {args.command}: EMOE_CERT_DIR: {e}", file=sys.stderr)
-        return 2
+        return exits.USAGE
     except grpc.RpcError as e:
-        code = e.code() if hasattr(e, "code") else None
-        detail = e.details() if hasattr(e, "details") else str(e)
-        reason = unavailable_reason(code, detail or "", tls=bool(os.environ.get("EMOE_CERT_DIR")),
-                                    listener=partial(probe_listener, address))
-        print(f"emoe {args.command}: agent {address}: {reason}", file=sys.stderr)
-        return 1
+        what, status = rpc_failure(e, address)
+        print(f"emoe {args.command}: {what}", file=sys.stderr)
+        return status
     except CliError as e:
         print(f"emoe {args.command}: agent {address}: {e}", file=sys.stderr)
-        return 1
+        return e.exit
+
+
+def _doc(msg: Any) -> dict[str, Any]:
+    doc: dict[str, Any] = MessageToDict(msg, preserving_proto_field_name=True,
+                                        always_print_fields_with_no_presence=True)
+    return doc
 
 
 def _dump(msg: Any) -> None:
-    print(json.dumps(MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True),
-                     indent=2, sort_keys=True))
+    print(json.dumps(_doc(msg), indent=2, sort_keys=True))
 
 
 def _show(args: argparse.Namespace, reply: Any, human: Callable[[Any], None]) -> int:
@@ -222,51 +296,57 @@ def _show(args: argparse.Namespace, reply: Any, human: Callable[[Any], None]) ->
         _dump(reply)
     else:
         human(reply)
-    return 0
+    return exits.OK
 
 
 def cmd_status(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
-    return _show(args, stub.Status(apb.StatusRequest(), timeout=TIMEOUT_S), render.status)
+    return _show(args, stub.Status(apb.StatusRequest(), timeout=rpc_timeout(args)), render.status)
 
 
 def cmd_placement(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
-    r = stub.Placement(apb.PlacementRequest(layer=args.layer, version=args.version), timeout=TIMEOUT_S)
+    r = stub.Placement(apb.PlacementRequest(layer=args.layer, version=args.version), timeout=rpc_timeout(args))
     if args.json:
         print(json.dumps(render.placement_json(r, args.layer), indent=2))
     else:
         render.placement(r, args.layer)
-    return 0
+    return exits.OK
 
 
 def cmd_history(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
-    return _show(args, stub.History(apb.HistoryRequest(limit=args.limit), timeout=TIMEOUT_S), render.history)
+    r = stub.History(apb.HistoryRequest(limit=args.limit), timeout=rpc_timeout(args))
+    return _show(args, r, partial(render.history, verbose=args.verbose))
 
 
 def cmd_explain(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
     try:
-        r = stub.Explain(apb.ExplainRequest(version=args.version), timeout=TIMEOUT_S)
+        r = stub.Explain(apb.ExplainRequest(version=args.version), timeout=rpc_timeout(args))
     except grpc.RpcError as e:
-        # no decision at all yet is not an error of the read: say plainly what it waits for
-        if args.version == 0 and not args.json and e.code() == grpc.StatusCode.NOT_FOUND:
-            print(e.details())
-            return 0
+        # no decision at all yet is not an error of the read: say plainly what it waits for, as text or JSON
+        if args.version == 0 and e.code() == grpc.StatusCode.NOT_FOUND:
+            if args.json:
+                print(json.dumps({"version": "0", "outcome": "NO_DECISION", "detail": e.details()}, indent=2,
+                                 sort_keys=True))
+            else:
+                print(e.details())
+            return exits.OK
         raise
-    return _show(args, r, render.explain)
+    return _show(args, r, partial(render.explain, verbose=args.verbose))
 
 
 def cmd_top(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
     n = 0
+    t = rpc_timeout(args)
     while True:
-        status = stub.Status(apb.StatusRequest(), timeout=TIMEOUT_S)
-        view = stub.LoadView(apb.LoadViewRequest(), timeout=TIMEOUT_S)
-        hist = stub.History(apb.HistoryRequest(limit=5), timeout=TIMEOUT_S)
+        status = stub.Status(apb.StatusRequest(), timeout=t)
+        view = stub.LoadView(apb.LoadViewRequest(), timeout=t)
+        hist = stub.History(apb.HistoryRequest(limit=5), timeout=t)
         n += 1
         if args.json:
             print(json.dumps(render.top_json(status, view, hist)), flush=True)
         else:
             render.top(status, view, hist, clear=args.iterations != 1)
         if args.iterations and n >= args.iterations:
-            return 0
+            return exits.OK
         time.sleep(max(0.05, args.interval))
 
 
@@ -317,33 +397,48 @@ def parse_ops(words: list[str]) -> list[cpb.Operation]:
 
 
 def _ack(args: argparse.Namespace, ok: bool, reason: str, version: int, msg: Any,
-         stub: admin_pb2_grpc.AdminStub | None = None) -> int:
-    """Print a mutating call's answer; with `stub`, first wait until the engines installed `version`."""
+         stub: admin_pb2_grpc.AdminStub | None = None, summarise: bool = False) -> int:
+    """Print a mutating call's answer; with `stub`, first wait until the engines installed `version`; with
+    `summarise`, say in text what the commit changed (its operations, summarised unless --verbose)."""
     state = None
     if ok and stub is not None:
-        state, waited = wait_installed(lambda: stub.Status(apb.StatusRequest(), timeout=TIMEOUT_S), _ask_status,
+        t = rpc_timeout(args)
+        state, waited = wait_installed(lambda: stub.Status(apb.StatusRequest(), timeout=t),
+                                       partial(_ask_status, timeout=rpc_timeout(args, ASK_TIMEOUT_S)),
                                        version, args.install_timeout)
     if args.json:
-        doc = MessageToDict(msg, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
+        doc = _doc(msg)
         if state is not None:
             doc["install"] = state.as_dict()
         print(json.dumps(doc, indent=2, sort_keys=True))
     elif ok:
         print(f"ok: version {version}" + (f" ({reason})" if reason else ""))
+        if summarise and stub is not None:
+            _print_change(args, stub, version)
         if state is not None and state.done:
             print(f"installed: {state.summary()}")
     if not ok:
         raise CliError(f"refused: {reason}")
     if state is not None and not state.done:
         raise CliError(state.failure(waited))
-    return 0
+    return exits.OK
 
 
-def _ask_status(address: str) -> apb.StatusReply:
+def _print_change(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub, version: int) -> None:
+    """The operations of the committed `version` (best effort: the commit stands whatever this read says)."""
+    try:
+        r = stub.Explain(apb.ExplainRequest(version=version), timeout=rpc_timeout(args))
+    except grpc.RpcError:
+        return
+    for line in render.op_lines(r.plan.ops, r.copy_bytes, args.verbose):
+        print(f"  {line}")
+
+
+def _ask_status(address: str, timeout: float = ASK_TIMEOUT_S) -> apb.StatusReply:
     """Another member's agent's Status (its own engine ranks), at its gossip address."""
     with _channel(address) as ch:
         reply: apb.StatusReply = admin_pb2_grpc.AdminStub(ch).Status(  # type: ignore[no-untyped-call]
-            apb.StatusRequest(), timeout=ASK_TIMEOUT_S)
+            apb.StatusRequest(), timeout=timeout)
         return reply
 
 
@@ -352,26 +447,26 @@ def cmd_propose(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int
         ops = parse_ops(args.op)
     except CliError as e:
         print(f"emoe propose: {e}", file=sys.stderr)
-        return 2
-    r = stub.Propose(apb.ProposeRequest(ops=ops, force=args.force), timeout=30.0)
+        return exits.USAGE
+    r = stub.Propose(apb.ProposeRequest(ops=ops, force=args.force), timeout=rpc_timeout(args, COMMIT_TIMEOUT_S))
     return _ack(args, r.committed, r.reason, r.version, r, stub if args.wait else None)
 
 
 def cmd_drain(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
-    r = stub.Drain(apb.RankRequest(rank=args.rank), timeout=30.0)
-    return _ack(args, r.ok, r.reason, r.version, r, stub)
+    r = stub.Drain(apb.RankRequest(rank=args.rank), timeout=rpc_timeout(args, COMMIT_TIMEOUT_S))
+    return _ack(args, r.ok, r.reason, r.version, r, stub, summarise=True)
 
 
 def cmd_restore(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
-    r = stub.Restore(apb.RankRequest(rank=args.rank), timeout=30.0)
-    return _ack(args, r.ok, r.reason, r.version, r, stub)
+    r = stub.Restore(apb.RankRequest(rank=args.rank), timeout=rpc_timeout(args, COMMIT_TIMEOUT_S))
+    return _ack(args, r.ok, r.reason, r.version, r, stub, summarise=True)
 
 
 def cmd_pause(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
-    r = stub.Pause(apb.Empty(), timeout=30.0)  # a quorum write: the agent answers within ~20 s
+    r = stub.Pause(apb.Empty(), timeout=rpc_timeout(args, 30.0))  # a quorum write: the agent answers within ~20 s
     return _ack(args, r.ok, r.reason, r.version, r)
 
 
 def cmd_resume(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
-    r = stub.Resume(apb.Empty(), timeout=30.0)
+    r = stub.Resume(apb.Empty(), timeout=rpc_timeout(args, 30.0))
     return _ack(args, r.ok, r.reason, r.version, r)

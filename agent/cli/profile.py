@@ -44,10 +44,14 @@ def profile_cmd(args: argparse.Namespace) -> int:
         traces = [load_trace(p) for p in args.trace]
         prof = build_profile([t.counts for t in traces], tuple(t.source or str(p) for t, p in zip(traces, args.trace,
                              strict=True)), args.window, args.hot, args.cold, args.bursty_cv)
-    except (OSError, ValueError, ControlPlaneError) as e:
+    except (OSError, ValueError, ControlPlaneError) as e:  # an unreadable, malformed or mismatched trace
         print(f"emoe profile: {e}", file=sys.stderr)
+        return 2
+    try:
+        save_profile(prof, args.out)
+    except OSError as e:
+        print(f"emoe profile: {args.out}: {e.strerror or e}", file=sys.stderr)
         return 1
-    save_profile(prof, args.out)
     L, E = prof.shape
     print(f"wrote {args.out}: {L} layers x {E} experts from {len(traces)} traces, window {prof.window}")
     for i, src in enumerate(prof.sources):

@@ -83,9 +83,9 @@ def repair(args: argparse.Namespace) -> int:
         return 2
     try:
         aside = move_aside(d)
-    except DataDirError as e:
+    except DataDirError as e:  # held by a running agent, or unusable: refused (agent.cli.exits)
         print(f"emoe store repair: {e}", file=sys.stderr)
-        return 2
+        return 1
     if aside is None:
         print(f"{d / LOG_NAME}: no log to move aside; the node rebuilds from its peers at its next start")
     else:

@@ -110,7 +110,7 @@ def test_plaintext_client_against_a_tls_agent(tls_dir: Path, capsys: pytest.Capt
     monkeypatch.delenv("EMOE_CERT_DIR", raising=False)
     srv, addr = _serve(_status, tls_dir)
     try:
-        assert main(["status", "--agent", addr]) == 1
+        assert main(["status", "--agent", addr]) == 3  # not reached (exit 3)
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and addr in err and "requires TLS" in err and "EMOE_CERT_DIR" in err, err
         monkeypatch.setenv("EMOE_CERT_DIR", str(tls_dir))
@@ -124,7 +124,7 @@ def test_tls_client_against_a_plaintext_agent(tls_dir: Path, capsys: pytest.Capt
     monkeypatch.setenv("EMOE_CERT_DIR", str(tls_dir))
     srv, addr = _serve(_status, None)
     try:
-        assert main(["status", "--agent", addr]) == 1
+        assert main(["status", "--agent", addr]) == 3
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "TLS handshake failed" in err, err
     finally:
@@ -150,7 +150,7 @@ def test_the_agents_own_unavailable_answer_is_kept(capsys: pytest.CaptureFixture
         assert "UNAVAILABLE: agent node1 is NOT_SERVING: disk full" in err and "TLS" not in err, err
     finally:
         srv.stop(None)
-    assert main(["status", "--agent", addr]) == 1  # nothing listens there now
+    assert main(["status", "--agent", addr]) == 3  # nothing listens there now
     assert "unreachable (connection refused" in capsys.readouterr().err
 
 
@@ -191,7 +191,7 @@ def test_a_plaintext_agent_killed_mid_call_is_unreachable_not_tls(capsys: pytest
         killer = threading.Thread(target=kill_once_called)
         killer.start()
         try:
-            assert main(["status", "--agent", addr]) == 1
+            assert main(["status", "--agent", addr]) == 3
         finally:
             p.kill()
             killer.join()
@@ -222,7 +222,7 @@ def test_a_plaintext_listener_that_closes_the_connection_gets_no_tls_hint(capsys
     t.start()
     try:
         addr = f"127.0.0.1:{lsn.getsockname()[1]}"
-        assert main(["status", "--agent", addr]) == 1
+        assert main(["status", "--agent", addr]) == 3
     finally:
         stop.set()
         t.join()

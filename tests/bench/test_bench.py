@@ -48,10 +48,10 @@ def test_short_bench_run_writes_results_with_every_key(tmp_path: Path, capsys: p
 
 
 def test_bench_rejects_bad_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["bench", "--synthetic", "4x16", "--policies", "static,nope", "--out", str(tmp_path)]) == 1
+    assert main(["bench", "--synthetic", "4x16", "--policies", "static,nope", "--out", str(tmp_path)]) == 2
     assert "nope" in capsys.readouterr().err
-    assert main(["bench", "--synthetic", "4by16", "--out", str(tmp_path)]) == 1
-    assert main(["bench", "--out", str(tmp_path)]) == 1
+    assert main(["bench", "--synthetic", "4by16", "--out", str(tmp_path)]) == 2
+    assert main(["bench", "--out", str(tmp_path)]) == 2
     with pytest.raises(ValueError, match="PERIOD"):
         make_policy("static:5", 100, 1, 1.0, 3)
 

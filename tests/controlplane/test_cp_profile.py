@@ -115,4 +115,4 @@ def test_emoe_profile_cli(tmp_path, capsys) -> None:  # type: ignore[no-untyped-
     assert prof.shape == (2, 8) and prof.classes[0, 0] == ExpertClass.STABLE_HOT
     assert emoe(["profile", "--trace", str(paths[0]), "--out", str(out)]) == 2
     assert emoe(["profile", "--trace", str(tmp_path / "missing.npz"), "--trace", str(paths[0]),
-                 "--out", str(out)]) == 1
+                 "--out", str(out)]) == 2  # bad input (agent.cli.exits)
