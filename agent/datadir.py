@@ -1,19 +1,26 @@
 """The agent's data directory: one agent at a time (an exclusive lock), and the operator's store repair.
 
 Two processes with one data_dir would act as one acceptor with two states (a broken promise is a broken
-I1), so `lock()` takes an exclusive `flock` on `<data_dir>/LOCK` for the life of the process and refuses to
-start when another process holds it, naming that process. The kernel drops the lock when the holder exits,
-`kill -9` included, so a crash never leaves a stale lock behind.
+I1), so `DataDirLock` takes an exclusive `flock` on `<data_dir>/LOCK` for the life of the process and
+refuses to start when another process holds it, naming that process (its pid is written in the file).
+The holder removes the file when it lets go (a clean stop, and every failed start), so a LOCK file left
+behind means its holder died (`kill -9`, a crash). The lock itself never outlives its holder: the kernel
+drops a flock when the process exits, so the next agent takes such a file over, and says so in its log.
+Removing the file while others may open it is safe because a taker checks, once it holds the flock, that
+the path still names the file it locked (else it locked a removed file, and tries again).
 """
 
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import time
 from pathlib import Path
 
 from agent.disk import fsync_dir, write_atomic
+
+log = logging.getLogger("emoe.agent")
 
 LOCK_NAME = "LOCK"
 LOG_NAME = "consensus"
@@ -26,35 +33,71 @@ class DataDirError(RuntimeError):
 
 
 class DataDirLock:
-    """An exclusive lock on a data_dir, held until `release()` or the process exits."""
+    """An exclusive lock on a data_dir, held until `release()` (which removes the LOCK file) or the process
+    exits."""
+
+    # a holder that lets go between our open and our flock makes us try again; this bounds the tries
+    ATTEMPTS = 64
 
     def __init__(self, data_dir: str | Path) -> None:
         self.data_dir = Path(data_dir)
+        self.path = self.data_dir / LOCK_NAME
         self._fd = -1
 
     def acquire(self) -> DataDirLock:
-        try:
-            self.data_dir.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.data_dir / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise DataDirError(f"data_dir = {str(self.data_dir)!r}: cannot be used: {e.strerror or e}") from e
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise DataDirError(f"data_dir = {str(self.data_dir)!r} is in use by another agent (pid {holder}): "
-                               f"two agents on one data_dir would be one acceptor with two states; stop the "
-                               f"other one or give this one its own data_dir") from None
+        for _ in range(self.ATTEMPTS):
+            fd = self._open()
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+                os.close(fd)
+                raise DataDirError(f"data_dir = {str(self.data_dir)!r} is in use by another agent (pid {holder}): "
+                                   f"two agents on one data_dir would be one acceptor with two states; stop the "
+                                   f"other one or give this one its own data_dir") from None
+            if self._names(fd):
+                break
+            os.close(fd)  # we locked a file its holder removed on release: lock the one the path names now
+        else:
+            raise DataDirError(f"data_dir = {str(self.data_dir)!r}: its {LOCK_NAME} file kept changing under us "
+                               f"({self.ATTEMPTS} tries): another process is starting and stopping agents there")
+        left = os.pread(fd, 64, 0).decode(errors="replace").strip()
+        if left:  # its holder died without removing it (kill -9, a crash): the kernel dropped its flock
+            log.warning("data_dir %s: took over the %s file left by pid %s, which no longer holds it (it was "
+                        "killed or crashed without stopping cleanly)", self.data_dir, LOCK_NAME, left)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
         return self
 
+    def _open(self) -> int:
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise DataDirError(f"data_dir = {str(self.data_dir)!r}: cannot be used: {e.strerror or e}") from e
+
+    def _names(self, fd: int) -> bool:
+        """Whether the LOCK path still names the file open at `fd`."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        mine = os.fstat(fd)
+        return (st.st_dev, st.st_ino) == (mine.st_dev, mine.st_ino)
+
     def release(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)  # closing the descriptor drops the flock
-            self._fd = -1
+        """Remove the LOCK file, then let go of the lock (closing the descriptor drops the flock)."""
+        if self._fd < 0:
+            return
+        fd, self._fd = self._fd, -1
+        try:
+            if self._names(fd):
+                os.unlink(self.path)
+        except OSError as e:  # a read-only or vanished data_dir: the flock still goes with the descriptor
+            log.warning("data_dir %s: could not remove %s: %s", self.data_dir, LOCK_NAME, e.strerror or e)
+        finally:
+            os.close(fd)
 
     def __enter__(self) -> DataDirLock:
         return self.acquire()

@@ -89,15 +89,19 @@ class AgentProcess:
         return self._state
 
     async def _abort(self) -> None:
-        if self._state is not None:  # started, then a later step failed: stop voting first
-            self._state.stop(graceful=False)
-            await self._state.close()
-        for srv in (self.shim_server, self.health_server, self.server):
-            if srv is not None:
-                await srv.stop(0)
-        if self.metrics is not None:
-            await asyncio.to_thread(self.metrics.close)
-        self.lock.release()
+        """Undo a failed start: stop what started, and let go of the data_dir (its LOCK file goes too, whatever
+        else fails here)."""
+        try:
+            if self._state is not None:  # started, then a later step failed: stop voting first
+                self._state.stop(graceful=False)
+                await self._state.close()
+            for srv in (self.shim_server, self.health_server, self.server):
+                if srv is not None:
+                    await srv.stop(0)
+            if self.metrics is not None:
+                await asyncio.to_thread(self.metrics.close)
+        finally:
+            self.lock.release()
 
     async def _start(self) -> None:
         # readiness is NOT_SERVING until the node is built and says it serves (the servicer starts SERVING)
@@ -181,12 +185,14 @@ class AgentProcess:
         self.state.stop()
         await asyncio.sleep(0.1)  # let the leave broadcast go out
         await self.state.close()
-        for srv in (self.shim_server, self.health_server, self.server):
-            if srv is not None:
-                await srv.stop(grace)
-        if self.metrics is not None:
-            await asyncio.to_thread(self.metrics.close)
-        self.lock.release()
+        try:
+            for srv in (self.shim_server, self.health_server, self.server):
+                if srv is not None:
+                    await srv.stop(grace)
+            if self.metrics is not None:
+                await asyncio.to_thread(self.metrics.close)
+        finally:
+            self.lock.release()
 
 
 async def _maybe_await(res: object) -> None:
