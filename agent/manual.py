@@ -2,8 +2,9 @@
 link or after its repair is restored the same way): the operations go through the controller's manual event,
 so that what it refuses is refused with its own reason (agent.pipeline.DecisionPipeline.manual), and the
 node's proposal is awaited. Pause and Resume write the cluster's pause switch (agent.commit.PauseSwitch: a
-record committed by a quorum apart from the tables), which every node's pipeline follows. One object, built
-complete once the pipeline exists (agent.state.NodeState)."""
+record committed by a quorum apart from the tables), which every node's pipeline follows. A restore that
+commits is followed at once by the controller's proposal of experts for the rank (controlplane.restore), which
+`restore` awaits too. One object, built complete once the pipeline exists (agent.state.NodeState)."""
 
 from __future__ import annotations
 
@@ -60,8 +61,12 @@ class ManualPath:
         """Wait, at most `limit_s` on this node's clock, until this node has no proposal in flight: an operator's
         drain or proposal made while a rebalance awaits its outcome is planned on the head that outcome leaves
         (was refused at once, PROPOSAL_IN_FLIGHT). Past the limit the controller refuses it with its reason."""
+        await self._until(lambda: self.pipeline.inflight is None, limit_s, poll_s)
+
+    async def _until(self, done: Callable[[], bool], limit_s: float, poll_s: float = 0.05) -> None:
+        """Poll `done` on this node's clock until it holds or `limit_s` passed."""
         t0 = self.clock.now()
-        while self.pipeline.inflight is not None and self.clock.now() - t0 < limit_s:
+        while not done() and self.clock.now() - t0 < limit_s:
             fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             self.clock.call_later(poll_s, _resolver(fut))
             await fut
@@ -113,7 +118,30 @@ class ManualPath:
         return await self._elastic(lambda: plan_drain(self.head(), rank, self.pipeline.latest_window()), f"drain r{rank}")
 
     async def restore(self, rank: int) -> apb.AdminAck:
-        return await self._elastic(lambda: plan_restore(self.head(), rank), f"restore r{rank}")
+        """Return `rank` to service, then await the experts the controller proposes for it as the restore
+        commits; the answer names the version that put them there, or why there is none (the rank is active
+        either way: a later rebalance fills it)."""
+        ack = await self._elastic(lambda: plan_restore(self.head(), rank), f"restore r{rank}")
+        if not ack.ok:
+            return ack
+        v = int(ack.version)
+        await self._until(lambda: self.pipeline.fill_after(v) is not None, 5.0)
+        found = self.pipeline.fill_after(v)
+        why = found[1] if found is not None else "none proposed"
+        if found is not None and found[0] is not None:
+            await self._settled(limit_s=30.0)  # the fill (and a retry, if it lost its version) is decided
+            found = self.pipeline.fill_after(v)
+            if found is not None and found[0] is not None:
+                rec = self.pipeline.explains.get(found[0].table.version)
+                why = rec.outcome if rec is not None else found[1]
+        head = self.head()
+        topo = head.topology
+        held = int((head.phy2log.reshape(head.layers, topo.ranks, -1)[:, rank] >= 0).sum())
+        if held and rank in head.active_ranks:
+            return apb.AdminAck(ok=True, version=head.version,
+                                reason=f"restore r{rank} in v{v}, then {held} experts on it in v{head.version}")
+        return apb.AdminAck(ok=True, version=v, reason=f"restore r{rank} in v{v}; no experts on it yet ({why}): a "
+                                                        f"later rebalance fills it")
 
 
 def _resolver(fut: asyncio.Future[None]) -> Callable[[], None]:

@@ -236,6 +236,16 @@ class DecisionPipeline:
         """This node's proposal awaiting its outcome, if any."""
         return self.controller.inflight
 
+    def fill_after(self, version: int) -> tuple[Decision | None, str] | None:
+        """What the controller did when this node's restore committed as `version`: the experts it proposed for
+        the restored ranks (controlplane.restore.fill), or None and why not; None if it has not seen that
+        commit as its own restore."""
+        last = self.controller.last_fill
+        if last is None or last[0] != version:
+            return None
+        a = last[1]
+        return a.decision, f"{a.outcome}: {a.detail}".rstrip(": ")
+
     # ---- the planning turn ------------------------------------------------------------------------
     def turn(self, seq: int) -> tuple[str, int]:
         """The node planning window `seq` in this view ('' if this one; paxos.planner_turn), and this node's place

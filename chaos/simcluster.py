@@ -142,8 +142,8 @@ class SimCluster:
             cluster=dict(nodes=nodes, ranks_per_node=sh.ranks_per_node, slots_per_rank=sh.slots_per_rank,
                          layers=sh.layers, experts=sh.experts, top_k=sh.top_k),
             # every step of a 2-step window sampled (the plugins' sampled steps, at this scale)
-            decision=dict(window=window, budget_windows=1, theta=1.10, tau=0.02, rollback_windows=2, sample_every=1,
-                          **(decision or {})),
+            decision={**dict(window=window, budget_windows=1, theta=1.10, tau=0.02, rollback_windows=2,
+                             sample_every=1), **(decision or {})},  # the caller's override any of these
             gossip=dict(gossip or {}), consensus=dict(voters=list(self.ids), **(consensus or {})),
         )
         for n in self.ids:

@@ -9,7 +9,8 @@ before send, commit before install), then advances. Invariants: at most one of t
 is in flight; nothing is proposed again before the in-flight one is answered by TableCommitted (any table
 for its version or later) or ProposalFailed (its version). Priorities when free to propose: repair of lost
 ranks, then a due rollback, then a rebalance when the error budget is spent (or, under theta, when a plan
-could repay its copies: controlplane.worth). A rebalance is not proposed
+could repay its copies: controlplane.worth). When this controller's own restore of a rank commits, it
+proposes experts for the rank at once (controlplane.restore.fill), unless a repair waits. A rebalance is not proposed
 while the previous change is still being observed, so that each change is judged on its own: it is judged
 after N windows, or as soon as its realised gain over the windows seen reaches tau (kept: nothing left to
 wait for, and a drift that goes on can be followed at once).
@@ -43,9 +44,10 @@ from controlplane.events import (
     WindowClosed,
 )
 from controlplane.monitor import LoadMonitor, WindowReport
-from controlplane.ops import EndReason, Lifecycle, OpState
+from controlplane.ops import EndReason, Lifecycle, Operation, OpState, Restore
 from controlplane.planner import Refused
 from controlplane.profile import StabilityProfile
+from controlplane.restore import fill
 from controlplane.table import RoutingTable
 from controlplane.verify import verify_decision
 from controlplane.worth import WorthTrigger
@@ -108,6 +110,7 @@ class Explain:
 
 
 Record = ProposalRecord | Resolution
+FILL_TRIES = 3  # fills proposed for one restore: one that loses its version to another table is planned again
 TelemetryEvent = Explain | WindowReport | OpTransition
 
 
@@ -165,6 +168,10 @@ class Controller:
         self._paused = False
         self._explain: Explain | None = None
         self._imbalance = 1.0
+        # this controller's last restore that committed: (its version, the fill attempted for its ranks)
+        self.last_fill: tuple[int, Attempt] | None = None
+        self._fill_ranks: tuple[int, ...] = ()  # ... its ranks
+        self._fill_tries = 0  # fills proposed for that restore (one lost to another table is tried again)
 
     # ---- interface -------------------------------------------------------------------------
     def step(self, event: Event) -> Ready:
@@ -251,10 +258,13 @@ class Controller:
             return
         prev, kind = self.head, ev.kind
         d = self._inflight
+        restored: tuple[int, ...] = ()
+        refill = False
         if d is not None and d.table.version <= t.version:
             ours = d.table.version == t.version and d.table.content_equal(t)
             if ours:
                 kind = d.kind
+                restored = tuple(sorted(o.rank for o in d.ops if isinstance(o, Restore)))
                 self._transition(d, OpState.COMMITTED, "")
                 self._transition(d, OpState.ACTIVE, "")
                 self._ready.persist.append(Resolution(t.version, DecisionOutcome.COMMITTED, ""))
@@ -263,6 +273,8 @@ class Controller:
                 self._transition(d, OpState.EXPIRED, EndReason.LOST_TO_OTHER_PROPOSAL)
                 self._ready.persist.append(Resolution(d.table.version, DecisionOutcome.LOST, EndReason.LOST_TO_OTHER_PROPOSAL))
                 self._note(d.trigger, DecisionOutcome.LOST, f"v{t.version} committed another table", d)
+                # our fill lost its version to another table: plan it again on that table (if still needed)
+                refill = self.last_fill is not None and self.last_fill[1].decision is d and self._fill_tries < FILL_TRIES
             self._inflight = None
         o = self._observe or self._rollback_due
         if o is not None:
@@ -289,6 +301,30 @@ class Controller:
         self.worth.reset()
         if kind == "rebalance" and t.parent == prev.version:
             self._observe = _Observation(t.version, prev, ev.newest_window + 2 if ev.newest_window >= 0 else None)
+        if restored:
+            self._fill(restored, t.version, again=False)
+        elif refill and self.last_fill is not None:
+            self._fill(self._fill_ranks, self.last_fill[0], again=True)
+
+    def _fill(self, ranks: tuple[int, ...], restore_version: int, again: bool) -> None:
+        """Our restore of `ranks` committed as `restore_version` (or, `again`, the fill we proposed for it lost
+        its version to another table): propose experts for those of them still empty in some layer of the head
+        (controlplane.restore), unless a repair of lost ranks comes first (then a later rebalance fills them)."""
+        self._fill_ranks = ranks
+        self._fill_tries = self._fill_tries + 1 if again else 1
+        phy = self.head.phy2log.reshape(self.head.layers, self.head.topology.ranks, -1)
+        empty = tuple(r for r in ranks if r in self.head.active_ranks and (phy[:, r] < 0).all(axis=1).any())
+        trig = f"restore: ranks {list(ranks)} restored in v{restore_version}"
+        if not empty:
+            a = Attempt(None, DecisionOutcome.NO_PLAN, f"ranks {list(ranks)} hold experts in every layer of "
+                                                       f"v{self.head.version}")
+        elif self._lost:
+            a = Attempt(None, DecisionOutcome.NOT_DESIGNATED, f"a repair of ranks {sorted(self._lost)} comes first")
+        else:
+            seq = self.monitor.last_seq if self.monitor.last_seq is not None else 0
+            a = fill(self.head, empty, self.monitor.buffer, self.params, self._cool_until >= seq, trig)
+        self.last_fill = (restore_version, a)
+        self._attempt(a, a.decision.trigger if a.decision is not None else trig)
 
     def _on_failed(self, ev: ProposalFailed) -> None:
         d = self._inflight

@@ -151,7 +151,8 @@ def plan_repair(
 
 
 def plan_restore(table: RoutingTable, rank: int) -> tuple[Operation, ...]:
-    """Return `rank` to service with empty slots; the planner then fills them with hot replicas."""
+    """Return `rank` to service with empty slots; the controller that proposed it then proposes experts for the
+    rank as it commits (controlplane.restore.fill)."""
     if not 0 <= rank < table.topology.ranks:
         raise DrainRefused(f"rank {rank}: expected 0..{table.topology.ranks - 1}")
     if rank in table.active_ranks:
