@@ -13,6 +13,7 @@ from urllib.parse import unquote
 
 import grpc
 import numpy as np
+import numpy.typing as npt
 
 from agent.wire import WireError, ops_from_pb
 from controlplane.ops import Operation
@@ -59,6 +60,7 @@ class AdminReads(Protocol):
     def fingerprint(self) -> gpb.Fingerprint: ...
     def fingerprint_mismatches(self) -> list[apb.FingerprintMismatch]: ...
     def expert_bytes(self) -> int: ...
+    def window_steps(self) -> int: ...
 
 
 class AdminSteering(Protocol):
@@ -100,11 +102,12 @@ def rank_nodes(members: list[gpb.MemberState], ranks: int) -> list[str]:
     return out
 
 
-def copy_bytes(parent: cpb.Commit, commit: cpb.Commit, expert_bytes: int) -> int:
-    """Weight bytes `commit` copies over `parent` (0 unless `parent` is the commit's parent and of its shape)."""
-    if parent.table.version != commit.table.parent or len(parent.table.phy2log) != len(commit.table.phy2log):
+def copy_bytes(parent: npt.ArrayLike | None, commit: cpb.Commit, expert_bytes: int) -> int:
+    """Weight bytes `commit` copies over its parent's phy2log `parent` (0 without it, or of another size)."""
+    b = np.frombuffer(commit.table.phy2log, dtype="<i8")
+    a = None if parent is None else np.asarray(parent).reshape(-1)
+    if a is None or a.shape != b.shape:
         return 0
-    a, b = (np.frombuffer(t.phy2log, dtype="<i8") for t in (parent.table, commit.table))
     return copied_slots(a, b) * expert_bytes
 
 
@@ -223,15 +226,20 @@ class AdminService(admin_pb2_grpc.AdminServicer):
     async def History(self, request: apb.HistoryRequest, context: grpc.aio.ServicerContext) -> apb.HistoryReply:
         view = await self._view(context)
         limit = request.limit or 20
-        commits = view.commits(limit + 1)  # newest first; one more: the parent of the oldest shown
+        commits = view.commits(limit)  # newest first
         size = view.expert_bytes()
-        entries = [
-            apb.HistoryEntry(version=c.table.version, parent=c.table.parent, plan=c.plan, votes=c.votes,
-                             proposer=c.proposer, committed_at_ms=c.committed_at_ms,
-                             committed_at_unix_ms=c.plan.proposed_at_unix_ms,
-                             copy_bytes=copy_bytes(p, c, size) if p is not None else 0)
-            for c, p in zip(commits[:limit], [*commits[1:limit + 1], None], strict=False)
-        ]
+        entries = []
+        for i, c in enumerate(commits):
+            older = commits[i + 1] if i + 1 < len(commits) else None
+            if older is not None and older.table.version == c.table.parent:
+                parent: npt.NDArray[np.int64] | None = np.frombuffer(older.table.phy2log, dtype="<i8")
+            else:  # the oldest shown: its parent from the agent (the genesis table has no commit record)
+                t = view.table_at(int(c.table.parent)) if c.table.parent else None
+                parent = None if t is None else t.phy2log
+            entries.append(apb.HistoryEntry(
+                version=c.table.version, parent=c.table.parent, plan=c.plan, votes=c.votes, proposer=c.proposer,
+                committed_at_ms=c.committed_at_ms, committed_at_unix_ms=c.plan.proposed_at_unix_ms,
+                copy_bytes=copy_bytes(parent, c, size)))
         return apb.HistoryReply(entries=entries)
 
     async def Explain(self, request: apb.ExplainRequest, context: grpc.aio.ServicerContext) -> apb.ExplainReply:
@@ -257,12 +265,13 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         load = view.cluster_load()
         hist = view.imbalance_history()
         if load is None:
-            return apb.LoadViewReply(layers=head.layers, experts=head.experts, imbalance_history=hist[-60:])
+            return apb.LoadViewReply(layers=head.layers, experts=head.experts, imbalance_history=hist[-60:],
+                                     window=view.window_steps(), window_seq=view.window_seq())
         ranks = rank_load(head, load.astype(np.int64)).sum(axis=0)
         return apb.LoadViewReply(
             layers=head.layers, experts=head.experts, counts=np.asarray(load, dtype="<u4").tobytes(),
             rank_load=ranks.astype("<u8").tobytes(), step_imbalance=hist[-1] if hist else 0.0,
-            imbalance_history=hist[-60:],
+            imbalance_history=hist[-60:], window=view.window_steps(), window_seq=view.window_seq(),
         )
 
     async def Propose(self, request: apb.ProposeRequest, context: grpc.aio.ServicerContext) -> apb.ProposeReply:

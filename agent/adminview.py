@@ -33,8 +33,10 @@ class AdminView:
     def __init__(self, node_id: str, topology: Topology, backend: CommitBackend, gossip: GossipNode,
                  pipeline: DecisionPipeline, load: LoadPath, installs: Installs, clock: Clock,
                  lifecycle: Callable[[], str], presence: Callable[[], RankPresence | None], switch: PauseSwitch,
-                 fingerprints: FingerprintCheck) -> None:
+                 fingerprints: FingerprintCheck, genesis: RoutingTable) -> None:
+        """`genesis`: version 1, the engines' boot placement (it has no commit record to read it from)."""
         self.node_id, self.topology, self.backend, self.gossip = node_id, topology, backend, gossip
+        self.genesis = genesis
         self.pipeline, self.load, self.installs, self.clock = pipeline, load, installs, clock
         self.lifecycle, self.presence, self.switch, self.fingerprints = lifecycle, presence, switch, fingerprints
 
@@ -43,7 +45,9 @@ class AdminView:
 
     def table_at(self, version: int) -> RoutingTable | None:
         c = self.backend.committed(version)
-        return None if c is None else table_from_pb(c.table, self.topology)
+        if c is None:
+            return self.genesis if version == self.genesis.version else None
+        return table_from_pb(c.table, self.topology)
 
     def member_states(self) -> list[gpb.MemberState]:
         return [gpb.MemberState(node_id=m.node_id, address=m.address, incarnation=m.incarnation,
@@ -121,12 +125,16 @@ class AdminView:
         if rec is None:
             c = self.backend.committed(version)
             if c is not None:
-                parent = self.backend.committed(int(c.table.parent))
-                size = copy_bytes(parent, c, self.expert_bytes()) if parent is not None else 0
+                parent = self.table_at(int(c.table.parent)) if c.table.parent else None
+                size = copy_bytes(None if parent is None else parent.phy2log, c, self.expert_bytes())
                 rec = apb.ExplainReply(version=version, trigger=c.plan.trigger, plan=c.plan, votes=c.votes,
                                        outcome="committed (proposed by " + (c.proposer or "?") + ")",
                                        copy_bytes=size)
         return rec
+
+    def window_steps(self) -> int:
+        """Engine steps per load window (decision.window)."""
+        return self.pipeline.params.window
 
     def expert_bytes(self) -> int:
         """One expert's weight bytes (cluster.expert_bytes): what one copied slot moves."""

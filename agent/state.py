@@ -180,7 +180,7 @@ class NodeState:
             and 2 * len(self._live_voters()) > len(self._voters))
         self.view = AdminView(self.node_id, self.topology, backend, self.gossip, self.pipeline, self.load,
                               self.installs, self.clock, lambda: self._health, lambda: self.reactions.presence,
-                              self.pause, self.fingerprint)
+                              self.pause, self.fingerprint, genesis)
 
         # wired, then started
         backend.on_commit(self._on_commit)

@@ -325,6 +325,9 @@ class FakeAdminBackend:
     def expert_bytes(self) -> int:
         return 1 << 20
 
+    def window_steps(self) -> int:
+        return 100
+
     async def propose_manual(self, ops: tuple[Any, ...], force: bool) -> apb.ProposeReply:
         self.mutations.append(("propose", ops, force))
         return apb.ProposeReply(committed=True, version=self.head().version + 1)

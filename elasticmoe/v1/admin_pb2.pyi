@@ -216,17 +216,21 @@ class LoadViewRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class LoadViewReply(_message.Message):
-    __slots__ = ("layers", "experts", "counts", "rank_load", "step_imbalance", "imbalance_history")
+    __slots__ = ("layers", "experts", "counts", "rank_load", "step_imbalance", "imbalance_history", "window", "window_seq")
     LAYERS_FIELD_NUMBER: _ClassVar[int]
     EXPERTS_FIELD_NUMBER: _ClassVar[int]
     COUNTS_FIELD_NUMBER: _ClassVar[int]
     RANK_LOAD_FIELD_NUMBER: _ClassVar[int]
     STEP_IMBALANCE_FIELD_NUMBER: _ClassVar[int]
     IMBALANCE_HISTORY_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_SEQ_FIELD_NUMBER: _ClassVar[int]
     layers: int
     experts: int
     counts: bytes
     rank_load: bytes
     step_imbalance: float
     imbalance_history: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, layers: _Optional[int] = ..., experts: _Optional[int] = ..., counts: _Optional[bytes] = ..., rank_load: _Optional[bytes] = ..., step_imbalance: _Optional[float] = ..., imbalance_history: _Optional[_Iterable[float]] = ...) -> None: ...
+    window: int
+    window_seq: int
+    def __init__(self, layers: _Optional[int] = ..., experts: _Optional[int] = ..., counts: _Optional[bytes] = ..., rank_load: _Optional[bytes] = ..., step_imbalance: _Optional[float] = ..., imbalance_history: _Optional[_Iterable[float]] = ..., window: _Optional[int] = ..., window_seq: _Optional[int] = ...) -> None: ...

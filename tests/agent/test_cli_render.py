@@ -104,7 +104,7 @@ def test_copy_bytes_count_the_copied_slots_as_diff_does() -> None:
     phy[0, 2], phy[1, 5], phy[1, 0] = 7, 0, -1  # two copies (a slot that empties copies nothing)
     b = a.successor(phy)
     assert copied_slots(a.phy2log, b.phy2log) == len(diff(a, b, 1).moves) == 2
-    ca, cb = (cpb.Commit(table=table_to_pb(t)) for t in (a, b))
-    assert copy_bytes(ca, cb, 100) == 200
-    assert copy_bytes(cb, cb, 100) == 0  # not its parent
+    cb = cpb.Commit(table=table_to_pb(b))
+    assert copy_bytes(a.phy2log, cb, 100) == 200
+    assert copy_bytes(None, cb, 100) == 0 and copy_bytes(a.phy2log[:1], cb, 100) == 0  # parent unknown
     assert np.array_equal(a.phy2log, initial_table(topo, 2, 8).phy2log)
