@@ -5,8 +5,9 @@ and says which version it runs in every load report to its own node's agent (age
 CLI asks each alive member's agent for its Status (the asked agent's own reply, then every other alive
 member at its gossip address) and waits until each rank that is active in that agent's committed table and
 whose engine has reported a version runs `version` or newer. A rank with no engine attached (no report of a
-version yet: the engine is not started, or its plugin predates version reports) is not waited for; it is
-counted and named. A member that is suspect, dead or has left is not asked (its ranks are being repaired);
+version yet: the engine is not started, or its plugin predates version reports; or one whose link is closed
+and whose last report is older than the agent's install-lag bound: it is gone, as after `emoe load replay`
+ended) is not waited for; it is counted and named. A member that is suspect, dead or has left is not asked (its ranks are being repaired);
 an alive member that does not answer keeps the wait open, and is named if the wait times out.
 """
 
@@ -69,7 +70,7 @@ def tally(version: int, replies: list[apb.StatusReply], unanswered: list[str]) -
         for i in rep.ranks:
             if not i.active:
                 continue
-            if not i.installed_version:
+            if not i.installed_version or (not i.attached and i.report_age_s > rep.install_lag_bound_s):
                 st.no_engine.append((rep.node_id, i.rank))
             elif i.installed_version >= version:
                 st.installed.append((rep.node_id, i.rank, i.installed_version))

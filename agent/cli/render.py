@@ -141,6 +141,8 @@ def rank_state(r: apb.StatusReply, i: apb.RankInstall) -> str:
         if i.attached or i.report_age_s >= 0:
             return "attached, no version yet"
         return "no engine attached"
+    if not i.attached and i.report_age_s > r.install_lag_bound_s:
+        return f"no engine attached (last report {i.report_age_s:.0f} s ago)"
     if i.lagging:
         return f"LAGGING {i.lag_s:.1f} s"
     if i.installed_version < r.committed_version:

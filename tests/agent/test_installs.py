@@ -106,3 +106,19 @@ def test_the_cli_waits_for_active_ranks_that_reported_and_names_the_rest() -> No
     assert "rank 1 (on n1) runs version 3" in st.failure(5.0) and "rank 2" not in st.failure(5.0)
     assert tally(3, [a, b], []).done and not tally(3, [a, b], ["n3 at x:1: unavailable"]).done
     assert rank_state(a, a.ranks[1]) == "LAGGING 9.0 s" and rank_state(b, b.ranks[0]) == "no engine attached"
+
+
+def test_a_rank_whose_link_closed_and_reports_stopped_is_not_waited_for() -> None:
+    """After `emoe load replay` ended (its links claim no rank), or an engine that left without its link
+    saying so: a last report older than the bound, link closed: no engine there now (issue 33)."""
+    from agent.cli.installwait import tally
+    from agent.cli.render import rank_state
+    from elasticmoe.v1 import admin_pb2 as apb
+
+    gone = apb.RankInstall(rank=0, installed_version=2, active=True, attached=False, report_age_s=BOUND + 1)
+    fresh = apb.RankInstall(rank=1, installed_version=2, active=True, attached=False, report_age_s=0.5)
+    held = apb.RankInstall(rank=2, installed_version=2, active=True, attached=True, report_age_s=BOUND + 1)
+    r = apb.StatusReply(node_id="n1", committed_version=3, ranks=[gone, fresh, held], install_lag_bound_s=BOUND)
+    st = tally(3, [r], [])
+    assert st.no_engine == [("n1", 0)] and st.behind == [("n1", 1, 2), ("n1", 2, 2)]
+    assert rank_state(r, gone).startswith("no engine attached (last report")
