@@ -223,6 +223,12 @@ class LinkThread:
                 task.cancel()
             await asyncio.gather(self._watch, self._sender, return_exceptions=True)
             await self.link.close()
+            # gRPC's own tasks of the calls just ended (their status handling): finished here, not destroyed
+            # pending when the loop closes ("Task was destroyed but it is pending!" at exit)
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in rest:
+                t.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
 
         asyncio.run_coroutine_threadsafe(stop(), self._loop).result(5.0)
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -123,9 +123,13 @@ class PluginCore:
     """One EP rank's view: the certified tables received, the version installed, the load to report."""
 
     def __init__(self, link: Link, topo: Topology, layers: int, experts: int, rank: int, boot_phy2log: I64,
-                 *, genesis: str = "vllm", report_every: int = 1, shim_id: str = "", sample_every: int = 0) -> None:
-        if report_every < 1 or sample_every < 0:
-            raise BadInput(f"report_every={report_every}, sample_every={sample_every}: expected >= 1 and >= 0")
+                 *, genesis: str = "vllm", report_every: int = 1, shim_id: str = "", sample_every: int = 0,
+                 first_step: int = 0) -> None:
+        """`first_step`: the number of the first step added (the agents' windows are numbered by the engines'
+        steps: a feed that starts after earlier ones starts past the agents' newest window)."""
+        if report_every < 1 or sample_every < 0 or first_step < 0:
+            raise BadInput(f"report_every={report_every}, sample_every={sample_every}, first_step={first_step}: "
+                           f"expected >= 1, >= 0 and >= 0")
         self.sample_every = sample_every
         if not 0 <= rank < topo.ranks:
             raise BadInput(f"rank={rank}: expected 0..{topo.ranks - 1}")
@@ -153,7 +157,7 @@ class PluginCore:
         self.tables: dict[int, RoutingTable] = {}
         self.stats = PluginStats()
         self._load = np.zeros((layers, experts), dtype=np.int64)
-        self._first_step = 0
+        self._first_step = first_step
         self._steps = 0
         self._rows: list[npt.NDArray[np.int64]] = []  # the sampled steps' counts since the last report
         self._sampled = True  # every chunk since the last report came with its sampled rows
