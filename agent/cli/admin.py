@@ -157,7 +157,7 @@ def config_address(path: str) -> str:
     return check_address(f"{host}:{port}", f"listen in {path}")
 
 
-def _channel(address: str) -> grpc.Channel:
+def channel(address: str) -> grpc.Channel:
     cert_dir = os.environ.get("EMOE_CERT_DIR", "")
     if cert_dir:
         from agent.security import channel_credentials, channel_options  # mutual TLS when configured
@@ -266,7 +266,7 @@ def _run(args: argparse.Namespace, func: Callable[[argparse.Namespace, admin_pb2
         print(f"emoe {args.command}: {e}", file=sys.stderr)
         return e.exit
     try:
-        with _channel(address) as ch:
+        with channel(address) as ch:
             return func(args, admin_pb2_grpc.AdminStub(ch))  # type: ignore[no-untyped-call]
     except TlsFilesError as e:
         print(f"emoe {args.command}: EMOE_CERT_DIR: {e}", file=sys.stderr)
@@ -436,7 +436,7 @@ def _print_change(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub, vers
 
 def _ask_status(address: str, timeout: float = ASK_TIMEOUT_S) -> apb.StatusReply:
     """Another member's agent's Status (its own engine ranks), at its gossip address."""
-    with _channel(address) as ch:
+    with channel(address) as ch:
         reply: apb.StatusReply = admin_pb2_grpc.AdminStub(ch).Status(  # type: ignore[no-untyped-call]
             apb.StatusRequest(), timeout=timeout)
         return reply
