@@ -110,6 +110,11 @@ def test_fresh_cluster_read_commands_say_what_they_wait_for(cluster: LocalCluste
     r = _cli("explain", "--agent", a)
     assert r.returncode == 0 and r.stdout.startswith("no decision yet on agent node1 (head is version 1)"), r
     assert "no load has arrived" in r.stdout and r.stdout.count("\n") == 1
+    r = _cli("explain", "--agent", a, "--json")  # the same answer, the same exit status (issue 33)
+    assert r.returncode == 0 and json.loads(r.stdout)["outcome"] == "NO_DECISION", r
+    r = _cli("status", "--agent", a)  # no window yet: a dash, not 0.000
+    head = r.stdout.splitlines()[0]
+    assert r.returncode == 0 and "step imbalance -" in head and "window -" in head, r.stdout
     r = _cli("history", "--agent", a)
     assert r.returncode == 0 and r.stdout == "no commits since the initial table: nothing has been rebalanced yet\n", r
     r = _cli("history", "--agent", a, "--json")
@@ -126,6 +131,14 @@ def test_commit_reaches_every_shim_and_cli(cluster: LocalCluster) -> None:
     assert doc["version"] >= 2 and any("0" in lay["replicas"] for lay in doc["layers"].values())
     r = _cli("placement", "--agent", cluster.addresses[2])
     assert r.returncode == 0 and "routing table version" in r.stdout
+    assert all(n in r.stdout for n in cluster.ids) and " n0 " not in r.stdout  # the nodes as status names them
+    assert doc["rank_nodes"] == ["node1", "node1", "node2", "node2", "node3", "node3"]
+    # the commit's time is the time of day (UTC), not a monotonic clock's reading
+    hist = json.loads(_cli("history", "--agent", cluster.addresses[0], "--json").stdout)
+    e = next(e for e in hist["entries"] if int(e["version"]) == 2)
+    assert abs(int(e["committed_at_unix_ms"]) / 1000 - time.time()) < 600, e
+    stamp = time.strftime("%Y-%m-%dT", time.gmtime(int(e["committed_at_unix_ms"]) / 1000))
+    assert stamp in _cli("history", "--agent", cluster.addresses[0]).stdout
 
 
 @pytest.mark.parametrize("cmd", [["status"], ["history"], ["explain", "2"], ["top", "--iterations", "1"],
@@ -200,7 +213,10 @@ def test_drain_then_restore(cluster: LocalCluster, tmp_path: Path) -> None:
     assert all(row == [-1] * 4 for lay in doc["layers"].values() for row in lay["ranks"][5:6])
     r = _cli("restore", "--agent", a, "5", "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["ok"] is True
+    ack = json.loads(r.stdout)
+    assert ack["ok"] is True and "experts on it in v" in ack["reason"], ack  # work back on the rank (issue 33)
+    doc = json.loads(_cli("placement", "--agent", a, "--json", "--layer", "-1", "--version", ack["version"]).stdout)
+    assert 5 in doc["active_ranks"] and any(x >= 0 for lay in doc["layers"].values() for x in lay["ranks"][5])
 
 
 def test_million_op_propose_is_refused_at_once_and_the_agent_keeps_answering(cluster: LocalCluster) -> None:

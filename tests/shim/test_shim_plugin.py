@@ -167,3 +167,18 @@ def test_an_unreachable_peer_rides_the_next_report_once() -> None:
         c.peer_unreachable(1)  # itself
     with pytest.raises(BadInput, match="unreachable rank"):
         c.peer_unreachable(TOPO.ranks)
+
+
+def test_a_core_may_number_its_steps_from_a_later_step() -> None:
+    """`emoe load replay` starts past the agents' newest window (a report into a closed window is dropped as
+    late): the first report, and the sampled steps, count from `first_step`."""
+    link = FakeLink()
+    c = core(0, link, report_every=5, sample_every=4, first_step=2000)
+    assert c.sampled(5) == [0, 4]  # global steps 2000 and 2004
+    for _ in range(5):
+        c.add_load(np.ones((L, E), np.int64), 1, np.ones((1, L, E), np.int64) if c.is_sampled(0) else None)
+        c.maybe_report()
+    [r] = link.sent
+    assert (r.first_step, r.steps, r.sample_every) == (2000, 5, 4)
+    with pytest.raises(BadInput, match="first_step=-1"):
+        core(0, FakeLink(), first_step=-1)
