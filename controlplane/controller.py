@@ -9,11 +9,11 @@ before send, commit before install), then advances. Invariants: at most one of t
 is in flight; nothing is proposed again before the in-flight one is answered by TableCommitted (any table
 for its version or later) or ProposalFailed (its version). Priorities when free to propose: repair of lost
 ranks, then a due rollback, then a rebalance when the error budget is spent (or, under theta, when a plan
-could repay its copies: controlplane.worth). When this controller's own restore of a rank commits, it
-proposes experts for the rank at once (controlplane.restore.fill), unless a repair waits. A rebalance is not proposed
+could repay its copies: controlplane.worth). A rebalance is not proposed
 while the previous change is still being observed, so that each change is judged on its own: it is judged
 after N windows, or as soon as its realised gain over the windows seen reaches tau (kept: nothing left to
-wait for, and a drift that goes on can be followed at once).
+wait for, and a drift that goes on can be followed at once). When this controller's own restore of a rank
+commits, it proposes experts for the rank at once (controlplane.restore).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from controlplane.monitor import LoadMonitor, WindowReport
 from controlplane.ops import EndReason, Lifecycle, Operation, OpState, Restore
 from controlplane.planner import Refused
 from controlplane.profile import StabilityProfile
-from controlplane.restore import fill
+from controlplane.restore import FILL_TRIES, fill_restored
 from controlplane.table import RoutingTable
 from controlplane.verify import verify_decision
 from controlplane.worth import WorthTrigger
@@ -110,7 +110,6 @@ class Explain:
 
 
 Record = ProposalRecord | Resolution
-FILL_TRIES = 3  # fills proposed for one restore: one that loses its version to another table is planned again
 TelemetryEvent = Explain | WindowReport | OpTransition
 
 
@@ -308,23 +307,14 @@ class Controller:
 
     def _fill(self, ranks: tuple[int, ...], restore_version: int, again: bool) -> None:
         """Our restore of `ranks` committed as `restore_version` (or, `again`, the fill we proposed for it lost
-        its version to another table): propose experts for those of them still empty in some layer of the head
-        (controlplane.restore), unless a repair of lost ranks comes first (then a later rebalance fills them)."""
+        its version to another table): propose experts for them (controlplane.restore.fill_restored)."""
         self._fill_ranks = ranks
         self._fill_tries = self._fill_tries + 1 if again else 1
-        phy = self.head.phy2log.reshape(self.head.layers, self.head.topology.ranks, -1)
-        empty = tuple(r for r in ranks if r in self.head.active_ranks and (phy[:, r] < 0).all(axis=1).any())
-        trig = f"restore: ranks {list(ranks)} restored in v{restore_version}"
-        if not empty:
-            a = Attempt(None, DecisionOutcome.NO_PLAN, f"ranks {list(ranks)} hold experts in every layer of "
-                                                       f"v{self.head.version}")
-        elif self._lost:
-            a = Attempt(None, DecisionOutcome.NOT_DESIGNATED, f"a repair of ranks {sorted(self._lost)} comes first")
-        else:
-            seq = self.monitor.last_seq if self.monitor.last_seq is not None else 0
-            a = fill(self.head, empty, self.monitor.buffer, self.params, self._cool_until >= seq, trig)
+        seq = self.monitor.last_seq if self.monitor.last_seq is not None else 0
+        a = fill_restored(self.head, ranks, restore_version, sorted(self._lost), self.monitor.buffer, self.params,
+                          self._cool_until >= seq)
         self.last_fill = (restore_version, a)
-        self._attempt(a, a.decision.trigger if a.decision is not None else trig)
+        self._attempt(a, a.decision.trigger if a.decision is not None else f"restore: ranks {list(ranks)}")
 
     def _on_failed(self, ev: ProposalFailed) -> None:
         d = self._inflight

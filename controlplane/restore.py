@@ -38,6 +38,8 @@ from controlplane.planner import Reason, Refused
 from controlplane.table import RoutingTable, check_no_new_rank_duplicates
 from controlplane.verify import gain, layer_gains
 
+FILL_TRIES = 3  # fills proposed for one restore: one that loses its version to another table is planned again
+
 
 def plan_fill(table: RoutingTable, ranks: Sequence[int], load: npt.NDArray[np.integer] | None = None
               ) -> tuple[Operation, ...]:
@@ -122,3 +124,18 @@ def fill(head: RoutingTable, ranks: Sequence[int], buf: ReplayBuffer, p: Decisio
     lo, hi = _span(buf, k or None)
     d = Decision(table, ops, max(est, vg), vg, cost, trig, tuple(refused), "manual", lo, hi)
     return Attempt(d, DecisionOutcome.PROPOSED, "", tuple(refused), max(est, vg), vg, cost)
+
+
+def fill_restored(head: RoutingTable, ranks: Sequence[int], restore_version: int, lost: Sequence[int],
+                  buf: ReplayBuffer, p: DecisionParams, cooldown: npt.NDArray[np.bool_]) -> Attempt:
+    """The controller's fill after its restore of `ranks` committed as `restore_version`: `fill` for those of
+    them still empty in some layer of `head`, unless a repair of the `lost` ranks comes first (a later
+    rebalance fills them then)."""
+    phy = head.phy2log.reshape(head.layers, head.topology.ranks, -1)
+    empty = [r for r in ranks if r in head.active_ranks and (phy[:, r] < 0).all(axis=1).any()]
+    if not empty:
+        return Attempt(None, DecisionOutcome.NO_PLAN, f"ranks {list(ranks)} hold experts in every layer of "
+                                                      f"v{head.version}")
+    if lost:
+        return Attempt(None, DecisionOutcome.NOT_DESIGNATED, f"a repair of ranks {list(lost)} comes first")
+    return fill(head, empty, buf, p, cooldown, f"restore: ranks {list(ranks)} restored in v{restore_version}")
