@@ -212,10 +212,12 @@ def _tokens_per_step(buf: ReplayBuffer) -> npt.NDArray[np.float64]:
 
 
 def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile: StabilityProfile | None,
-              cooldown: npt.NDArray[np.bool_], trigger: str) -> Attempt:
+              cooldown: npt.NDArray[np.bool_], trigger: str, floor: float | None = None) -> Attempt:
     """Plan on the block totals of the windows that share the latest expert mix (`ReplayBuffer.same_mix`:
     after a drift, only the windows since), verify on every step of those windows, drop layers that replay
-    shows not to gain, gate the rest by tau and the cost budget."""
+    shows not to gain, gate the rest by tau (or `floor`, the gain a restored rank's fill needs), the cost
+    budget and (but for a fill) the cost-benefit test (controlplane.worth)."""
+    need = p.tau if floor is None else floor
     cm = p.cost_model(len(head.active_ranks))
     k = buf.same_mix(p.drift_tv)
     inp = PlanInput(buf.block_totals(k), buf.steps_of(k), cooldown, profile, _tokens_per_step(buf))
@@ -249,14 +251,14 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
     cost = change_cost(cm, head, table, _tokens_per_step(buf))
     a = Attempt(None, "", "", (), est, vg, cost)
     w, ranks = p.worth(), len(head.active_ranks)
-    pays = not w.enabled or w.repays(vg, cost, ranks)
-    if vg < p.tau or cost > cm.budget_s or not pays:
-        reason = (Reason.GAIN_BELOW_TAU if vg < p.tau else Reason.OVER_BUDGET if cost > cm.budget_s
+    pays = not w.enabled or floor is not None or w.repays(vg, cost, ranks)  # a restored rank's fill: no horizon test
+    if vg < need or cost > cm.budget_s or not pays:
+        reason = (Reason.GAIN_BELOW_TAU if vg < need else Reason.OVER_BUDGET if cost > cm.budget_s
                   else Reason.NOT_WORTH)
         refused += [Refused(o, reason.value, by_layer[lay], 0.0, "plan refused as a whole (gain: its layer's share)")
                     for o, lay in zip(ops, [lay for lay in op_layers.tolist() if lay not in drop], strict=True)]
         detail = (w.explain(vg, cost, ranks) if reason is Reason.NOT_WORTH else
-                  f"verified gain {vg:.4f} vs tau {p.tau}, cost {cost * 1e3:.3f} ms vs {cm.budget_s * 1e3:.1f} ms")
+                  f"verified gain {vg:.4f} vs tau {need}, cost {cost * 1e3:.3f} ms vs {cm.budget_s * 1e3:.1f} ms")
         refused.append(Refused(None, reason.value, vg, cost, detail))
         a.outcome, a.detail, a.refused = reason.value, refused[-1].detail, tuple(refused)
         return a

@@ -17,7 +17,6 @@ DESIGN's I6).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import numpy as np
 import numpy.typing as npt
@@ -94,7 +93,7 @@ def fill(head: RoutingTable, ranks: Sequence[int], buf: ReplayBuffer, p: Decisio
     est = 0.0
     k = buf.same_mix(p.drift_tv) if buf.steps else 0
     if buf.steps:
-        a = rebalance(head, buf, replace(p, tau=0.0), None, cooldown, trigger)
+        a = rebalance(head, buf, p, None, cooldown, trigger, floor=0.0)
         refused += a.refused
         if a.decision is not None:
             planned, est, trigger = a.decision.ops, a.decision.estimated_gain, a.decision.trigger
