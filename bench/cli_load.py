@@ -93,7 +93,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def nodes_of(args: argparse.Namespace) -> list[Node]:
     """The agents to feed, from --config files and --agent/--shim-socket pairs; LoadError(2) if bad."""
-    from agent.cli.admin import CliError, check_address, config_address
+    from agent.cli.connect import CliError, check_address, config_address
     from agent.config import ConfigError, load
 
     if len(args.agent) != len(args.shim_socket):
@@ -128,7 +128,7 @@ def cluster_of(nodes: list[Node], timeout: float) -> Cluster:
     ranks per node (the first agent's Placement of version 1). LoadError(1 or 3) when an agent cannot say."""
     import grpc
 
-    from agent.cli.admin import channel, rpc_failure
+    from agent.cli.connect import channel, rpc_failure
     from controlplane.topology import Topology
     from elasticmoe.codec import table_from_pb
     from elasticmoe.v1 import admin_pb2 as apb
@@ -260,7 +260,7 @@ class Progress:
         """The first agent's committed version, newest window and step imbalance ({} if it does not answer)."""
         import grpc
 
-        from agent.cli.admin import channel
+        from agent.cli.connect import channel
         from agent.cli.render import imbalance
         from elasticmoe.v1 import admin_pb2 as apb
         from elasticmoe.v1 import admin_pb2_grpc

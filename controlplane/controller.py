@@ -44,7 +44,7 @@ from controlplane.events import (
     WindowClosed,
 )
 from controlplane.monitor import LoadMonitor, WindowReport
-from controlplane.ops import EndReason, Lifecycle, Operation, OpState, Restore
+from controlplane.ops import EndReason, Lifecycle, OpState, Restore
 from controlplane.planner import Refused
 from controlplane.profile import StabilityProfile
 from controlplane.restore import FILL_TRIES, fill_restored

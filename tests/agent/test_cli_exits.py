@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from agent.cli import build_parser, commands, main, package_version
-from agent.cli.admin import check_address
+from agent.cli.connect import check_address
 from chaos.localcluster import free_ports
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import consensus_pb2 as cpb

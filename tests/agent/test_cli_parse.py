@@ -13,7 +13,8 @@ import grpc
 import pytest
 
 from agent.cli import main, render
-from agent.cli.admin import CliError, parse_ops
+from agent.cli.admin import parse_ops
+from agent.cli.connect import CliError
 from agent.security import server_credentials, write_dev_certs
 from agent.wire import ops_from_pb
 from chaos.localcluster import ROOT
