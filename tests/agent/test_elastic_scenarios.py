@@ -202,11 +202,11 @@ def test_twenty_drain_restore_cycles_under_load_misroute_nothing(seed: int) -> N
 def test_a_restored_rank_gets_experts_at_once_under_load(seed: int, theta: float | None) -> None:
     """Issue 33: `emoe restore` left the rank empty until some later rebalance. Now the restoring node proposes
     experts for it as the restore commits (a rebalance verified by replay and by the voters), and the answer
-    names the version that put them there. With theta 50 no automatic rebalance ever fires, so the fill is
+    names the version that put them there. With theta 50 and no cost-benefit (load_ms 0) no automatic rebalance ever fires, so the fill is
     the restoring node's own; with the default, the window's planner may win the version first (the fill is
     then planned again on its table, if the rank is still empty somewhere)."""
     c = SimCluster(8, Shape(layers=4, experts=16, ranks_per_node=1, slots_per_rank=4), seed=seed,
-                   decision=None if theta is None else {"theta": theta})
+                   decision=None if theta is None else {"theta": theta, "load_ms": 0.0})
     c.run(2.0)
     admin = c.states["n02"]
     rank = 6

@@ -139,7 +139,9 @@ async def test_waits_for_etcd_and_reconnects(tmp_path: Path, caplog: pytest.LogC
         assert "retrying in 1.0 s" in second.getMessage()  # backoff
         assert all(r.levelno == logging.WARNING and r.exc_info is None for r in caplog.records)
         refused = await a.propose_async(successor_table(a.head, rng), pb.Plan())
-        assert not refused.committed and "not connected to etcd" in refused.reason
+        # refused as the node abstains (no session: agent.commit.CommitBackend.abstains), naming the endpoint
+        assert not refused.committed and "no etcd endpoint reachable" in refused.reason
+        assert server.endpoint in refused.reason
 
         server.start()
         await until("connected", lambda: a.failure == "")
