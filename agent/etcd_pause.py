@@ -62,6 +62,9 @@ class EtcdPause:
     def on_change(self, cb: ControlCallback) -> None:
         self._callbacks.append(cb)
 
+    def unready(self) -> str:
+        return "" if self.client() is not None else "not connected to etcd"
+
     def write(self, paused: bool, note: str, on_done: Callable[[ControlOutcome], None]) -> None:
         async def run() -> None:
             on_done(await self.write_async(paused, note))

@@ -37,7 +37,10 @@ class ManualPath:
 
     async def set_paused(self, paused: bool, limit_s: float = 20.0) -> apb.AdminAck:
         """Commit a pause (or resume) record by quorum; the ack says who holds it, or why it did not commit (a
-        node cut off from a quorum of the voters cannot commit one: its error names who did not answer)."""
+        node cut off from a quorum of the voters cannot commit one: its error names who did not answer). A node
+        that may not vote yet (a new cluster's voters enrol first; a learner catching up) is waited for, up to half
+        of `limit_s`, before it writes: an operator pausing a cluster that just started is not refused for that."""
+        await self._until(lambda: not self.switch.unready(), limit_s / 2)
         fut: asyncio.Future[ControlOutcome] = asyncio.get_running_loop().create_future()
         self.switch.write(paused, "emoe pause" if paused else "emoe resume",
                           lambda o: None if fut.done() else fut.set_result(o))

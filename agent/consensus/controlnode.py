@@ -102,9 +102,12 @@ class ControlNode:
         return True
 
     # ---- writing the switch -----------------------------------------------------------------------
+    def unready(self) -> str:
+        return "node not running" if not self.running else self.abstains()
+
     def write(self, paused: bool, note: str, on_done: Callable[[ControlOutcome], None]) -> None:
         """Write a record saying `paused`; `on_done` runs once, when a quorum certified it or this node gave up."""
-        why = "node not running" if not self.running else self.abstains()
+        why = self.unready()
         if not why and self._write is not None:
             why = "a pause or resume is being written on this node already"
         if why:
