@@ -164,6 +164,7 @@ class ControlWrite:
     voters: list[str]
     acks: set[str] = field(default_factory=set)
     refusals: dict[str, str] = field(default_factory=dict)
+    unavailable: dict[str, str] = field(default_factory=dict)  # may not vote yet (a learner): asked again
     done: bool = False
     superseded: bool = False  # a voter refused it holding a key at or above its own: a retry must go higher
 
@@ -175,15 +176,22 @@ class ControlWrite:
         if self.done or src not in self.voters or src in self.acks or src in self.refusals:
             return ""
         if not a.ok:
-            self.refusals[src] = a.reason
+            transient = (a.reason.startswith("UNAVAILABLE") and not a.HasField("accepted")
+                         and not a.HasField("certified"))
+            if transient:  # a voter enrolling or catching up: asked again next round (unless a retry goes higher)
+                self.unavailable[src] = a.reason
+            else:
+                self.refusals[src] = a.reason
             held = max(key(a.accepted if a.HasField("accepted") else None),
                        key(a.certified.record if a.HasField("certified") else None))
             self.superseded = self.superseded or held >= key(self.record)
-            if len(self.refusals) > len(self.voters) - self.quorum:
+            out = len(self.refusals) + (len(self.unavailable) if self.superseded else 0)
+            if out > len(self.voters) - self.quorum:
                 self.done = True
                 return "refused"
             return ""
         self.acks.add(src)
+        self.unavailable.pop(src, None)
         if len(self.acks) >= self.quorum:
             self.done = True
             return "certified"
@@ -200,8 +208,8 @@ class ControlWrite:
         """Who accepted, who refused (with why) and who did not answer, in words."""
         parts = [f"accepted by {', '.join(sorted(self.acks)) or 'nobody'} of {len(self.voters)} voters "
                  f"(quorum {self.quorum})"]
-        parts += [f"{k}: {v[:200]}" for k, v in sorted(self.refusals.items())]
-        silent = self.waiting()
+        parts += [f"{k}: {v[:200]}" for k, v in sorted({**self.unavailable, **self.refusals}.items())]
+        silent = [v for v in self.waiting() if v not in self.unavailable]
         if silent:
             parts.append(f"no reply from {', '.join(silent)}")
         return "; ".join(parts)

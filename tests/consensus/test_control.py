@@ -54,6 +54,18 @@ def test_a_write_refused_by_a_higher_key_is_superseded() -> None:
     assert w.on_ack("c", pb.ControlAck(ok=False, reason="UNAVAILABLE: learner")) == "refused"
 
 
+def test_a_voter_that_may_not_vote_yet_is_asked_again() -> None:
+    """A learner's refusal (a new cluster's voters enrolling) is not final: the write keeps asking it until its
+    deadline, and a later ack from it counts."""
+    w = ControlWrite(rec(1, "a"), ["a", "b", "c"])
+    assert w.on_ack("a", pb.ControlAck(ok=True)) == ""
+    assert w.on_ack("b", pb.ControlAck(ok=False, reason="UNAVAILABLE: b is a learner (empty store)")) == ""
+    assert w.on_ack("c", pb.ControlAck(ok=False, reason="UNAVAILABLE: c is a learner (empty store)")) == ""
+    assert not w.done and w.waiting() == ["b", "c"] and "b: UNAVAILABLE: b is a learner" in w.tally()
+    assert "no reply" not in w.tally()
+    assert w.on_ack("b", pb.ControlAck(ok=True)) == "certified" and w.commit().voters == ["a", "b"]
+
+
 def cluster(seed: int = 3, n: int = 5) -> QuorumSim:
     c = QuorumSim(n, n, seed, ConsensusConfig(accept_timeout_ms=50, sync_interval_ms=200))
     c.run(0.2)
