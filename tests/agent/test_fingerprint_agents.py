@@ -8,21 +8,19 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import grpc
 import pytest
 
-from chaos.localcluster import ROOT, LocalCluster, stable_ports
+from chaos.localcluster import LocalCluster, stable_ports
 from controlplane.topology import Topology
 from dataplane_shim.genesis import genesis_table
 from dataplane_shim.link import LinkThread
 from dataplane_shim.plugin import GenesisMismatch, PluginCore
-from elasticmoe.v1 import admin_pb2 as apb
-from elasticmoe.v1 import admin_pb2_grpc, consensus_pb2_grpc
 from elasticmoe.v1 import consensus_pb2 as cpb
+from elasticmoe.v1 import consensus_pb2_grpc
+from tests.adminclient import emoe, status
 from tests.conftest import until
 
 pytestmark = pytest.mark.slow
@@ -30,21 +28,10 @@ pytestmark = pytest.mark.slow
 SHAPE = {"nodes": 3, "ranks_per_node": 2, "slots_per_rank": 4, "layers": 2, "experts": 8, "top_k": 2}
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=90)
-
-
-def _status(c: LocalCluster, k: int) -> apb.StatusReply:
-    with grpc.insecure_channel(c.addresses[k]) as ch:
-        r: apb.StatusReply = admin_pb2_grpc.AdminStub(ch).Status(apb.StatusRequest(), timeout=5)  # type: ignore[no-untyped-call]
-        return r
-
-
 def _health(c: LocalCluster, k: int) -> str:
     """Agent k's health, "" while it does not answer yet (it starts: not SERVING, so nobody waited for it)."""
     try:
-        return _status(c, k).health
+        return status(c.addresses[k]).health
     except grpc.RpcError:
         return ""
 
@@ -62,22 +49,22 @@ def test_a_node_with_a_drifted_slots_per_rank_refuses_to_vote_and_status_names_t
     drifted = good.replace("slots_per_rank = 4", "slots_per_rank = 5")
     assert drifted != good
     c.configs[2].write_text(drifted)
-    assert _cli("agent", "--config", str(c.configs[2]), "--check").returncode == 0  # valid on its own
+    assert emoe("agent", "--config", str(c.configs[2]), "--check").returncode == 0  # valid on its own
     try:
         c.start()
         c.wait_healthy(timeout=60, which=[0, 1])
         until("node3 says it abstains", lambda: "slots_per_rank = 5 here, 4 on node1" in _health(c, 2), timeout=60)
-        st = _status(c, 2)
+        st = status(c.addresses[2])
         assert st.health.startswith("NOT_SERVING: cluster fingerprint differs") and "neither votes" in st.health
-        text = _cli("status", "--agent", c.addresses[2]).stdout
+        text = emoe("status", "--agent", c.addresses[2]).stdout
         assert "slots_per_rank = 5 here, 4 on node1" in text, text
         for k in (0, 1):  # the others name it, and keep serving
-            until(f"{c.ids[k]} names node3", lambda k=k: [m.node_id for m in _status(c, k).fingerprint_mismatches]
+            until(f"{c.ids[k]} names node3", lambda k=k: [m.node_id for m in status(c.addresses[k]).fingerprint_mismatches]
                   == ["node3"])
-            (m,) = _status(c, k).fingerprint_mismatches
+            (m,) = status(c.addresses[k]).fingerprint_mismatches
             assert m.fields.startswith("slots_per_rank = 4 here, 5 there; genesis = "), m.fields
-            assert _status(c, k).health == "SERVING"
-        doc = json.loads(_cli("status", "--json", "--agent", c.addresses[0]).stdout)
+            assert status(c.addresses[k]).health == "SERVING"
+        doc = json.loads(emoe("status", "--json", "--agent", c.addresses[0]).stdout)
         assert doc["fingerprint_mismatches"][0]["node_id"] == "node3"
 
         # it refuses to vote: an accept (of a table, or of a pause record) is refused with the reason
@@ -88,12 +75,12 @@ def test_a_node_with_a_drifted_slots_per_rank_refuses_to_vote_and_status_names_t
             record=cpb.ControlRecord(seq=1, node_id="node1", paused=True), from_node="node1"))
         assert isinstance(ack, cpb.ControlAck) and not ack.ok and "fingerprint" in ack.reason, ack
         # ... and to propose
-        r = _cli("propose", "--force", "--agent", c.addresses[2], "replicate", "0", "0", "5")
+        r = emoe("propose", "--force", "--agent", c.addresses[2], "replicate", "0", "0", "5")
         assert r.returncode != 0 and "NOT_SERVING" in r.stderr and "slots_per_rank" in r.stderr, r.stderr
         # the others commit without it
-        r = _cli("propose", "--force", "--json", "--agent", c.addresses[0], "replicate", "0", "0", "5")
+        r = emoe("propose", "--force", "--json", "--agent", c.addresses[0], "replicate", "0", "0", "5")
         assert r.returncode == 0 and json.loads(r.stdout)["committed"] is True, r.stderr
-        assert _cli("pause", "--agent", c.addresses[1]).returncode == 0
+        assert emoe("pause", "--agent", c.addresses[1]).returncode == 0
 
         # an engine that booted with another placement than the agents' genesis: its plugin stops, and says why
         topo = Topology(3, 2, 4)
@@ -104,9 +91,9 @@ def test_a_node_with_a_drifted_slots_per_rank_refuses_to_vote_and_status_names_t
                 PluginCore(link, topo, 2, 8, 1, boot, genesis="static")  # type: ignore[arg-type]
         finally:
             link.close()
-        until("node1 names rank 1's genesis mismatch", lambda: _status(c, 0).ranks[1].error.startswith(
+        until("node1 names rank 1's genesis mismatch", lambda: status(c.addresses[0]).ranks[1].error.startswith(
             "GENESIS_MISMATCH: the engine booted with placement"))
-        assert "GENESIS_MISMATCH" in _cli("status", "--agent", c.addresses[0]).stdout
+        assert "GENESIS_MISMATCH" in emoe("status", "--agent", c.addresses[0]).stdout
 
         # restarted with the cluster's config it serves and votes again
         c.signal(2, signal.SIGTERM)
@@ -117,8 +104,8 @@ def test_a_node_with_a_drifted_slots_per_rank_refuses_to_vote_and_status_names_t
         c.start(2)
         c.wait_healthy(timeout=60, which=[2])
         for k in (0, 1):
-            until(f"{c.ids[k]} sees node3 agree", lambda k=k: not _status(c, k).fingerprint_mismatches)
-        until("node3 learns the head and the pause", lambda: _status(c, 2).paused and _status(c, 2).committed_version
-              == _status(c, 0).committed_version >= 2)
+            until(f"{c.ids[k]} sees node3 agree", lambda k=k: not status(c.addresses[k]).fingerprint_mismatches)
+        until("node3 learns the head and the pause", lambda: status(c.addresses[2]).paused and status(c.addresses[2]).committed_version
+              == status(c.addresses[0]).committed_version >= 2)
     finally:
         c.stop()

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,8 +17,7 @@ import pytest
 
 import agent
 from chaos.localcluster import ROOT, LocalCluster, stable_ports
-from elasticmoe.v1 import admin_pb2 as apb
-from elasticmoe.v1 import admin_pb2_grpc
+from tests.adminclient import emoe, status
 from tests.conftest import until
 
 pytestmark = pytest.mark.slow
@@ -28,20 +25,9 @@ pytestmark = pytest.mark.slow
 SHAPE = {"nodes": 3, "ranks_per_node": 2, "slots_per_rank": 4, "layers": 2, "experts": 8, "top_k": 2}
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=90)
-
-
-def _status(c: LocalCluster, k: int) -> apb.StatusReply:
-    with grpc.insecure_channel(c.addresses[k]) as ch:
-        r: apb.StatusReply = admin_pb2_grpc.AdminStub(ch).Status(apb.StatusRequest(), timeout=5)  # type: ignore[no-untyped-call]
-        return r
-
-
 def _switch(c: LocalCluster, k: int) -> tuple[int, str, bool] | None:
     try:
-        r = _status(c, k)
+        r = status(c.addresses[k])
     except grpc.RpcError:
         return None
     return (int(r.pause.record.seq), r.pause.record.node_id, r.pause.record.paused) if r.HasField("pause") else None
@@ -75,7 +61,7 @@ def test_the_agents_run_this_tree() -> None:
 
 def test_a_pause_survives_a_restart_of_every_agent_and_status_says_so_everywhere(cluster: LocalCluster) -> None:
     c = cluster
-    r = _cli("pause", "--agent", c.addresses[0])
+    r = emoe("pause", "--agent", c.addresses[0])
     assert r.returncode == 0 and "paused cluster-wide" in r.stdout, r.stderr
     until("every node holds the pause", lambda: all(_switch(c, k) == (1, "node1", True) for k in range(3)))
     c.stop()
@@ -83,15 +69,15 @@ def test_a_pause_survives_a_restart_of_every_agent_and_status_says_so_everywhere
     c.wait_healthy(timeout=60)
     for k in range(3):  # from each agent's own store, at once
         assert _switch(c, k) == (1, "node1", True)
-        doc = json.loads(_cli("status", "--json", "--agent", c.addresses[k]).stdout)
+        doc = json.loads(emoe("status", "--json", "--agent", c.addresses[k]).stdout)
         assert doc["paused"] is True and doc["pause"]["record"]["node_id"] == "node1"
         assert int(doc["pause"]["record"]["at_ms"]) > 1.6e12  # wall-clock milliseconds
         assert doc["planner"] in c.ids
-        text = _cli("status", "--agent", c.addresses[k]).stdout
+        text = emoe("status", "--agent", c.addresses[k]).stdout
         assert "paused cluster-wide by node1" in text and "planner: node" in text, text
-    planners = {_status(c, k).planner for k in range(3)}
+    planners = {status(c.addresses[k]).planner for k in range(3)}
     assert len(planners) == 1  # every node names the same planner
-    r = _cli("resume", "--agent", c.addresses[2], "--json")
+    r = emoe("resume", "--agent", c.addresses[2], "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["ok"] is True, r.stderr
     until("every node holds the resume", lambda: all(_switch(c, k) == (2, "node3", False) for k in range(3)))
 
@@ -99,7 +85,7 @@ def test_a_pause_survives_a_restart_of_every_agent_and_status_says_so_everywhere
 def test_across_a_partition_that_cuts_off_the_node_that_paused(cluster: LocalCluster) -> None:
     c = cluster
     faults: Path = c.faults  # type: ignore[attr-defined]
-    assert _cli("pause", "--agent", c.addresses[0]).returncode == 0
+    assert emoe("pause", "--agent", c.addresses[0]).returncode == 0
     until("every node holds the pause", lambda: all(_switch(c, k) == (1, "node1", True) for k in range(3)))
     _cut(faults, "node1", ["node2", "node3"])
     for k in (1, 2):  # the majority side restarts during the partition: still paused
@@ -111,18 +97,18 @@ def test_across_a_partition_that_cuts_off_the_node_that_paused(cluster: LocalClu
     c.wait_healthy(timeout=60, which=[1, 2])
     assert all(_switch(c, k) == (1, "node1", True) for k in (1, 2))
     # the node that paused, cut off from the quorum, cannot resume: a clear error, and nothing changes
-    r = _cli("resume", "--agent", c.addresses[0])
+    r = emoe("resume", "--agent", c.addresses[0])
     assert r.returncode == 1 and "not committed" in r.stderr and "no reply from node2, node3" in r.stderr, r.stderr
     assert _switch(c, 0) == (1, "node1", True)
     # the majority resumes; after the partition heals the cut-off node learns it (anti-entropy)
-    assert _cli("resume", "--agent", c.addresses[1]).returncode == 0
+    assert emoe("resume", "--agent", c.addresses[1]).returncode == 0
     until("the majority side holds the resume", lambda: all(_switch(c, k) == (2, "node2", False) for k in (1, 2)))
     assert _switch(c, 0) == (1, "node1", True)
     _heal(faults)
     until("node1 learns the resume", lambda: _switch(c, 0) == (2, "node2", False), timeout=30)
     # a pause tried while cut off never takes effect, on either side, after the heal
     _cut(faults, "node1", ["node2", "node3"])
-    r = _cli("pause", "--agent", c.addresses[0])
+    r = emoe("pause", "--agent", c.addresses[0])
     assert r.returncode == 1 and "did not change" in r.stderr, r.stderr
     _heal(faults)
     time.sleep(4.0)  # several anti-entropy rounds (consensus.sync_interval_ms = 1 s) and finish deadlines
