@@ -87,6 +87,9 @@ def test_across_a_partition_that_cuts_off_the_node_that_paused(cluster: LocalClu
     faults: Path = c.faults  # type: ignore[attr-defined]
     assert emoe("pause", "--agent", c.addresses[0]).returncode == 0
     until("every node holds the pause", lambda: all(_switch(c, k) == (1, "node1", True) for k in range(3)))
+    # a new cluster's voter finishes enrolling once both others answered (agent/consensus/rebuild.py); one that
+    # restarts before that resumes asking, and with node1 cut off it would stay a learner until the heal
+    until("every node enrolled", lambda: all(status(c.addresses[k]).role == "voter" for k in range(3)))
     _cut(faults, "node1", ["node2", "node3"])
     for k in (1, 2):  # the majority side restarts during the partition: still paused
         c.signal(k, 15)
