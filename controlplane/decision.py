@@ -199,18 +199,6 @@ class Attempt:
     cost: float = 0.0
 
 
-def _span(buf: ReplayBuffer, last: int | None = None) -> tuple[int, int]:
-    """[first, end) steps of the last `last` windows (default all)."""
-    if not buf.windows:
-        return 0, 0
-    ws = list(buf.windows)[-last:] if last else list(buf.windows)
-    return ws[0].first_step, ws[-1].first_step + ws[-1].span
-
-
-def _tokens_per_step(buf: ReplayBuffer) -> npt.NDArray[np.float64]:
-    return np.asarray(buf.window_totals().sum(axis=0) / max(buf.steps, 1), dtype=np.float64)
-
-
 def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile: StabilityProfile | None,
               cooldown: npt.NDArray[np.bool_], trigger: str, floor: float | None = None) -> Attempt:
     """Plan on the block totals of the windows that share the latest expert mix (`ReplayBuffer.same_mix`:
@@ -220,7 +208,7 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
     need = p.tau if floor is None else floor
     cm = p.cost_model(len(head.active_ranks))
     k = buf.same_mix(p.drift_tv)
-    inp = PlanInput(buf.block_totals(k), buf.steps_of(k), cooldown, profile, _tokens_per_step(buf))
+    inp = PlanInput(buf.block_totals(k), buf.steps_of(k), cooldown, profile, buf.tokens_per_step())
     pl = PLANNERS[p.planner](head, inp, cm, p.knobs(head))
     refused = list(pl.refused)
     if not pl.ops:
@@ -248,7 +236,7 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
         new = buf.stats(table, base=head, last=k)
     vg = gain(base, new)
     est = sum(g for lay, g in pl.layer_gain if lay in set(ls.tolist()))
-    cost = change_cost(cm, head, table, _tokens_per_step(buf))
+    cost = change_cost(cm, head, table, buf.tokens_per_step())
     a = Attempt(None, "", "", (), est, vg, cost)
     w, ranks = p.worth(), len(head.active_ranks)
     pays = not w.enabled or floor is not None or w.repays(vg, cost, ranks)  # a restored rank's fill: no horizon test
@@ -262,7 +250,7 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
         refused.append(Refused(None, reason.value, vg, cost, detail))
         a.outcome, a.detail, a.refused = reason.value, refused[-1].detail, tuple(refused)
         return a
-    lo, hi = _span(buf, k)
+    lo, hi = buf.span(k)
     if pl.note:
         trigger = f"{trigger}; {pl.note}"
     a.decision = Decision(table, tuple(ops), est, vg, cost, trigger, tuple(refused), "rebalance", lo, hi)
@@ -282,11 +270,11 @@ def manual(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, ops: tuple[
         return Attempt(None, code, e.message, (Refused(None, code, 0.0, 0.0, e.message),))
     vg = gain(buf.stats(head), buf.stats(table, base=head)) if buf.steps else 0.0
     cm = p.cost_model()
-    cost = change_cost(cm, head, table, _tokens_per_step(buf))
+    cost = change_cost(cm, head, table, buf.tokens_per_step())
     if not force and (vg < p.tau or cost > cm.budget_s):
         code = Reason.GAIN_BELOW_TAU.value if vg < p.tau else Reason.OVER_BUDGET.value
         return Attempt(None, code, "use force to propose anyway", (Refused(None, code, vg, cost),), 0.0, vg, cost)
-    lo, hi = _span(buf)
+    lo, hi = buf.span()
     who = why or f"operator proposal{' (forced)' if force else ''}"
     trig = f"manual: {who}: " + "; ".join(describe(o) for o in ops)
     return Attempt(Decision(table, tuple(ops), vg, vg, cost, trig, (), "manual", lo, hi), DecisionOutcome.PROPOSED, "", (), vg, vg, cost)
@@ -367,10 +355,10 @@ def rollback(head: RoutingTable, target: RoutingTable, buf: ReplayBuffer, p: Dec
     check_no_new_rank_duplicates(head, table)
     vg = gain(buf.stats(head, last=last), buf.stats(table, base=head, last=last))
     cm = p.cost_model()
-    cost = change_cost(cm, head, table, _tokens_per_step(buf))
+    cost = change_cost(cm, head, table, buf.tokens_per_step())
     if vg < 0:
         return Attempt(None, DecisionOutcome.ROLLBACK_NOT_BETTER, f"replay gain of the rollback {vg:.4f} < 0", (), 0.0, vg, cost)
-    lo, hi = _span(buf, last)
+    lo, hi = buf.span(last)
     return Attempt(Decision(table, ops, vg, vg, cost, trigger, (), "rollback", lo, hi), DecisionOutcome.PROPOSED, "", (), vg, vg, cost)
 
 
@@ -389,7 +377,7 @@ def repair(head: RoutingTable, lost: list[int], buf: ReplayBuffer, p: DecisionPa
     check_no_new_rank_duplicates(head, table)
     vg = gain(buf.stats(head), buf.stats(table)) if buf.steps else 0.0
     cm = p.cost_model()
-    cost = change_cost(cm, head, table, _tokens_per_step(buf))
-    lo, hi = _span(buf)
+    cost = change_cost(cm, head, table, buf.tokens_per_step())
+    lo, hi = buf.span()
     trig = f"repair: ranks {sorted(lost)} lost"
     return Attempt(Decision(table, tuple(ops), vg, vg, cost, trig, (), "repair", lo, hi), DecisionOutcome.PROPOSED, "", (), vg, vg, cost)

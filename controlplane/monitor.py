@@ -149,6 +149,17 @@ class ReplayBuffer:
             return np.zeros((0, self.layers, self.experts), dtype=np.int64)
         return np.concatenate([w.block_totals for w in ws], axis=0)
 
+    def span(self, last: int | None = None) -> tuple[int, int]:
+        """[first, end) steps of the last `last` windows (default all); (0, 0) when empty."""
+        if not self.windows:
+            return 0, 0
+        ws = list(self.windows)[-last:] if last else list(self.windows)
+        return ws[0].first_step, ws[-1].first_step + ws[-1].span
+
+    def tokens_per_step(self) -> npt.NDArray[np.float64]:
+        """[L, E] mean tokens a step per expert over the buffered windows' rows (what a copy's downtime costs)."""
+        return np.asarray(self.window_totals().sum(axis=0) / max(self.steps, 1), dtype=np.float64)
+
     def steps_of(self, last: int | None = None) -> int:
         ws = list(self.windows)[-last:] if last else list(self.windows)
         return sum(int(w.counts.shape[0]) for w in ws)

@@ -27,8 +27,6 @@ from controlplane.decision import (
     Decision,
     DecisionOutcome,
     DecisionParams,
-    _span,
-    _tokens_per_step,
     rebalance,
 )
 from controlplane.monitor import ReplayBuffer
@@ -115,12 +113,12 @@ def fill(head: RoutingTable, ranks: Sequence[int], buf: ReplayBuffer, p: Decisio
     table.validate()  # a defect here is a bug: fail loudly
     check_no_new_rank_duplicates(head, table)
     vg = gain(buf.stats(head, last=k), buf.stats(table, base=head, last=k)) if buf.steps else 0.0
-    cost = change_cost(p.cost_model(len(head.active_ranks)), head, table, _tokens_per_step(buf))
+    cost = change_cost(p.cost_model(len(head.active_ranks)), head, table, buf.tokens_per_step())
     topo = head.topology
     onto = int((table.phy2log.reshape(table.layers, topo.ranks, topo.slots_per_rank)[:, list(ranks)] >= 0).sum())
     how = "planned on the replay windows" if buf.steps else "by slot count: no load window yet"
     trig = f"{trigger}: {onto} experts onto ranks {list(ranks)} ({how})"
-    lo, hi = _span(buf, k or None)
+    lo, hi = buf.span(k or None)
     d = Decision(table, ops, max(est, vg), vg, cost, trig, tuple(refused), "manual", lo, hi)
     return Attempt(d, DecisionOutcome.PROPOSED, "", tuple(refused), max(est, vg), vg, cost)
 
