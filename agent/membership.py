@@ -356,8 +356,10 @@ class Membership:
             s.address = st.address
             self.transport.add_peer(s.node_id, st.address)
         s.ranks = tuple(st.ranks)
-        if st.HasField("fingerprint"):
-            s.fp = st.fingerprint
+        # a newer incarnation's word replaces the old one's, a fingerprint included: a member that came back on a
+        # release that says none (a downgrade) says none, and relaying the old one beside its new claim would
+        # have every mTLS peer refuse the state (the claim no longer says that fingerprint)
+        s.fp = st.fingerprint if st.HasField("fingerprint") else None
         if st.claim:
             s.proof = (st.claim, st.claim_signature, st.claim_certificate)
 

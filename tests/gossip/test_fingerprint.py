@@ -38,6 +38,8 @@ def test_a_member_state_carries_its_fingerprint_and_a_newer_incarnation_replaces
     assert g.fingerprints() == {"me": FP, "x": DRIFT}
     g.membership.apply(state("x", 1, FP))  # x restarted with the cluster's config
     assert g.fingerprints()["x"] == FP
+    g.membership.apply(state("x", 2, None))  # x came back on a release that says none (a downgrade)
+    assert "x" not in g.fingerprints() and not g.membership.state_pb("x").HasField("fingerprint")
 
 
 def test_a_view_of_our_previous_process_with_another_fingerprint_is_refuted() -> None:
