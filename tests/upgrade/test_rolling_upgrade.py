@@ -42,7 +42,7 @@ pytestmark = pytest.mark.slow
 
 # The previous release: the last commit landed on main before this one. Move it forward when a release lands
 # (to the commit this tree's first parent on main is); EMOE_UPGRADE_FROM overrides it (a commit or a tag).
-PREVIOUS = os.environ.get("EMOE_UPGRADE_FROM", "a441ead30e633dc0bab2cfd64d406429418d2e9d")
+PREVIOUS = os.environ.get("EMOE_UPGRADE_FROM", "db2f57cb6638c5bd210bc8cadb087360f2f736fe")
 
 ROOT = Path(__file__).resolve().parents[2]
 L, E, NODES, RPN, S = 2, 8, 3, 2, 4
@@ -75,6 +75,14 @@ def _previous_tree(dest: Path) -> Path:
         tar.extractall(out, filter="data")
     archive.unlink()
     return out
+
+
+def _wire_of_tree(tree: Path) -> int:
+    """The wire version a release's tree sends (elasticmoe/versions.py WIRE_VERSION; 0: a release before wire
+    versions, whose agents answer with none)."""
+    src = tree / "elasticmoe" / "versions.py"
+    m = re.search(r"^WIRE_VERSION\s*=\s*(\d+)", src.read_text(), re.M) if src.exists() else None
+    return int(m.group(1)) if m else 0
 
 
 def _runs(c: LocalCluster, k: int) -> Path:
@@ -215,8 +223,9 @@ def test_rolling_upgrade_under_load(cluster: tuple[LocalCluster, Path], certs: P
     t0 = time.monotonic()
     admin = Admin(c, certs)
     c.start()
+    old_wire = _wire_of_tree(old)
     for k in range(NODES):
-        admin.wait_serving(k, wire=0)  # the previous release answers with no wire version
+        admin.wait_serving(k, wire=old_wire)
     engines = Engines(c)
     marks: list[Mark] = [("previous release", 1, ("old",) * NODES)]
     releases = ["old"] * NODES
@@ -229,7 +238,7 @@ def test_rolling_upgrade_under_load(cluster: tuple[LocalCluster, Path], certs: P
             c.code[k], releases[k] = code, release
             assert _runs(c, k) == code.resolve(), f"{c.ids[k]} would not run {code}"
             c.start(k)
-            admin.wait_serving(k, wire=WIRE_VERSION if release == "new" else 0)
+            admin.wait_serving(k, wire=WIRE_VERSION if release == "new" else old_wire)
             past = max(admin.head(j) for j in range(NODES))
             marks.append((what, past, tuple(releases)))
             admin.rebalances_past(past, what)
