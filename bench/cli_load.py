@@ -72,7 +72,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="the unix socket of the --agent at the same position (its config's shim_socket, or "
                         "<data_dir>/shim.sock)")
     r.add_argument("--rate", type=float_in(0.0, 100_000.0, lo_open=True), default=100.0, metavar="STEPS_PER_S",
-                   help="decode steps per second (default 100: one 100-step load window a second)")
+                   help="decode steps per second (default 100: two of the agents' 50-step load windows a second)")
     r.add_argument("--steps", type=int_in(1, 10**9), default=None, metavar="N",
                    help="steps to feed (default: the trace's length; past its end the trace starts over)")
     r.add_argument("--seconds", type=float_in(0.0, 10**7, lo_open=True), default=None, metavar="S",

@@ -182,7 +182,8 @@ def run_live(counts: Counts, top_k: int, base: RoutingTable, window: int, params
         with cluster.running(timeout=60):
             rpn = topo.ranks_per_node
             sockets = {g: cluster.shim_socket(g // rpn) for g in range(topo.ranks)}
-            engine = ReplayEngine(sockets, topo, counts, base, genesis, sample_every, agree_every, window)
+            engine = ReplayEngine(sockets, topo, counts, base, genesis, sample_every, agree_every,
+                                  int(decision["window"]))
             try:
                 return engine.run(step_s, progress)
             finally:

@@ -204,7 +204,7 @@ class Elastic:
     then overlap serving. Not modelled here: the turn among several nodes, consensus faults (`emoe demo`,
     `emoe bench --live` and chaos/ run those)."""
 
-    window: int
+    window: int  # the agents' decision.window: the steps between two closes of the decision path
     commit_latency: int = 3
     agree_every: int = 32  # the plugins' EMOE_AGREE_EVERY (make_policy passes the shipped default)
     params: dict[str, Any] = field(default_factory=dict)
@@ -215,6 +215,11 @@ class Elastic:
     seq: int = 0
     decisions: list[dict[str, Any]] = field(default_factory=list)
     explains: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def cadence(self) -> int:
+        """The bench calls `on_window` every this many steps: the agents' window."""
+        return self.window
 
     def start(self, base: RoutingTable, counts: Counts, drift_steps: list[int]) -> list[Change]:
         from agent.config import ConsensusConfig, DecisionConfig
@@ -307,4 +312,6 @@ def make_policy(spec: str, window: int, groups: int, craft_budget: float, commit
         return Hindsight(groups)
     from dataplane_shim.plugin import AGREE_EVERY
 
-    return Elastic(window, commit_latency, agree_every or AGREE_EVERY, dict(elastic_params or {}))
+    params = dict(elastic_params or {})
+    # the agents' window: `--elastic-param window=N`, else the bench's W (run_bench passes the shipped default)
+    return Elastic(int(params.pop("window", window)), commit_latency, agree_every or AGREE_EVERY, params)

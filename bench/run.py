@@ -29,6 +29,7 @@ from bench.rankloss import Kill, Outage, masked, recovery_after
 from bench.traces import Trace, moving_average
 from controlplane.baselines.eplb import eplb_table
 from controlplane.baselines.static import static_table
+from controlplane.decision import DecisionParams
 from controlplane.load import table_step_imbalance
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
@@ -126,8 +127,9 @@ def simulate(policy: Policy, cluster: EPCluster, base: RoutingTable, trace: Trac
         run.outage.record(t, lost, live if holds else None)
         return res
 
-    for first in range(0, T, window):
-        end = min(T, first + window)
+    cadence = int(getattr(policy, "cadence", window))  # steps between the policy's decisions (elastic: the agents' window)
+    for first in range(0, T, cadence):
+        end = min(T, first + cadence)
         t = first
         while t < end:
             on_events(t)
@@ -166,7 +168,7 @@ def simulate(policy: Policy, cluster: EPCluster, base: RoutingTable, trace: Trac
             t += n
         queue.extend(policy.on_window(first, end, counts[:end]))
         queue.sort(key=lambda c: c.ready_step)
-        if tick is not None:
+        if tick is not None and (end // window > first // window or end == T):  # progress counts W-step windows
             tick()
     run.step_ms += run.stall_ms
     return run
@@ -309,8 +311,10 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
         if "hindsight" not in names:
             ref_run = simulate(ref_policy, cluster, base, trace, cfg.window, cfg.copy_share, tick, kills, detect)
         # the agents' cost-benefit reads the step time an operator sees on the engine: here the step model's,
-        # under the boot table over the first window (controlplane.worth; --elastic-param load_ms=... overrides)
-        elastic_params = {"expert_bytes": int(shape.expert_bytes),
+        # under the boot table over the first window (controlplane.worth; --elastic-param load_ms=... overrides).
+        # The agents close windows of their own decision.window (the shipped default unless --elastic-param
+        # window=N), whatever the bench's W, which is the metrics' window and the baselines' cadence
+        elastic_params = {"window": DecisionParams.window, "expert_bytes": int(shape.expert_bytes),
                           "load_ms": round(cluster.load_ms(base, trace.counts[:cfg.window]), 3), **cfg.elastic_params}
         live: Any = None
         if cfg.live and "elastic" in names:
@@ -374,11 +378,13 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
         entry = summarize(runs[name], trace.counts, ref_run.imbalance, trace.drift_steps, cfg.window, committed, kills,
                           trace.top_k)
         if isinstance(pol, Elastic):
+            entry["agent_window"] = pol.window
             entry["decisions"] = pol.decisions
             entry["outcomes"] = dict(Counter(e["outcome"] for e in pol.explains))
             entry["explain"] = pol.explains
             entry["gossip_window_bytes"] = pol.feed.bytes_per_window()  # a node's window as gossip sends it
         if name == "elastic" and live is not None:
+            entry["agent_window"] = int(elastic_params["window"])
             entry["live"] = live
         if kills:
             entry["rank_loss"] = rank_loss_entry(runs[name], ref_run, kills, trace.drift_steps, cfg.window)

@@ -60,7 +60,7 @@ class Link(Protocol):
     def report(self, report: dpb.LoadReport, timeout: float) -> object: ...
 
 
-# Reports every 25 steps: a divisor of the agents' default window (100), so a window's last report leaves at
+# Reports every 25 steps: a divisor of the agents' default window (50), so a window's last report leaves at
 # its last step and the window closes then (at 32, up to 28 steps later). Agreement every 32 steps (~1 s of
 # 30 ms decode steps): the plugin's own work, agreement and report together, is then about
 # 0.8/1000 of a 30 ms step (bench.plugin_step: 24 us a step here, against 46 us at 16 and 15 us at 64), and
