@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--nodes", type=int, default=None, help="nodes (default 2)")
     p.add_argument("--ranks-per-node", type=int, default=None, help="GPUs (EP ranks) a node (default 8)")
     p.add_argument("--slots-per-rank", type=int, default=None, help="expert slots a GPU (default 5)")
-    p.add_argument("--window", type=int, default=100, help="W steps per window (default 100)")
+    p.add_argument("--window", type=int, default=100, help="W steps per window of the metrics (recovery, regressions) and of the baselines' cadence (default 100); the elastic policy closes windows at the agents' decision.window (default 50; --elastic-param window=N)")
     p.add_argument("--policies", default=DEFAULT_POLICIES, help=f"comma list (default {DEFAULT_POLICIES}); eplb:3000")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic trace and the step model (default 0)")
     p.add_argument("--expert-groups", type=int, default=None,
