@@ -3,8 +3,8 @@
     python -m bench.planner --json
 
 Shape: 58 MoE layers x 256 routed experts, 8 nodes x 8 ranks, 5 slots per rank (static EP head: 4 experts
-and one spare slot per rank), replay buffer of one window of W = 100 steps, seen as the agent's controller sees it: its sampled steps (every
-`sample_every` = 10th: 10 rows), of synthetic skewed counts
+and one spare slot per rank), replay buffer of one window of the agents' W (decision.window, 50) steps, seen as the agent's controller sees it: its sampled steps (every
+`sample_every` = 10th: 5 rows), of synthetic skewed counts
 (per layer a seeded Zipf(1.2) popularity over a random expert order, 2048 tokens x top-8 per step, multinomial
 per step). Two cases: `incremental` (the head is EPLB fitted on the first segment of the public DeepSeek-V3
 decode pair in ../shared/traces, the window taken from the second, both sampled per step at 2048 tokens x
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.planner", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--repeats", type=int, default=50)
-    ap.add_argument("--window", type=int, default=100)
+    ap.add_argument("--window", type=int, default=DecisionParams.window, help="the agents' window (default: theirs)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     out = {case: measure(args.repeats, args.window, args.seed, case) for case in ("incremental", "large")}
