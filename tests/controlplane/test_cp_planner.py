@@ -186,7 +186,7 @@ def test_bench_planner_prints_the_contract() -> None:
     assert set(res) == {"incremental", "large"}
     for case, out in res.items():
         assert out["case"] == case
-        assert out["shape"] == [58, 256] and out["ranks"] == 64 and out["window"] == 100
+        assert out["shape"] == [58, 256] and out["ranks"] == 64 and out["window"] == DecisionParams.window
         assert out["median_ms"] > 0 and out["p99_ms"] >= out["median_ms"]
     assert res["large"]["outcome"] == "PROPOSED" and res["large"]["verified_gain"] > 0.5
 
