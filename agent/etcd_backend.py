@@ -12,6 +12,9 @@ watches `tables/` and installs commits in version order, writing each to its loc
 one (commit before install). The certificate of an etcd commit names the etcd cluster as its only voter:
 its quorum is etcd's own.
 
+Each session starts by bringing etcd's `head` up to this node's (agent/etcd_seed.py): an etcd that lost versions
+this node committed gets them back, and one that committed another table over them is refused by name.
+
 etcd may be down when the agent starts, or go away while it runs: the backend connects in the background and
 reconnects for as long as it runs, each failed attempt logged at WARNING with the endpoints and the next
 delay. Until it is connected and has read the commits it missed, `failure` says why, so the agent reports
@@ -30,6 +33,7 @@ import aetcd
 from aetcd.utils import prefix_range_end
 
 from agent.consensus.node import CommitCallback, Outcome, Verifier, validity_verifier
+from agent.etcd_seed import EtcdDiverged, seed_head
 from agent.store import Store, StoreFailed
 from controlplane.table import RoutingTable
 from elasticmoe.codec import TableWireError, table_from_pb, table_to_pb
@@ -171,6 +175,15 @@ class EtcdBackend:
                 why = "the watch ended"
             except asyncio.CancelledError:
                 raise  # stop(): close() closes the connection (after revoking the lease)
+            except EtcdDiverged as e:  # nothing a reconnect fixes: said once, checked again slowly
+                self._client, self._conn = None, None
+                self._ready.clear()
+                if str(e) != self._unreachable:
+                    log.error("%s", e)
+                self._unreachable = str(e)
+                await _close_quietly(client, self.timeout)
+                await asyncio.sleep(RETRY_MAX_S)
+                continue
             except Exception as e:  # IO failure: absorbed; the backend reconnects
                 why = _why(e)
             self._client, self._conn = None, None
@@ -183,10 +196,8 @@ class EtcdBackend:
 
     async def _session(self, client: aetcd.Client, endpoint: str) -> None:
         """Seed the head, read the commits this node lacks, then follow the watch until the connection fails."""
-        tx = client.transactions
-        head_key = self._key("head")
-        await client.transaction(compare=[tx.create(head_key) == 0],
-                                 success=[tx.put(head_key, str(self._genesis).encode())], failure=[])
+        await seed_head(client, self._key("head"), self._table_key, self._genesis, self._head.version, self._commits,
+                        endpoint)
         tables = self._key("tables/")
         rng = await client.get_range(self._table_key(self._head.version + 1), prefix_range_end(tables))
         rev = rng.header.revision if rng.header is not None else 0

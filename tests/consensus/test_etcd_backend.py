@@ -158,3 +158,95 @@ async def test_waits_for_etcd_and_reconnects(tmp_path: Path, caplog: pytest.LogC
     finally:
         await a.close()
         server.stop()
+
+
+async def _wipe(endpoint: str, cluster: str) -> None:
+    """What a wiped etcd (or one restored from a backup older than the cluster) holds of `cluster`: nothing."""
+    import aetcd
+
+    host, port = parse_endpoint(endpoint)
+    async with aetcd.Client(host=host, port=port) as c:
+        await c.delete_prefix(f"/emoe/{cluster}/".encode())
+
+
+async def _until(cond: Any, what: str, timeout: float = 10.0) -> None:
+    for _ in range(int(timeout / 0.02)):
+        if cond():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out: {what}")
+
+
+async def _committed(tmp_path: Path, cluster: str, etcd: str, n: int, seed: int) -> list[RoutingTable]:
+    """Versions 2..n+1 committed through a backend whose store is tmp_path / a.log; the tables, in order."""
+    a = EtcdBackend([etcd], "a", genesis(), cluster=cluster, store=Store(tmp_path / "a.log"))
+    a.start()
+    rng, out = random.Random(seed), []
+    try:
+        await a.ready()
+        for _ in range(n):
+            t = successor_table(a.head, rng)
+            assert (await a.propose_async(t, pb.Plan(trigger="test"))).committed
+            out.append(t)
+    finally:
+        await a.close()
+    return out
+
+
+@pytest.mark.asyncio
+async def test_a_wiped_etcd_gets_the_committed_versions_back_before_a_new_node_can_commit(
+        etcd: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """etcd wiped under a cluster at version 3: the first node back with a store writes versions 2 and 3 back,
+    so a node at genesis (a new node, a wiped data_dir) follows them and its next commit is version 4, never a
+    second table for version 2."""
+    import logging
+
+    tables = await _committed(tmp_path, "wiped", etcd, 2, seed=3)
+    await _wipe(etcd, "wiped")
+    a = EtcdBackend([etcd], "a", genesis(), cluster="wiped", store=Store(tmp_path / "a.log"))
+    fresh = EtcdBackend([etcd], "fresh", genesis(), cluster="wiped")
+    with caplog.at_level(logging.WARNING, logger="agent.etcd_backend"):
+        a.start()
+        try:
+            await a.ready()
+            assert a.head.version == 3 and a.failure == ""
+            fresh.start()
+            await fresh.ready()
+            await _until(lambda: fresh.head.version == 3, "the new node follows the written-back versions")
+            assert [fresh.committed(v).qc.table_hash for v in (2, 3)] == [t.digest for t in tables]  # type: ignore[union-attr]
+            out = await fresh.propose_async(successor_table(fresh.head, random.Random(9)), pb.Plan())
+            assert out.committed and out.version == 4
+            await _until(lambda: a.head.version == 4, "the restored node installs the new version")
+        finally:
+            await a.close()
+            await fresh.close()
+    said = [r.getMessage() for r in caplog.records if "wrote back" in r.getMessage()]
+    assert len(said) == 1 and "held no head, below version 3" in said[0] and "versions 2..3" in said[0], said
+
+
+@pytest.mark.asyncio
+async def test_a_node_refuses_an_etcd_that_committed_another_table_over_its_history(
+        etcd: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """etcd wiped, and a node at genesis committed a new version 2 before any node with the history came back:
+    the node that committed the old version 2 says so (NOT_SERVING, ERROR once), installs nothing from etcd
+    and refuses to propose."""
+    import logging
+
+    await _committed(tmp_path, "forked", etcd, 2, seed=5)
+    await _wipe(etcd, "forked")
+    fresh = EtcdBackend([etcd], "fresh", genesis(), cluster="forked")
+    fresh.start()
+    a = EtcdBackend([etcd], "a", genesis(), cluster="forked", store=Store(tmp_path / "a.log"))
+    try:
+        await fresh.ready()
+        assert (await fresh.propose_async(successor_table(fresh.head, random.Random(11)), pb.Plan())).committed
+        with caplog.at_level(logging.ERROR, logger="agent.etcd_backend"):
+            a.start()
+            await _until(lambda: "another table for version 2" in a.failure, "the fork is named")
+        assert a.head.version == 3 and a.abstains and "wipe this node's data_dir" in a.failure
+        refused = await a.propose_async(successor_table(a.head, random.Random(12)), pb.Plan())
+        assert not refused.committed
+        assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [a.failure]
+    finally:
+        await a.close()
+        await fresh.close()
