@@ -7,7 +7,9 @@ names, ports and data dirs moved to loopback and temporary directories) against 
   healthcheck, `emoe status`) and refuses proposals, while its `liveness` health service is SERVING;
 - once etcd serves, every agent serves and a proposal (`emoe propose`, the fresh environment's CLI) commits;
 - etcd killed mid-run: every agent is NOT_SERVING, still alive; etcd back: SERVING again, and a second
-  proposal commits on every agent.
+  proposal commits on every agent;
+- etcd wiped (its data dir deleted while it is down): the agents write their history back, and the next proposal
+  commits the next version on every agent.
 
 The wheel and the environment are kept in .cache/deploy-test/<hash> for the next run, keyed by the hash of the
 package's sources, pyproject.toml, README.md, the install line and this Python; only the newest is kept. The
@@ -334,6 +336,22 @@ def test_compose_agents_wait_for_etcd_and_survive_its_restart(agents: Agents) ->
     assert v2 == v + 1
     until(f"version {v2} on every agent",
           lambda: all(int(agents.status(n)["committed_version"]) == v2 for n in names), agents)
+
+    # etcd wiped (its data dir lost): the agents write the history back from their data_dirs, and the next
+    # proposal is the next version, not a second table for version 2 on etcd's empty history
+    agents.etcd.stop()
+    until("every agent NOT_SERVING", lambda: all(agents.health(n) == NOT_SERVING for n in names), agents)
+    shutil.rmtree(agents.etcd.argv[agents.etcd.argv.index("--data-dir") + 1])
+    agents.etcd.start()
+    agents.etcd.wait_ready()
+    until("every agent SERVING on the wiped etcd", lambda: all(agents.health(n) == SERVING for n in names), agents)
+    assert all(int(agents.status(n)["committed_version"]) == v2 for n in names)
+    v3 = _propose(agents, names[2], "swap 0 10 0 0 1")  # the first swap, undone
+    assert v3 == v2 + 1
+    until(f"version {v3} on every agent",
+          lambda: all(int(agents.status(n)["committed_version"]) == v3 for n in names), agents)
+    wrote_back = [n for n in names if f"below version {v2} that this node committed" in agents.log(n).read_text()]
+    assert wrote_back, "no agent said it wrote the history back"
 
     for n in names:  # IO failures are logged as one line each, never as a traceback
         text = agents.log(n).read_text(errors="replace")
