@@ -47,8 +47,9 @@ class LocalWindows:
     """Sums the reports of this node's shims into windows of `window` steps.
 
     A window closes once every shim seen so far has reported all of its steps (or a later window). A report
-    that crosses a window boundary (an engine plugin reports every EMOE_REPORT_EVERY steps, 32 by default, which
-    need not divide the window: 100) is split between the windows by its steps, its counts in proportion
+    that crosses a window boundary (an engine plugin reports every EMOE_REPORT_EVERY steps, 25 by default, which
+    an operator may set to one that does not divide the window) is split between the windows by its steps, its
+    counts in proportion
     (rounded down, the remainder to the last part, so nothing is lost or counted twice).
     """
 
