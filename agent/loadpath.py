@@ -49,8 +49,7 @@ class LocalWindows:
     A window closes once every shim seen so far has reported all of its steps (or a later window). A report
     that crosses a window boundary (an engine plugin reports every EMOE_REPORT_EVERY steps, 25 by default, which
     an operator may set to one that does not divide the window) is split between the windows by its steps, its
-    counts in proportion
-    (rounded down, the remainder to the last part, so nothing is lost or counted twice).
+    counts in proportion (rounded down, the remainder to the last part, so nothing is lost or counted twice).
     """
 
     def __init__(self, layers: int, experts: int, window: int, sample_every: int = 0) -> None:
