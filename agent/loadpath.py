@@ -58,6 +58,12 @@ class LocalWindows:
         self._shims: set[str] = set()
         self._closed_upto = -1
 
+    def next_open_step(self, first_step: int, steps: int) -> int:
+        """The first step of the first window this node has not closed, when a report of `steps` steps from
+        `first_step` ends more than a window before the newest window closed here (its engine restarted and
+        counts from 0 again: it should go on from there); else 0 (a report a window late is only dropped)."""
+        return (self._closed_upto + 1) * self.W if first_step + steps <= self._closed_upto * self.W else 0
+
     def add(self, shim_id: str, first_step: int, steps: int, counts: U32,
             rows: npt.NDArray[np.uint32] | None = None) -> list[ClosedWindow]:
         """Add a report covering steps [first_step, first_step + steps); `rows`: the counts of its sampled steps
@@ -236,10 +242,13 @@ class LoadPath:
         self.cluster = ClusterWindows()
         self.unsampled = 0  # reports used for their totals only (no sampled steps, or another sample_every)
         self.dropped: dict[str, int] = {}  # reports each shim dropped before they left it (its own count)
+        self.behind: set[str] = set()  # shims told to go on at a later step (each said once in the log)
 
-    def on_report(self, r: dpb.LoadReport) -> None:
+    def on_report(self, r: dpb.LoadReport) -> int | None:
         """One engine rank's report; LoadReportError names the field of one this node cannot use (before
-        anything is counted)."""
+        anything is counted). Returns the step its engine should continue counting from when the report is for
+        a window this node already closed (an engine restarted and counts from 0 again: its reports would be
+        dropped until its count caught up), else None."""
         why = check_load_report(r, self.layers, self.experts)
         if not why and any(g >= self.topology.ranks for g in r.unreachable_ranks):
             why = f"unreachable_ranks {sorted(r.unreachable_ranks)[-4:]}: expected < {self.topology.ranks}"
@@ -248,7 +257,7 @@ class LoadPath:
         if r.error:  # the plugin's last word before it stops (GENESIS_MISMATCH: ...): no load
             log.error("rank %d's plugin stopped: %s", r.rank, r.error)
             self.engine_failed(int(r.rank), r.error)
-            return
+            return None
         if r.unreachable_ranks:  # the engine's own evidence (Lifeguard)
             who = self.gossip.suspect_ranks(r.unreachable_ranks)
             log.warning("rank %d could not reach ranks %s: suspecting %s", r.rank, list(r.unreachable_ranks), who)
@@ -256,7 +265,15 @@ class LoadPath:
         shim = r.shim_id or f"rank{r.rank}"
         self.dropped[shim] = max(self.dropped.get(shim, 0), int(r.dropped_reports))
         if r.steps == 0:  # evidence only (a peer the engine lost), no load
-            return
+            return None
+        go_on = self.local.next_open_step(int(r.first_step), int(r.steps))
+        if go_on:
+            if shim not in self.behind:
+                self.behind.add(shim)
+                log.warning("load report from %s for steps from %d, a window this node closed (its engine restarted?): "
+                            "dropped; its engine is told to go on from step %d", shim, r.first_step, go_on)
+            return go_on
+        self.behind.discard(shim)
         counts = np.frombuffer(r.counts, dtype="<u4").reshape(self.layers, self.experts)
         rows = None
         if r.sample_every == self.sample_every > 0:
@@ -273,6 +290,7 @@ class LoadPath:
             self.gossip.publish_window(w.seq, w.first_step, self.window, w.counts, bool(self.abstains()),
                                        w.samples, self.sample_every if w.samples is not None else 0)
             self.on_window(self.node_id, w.seq, w.counts, w.first_step, self.window, w.samples)
+        return None
 
     def on_window(self, node: str, window_seq: int, counts: npt.NDArray[np.integer], first_step: int = 0,
                   steps: int = 0, samples: U32 | None = None) -> None:

@@ -41,7 +41,7 @@ class TableSource(Protocol):
         ...
 
 
-LoadSink = Callable[[dpb.LoadReport], None]
+LoadSink = Callable[[dpb.LoadReport], int | None]  # -> the step the engine should continue at, when it is behind
 
 
 class DataplaneLinkServicer(dgrpc.DataplaneLinkServicer):
@@ -75,12 +75,12 @@ class DataplaneLinkServicer(dgrpc.DataplaneLinkServicer):
     async def ReportLoad(  # noqa: N802
         self, request_iterator: AsyncIterator[dpb.LoadReport], context: grpc.aio.ServicerContext
     ) -> dpb.ReportLoadAck:
-        accepted = 0
+        accepted, next_step = 0, 0
         async for r in request_iterator:
             reason = check_load_report(r, self.layers, self.experts)
             if not reason:
                 try:
-                    self.sink(r)
+                    next_step = max(next_step, self.sink(r) or 0)
                 except ValueError as exc:
                     reason = str(exc)
             if reason:
@@ -89,7 +89,7 @@ class DataplaneLinkServicer(dgrpc.DataplaneLinkServicer):
                                     f"load report {accepted} from {r.shim_id or r.rank}: {reason}")
             accepted += 1
             self.accepted += 1
-        return dpb.ReportLoadAck(accepted=accepted)
+        return dpb.ReportLoadAck(accepted=accepted, next_step=next_step)
 
 
 # The socket's mode: the agent's user and group may connect (the engine runs as another user, in the agent's

@@ -87,9 +87,11 @@ class Installer:
         return self.step % self.agree_every == 0
 
     def agreement_vector(self) -> npt.NDArray[np.int64]:
-        """int64 [4]: the core's (newest, -oldest) and (step, -step): the MIN-reduction also proves every rank
-        is at the same step of the schedule."""
-        return np.concatenate([self.core.agreement_vector(), np.array([self.step, -self.step], np.int64)])
+        """int64 [5]: the core's (newest, -oldest), (step, -step): the MIN-reduction also proves every rank is at
+        the same step of the schedule, and -(the step its agent said to go on from): every rank learns the
+        largest and renumbers its load steps from it at the same step (`PluginCore.go_on_from`)."""
+        return np.concatenate([self.core.agreement_vector(),
+                               np.array([self.step, -self.step, -self.core.link.next_step], np.int64)])
 
     def agreed(self, reduced: npt.ArrayLike) -> RoutingTable | None:
         """From the MIN-reduced agreement vector: queue the agreed table (if newer than what is in flight)."""
@@ -97,6 +99,8 @@ class Installer:
         if int(red[2]) != int(-red[3]):  # a broken invariant: the ranks are not in lockstep; fail loudly
             raise ShimError(f"rank {self.rank}: the EP ranks disagree on the plugin's step ({int(red[2])}.."
                             f"{int(-red[3])}): the agreement schedule is not shared")
+        if red.size > 4:
+            self.core.go_on_from(int(-red[4]))
         table = self.core.decide(red[:2])
         if table is None:
             return None

@@ -140,6 +140,9 @@ class LinkThread:
         self._ready = threading.Event()
         self.errors: list[BaseException] = []  # the last few link errors (bounded), for diagnostics
         self.sent = 0
+        # the step the agent said this engine should go on from (its reports were for windows it had closed:
+        # the engine restarted and counts from 0); 0: none. Written by the link's thread, read by the engine's
+        self.next_step = 0
         self._overflowed = 0  # reports refused by `offer` (the engine's thread)
         self._failed = 0      # reports whose send failed (the link's thread)
         self._queue_size, self._retry_s = queue_size, retry_s
@@ -181,8 +184,9 @@ class LinkThread:
             r = self._outbox.popleft()
             r.dropped_reports = self.dropped
             try:
-                await self.link.report_load(r)
+                ack = await self.link.report_load(r)
                 self.sent += 1
+                self.next_step = max(self.next_step, int(ack.next_step))
             except grpc.aio.AioRpcError as exc:
                 self._failed += 1
                 self._error(exc)

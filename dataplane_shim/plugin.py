@@ -53,6 +53,11 @@ class Link(Protocol):
     @property
     def dropped(self) -> int: ...
 
+    @property
+    def next_step(self) -> int:
+        """The step the agent said to go on from (ReportLoadAck.next_step; 0: none)."""
+        ...
+
     def drain(self) -> list[cpb.Commit]: ...
 
     def offer(self, report: dpb.LoadReport) -> None: ...
@@ -214,6 +219,24 @@ class PluginCore:
             raise ShimError(f"rank {self.rank}: agreed version {agreed} is not among the versions held "
                             f"{sorted(self.tables)}")
         return self.tables[agreed]
+
+    @property
+    def next_step_number(self) -> int:
+        """The number the next step added will have (the agents' windows are numbered by it)."""
+        return self._first_step + self._steps
+
+    def go_on_from(self, step: int) -> bool:
+        """Number the next step `step` when that is ahead (every rank does it at the same agreement step, with
+        the largest step any rank's agent asked for: ReportLoadAck.next_step). The load added since the last
+        report is dropped: its agent drops windows it has closed. True if renumbered."""
+        if step <= self.next_step_number:
+            return False
+        log.warning("rank %d: load steps renumbered from %d to %d (the agents' windows are past this engine's "
+                    "count: it restarted)", self.rank, self.next_step_number, step)
+        self._first_step, self._steps = step, 0
+        self._load[:] = 0
+        self._rows, self._sampled = [], True
+        return True
 
     def installed(self, version: int) -> None:
         """The engine now runs `version`: forget it and everything older."""

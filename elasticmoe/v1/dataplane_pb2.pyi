@@ -58,11 +58,13 @@ class LoadReport(_message.Message):
     def __init__(self, shim_id: _Optional[str] = ..., rank: _Optional[int] = ..., first_step: _Optional[int] = ..., steps: _Optional[int] = ..., version: _Optional[int] = ..., layers: _Optional[int] = ..., experts: _Optional[int] = ..., counts: _Optional[bytes] = ..., stale_dispatches: _Optional[int] = ..., dropped_tokens: _Optional[int] = ..., dropped_reports: _Optional[int] = ..., unreachable_ranks: _Optional[_Iterable[int]] = ..., samples: _Optional[bytes] = ..., sample_every: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
 
 class ReportLoadAck(_message.Message):
-    __slots__ = ("accepted", "rejected", "reason")
+    __slots__ = ("accepted", "rejected", "reason", "next_step")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REJECTED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    NEXT_STEP_FIELD_NUMBER: _ClassVar[int]
     accepted: int
     rejected: int
     reason: str
-    def __init__(self, accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    next_step: int
+    def __init__(self, accepted: _Optional[int] = ..., rejected: _Optional[int] = ..., reason: _Optional[str] = ..., next_step: _Optional[int] = ...) -> None: ...

@@ -81,6 +81,10 @@ class HeldLink:
     def dropped(self) -> int:
         return int(self.inner.dropped)
 
+    @property
+    def next_step(self) -> int:
+        return int(self.inner.next_step)
+
     def drain(self) -> list[Any]:
         self.held += self.inner.drain()
         if not self.release.exists():
@@ -109,6 +113,10 @@ class CapLink:
     def dropped(self) -> int:
         return int(self.inner.dropped)
 
+    @property
+    def next_step(self) -> int:
+        return int(self.inner.next_step)
+
     def drain(self) -> list[Any]:
         got = self.inner.drain()
         self.kept += [c for c in got if c.table.version > self.cap]
@@ -135,7 +143,7 @@ class DirLink:
     that the test writes; offered load reports are kept, the last one shown in the status file."""
 
     def __init__(self, d: Path) -> None:
-        self.dir, self.seen, self.dropped, self.sent = d, 0, 0, 0
+        self.dir, self.seen, self.dropped, self.sent, self.next_step = d, 0, 0, 0, 0
         self.last: Any = None
         self.offered: list[Any] = []  # every report offered, in order
 

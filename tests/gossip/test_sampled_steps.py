@@ -105,6 +105,8 @@ def test_the_plugin_reports_its_sampled_steps_and_the_agent_checks_their_size() 
     sent = []
 
     class Link:
+        next_step = 0
+
         def dropped(self) -> int:
             return 0
 

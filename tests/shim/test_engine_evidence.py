@@ -164,6 +164,7 @@ def test_the_plugin_core_sends_its_evidence_at_once() -> None:
 
     class Link:
         dropped = 0
+        next_step = 0
 
         def __init__(self) -> None:
             self.sent: list[object] = []

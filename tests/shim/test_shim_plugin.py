@@ -25,6 +25,7 @@ class FakeLink:
         self.inbox: list[cpb.Commit] = []
         self.sent: list[dpb.LoadReport] = []
         self.dropped = 0
+        self.next_step = 0  # what the agent said to go on from (ReportLoadAck.next_step)
 
     def drain(self) -> list[cpb.Commit]:
         out, self.inbox = self.inbox, []

@@ -1,0 +1,107 @@
+"""An engine that restarts counts its steps from 0 again, while the agents' windows (numbered by engine steps)
+are far past that: its reports would be dropped as late until its count caught up, for as long as it had run.
+The agent answers such a report with the step to go on from (ReportLoadAck.next_step); the ranks agree on the
+largest they were told in their version agreement and all renumber at the same step (PluginCore.go_on_from)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from agent.loadpath import LocalWindows
+from controlplane.table import initial_table
+from controlplane.topology import Topology
+from dataplane_shim.genesis import genesis_table
+from dataplane_shim.install import Installer
+from dataplane_shim.plugin import PluginCore
+from tests.shim.test_shim_plugin import FakeLink
+
+L, E, W = 2, 8, 10
+
+
+def test_local_windows_name_where_a_restarted_engine_goes_on() -> None:
+    lw = LocalWindows(L, E, W)
+    for s in range(0, 50, 5):
+        lw.add("a", s, 5, np.ones((L, E), np.uint32))
+    assert lw.next_open_step(50, 5) == 0  # the open window
+    assert lw.next_open_step(40, 5) == 0  # a window late: only dropped, as before
+    assert lw.next_open_step(0, 5) == 50 and lw.next_open_step(30, 5) == 50  # far behind: go on at 50
+
+
+def test_the_ranks_renumber_together_from_the_largest_step_an_agent_asked_for() -> None:
+    topo = Topology(1, 2, 8)
+    boot = genesis_table("static", topo, L, E).phy2log
+    links = [FakeLink(), FakeLink()]
+    cores = [PluginCore(link, topo, L, E, g, boot, genesis="static", report_every=5, shim_id=f"rank{g}")
+             for g, link in enumerate(links)]
+    insts = [Installer(c, agree_every=4, stall_steps=1 << 30, rank=c.rank) for c in cores]
+    load = np.ones((L, E), np.int64)
+    links[1].next_step = 700  # rank 1's agent has closed windows up to step 700; rank 0's said nothing
+    for step in range(12):
+        for i in insts:
+            i.step = step
+        if insts[0].agreement_due():
+            red = np.min([i.agreement_vector() for i in insts], axis=0)
+            for i in insts:
+                i.agreed(red)
+        for c in cores:
+            c.add_load(load)
+            c.maybe_report()
+    # renumbered at the agreement of step 0, both: steps 0.. are 700.. on both ranks, reports aligned
+    assert [[int(r.first_step) for r in link.sent] for link in links] == [[700, 705], [700, 705]]
+    assert [c.next_step_number for c in cores] == [712, 712]
+    assert not cores[0].go_on_from(700)  # behind the count: nothing to do
+
+
+@pytest.mark.slow
+def test_an_engine_restarted_under_running_agents_reports_into_their_windows_again(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Real agents; an engine (one plugin core per rank) runs 200 steps, then a new one starts from step 0
+    (a restart): within one agreement its load closes the agents' windows again."""
+    from bench.live import ReplayEngine, genesis_spec
+    from chaos.localcluster import LocalCluster
+    from tests.adminclient import status
+
+    topo = Topology(2, 2, 6)
+    base = initial_table(topo, L, E)
+    rng = np.random.default_rng(0)
+    counts = rng.multinomial(256, np.full(E, 1 / E), size=(200, L)).astype(np.uint32)
+    shape = {"nodes": 2, "ranks_per_node": 2, "slots_per_rank": 6, "layers": L, "experts": E, "top_k": 2,
+             "genesis": genesis_spec(base, tmp_path)}
+    cluster = LocalCluster(2, tmp_path, shape, profile="local", sections={"decision": {"window": 20}})
+
+    def newest_window() -> int:
+        return max(int(status(cluster.addresses[k]).window_seq) for k in range(2))
+
+    def run(engine: ReplayEngine) -> None:
+        try:
+            for t in range(counts.shape[0]):
+                engine.step(counts[t])
+                time.sleep(0.005)
+            engine.flush()
+        finally:
+            engine.close()
+
+    with cluster.running(timeout=60):
+        sockets = {g: cluster.shim_socket(g // 2) for g in range(4)}
+        run(ReplayEngine(sockets, topo, counts, base, "static", 10, 4, 20))
+        deadline = time.monotonic() + 10
+        while newest_window() < 8 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        before = newest_window()
+        assert before >= 8, before
+        with caplog.at_level(logging.WARNING, logger="elasticmoe.plugin"):
+            run(ReplayEngine(sockets, topo, counts, base, "static", 10, 4, 20))  # restarted: from step 0
+        deadline = time.monotonic() + 10
+        while newest_window() < before + 5 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert newest_window() >= before + 5, (before, newest_window())
+    said = [r.getMessage() for r in caplog.records if "renumbered" in r.getMessage()]
+    to = {int(m.split(" to ")[1].split()[0]) for m in said}
+    assert len(said) == 4 and len(to) == 1 and to.pop() >= before * 20, said  # every rank, from one step
+    logs = [cluster.log(k).read_text() for k in range(2)]
+    assert all("its engine is told to go on from step" in t for t in logs), logs[0][-2000:]
