@@ -135,25 +135,29 @@ class ReplayBuffer:
                 self._counts = np.zeros((0, self.layers, self.experts), dtype=np.uint32)
         return self._counts
 
+    def _recent(self, last: int | None) -> list[Window]:
+        """The last `last` windows (all when None or 0), oldest first."""
+        return list(self.windows)[-last:] if last else list(self.windows)
+
     def window_totals(self, last: int | None = None) -> I64:
         """[nw, L, E] tokens per window of the last `last` windows (default all)."""
-        ws = list(self.windows)[-last:] if last else list(self.windows)
+        ws = self._recent(last)
         if not ws:
             return np.zeros((0, self.layers, self.experts), dtype=np.int64)
         return np.stack([w.expert_totals for w in ws])
 
     def block_totals(self, last: int | None = None) -> I64:
         """[nb, L, E] tokens per planning block of the last `last` windows (default all), oldest first."""
-        ws = list(self.windows)[-last:] if last else list(self.windows)
+        ws = self._recent(last)
         if not ws:
             return np.zeros((0, self.layers, self.experts), dtype=np.int64)
         return np.concatenate([w.block_totals for w in ws], axis=0)
 
     def span(self, last: int | None = None) -> tuple[int, int]:
         """[first, end) steps of the last `last` windows (default all); (0, 0) when empty."""
-        if not self.windows:
+        ws = self._recent(last)
+        if not ws:
             return 0, 0
-        ws = list(self.windows)[-last:] if last else list(self.windows)
         return ws[0].first_step, ws[-1].first_step + ws[-1].span
 
     def tokens_per_step(self) -> npt.NDArray[np.float64]:
@@ -161,7 +165,7 @@ class ReplayBuffer:
         return np.asarray(self.window_totals().sum(axis=0) / max(self.steps, 1), dtype=np.float64)
 
     def steps_of(self, last: int | None = None) -> int:
-        ws = list(self.windows)[-last:] if last else list(self.windows)
+        ws = self._recent(last)
         return sum(int(w.counts.shape[0]) for w in ws)
 
     def same_mix(self, tv: float) -> int:
@@ -199,7 +203,7 @@ class ReplayBuffer:
     def stats(self, table: RoutingTable, base: RoutingTable | None = None, last: int | None = None) -> ReplayStats:
         """Per-step stats of the last `last` windows (default all) under `table`. With `base`, a table whose
         stats are cached, only the layers that differ from it are replayed."""
-        ws = list(self.windows)[-last:] if last else list(self.windows)
+        ws = self._recent(last)
         if not ws:
             z = np.zeros((0, self.layers), dtype=np.int64)
             return ReplayStats(z, z, len(table.active_ranks))

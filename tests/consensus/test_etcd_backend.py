@@ -28,6 +28,14 @@ def genesis() -> RoutingTable:
     return initial_table(Topology(2, 2, 4), 2, 8)
 
 
+async def until(what: str, ok: Any, timeout: float = 20.0) -> None:
+    for _ in range(int(timeout / 0.05)):
+        if ok():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
 def test_parse_endpoint() -> None:
     assert parse_endpoint("http://127.0.0.1:2379") == ("127.0.0.1", 2379)
     with pytest.raises(ValueError, match="host:port"):
@@ -124,13 +132,6 @@ async def test_waits_for_etcd_and_reconnects(tmp_path: Path, caplog: pytest.LogC
     a.start()
     rng = random.Random(3)
 
-    async def until(what: str, ok: Any, timeout: float = 20.0) -> None:
-        for _ in range(int(timeout / 0.05)):
-            if ok():
-                return
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"not within {timeout} s: {what}")
-
     try:
         await until("two failed attempts", lambda: len(caplog.records) >= 2)
         assert "no etcd endpoint reachable" in a.failure and server.endpoint in a.failure
@@ -169,12 +170,6 @@ async def _wipe(endpoint: str, cluster: str) -> None:
         await c.delete_prefix(f"/emoe/{cluster}/".encode())
 
 
-async def _until(cond: Any, what: str, timeout: float = 10.0) -> None:
-    for _ in range(int(timeout / 0.02)):
-        if cond():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out: {what}")
 
 
 async def _committed(tmp_path: Path, cluster: str, etcd: str, n: int, seed: int) -> list[RoutingTable]:
@@ -212,11 +207,11 @@ async def test_a_wiped_etcd_gets_the_committed_versions_back_before_a_new_node_c
             assert a.head.version == 3 and a.failure == ""
             fresh.start()
             await fresh.ready()
-            await _until(lambda: fresh.head.version == 3, "the new node follows the written-back versions")
+            await until("the new node follows the written-back versions", lambda: fresh.head.version == 3)
             assert [fresh.committed(v).qc.table_hash for v in (2, 3)] == [t.digest for t in tables]  # type: ignore[union-attr]
             out = await fresh.propose_async(successor_table(fresh.head, random.Random(9)), pb.Plan())
             assert out.committed and out.version == 4
-            await _until(lambda: a.head.version == 4, "the restored node installs the new version")
+            await until("the restored node installs the new version", lambda: a.head.version == 4)
         finally:
             await a.close()
             await fresh.close()
@@ -242,7 +237,7 @@ async def test_a_node_refuses_an_etcd_that_committed_another_table_over_its_hist
         assert (await fresh.propose_async(successor_table(fresh.head, random.Random(11)), pb.Plan())).committed
         with caplog.at_level(logging.ERROR, logger="agent.etcd_backend"):
             a.start()
-            await _until(lambda: "another table for version 2" in a.failure, "the fork is named")
+            await until("the fork is named", lambda: "another table for version 2" in a.failure)
         assert a.head.version == 3 and a.abstains and "wipe this node's data_dir" in a.failure
         refused = await a.propose_async(successor_table(a.head, random.Random(12)), pb.Plan())
         assert not refused.committed
