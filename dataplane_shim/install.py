@@ -99,8 +99,7 @@ class Installer:
         if int(red[2]) != int(-red[3]):  # a broken invariant: the ranks are not in lockstep; fail loudly
             raise ShimError(f"rank {self.rank}: the EP ranks disagree on the plugin's step ({int(red[2])}.."
                             f"{int(-red[3])}): the agreement schedule is not shared")
-        if red.size > 4:
-            self.core.go_on_from(int(-red[4]))
+        self.core.go_on_from(int(-red[4]))
         table = self.core.decide(red[:2])
         if table is None:
             return None
