@@ -134,14 +134,35 @@ def describe(op: Operation) -> str:
 
 
 class _Work:
-    """Mutable scratch copy of a table's placement while a list of operations is applied."""
+    """Mutable scratch copy of a table's placement while a list of operations is applied. A layer the
+    operations touch is worked on as Python lists (an operation touches a few slots: list scans beat numpy
+    calls at that size) and written back once, at the end."""
 
     def __init__(self, table: RoutingTable) -> None:
         self.t = table
         self.S = table.topology.slots_per_rank
         self.G = table.topology.ranks
         self.phy = np.array(table.phy2log, dtype=np.int64).reshape(table.layers, self.G, self.S)
+        self._rows: dict[int, list[list[int]]] = {}
         self.active = set(table.active_ranks)
+
+    def rows(self, layer: int) -> list[list[int]]:
+        """The slots of `layer`, rank by rank (a list per rank), taken from the array on first touch."""
+        r = self._rows.get(layer)
+        if r is None:
+            r = self._rows[layer] = self.phy[layer].tolist()
+        return r
+
+    def clear_rank(self, rank: int) -> None:
+        self.phy[:, rank, :] = -1
+        for r in self._rows.values():
+            r[rank] = [-1] * self.S
+
+    def result(self) -> I64:
+        for lay, r in self._rows.items():
+            self.phy[lay] = r
+        out: I64 = self.phy.reshape(self.t.layers, self.G * self.S)
+        return out
 
     def check_layer(self, layer: int) -> None:
         if not 0 <= layer < self.t.layers:
@@ -158,20 +179,18 @@ class _Work:
             raise InvalidOperation("RANK_INACTIVE", f"rank {rank} is not active")
 
     def place(self, layer: int, expert: int, dst: int) -> None:
-        row = self.phy[layer, dst]
-        if (row == expert).any():
+        row = self.rows(layer)[dst]
+        if expert in row:
             raise InvalidOperation("ALREADY_ON_RANK", f"layer {layer} expert {expert} already on rank {dst}")
-        free = np.flatnonzero(row < 0)
-        if free.size == 0:
+        if -1 not in row:
             raise InvalidOperation("NO_FREE_SLOT", f"layer {layer} rank {dst} has no free slot")
-        row[free[0]] = expert
+        row[row.index(-1)] = expert
 
     def remove(self, layer: int, expert: int, src: int) -> None:
-        row = self.phy[layer, src]
-        hit = np.flatnonzero(row == expert)
-        if hit.size == 0:
+        row = self.rows(layer)[src]
+        if expert not in row:
             raise InvalidOperation("NOT_ON_RANK", f"layer {layer} expert {expert} is not on rank {src}")
-        row[hit[0]] = -1
+        row[row.index(expert)] = -1
 
 
 def apply_ops(table: RoutingTable, ops: list[Operation] | tuple[Operation, ...]) -> RoutingTable:
@@ -179,8 +198,7 @@ def apply_ops(table: RoutingTable, ops: list[Operation] | tuple[Operation, ...])
     w = _Work(table)
     for op in ops:
         _apply_one(w, op)
-    phy: I64 = w.phy.reshape(table.layers, w.G * w.S)
-    return table.successor(phy, tuple(sorted(w.active)))
+    return table.successor(w.result(), tuple(sorted(w.active)))
 
 
 def _apply_one(w: _Work, op: Operation) -> None:
@@ -201,14 +219,14 @@ def _apply_one(w: _Work, op: Operation) -> None:
     elif isinstance(op, Consolidate):
         w.check_layer(op.layer)
         w.check_rank(op.dst)
-        row = w.phy[op.layer]
+        rows = w.rows(op.layer)
         keep = []
         for e in op.experts:
             w.check_expert(e)
-            on_dst = bool((row[op.dst] == e).any())  # a replica already on dst stays in its slot
-            other = np.ones(row.shape[0], dtype=bool)
-            other[op.dst] = not on_dst
-            row[other[:, None] & (row == e)] = -1
+            on_dst = e in rows[op.dst]  # a replica already on dst stays in its slot
+            for g, r in enumerate(rows):
+                if (g != op.dst or not on_dst) and e in r:
+                    r[:] = [-1 if x == e else x for x in r]
             if not on_dst:
                 keep.append(e)
         for e in keep:
@@ -219,34 +237,34 @@ def _apply_one(w: _Work, op: Operation) -> None:
             w.check_expert(e)
         w.check_rank(op.src)
         w.check_rank(op.dst)
-        a, b = w.phy[op.layer, op.src], w.phy[op.layer, op.dst]
+        rows = w.rows(op.layer)
+        a, b = rows[op.src], rows[op.dst]
         if op.src == op.dst or op.expert == op.other:
             raise InvalidOperation("SAME_RANK", f"layer {op.layer}: a swap needs two ranks and two experts")
-        ia, ib = np.flatnonzero(a == op.expert), np.flatnonzero(b == op.other)
-        if ia.size == 0 or ib.size == 0:
-            missing = (op.expert, op.src) if ia.size == 0 else (op.other, op.dst)
+        if op.expert not in a or op.other not in b:
+            missing = (op.expert, op.src) if op.expert not in a else (op.other, op.dst)
             raise InvalidOperation("NOT_ON_RANK", f"layer {op.layer} expert {missing[0]} is not on rank {missing[1]}")
-        if (a == op.other).any() or (b == op.expert).any():
+        if op.other in a or op.expert in b:
             raise InvalidOperation("ALREADY_ON_RANK", f"layer {op.layer}: swapping E{op.expert} r{op.src} with "
                                                       f"E{op.other} r{op.dst} would put a second replica on a rank")
-        a[ia[0]], b[ib[0]] = op.other, op.expert
+        a[a.index(op.expert)], b[b.index(op.other)] = op.other, op.expert
     elif isinstance(op, Drop):
         w.check_layer(op.layer)
         w.check_expert(op.expert)
         w.check_rank(op.src, active=False)
-        if int((w.phy[op.layer] == op.expert).sum()) < 2:
+        if sum(r.count(op.expert) for r in w.rows(op.layer)) < 2:
             raise InvalidOperation("LAST_REPLICA", f"layer {op.layer} expert {op.expert}: dropping its only replica")
         w.remove(op.layer, op.expert, op.src)
     elif isinstance(op, Drain):
         w.check_rank(op.rank)
         w.active.discard(op.rank)
-        w.phy[:, op.rank, :] = -1
+        w.clear_rank(op.rank)
     elif isinstance(op, Restore):
         w.check_rank(op.rank, active=False)
         if op.rank in w.active:
             raise InvalidOperation("RANK_ACTIVE", f"rank {op.rank} is already active")
         w.active.add(op.rank)
-        w.phy[:, op.rank, :] = -1
+        w.clear_rank(op.rank)
     else:  # pragma: no cover - exhaustive over Operation
         raise InvalidOperation("UNKNOWN_KIND", f"unknown operation {op!r}")
 
