@@ -76,6 +76,15 @@ class DecisionParams:
     min_op_gain: float | None = None
     fast_theta: float = 1.3  # a window this far above theta spends the whole error budget at once: a drift
     #                          (ESFT intent -> law: 1.06 -> 1.83) is fixed one window after it shows
+    # Below fast_theta, a window whose greedy moves gain less than tau (stuck: each move off the hottest rank
+    # raises another to the max, and full ranks need swaps) may still be re-packed or exchanged layer by layer
+    # (`planners.widen`) where its block objective is polish_theta above an even split, each copied slot
+    # charged polish_lam x min_op_gain. Bench, EPLB boot, 5 cases + 8 runs they are not tuned on (the closing
+    # note of session 17 has the flags): off -> 11 of 13 pass, ESFT 4x8 1.1998, OLMoE 3-slot 1.2618, prefill
+    # reversed 1.0497; polish_lam 3 -> the same 11 pass, 1.1792, 1.1884, 1.0400, and no run worse; polish_lam
+    # 2 or 1 move more than 1/5 of EPLB's bytes on ESFT 4x8 (19.3 and 24.8 GB against 18.4)
+    polish_theta: float = 1.03
+    polish_lam: float = 3.0
     drift_tv: float = 0.05  # plan only on the trailing windows whose expert shares (total variation per
     #                         layer, mean) differ by at most this from the next: steady state differs by
     #                         ~0.001, ESFT intent -> law by 0.35; a plan fitted to the old mix would miss
@@ -112,6 +121,9 @@ class DecisionParams:
             raise InvalidParams(f"fast_theta={self.fast_theta!r}, min_op_gain={self.min_op_gain!r}, "
                                 f"drift_tv={self.drift_tv!r}: expected fast_theta >= theta, min_op_gain in [0, 1), "
                                 "drift_tv >= 0")
+        if not (self.polish_theta == 0.0 or self.polish_theta >= 1.0) or not self.polish_lam >= 0.0:
+            raise InvalidParams(f"polish_theta={self.polish_theta!r}, polish_lam={self.polish_lam!r}: expected "
+                                "polish_theta >= 1.0 (0: off) and polish_lam >= 0")
         if self.sample_every < 0:
             raise InvalidParams(f"sample_every={self.sample_every!r}: expected >= 0 (0: no sampled steps)")
         if self.cooldown_windows < 0 or self.plan_block < 0:
@@ -130,7 +142,8 @@ class DecisionParams:
 
     def knobs(self, head: RoutingTable) -> PlanKnobs:
         """What the planner sees of these knobs (controlplane.planners)."""
-        return PlanKnobs(self.max_ops, self.tau, self.op_gain(head), self.fast_theta, self.retarget)
+        return PlanKnobs(self.max_ops, self.tau, self.op_gain(head), self.fast_theta, self.retarget, self.polish_theta,
+                         self.polish_lam)
 
     def op_gain(self, head: RoutingTable) -> float:
         """What each copy of a plan on `head` must gain, as a fraction of its layer's objective."""

@@ -5,7 +5,8 @@ gain and cost); `decision.rebalance` then replays it step by step, drops the lay
 gates the rest by tau and the copy budget, whoever planned it. One is chosen by name
 (`DecisionParams.planner`, agent config `decision.planner`):
 - "greedy" (the default): the incremental greedy of controlplane.planner, widened to a re-pack or an exchange
-  search where the gap to an even split is large (controlplane.decision's `widen`);
+  search where the gap to an even split is large (`widen`), or, more sparingly, where the greedy moves are
+  stuck short of tau above a smaller gap (`polish_theta`: each copied slot then counts `polish_lam` times);
 - "craft": CRAFT as published (controlplane.baselines.craft): per layer, a multiple-choice knapsack over
   replica counts within the same slot budget, capacity-aware placement on top of one copy of every expert,
   reached from the head by controlplane.retarget.ops_to. It re-plans every replica each time, so the copy
@@ -38,6 +39,8 @@ class PlanKnobs:
     op_gain: float     # what each copy must gain of its own layer's objective
     fast_theta: float  # a gap to an even split this large lets the greedy planner widen (re-pack, exchange)
     widen: bool        # whether it may
+    polish_theta: float = 0.0  # a smaller gap at which it may still widen when the greedy moves gain < tau (0: never)
+    polish_lam: float = 1.0    # ... charging each copied slot this many times op_gain
 
 
 @dataclass(frozen=True)
@@ -60,10 +63,16 @@ class Planner(Protocol):
 
 
 def greedy(head: RoutingTable, inp: PlanInput, cost: CostModel, k: PlanKnobs) -> Plan:
-    """The incremental greedy (controlplane.planner.plan), widened where the gap is large (`widen`)."""
+    """The incremental greedy (controlplane.planner.plan), widened where the gap is large (`widen`) and, when
+    its moves gain less than tau (one move at a time cannot get out: every move off the hottest rank raises
+    another to the max, and a full rank needs a swap), where the gap is above polish_theta, with each copied
+    slot charged polish_lam x op_gain."""
     pl = plan(head, inp.X, inp.steps, cost, k.max_ops, k.tau, inp.profile, inp.cooldown, k.op_gain)
     if k.widen and inp.X.shape[0]:
-        pl = widen(head, inp.X, pl, k, inp.cooldown, cost, inp.tokens_per_step)
+        wide = widen(head, inp.X, pl, k, inp.cooldown, cost, inp.tokens_per_step)
+        if wide is pl and k.polish_theta and pl.estimated_gain < k.tau:
+            wide = widen(head, inp.X, pl, k, inp.cooldown, cost, inp.tokens_per_step, k.polish_theta, k.polish_lam)
+        pl = wide
     return pl
 
 
@@ -107,20 +116,23 @@ def _one_copy_each(head: RoutingTable) -> npt.NDArray[np.int64]:
 
 
 def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs,
-           cooldown: npt.NDArray[np.bool_], cm: CostModel, tokens: npt.NDArray[np.float64]) -> Plan:
-    """The large-gap planner (controlplane.retarget): when the head is more than fast_theta above an even
+           cooldown: npt.NDArray[np.bool_], cm: CostModel, tokens: npt.NDArray[np.float64],
+           gap: float | None = None, lam_x: float = 1.0) -> Plan:
+    """The large-gap planner (controlplane.retarget): when the head is more than `gap` (default fast_theta) above an even
     split and a full re-pack of the replay blocks would leave the greedy plan's result more than tau behind,
     a layer may take the re-pack or an exchange search (from the head, or from the head with EPLB's replica
     counts) instead of its greedy moves: whichever gains the most on X net of `min_op_gain` x its layer
     objective per copied slot. Layers switch in order of that net gain per second of copy cost while the plan
     stays within the cost budget; a layer with an expert in cooldown stays greedy. Small drift costs at most
-    one re-pack and keeps the greedy plan."""
+    one re-pack and keeps the greedy plan. `lam_x` scales what each copied slot must gain (a polish: > 1)."""
     L = head.layers
+    polish = gap is not None
+    gap = p.fast_theta if gap is None else gap
     o0 = retarget.layer_objective(head, X).astype(np.float64)
-    # a large gap: the head's objective is above fast_theta x the even split of every block over the active
+    # a large gap: the head's objective is above `gap` x the even split of every block over the active
     # ranks (what no packing beats), and a full re-pack would beat the greedy plan by more than tau
     floor = float(np.ceil(np.asarray(X, dtype=np.float64).sum(axis=2) / len(head.active_ranks)).sum())
-    if o0.sum() < p.fast_theta * floor:
+    if o0.sum() < gap * floor:
         return pl
     greedy_t = apply_ops(head, pl.ops) if pl.ops else head
     og = retarget.layer_objective(greedy_t, X).astype(np.float64)
@@ -131,7 +143,7 @@ def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs
     objs = [retarget.layer_objective(cands[0], X)]
     if og.sum() - objs[0].sum() < p.tau * o0.sum():
         return pl
-    lam = p.op_gain * o0
+    lam = p.op_gain * lam_x * o0
     known: dict[int, dict[int, list[Operation]]] = {}  # candidate -> its operations per layer, when it has them
     for start in ((head.phy2log, {}), retarget.recount(head, w)):
         phy, by_layer = retarget.exchange(head, start, w, lam)
@@ -175,7 +187,8 @@ def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs
         on = retarget.layer_objective(apply_ops(head, ops), X).astype(np.float64)
     except InvalidOperation:  # a planner defect must not take the controller down: the greedy plan stands
         return pl
-    note = (f"large gap: head {o0.sum() / floor:.3f} x an even split, greedy plan {og.sum() / floor:.3f}, full "
+    what = f"greedy stuck (copies x{lam_x:g})" if polish else "large gap"
+    note = (f"{what}: head {o0.sum() / floor:.3f} x an even split, greedy plan {og.sum() / floor:.3f}, full "
             f"re-pack {objs[0].sum() / floor:.3f}; {len(wide)} of {L} layers re-packed ({len(more)} ops), "
             f"{float(on.sum()) / floor:.3f} planned")
     return Plan(tuple(ops), tuple(op_layers), float(o0.sum() - on.sum()) / base, spent, pl.refused,
