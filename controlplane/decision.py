@@ -79,9 +79,9 @@ class DecisionParams:
     # Below fast_theta, a window whose greedy moves gain less than tau (stuck: each move off the hottest rank
     # raises another to the max, and full ranks need swaps) may still be re-packed or exchanged layer by layer
     # (`planners.widen`) where its block objective is polish_theta above an even split, each copied slot
-    # charged polish_lam x min_op_gain. Bench, EPLB boot, 5 cases + 8 runs they are not tuned on (the closing
-    # note of session 17 has the flags): off -> 11 of 13 pass, ESFT 4x8 1.1998, OLMoE 3-slot 1.2618, prefill
-    # reversed 1.0497; polish_lam 3 -> the same 11 pass, 1.1792, 1.1884, 1.0400, and no run worse; polish_lam
+    # charged polish_lam x min_op_gain. `python -m bench.heldout` (the 5 cases and 8 runs they are not tuned
+    # on, EPLB boot): off -> 11 of 13 pass, ESFT 4x8 1.1998, OLMoE 3-slot 1.2618, prefill reversed 1.0497;
+    # polish_lam 3 -> the same 11 pass, 1.1792, 1.1884, 1.0400, and no run worse; polish_lam
     # 2 or 1 move more than 1/5 of EPLB's bytes on ESFT 4x8 (19.3 and 24.8 GB against 18.4)
     polish_theta: float = 1.03
     polish_lam: float = 3.0

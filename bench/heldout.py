@@ -1,0 +1,79 @@
+"""Run the bench's five acceptance cases and eight runs they are not tuned on, then judge them all.
+
+    python -m bench.heldout --out DIR [--jobs 2] [--only NAME ...] [-- extra bench flags]
+
+Each run is `python -m agent.cli bench ... --no-plots --no-progress --out DIR/NAME` (the in-process bench,
+EPLB boot); the table at the end is `python -m bench.verdict` over all of them. The cases are the bench's
+`--case`s; the held-out runs reverse or re-order their segments, add a third segment, change the seed, the
+cluster or the slots, and bring a model the cases do not have (OLMoE): data the decision's defaults were not
+chosen on. A run takes 10 s to 2 min; all thirteen about 7 minutes on 2 cores with --jobs 2. Exit status:
+the verdict's (0 when every run passes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from bench import verdict
+
+CASES: dict[str, str] = {
+    "esft-2x8": "--case esft-intent-law",
+    "esft-4x8": "--case esft-intent-law --nodes 4",
+    "decode-8x8": "--case deepseek-decode-8x8",
+    "decode-ep144": "--case deepseek-decode-ep144",
+    "prefill-ep32": "--case deepseek-prefill-ep32",
+}
+HELD_OUT: dict[str, str] = {
+    "r1-law-intent": "--trace esft:law --trace esft:intent --initial eplb:esft:law",
+    "r2-law-intent-4x8": "--trace esft:law --trace esft:intent --initial eplb:esft:law --nodes 4",
+    "r3-intent-law-intent-4x8": "--trace esft:intent --trace esft:law --trace esft:intent --initial eplb:esft:intent "
+                                "--nodes 4",
+    "r4-esft-4x8-seed1": "--case esft-intent-law --nodes 4 --seed 1",
+    "r5-olmoe-arxiv-github": "--trace olmoe:olmoe/arxiv --trace olmoe:olmoe/github --initial eplb:olmoe:olmoe/arxiv",
+    "r6-olmoe-3seg-4x8-3slots": "--trace olmoe:olmoe/github --trace olmoe:olmoe/wikipedia --trace olmoe:olmoe/arxiv "
+                                "--initial eplb:olmoe:olmoe/github --nodes 4 --slots-per-rank 3",
+    "r7-prefill-reversed": "--case deepseek-prefill-ep32 --trace sglang:prefill_in4096 --trace sglang:prefill_in512 "
+                           "--initial eplb:sglang:prefill_in4096",
+    "r8-decode-reversed-seed2": "--case deepseek-decode-8x8 --trace sglang:decode_in2000out100 "
+                                "--trace sglang:decode_in500out1500 --initial eplb:sglang:decode_in2000out100 --seed 2",
+}
+
+
+def run_one(name: str, flags: str, out: Path, extra: list[str]) -> tuple[str, int, float]:
+    t0 = time.monotonic()
+    cmd = [sys.executable, "-m", "agent.cli", "bench", *flags.split(), *extra, "--no-plots", "--no-progress",
+           "--out", str(out / name)]
+    with open(out / f"{name}.log", "w") as log:
+        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
+    return name, rc, time.monotonic() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.heldout", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True, metavar="DIR")
+    ap.add_argument("--jobs", type=int, default=2, help="bench runs side by side (default 2)")
+    ap.add_argument("--only", action="append", default=[], metavar="NAME", help="run only these (repeatable)")
+    ap.add_argument("extra", nargs="*", help="flags passed to every bench run (after --)")
+    args = ap.parse_args(argv)
+    runs = {**CASES, **HELD_OUT}
+    unknown = [n for n in args.only if n not in runs]
+    if unknown:
+        ap.error(f"--only {unknown}: expected names from {list(runs)}")
+    if args.jobs < 1:
+        ap.error(f"--jobs {args.jobs}: expected >= 1")
+    chosen = {n: f for n, f in runs.items() if not args.only or n in args.only}
+    args.out.mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(args.jobs) as pool:
+        for name, rc, secs in pool.map(lambda nf: run_one(nf[0], nf[1], args.out, args.extra), chosen.items()):
+            print(f"{name}: {'ok' if rc == 0 else f'exit {rc}, see ' + str(args.out / (name + '.log'))} "
+                  f"({secs:.0f} s)", file=sys.stderr, flush=True)
+    return verdict.main([str(args.out / n) for n in chosen])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
