@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Iterable, Sequence
@@ -23,6 +24,21 @@ from elasticmoe.v1 import consensus_pb2 as cpb
 from elasticmoe.v1 import dataplane_pb2 as dpb
 from elasticmoe.v1 import dataplane_pb2_grpc as dgrpc
 from elasticmoe.versions import WIRE_KEY, WIRE_VERSION
+
+log = logging.getLogger("elasticmoe.shim.link")
+
+
+def _quiet_shared_poller(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+    """The links' loops' exception handler: grpc.aio shares one completion-queue poller among every event loop
+    of a process (grpc/grpc#25364), so where several links run in one process (the bench's live mode, tests:
+    an engine has one a rank process) a loop is woken for another loop's event, or for the loop of a link that
+    has closed, and its callback raises BlockingIOError or "Event loop is closed". The calls are not affected;
+    only the traceback the default handler would print is, and it goes to DEBUG instead."""
+    exc, handle = context.get("exception"), repr(context.get("handle", ""))
+    if "PollerCompletionQueue" in handle and isinstance(exc, (BlockingIOError, RuntimeError)):
+        log.debug("grpc.aio shared poller: %r (grpc/grpc#25364)", exc)
+        return
+    loop.default_exception_handler(context)
 
 _WIRE = ((WIRE_KEY, str(WIRE_VERSION)),)  # this release's wire version on every call (elasticmoe/versions.py)
 MAX_UNREACHABLE = 4096  # peers one report may name: a bound on input, far above a decode pool's EP group
@@ -153,6 +169,7 @@ class LinkThread:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
+        self._loop.set_exception_handler(_quiet_shared_poller)
         path, v, shim_id, ranks = self._args
         self.link = ShimLink(path, shim_id=shim_id, ranks=ranks)
         self._watch = self._loop.create_task(self._pump(v))
