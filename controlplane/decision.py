@@ -232,7 +232,7 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
         return Attempt(None, DecisionOutcome.NO_PLAN, "no move gains at least min_op_gain", tuple(refused))
     base = buf.stats(head, last=k)
     ops, op_layers = list(pl.ops), np.asarray(pl.op_layers, dtype=np.int64)
-    table = apply_ops(head, ops)
+    table = pl.table if pl.table is not None else apply_ops(head, ops)
     table.validate()  # a planner that builds an invalid table is a bug: fail loudly
     check_no_new_rank_duplicates(head, table)  # ... and so is one that stacks replicas on one rank
     new = buf.stats(table, base=head, last=k)

@@ -77,6 +77,7 @@ class Plan:
     refused: tuple[Refused, ...]
     layer_gain: tuple[tuple[int, float], ...] = ()  # (layer, its share of estimated_gain): additive
     note: str = ""  # why the plan has the shape it has, when that is not the greedy default (explain shows it)
+    table: RoutingTable | None = None  # the head with `ops` applied, where the planner built it already
 
 
 

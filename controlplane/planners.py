@@ -184,15 +184,16 @@ def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs
     op_layers = [lay for _, lay in keep] + [o.layer for o in more]  # type: ignore[union-attr]
     base = float(o0.sum())
     try:
-        on = retarget.layer_objective(apply_ops(head, ops), X).astype(np.float64)
+        planned = apply_ops(head, ops)
     except InvalidOperation:  # a planner defect must not take the controller down: the greedy plan stands
         return pl
+    on = retarget.layer_objective(planned, X).astype(np.float64)
     what = f"greedy stuck (copies x{lam_x:g})" if polish else "large gap"
     note = (f"{what}: head {o0.sum() / floor:.3f} x an even split, greedy plan {og.sum() / floor:.3f}, full "
             f"re-pack {objs[0].sum() / floor:.3f}; {len(wide)} of {L} layers re-packed ({len(more)} ops), "
             f"{float(on.sum()) / floor:.3f} planned")
     return Plan(tuple(ops), tuple(op_layers), float(o0.sum() - on.sum()) / base, spent, pl.refused,
-                tuple((lay, float(o0[lay] - on[lay]) / base) for lay in sorted(set(op_layers))), note)
+                tuple((lay, float(o0[lay] - on[lay]) / base) for lay in sorted(set(op_layers))), note, planned)
 
 
 PLANNERS: dict[str, Planner] = {"greedy": greedy, "craft": craft}
