@@ -209,3 +209,31 @@ def test_what_the_agent_imports_needs_no_torch() -> None:
     root = Path(__file__).resolve().parents[2]
     r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr
+
+
+def test_the_shared_grpc_poller_noise_goes_to_debug_and_other_errors_to_the_default_handler(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """grpc.aio's one poller wakes every loop of the process (grpc/grpc#25364): several links in one process
+    (bench --live) get BlockingIOError / "Event loop is closed" from PollerCompletionQueue._handle_events. The
+    links' handler logs those at DEBUG; anything else still reaches asyncio's default handler (ERROR)."""
+    import logging
+
+    from dataplane_shim.link import _quiet_shared_poller
+
+    class Handle:
+        def __repr__(self) -> str:
+            return "<Handle PollerCompletionQueue._handle_events(<_UnixSelectorEventLoop running=True>)()>"
+
+    loop = asyncio.new_event_loop()
+    try:
+        with caplog.at_level(logging.DEBUG):
+            for exc in (RuntimeError("Event loop is closed"), BlockingIOError(11, "Resource temporarily unavailable")):
+                _quiet_shared_poller(loop, {"message": "Exception in callback", "exception": exc, "handle": Handle()})
+            _quiet_shared_poller(loop, {"message": "Exception in callback", "exception": ValueError("mine"),
+                                        "handle": "<Handle my_callback()>"})
+    finally:
+        loop.close()
+    quiet = [r for r in caplog.records if r.name == "elasticmoe.shim.link"]
+    assert [r.levelno for r in quiet] == [logging.DEBUG, logging.DEBUG], quiet
+    loud = [r for r in caplog.records if r.name == "asyncio"]
+    assert len(loud) == 1 and loud[0].levelno == logging.ERROR and "mine" in str(loud[0].exc_info[1])
