@@ -137,6 +137,11 @@ class DecisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     load_ms: float = DecisionParams.load_ms
     horizon_windows: int = DecisionParams.horizon_windows
     worth_margin: float = DecisionParams.worth_margin
+    # where the planner's one-at-a-time moves are stuck short of tau, it may still re-pack or exchange layers
+    # when the load is polish_theta above an even split (0: never), each copied slot charged polish_lam times
+    # the ordinary bar: fewer bytes with a larger polish_lam (controlplane.decision, DecisionParams)
+    polish_theta: float = DecisionParams.polish_theta
+    polish_lam: float = DecisionParams.polish_lam
 
     def validate(self) -> None:
         # replay_windows keeps that many [layers, experts] windows in memory
@@ -146,6 +151,9 @@ class DecisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                                     "horizon_windows": (1, 1_000_000)})
         _need(0.0 <= self.load_ms <= 1e6, "decision.load_ms", self.load_ms, "milliseconds >= 0 (0: no cost-benefit)")
         _need(0.0 <= self.worth_margin <= 1e6, "decision.worth_margin", self.worth_margin, "a ratio >= 0")
+        _need(self.polish_theta == 0.0 or 1.0 <= self.polish_theta <= 1e6, "decision.polish_theta", self.polish_theta,
+              "a ratio >= 1.0 (0: off)")
+        _need(0.0 <= self.polish_lam <= 1e6, "decision.polish_lam", self.polish_lam, "a factor >= 0")
         _need(self.theta >= 1.0, "decision.theta", self.theta, "a ratio >= 1.0")
         _need(0.0 <= self.tau < 1.0, "decision.tau", self.tau, "a fraction in [0, 1)")
         _need(self.planner in PLANNERS, "decision.planner", self.planner, f"one of {sorted(PLANNERS)}")

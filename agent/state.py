@@ -104,6 +104,7 @@ class NodeState:
                                      replay_windows=d.replay_windows, expert_bytes=c.expert_bytes, planner=d.planner,
                                      sample_every=d.sample_every, load_ms=d.load_ms,
                                      horizon_windows=d.horizon_windows, worth_margin=d.worth_margin,
+                                     polish_theta=d.polish_theta, polish_lam=d.polish_lam,
                                      # the fast path triggers on a big breach; never below the plain threshold
                                      fast_theta=max(d.theta, DecisionParams.fast_theta))
         self._table_waiters: list[asyncio.Future[None]] = []

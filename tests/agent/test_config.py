@@ -99,6 +99,8 @@ def test_profiles_fill_defaults_and_fields_override() -> None:
                                                                     "address other than listen"),
         ({"node_id": "n", "metrics": {"port": 9100}}, "port"),
         ({"node_id": "n", "decision": {"sample_every": -1}}, "decision.sample_every = -1"),
+        ({"node_id": "n", "decision": {"polish_theta": 0.5}}, "decision.polish_theta = 0.5: expected a ratio >= 1.0"),
+        ({"node_id": "n", "decision": {"polish_lam": -1.0}}, "decision.polish_lam = -1.0: expected a factor >= 0"),
     ],
 )
 def test_errors_name_field_and_value(raw: dict[str, object], needle: str) -> None:

@@ -73,3 +73,12 @@ def test_the_bench_feed_delivers_exactly_the_cluster_counts_through_every_nodes_
         assert np.array_equal(total, window.sum(axis=0, dtype=np.uint64))
         assert samples is not None and np.array_equal(samples, window[::10])
     assert len(feed.window_bytes) == 3 * 3 and feed.bytes_per_window()["max"] > 2 * 16 * 4
+
+
+def test_the_live_bench_passes_every_decision_setting_of_the_agents_config() -> None:
+    """`--live --elastic-param K=V` reaches the agents through their [decision] config: the keys it accepts
+    are exactly that section's fields (a new knob is not silently in-process only)."""
+    from agent.config import DecisionConfig
+    from bench.live import DECISION_KEYS
+
+    assert set(DECISION_KEYS) == set(DecisionConfig.__struct_fields__)
