@@ -81,8 +81,9 @@ class DecisionParams:
     # (`planners.widen`) where its block objective is polish_theta above an even split, each copied slot
     # charged polish_lam x min_op_gain. `python -m bench.heldout` (the 5 cases and 8 runs they are not tuned
     # on, EPLB boot): off -> 11 of 13 pass, ESFT 4x8 1.1998, OLMoE 3-slot 1.2618, prefill reversed 1.0497;
-    # polish_lam 3 -> the same 11 pass, 1.1792, 1.1884, 1.0400, and no run worse; polish_lam
-    # 2 or 1 move more than 1/5 of EPLB's bytes on ESFT 4x8 (19.3 and 24.8 GB against 18.4)
+    # polish_lam 3 -> the same 11 pass, 1.1792, 1.1884, 1.0400, and no run worse (the 6 it improves copy
+    # 1.9-5.9 GB more, prefill 16; OLMoE 3-slot 4.3 GB, now over its 2.76); polish_lam 2 or 1 move more than
+    # 1/5 of EPLB's bytes on ESFT 4x8 (19.3 and 24.8 GB against 18.4)
     polish_theta: float = 1.03
     polish_lam: float = 3.0
     drift_tv: float = 0.05  # plan only on the trailing windows whose expert shares (total variation per
