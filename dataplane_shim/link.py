@@ -32,8 +32,9 @@ def _quiet_shared_poller(loop: asyncio.AbstractEventLoop, context: dict[str, obj
     """The links' loops' exception handler: grpc.aio shares one completion-queue poller among every event loop
     of a process (grpc/grpc#25364), so where several links run in one process (the bench's live mode, tests:
     an engine has one a rank process) a loop is woken for another loop's event, or for the loop of a link that
-    has closed, and its callback raises BlockingIOError or "Event loop is closed". The calls are not affected;
-    only the traceback the default handler would print is, and it goes to DEBUG instead."""
+    has closed, and its callback raises BlockingIOError or "Event loop is closed" (seen at the bench's shutdown,
+    its runs complete). This handler changes only where that traceback goes: DEBUG instead of the default
+    handler's ERROR; any other exception still goes to the default handler."""
     exc, handle = context.get("exception"), repr(context.get("handle", ""))
     if "PollerCompletionQueue" in handle and isinstance(exc, (BlockingIOError, RuntimeError)):
         log.debug("grpc.aio shared poller: %r (grpc/grpc#25364)", exc)
