@@ -237,31 +237,62 @@ def recount(head: RoutingTable, weight: F64) -> tuple[I64, dict[int, list[Operat
     phy = head.phy2log.reshape(L, G, S).copy()
     ops: dict[int, list[Operation]] = {}
     for lay in np.flatnonzero((want != have).any(axis=1)).tolist():
-        row, wl = phy[lay], w[lay]
-        lops = ops.setdefault(lay, [])
-        cnt = have[lay].copy()
-        hold = head.holders[lay].copy()  # [E, G]
-
-        for e in np.flatnonzero(cnt > want[lay]).tolist():
-            while cnt[e] > want[lay, e]:
-                g = int(np.argmax(np.where(hold[e], _loads(hold, wl, cnt), -np.inf)))
-                row[g][np.flatnonzero(row[g] == e)[0]] = -1
-                hold[e, g] = False
-                cnt[e] -= 1
-                lops.append(Drop(lay, e, g))
-        add = np.flatnonzero(cnt < want[lay])
-        for e in add[np.argsort(-(wl[add] / want[lay, add]), kind="stable")].tolist():
-            while cnt[e] < want[lay, e]:
-                room = act & (row < 0).any(axis=1) & ~hold[e]
-                if not room.any():
-                    break
-                g = int(np.argmin(np.where(room, _loads(hold, wl, cnt), np.inf)))
-                row[g][np.flatnonzero(row[g] < 0)[0]] = e
-                hold[e, g] = True
-                cnt[e] += 1
-                lops.append(Replicate(lay, e, g))
+        rows = phy[lay].tolist()
+        ops[lay] = _recount_layer(lay, rows, w[lay], want[lay], have[lay], head.holders[lay], act)
+        phy[lay] = rows
     out: I64 = phy.reshape(L, G * S)
     return out, ops
+
+
+def _recount_layer(lay: int, rows: list[list[int]], w: F64, want: I64, have: I64, hold: npt.NDArray[np.bool_],
+                   act: npt.NDArray[np.bool_]) -> list[Operation]:
+    """`recount` of one layer, on its slots `rows` [G][S] in place; the operations, in order. One replica at a
+    time, so plain Python lists: numpy calls on a few slots cost more than the work. The ranks' loads are kept
+    up to date as replicas come and go (a move changes one expert's shares only)."""
+    wl, wants, cnt = w.tolist(), want.tolist(), have.tolist()
+    ld = _loads(hold, w, have).tolist()
+    holders: dict[int, set[int]] = {}
+    lops: list[Operation] = []
+
+    def held(e: int) -> set[int]:
+        if e not in holders:
+            holders[e] = set(np.flatnonzero(hold[e]).tolist())
+        return holders[e]
+
+    def reshare(e: int, step: int, g: int) -> None:
+        """Expert e gains (step 1) or loses (-1) its replica on rank g: every holder's share changes."""
+        hs = held(e)
+        for h in hs:
+            ld[h] -= wl[e] / max(cnt[e], 1)
+        if step > 0:
+            hs.add(g)
+        else:
+            hs.discard(g)
+        cnt[e] += step
+        for h in hs:
+            ld[h] += wl[e] / max(cnt[e], 1)
+
+    for e in [e for e in range(len(cnt)) if cnt[e] > wants[e]]:
+        while cnt[e] > wants[e]:
+            g = max(held(e), key=lambda h: (ld[h], -h))  # the most loaded holder (lowest rank on ties)
+            rows[g][rows[g].index(e)] = -1
+            reshare(e, -1, g)
+            lops.append(Drop(lay, e, g))
+    open_ranks = [g for g in range(len(rows)) if act[g] and -1 in rows[g]]
+    add = np.array([e for e in range(len(cnt)) if cnt[e] < wants[e]], dtype=np.int64)
+    for e in add[np.argsort(-(w[add] / want[add]), kind="stable")].tolist():
+        while cnt[e] < wants[e]:
+            hs = held(e)
+            room = [(ld[g], g) for g in open_ranks if g not in hs]
+            if not room:
+                break
+            g = min(room)[1]  # the least loaded rank with room (lowest rank on ties)
+            rows[g][rows[g].index(-1)] = e
+            if -1 not in rows[g]:
+                open_ranks.remove(g)
+            reshare(e, 1, g)
+            lops.append(Replicate(lay, e, g))
+    return lops
 
 
 def exchange(head: RoutingTable, start: tuple[I64, dict[int, list[Operation]]], weight: F64, lam: F64,
