@@ -69,10 +69,7 @@ def greedy(head: RoutingTable, inp: PlanInput, cost: CostModel, k: PlanKnobs) ->
     slot charged polish_lam x op_gain."""
     pl = plan(head, inp.X, inp.steps, cost, k.max_ops, k.tau, inp.profile, inp.cooldown, k.op_gain)
     if k.widen and inp.X.shape[0]:
-        wide = widen(head, inp.X, pl, k, inp.cooldown, cost, inp.tokens_per_step)
-        if wide is pl and k.polish_theta and pl.estimated_gain < k.tau:
-            wide = widen(head, inp.X, pl, k, inp.cooldown, cost, inp.tokens_per_step, k.polish_theta, k.polish_lam)
-        pl = wide
+        pl = widen(head, inp.X, pl, k, inp.cooldown, cost, inp.tokens_per_step)
     return pl
 
 
@@ -116,24 +113,24 @@ def _one_copy_each(head: RoutingTable) -> npt.NDArray[np.int64]:
 
 
 def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs,
-           cooldown: npt.NDArray[np.bool_], cm: CostModel, tokens: npt.NDArray[np.float64],
-           gap: float | None = None, lam_x: float = 1.0) -> Plan:
-    """The large-gap planner (controlplane.retarget): when the head is more than `gap` (default fast_theta) above an even
+           cooldown: npt.NDArray[np.bool_], cm: CostModel, tokens: npt.NDArray[np.float64]) -> Plan:
+    """The large-gap planner (controlplane.retarget): when the head is more than fast_theta above an even
     split and a full re-pack of the replay blocks would leave the greedy plan's result more than tau behind,
     a layer may take the re-pack or an exchange search (from the head, or from the head with EPLB's replica
     counts) instead of its greedy moves: whichever gains the most on X net of `min_op_gain` x its layer
     objective per copied slot. Layers switch in order of that net gain per second of copy cost while the plan
     stays within the cost budget; a layer with an expert in cooldown stays greedy. Small drift costs at most
-    one re-pack and keeps the greedy plan. `lam_x` scales what each copied slot must gain (a polish: > 1)."""
+    one re-pack and keeps the greedy plan. A polish: under fast_theta, when the greedy plan gains less than
+    tau and the gap is above polish_theta, the same search with each copied slot charged polish_lam times."""
     L = head.layers
-    polish = gap is not None
-    gap = p.fast_theta if gap is None else gap
     o0 = retarget.layer_objective(head, X).astype(np.float64)
-    # a large gap: the head's objective is above `gap` x the even split of every block over the active
+    # a large gap: the head's objective is above fast_theta x the even split of every block over the active
     # ranks (what no packing beats), and a full re-pack would beat the greedy plan by more than tau
     floor = float(np.ceil(np.asarray(X, dtype=np.float64).sum(axis=2) / len(head.active_ranks)).sum())
-    if o0.sum() < gap * floor:
+    polish = o0.sum() < p.fast_theta * floor
+    if polish and not (p.polish_theta and pl.estimated_gain < p.tau and o0.sum() >= p.polish_theta * floor):
         return pl
+    lam_x = p.polish_lam if polish else 1.0
     greedy_t = apply_ops(head, pl.ops) if pl.ops else head
     og = retarget.layer_objective(greedy_t, X).astype(np.float64)
     if og.sum() - floor < p.tau * o0.sum():
