@@ -42,7 +42,7 @@ pytestmark = pytest.mark.slow
 
 # The previous release: the last commit landed on main before this one. Move it forward when a release lands
 # (to the commit this tree's first parent on main is); EMOE_UPGRADE_FROM overrides it (a commit or a tag).
-PREVIOUS = os.environ.get("EMOE_UPGRADE_FROM", "f88988f7b64dac77ab16832b143f41bb5cc91c41")
+PREVIOUS = os.environ.get("EMOE_UPGRADE_FROM", "2feb755cdaa910e0dcb149e6758b656e6b614b0e")
 
 ROOT = Path(__file__).resolve().parents[2]
 L, E, NODES, RPN, S = 2, 8, 3, 2, 4
