@@ -329,8 +329,9 @@ def exchange(head: RoutingTable, start: tuple[I64, dict[int, list[Operation]]], 
     top0 = load.max(axis=1)
     best_v = np.zeros(L)
     best_k = np.zeros(L, dtype=np.int64)
-    steps: list[list[tuple[int, int, int, int, int, int]]] = [[] for _ in range(L)]
-    others = act[None, None, :, None]
+    nsteps = np.zeros(L, dtype=np.int64)
+    rounds: list[tuple[I64, ...]] = []  # per round, the steps taken: (layer, h, slot on h, g, slot on g, e, e')
+    inact = ~act
     live = np.arange(L)
     lamv = np.asarray(lam, dtype=np.float64)
     for _ in range(max_steps):
@@ -340,19 +341,26 @@ def exchange(head: RoutingTable, start: tuple[I64, dict[int, list[Operation]]], 
         ar = np.arange(n)
         ld = load[live]
         h = ld.argmax(axis=1)
+        lh = ld[ar, h]
         row = out[live]  # [n, G, S]
         a = row[ar, h]  # [n, S]
         p = pw[live]
-        d = p[ar, h][:, :, None, None] - p[:, None, :, :]  # [n, S, G, S]
-        lh = ld[ar, h]
-        newmax = np.maximum(lh[:, None, None, None] - d, ld[:, None, :, None] + d)
-        b = np.where(row >= 0, row, E)  # [n, G, S]
-        hd = hold[live]  # [n, E+1, G]
-        ai_e = np.where(a >= 0, a, E)
-        ok = (d > 0) & others & (a >= 0)[:, :, None, None] & ~hd[ar[:, None], ai_e][:, :, :, None]
-        ok &= ~hd[ar[:, None, None], b, h[:, None, None]][:, None, :, :]
-        ok[ar, :, h, :] = False
-        score = np.where(ok, newmax, np.inf).reshape(n, -1)
+        pa = p[ar, h]  # [n, S]
+        # [n, S, G]: slot a of h may go to rank g (active, not h, not holding a already)
+        ag = hold[live[:, None], np.where(a >= 0, a, E)]
+        ag |= inact
+        ag[ar, :, h] = True
+        ag |= (a < 0)[:, :, None]
+        # [n, G, S]: what slot b of g holds may go to h (h does not hold it already; an empty slot may)
+        gb = hold[live[:, None, None], np.where(row >= 0, row, E), h[:, None, None]]
+        d = pa[:, :, None, None] - p[:, None, :, :]  # [n, S, G, S]
+        newmax = ld[:, None, :, None] + d
+        np.maximum(newmax, lh[:, None, None, None] - d, out=newmax)
+        bad = d <= 0
+        bad |= ag[:, :, :, None]
+        bad |= gb[:, None, :, :]
+        np.copyto(newmax, np.inf, where=bad)
+        score = newmax.reshape(n, -1)
         k = score.argmin(axis=1)
         go = score[ar, k] < lh - 1e-9
         live, h, k, lh = live[go], h[go], k[go], lh[go]
@@ -360,35 +368,43 @@ def exchange(head: RoutingTable, start: tuple[I64, dict[int, list[Operation]]], 
             break
         ai, g, bi = np.unravel_index(k, (S, G, S))
         ea = out[live, h, ai]
-        eb = np.where(out[live, g, bi] >= 0, out[live, g, bi], E)
-        hl = hh[live]
-        m = hl.shape[0]
-        r = np.arange(m)
-        moved[live] += ((~hl[r, ea, g]).astype(np.int64) - (~hl[r, ea, h]) + (~hl[r, eb, h]) - (~hl[r, eb, g]))
+        eb0 = out[live, g, bi]
+        eb = np.where(eb0 >= 0, eb0, E)
+        moved[live] += ((~hh[live, ea, g]).astype(np.int64) - (~hh[live, ea, h]) + (~hh[live, eb, h])
+                        - (~hh[live, eb, g]))
         hold[live, ea, h] = False
         hold[live, ea, g] = True
         full = eb < E
         hold[live[full], eb[full], g[full]] = False
         hold[live[full], eb[full], h[full]] = True
-        x, y = out[live, h, ai].copy(), out[live, g, bi].copy()
-        out[live, h, ai], out[live, g, bi] = y, x
-        x, y = pw[live, h, ai].copy(), pw[live, g, bi].copy()
+        out[live, h, ai], out[live, g, bi] = eb0, ea
+        x, y = pw[live, h, ai], pw[live, g, bi]
         pw[live, h, ai], pw[live, g, bi] = y, x
         load[live, h] = pw[live, h].sum(axis=1)
         load[live, g] = pw[live, g].sum(axis=1)
         v = (top0[live] - load[live].max(axis=1)) - lamv[live] * moved[live]
-        for j, lay in enumerate(live.tolist()):
-            st = steps[lay]
-            st.append((int(h[j]), int(ai[j]), int(g[j]), int(bi[j]), int(ea[j]), int(eb[j]) if eb[j] < E else -1))
-            if v[j] > best_v[lay] + 1e-9:
-                best_v[lay], best_k[lay] = v[j], len(st)
-    for lay in range(L):
-        st, bk = steps[lay], int(best_k[lay])
-        row = out[lay]
-        for hh_, ai_, g_, bi_, _, _ in reversed(st[bk:]):
-            row[hh_, ai_], row[g_, bi_] = row[g_, bi_], row[hh_, ai_]
-        if bk:
-            ops.setdefault(lay, []).extend(Migrate(lay, e1, h1, g1) if e2 < 0 else Swap(lay, e1, h1, e2, g1)
-                                           for h1, _, g1, _, e1, e2 in st[:bk])
+        nsteps[live] += 1
+        up = v > best_v[live] + 1e-9
+        best_v[live[up]] = v[up]
+        best_k[live[up]] = nsteps[live[up]]
+        rounds.append((live, h, ai, g, bi, ea, eb0))
+    if rounds:
+        cols = [np.concatenate(c) for c in zip(*rounds, strict=True)]
+        order = np.argsort(cols[0], kind="stable")  # by layer, each layer's steps in the order taken
+        cols = [col[order] for col in cols]
+        h_s, ai_s, g_s, bi_s, ea_s, eb_s = (col.tolist() for col in cols[1:])
+        starts = np.searchsorted(cols[0], np.arange(L + 1)).tolist()  # layer lay's steps: starts[lay]:starts[lay+1]
+        for lay in range(L):
+            lo, hi = starts[lay], starts[lay + 1]
+            if lo == hi:
+                continue
+            bk = lo + int(best_k[lay])
+            row = out[lay]
+            for j in range(hi - 1, bk - 1, -1):
+                hh_, ai_, g_, bi_ = h_s[j], ai_s[j], g_s[j], bi_s[j]
+                row[hh_, ai_], row[g_, bi_] = row[g_, bi_], row[hh_, ai_]
+            if bk > lo:
+                ops.setdefault(lay, []).extend(Migrate(lay, ea_s[j], h_s[j], g_s[j]) if eb_s[j] < 0
+                                               else Swap(lay, ea_s[j], h_s[j], eb_s[j], g_s[j]) for j in range(lo, bk))
     res: I64 = out.reshape(L, G * S)
     return res, ops
