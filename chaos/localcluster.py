@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,6 +18,24 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt in the main thread while inside, where its action is the default one
+    (a caller with its own handler, as chaos's event loop, keeps it)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def free_ports(n: int) -> list[int]:
@@ -199,13 +218,17 @@ class LocalCluster:
 
     @contextmanager
     def running(self, timeout: float = 60.0) -> Iterator[LocalCluster]:
-        """Start every agent, wait until all of them serve, and stop them all on the way out."""
-        try:
-            self.start()
-            self.wait_healthy(timeout=timeout)
-            yield self
-        finally:
-            self.stop()
+        """Start every agent, wait until all of them serve, and stop them all on the way out. The agents run in
+        sessions of their own (a signal to the caller's process group does not reach them), so, in the main
+        thread of a process whose SIGTERM still has its default action, SIGTERM meanwhile interrupts the
+        caller as Ctrl-C does (KeyboardInterrupt): the agents are stopped, not left running."""
+        with _sigterm_interrupts():
+            try:
+                self.start()
+                self.wait_healthy(timeout=timeout)
+                yield self
+            finally:
+                self.stop()
 
     def __enter__(self) -> LocalCluster:
         return self
