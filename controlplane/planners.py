@@ -7,6 +7,7 @@ gates the rest by tau and the copy budget, whoever planned it. One is chosen by 
 - "greedy" (the default): the incremental greedy of controlplane.planner, widened to a re-pack or an exchange
   search where the gap to an even split is large (`widen`), or, more sparingly, where the greedy moves are
   stuck short of tau above a smaller gap (`polish_theta`: each copied slot then counts `polish_lam` times);
+  a plan that still leaves a large gap is planned once more from its own table;
 - "craft": CRAFT as published (controlplane.baselines.craft): per layer, a multiple-choice knapsack over
   replica counts within the same slot budget, capacity-aware placement on top of one copy of every expert,
   reached from the head by controlplane.retarget.ops_to. It re-plans every replica each time, so the copy
@@ -15,7 +16,7 @@ gates the rest by tau and the copy budget, whoever planned it. One is chosen by 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -66,11 +67,37 @@ def greedy(head: RoutingTable, inp: PlanInput, cost: CostModel, k: PlanKnobs) ->
     """The incremental greedy (controlplane.planner.plan), widened where the gap is large (`widen`) and, when
     its moves gain less than tau (one move at a time cannot get out: every move off the hottest rank raises
     another to the max, and a full rank needs a swap), where the gap is above polish_theta, with each copied
-    slot charged polish_lam x op_gain."""
+    slot charged polish_lam x op_gain. A plan that still leaves a large gap is planned once more from its own
+    table, within what is left of the copy budget: one plan, both passes' operations in order."""
     pl = plan(head, inp.X, inp.steps, cost, k.max_ops, k.tau, inp.profile, inp.cooldown, k.op_gain)
-    if k.widen and inp.X.shape[0]:
-        pl = widen(head, inp.X, pl, k, inp.cooldown, cost, inp.tokens_per_step)
-    return pl
+    if not (k.widen and inp.X.shape[0]):
+        return pl
+    pl = widen(head, inp.X, pl, k, inp.cooldown, cost, inp.tokens_per_step)
+    if not pl.ops:
+        return pl
+    # a plan that still leaves a large gap (each copy is charged pro rata of the head's objective, so at a
+    # large breach a layer may keep its greedy moves): plan once more from the planned table, in the same
+    # decision, instead of a window and an observation later
+    mid = pl.table if pl.table is not None else apply_ops(head, pl.ops)
+    om = retarget.layer_objective(mid, inp.X).astype(np.float64)
+    floor = _even_split(head, inp.X)
+    left = cost.budget_s - pl.cost
+    if om.sum() < k.fast_theta * floor or left <= 0:
+        return pl
+    cm2 = replace(cost, budget_s=left)
+    p2 = plan(mid, inp.X, inp.steps, cm2, k.max_ops, k.tau, inp.profile, inp.cooldown, k.op_gain)
+    p2 = widen(mid, inp.X, p2, k, inp.cooldown, cm2, inp.tokens_per_step)
+    if not p2.ops:
+        return pl
+    final = head.successor((p2.table if p2.table is not None else apply_ops(mid, p2.ops)).phy2log)
+    o0 = retarget.layer_objective(head, inp.X).astype(np.float64)
+    of = retarget.layer_objective(final, inp.X).astype(np.float64)
+    base = float(o0.sum())
+    layers = sorted(set(pl.op_layers) | set(p2.op_layers))
+    note = f"{pl.note or 'greedy'}; then, still {om.sum() / floor:.3f} x an even split, {p2.note or 'greedy'}"
+    return Plan(pl.ops + p2.ops, pl.op_layers + p2.op_layers, float(o0.sum() - of.sum()) / base,
+                change_cost(cost, head, final, inp.tokens_per_step), pl.refused + p2.refused,
+                tuple((lay, float(o0[lay] - of[lay]) / base) for lay in layers), note, final)
 
 
 def craft(head: RoutingTable, inp: PlanInput, cost: CostModel, k: PlanKnobs) -> Plan:
@@ -112,6 +139,11 @@ def _one_copy_each(head: RoutingTable) -> npt.NDArray[np.int64]:
     return phy
 
 
+def _even_split(head: RoutingTable, X: npt.NDArray[np.integer]) -> float:
+    """The objective of an even split of every block over the active ranks: what no packing beats."""
+    return float(np.ceil(np.asarray(X, dtype=np.float64).sum(axis=2) / len(head.active_ranks)).sum())
+
+
 def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs,
            cooldown: npt.NDArray[np.bool_], cm: CostModel, tokens: npt.NDArray[np.float64]) -> Plan:
     """The large-gap planner (controlplane.retarget): when the head is more than fast_theta above an even
@@ -126,7 +158,7 @@ def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs
     o0 = retarget.layer_objective(head, X).astype(np.float64)
     # a large gap: the head's objective is above fast_theta x the even split of every block over the active
     # ranks (what no packing beats), and a full re-pack would beat the greedy plan by more than tau
-    floor = float(np.ceil(np.asarray(X, dtype=np.float64).sum(axis=2) / len(head.active_ranks)).sum())
+    floor = _even_split(head, X)
     polish = o0.sum() < p.fast_theta * floor
     if polish and not (p.polish_theta and pl.estimated_gain < p.tau and o0.sum() >= p.polish_theta * floor):
         return pl
