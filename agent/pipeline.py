@@ -38,7 +38,7 @@ from controlplane.controller import (
 from controlplane.decision import Decision
 from controlplane.ops import Operation, describe
 from controlplane.profile import StabilityProfile
-from controlplane.table import RoutingTable, copied_slots, diff
+from controlplane.table import RoutingTable, copied_slots
 from controlplane.verify import replay_stats
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import consensus_pb2 as cpb
@@ -173,7 +173,9 @@ class DecisionPipeline:
         # the turn restarts at the window that proposed this table (the same on every node, however late it learns)
         now = self.committed_at = self.clock.now()
         before = self.controller.head
-        moved = (diff(before, table, self.params.expert_bytes).total_bytes
+        # the bytes diff(before, table) would list, counted without building its moves: this runs on every
+        # agent between learning a commit and handing the table to its shims
+        moved = (copied_slots(before.phy2log, table.phy2log) * self.params.expert_bytes
                  if before.version == table.parent and before.phy2log.shape == table.phy2log.shape else -1)
         self.bytes_moved += max(moved, 0)
         log.info("%s: committed version %d (%s, proposed by %s): %d operations, %s to copy", self.node_id,
