@@ -1,13 +1,13 @@
-"""Run the bench's five acceptance cases and eight runs they are not tuned on, then judge them all.
+"""Run the bench's five acceptance cases and ten runs they are not tuned on, then judge them all.
 
     python -m bench.heldout --out DIR [--jobs 2] [--only NAME ...] [-- extra bench flags]
 
 Each run is `python -m agent.cli bench ... --no-plots --no-progress --out DIR/NAME` (the in-process bench,
 EPLB boot); the table at the end is `python -m bench.verdict` over all of them. The cases are the bench's
 `--case`s; the held-out runs reverse or re-order their segments, add a third segment, change the seed, the
-cluster or the slots, and bring a model the cases do not have (OLMoE): data the decision's defaults were not
-chosen on. A run takes 10 s to 2 min; all thirteen about 7 minutes on 2 cores with --jobs 2. Exit status:
-the verdict's (0 when every run passes).
+cluster or the slots, and bring models the cases do not have (OLMoE; Mixtral, added after the defaults were
+last changed): data the decision's defaults were not chosen on. A run takes 1 s to 2 min; all fifteen about 5 minutes
+on 2 cores with --jobs 2. Exit status: the verdict's (0 when every run passes).
 """
 
 from __future__ import annotations
@@ -41,6 +41,12 @@ HELD_OUT: dict[str, str] = {
                            "--initial eplb:sglang:prefill_in4096",
     "r8-decode-reversed-seed2": "--case deepseek-decode-8x8 --trace sglang:decode_in2000out100 "
                                 "--trace sglang:decode_in500out1500 --initial eplb:sglang:decode_in2000out100 --seed 2",
+    # added in session 18, after the decision changes of that session: a model family the defaults never saw
+    # (Mixtral: 8 experts, EP8 with one spare slot per expert) and another order of three OLMoE domains
+    "r9-mixtral-arxiv-github-1x8": "--trace olmoe:mistral/arxiv --trace olmoe:mistral/github "
+                                   "--initial eplb:olmoe:mistral/arxiv --nodes 1 --ranks-per-node 8 --slots-per-rank 2",
+    "r10-olmoe-book-c4-github-4x8-3slots": "--trace olmoe:olmoe/book --trace olmoe:olmoe/c4 --trace olmoe:olmoe/github "
+                                           "--initial eplb:olmoe:olmoe/book --nodes 4 --slots-per-rank 3",
 }
 
 
