@@ -164,14 +164,15 @@ def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs
         return pl
     lam_x = p.polish_lam if polish else 1.0
     greedy_t = apply_ops(head, pl.ops) if pl.ops else head
+    as_greedy = replace(pl, table=greedy_t) if pl.ops else pl  # the greedy plan, with the table built here
     og = retarget.layer_objective(greedy_t, X).astype(np.float64)
     if og.sum() - floor < p.tau * o0.sum():
-        return pl
+        return as_greedy
     w = np.asarray(X, dtype=np.float64).sum(axis=0)
     cands = [head.successor(retarget.repack(head, w)[0])]
     objs = [retarget.layer_objective(cands[0], X)]
     if og.sum() - objs[0].sum() < p.tau * o0.sum():
-        return pl
+        return as_greedy
     lam = p.op_gain * lam_x * o0
     known: dict[int, dict[int, list[Operation]]] = {}  # candidate -> its operations per layer, when it has them
     for start in ((head.phy2log, {}), retarget.recount(head, w)):
@@ -197,7 +198,7 @@ def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs
             spent += float(extra[lay])
             wide.append(lay)
     if not wide:
-        return pl
+        return as_greedy
     more: list[Operation] = []
     for lay in sorted(wide):
         c = int(best_c[lay])
@@ -207,7 +208,7 @@ def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs
             continue
         more += lops
     if not wide:
-        return pl
+        return as_greedy
     keep = [(o, lay) for o, lay in zip(pl.ops, pl.op_layers, strict=True) if lay not in set(wide)]
     ops = [o for o, _ in keep] + more
     op_layers = [lay for _, lay in keep] + [o.layer for o in more]  # type: ignore[union-attr]
@@ -215,7 +216,7 @@ def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs
     try:
         planned = apply_ops(head, ops)
     except InvalidOperation:  # a planner defect must not take the controller down: the greedy plan stands
-        return pl
+        return as_greedy
     on = retarget.layer_objective(planned, X).astype(np.float64)
     what = f"greedy stuck (copies x{lam_x:g})" if polish else "large gap"
     note = (f"{what}: head {o0.sum() / floor:.3f} x an even split, greedy plan {og.sum() / floor:.3f}, full "
