@@ -160,6 +160,9 @@ class LinkThread:
         # the step the agent said this engine should go on from (its reports were for windows it had closed:
         # the engine restarted and counts from 0); 0: none. Written by the link's thread, read by the engine's
         self.next_step = 0
+        # the step the engine last renumbered to (`go_on_from`): the acks of reports numbered before it are about
+        # the old count and say nothing of the new one (a late one would renumber every rank a second time)
+        self._renumbered_to = 0
         self._overflowed = 0  # reports refused by `offer` (the engine's thread)
         self._failed = 0      # reports whose send failed (the link's thread)
         self._queue_size, self._retry_s = queue_size, retry_s
@@ -204,7 +207,8 @@ class LinkThread:
             try:
                 ack = await self.link.report_load(r)
                 self.sent += 1
-                self.next_step = max(self.next_step, int(ack.next_step))
+                if r.first_step >= self._renumbered_to:
+                    self.next_step = max(self.next_step, int(ack.next_step))
             except grpc.aio.AioRpcError as exc:
                 self._failed += 1
                 self._error(exc)
@@ -221,6 +225,11 @@ class LinkThread:
     def dropped(self) -> int:
         """Reports dropped: refused while `queue_size` waited, or whose send failed (one counter per thread)."""
         return self._overflowed + self._failed
+
+    def go_on_from(self, step: int) -> None:
+        """The engine numbers its steps from `step` now: the acks of reports numbered before it are ignored
+        (what a report of the old count is told to go on from is about windows the new count is already past)."""
+        self._renumbered_to = max(self._renumbered_to, step)
 
     def offer(self, report: dpb.LoadReport) -> None:
         """Queue `report` for the agent without waiting (dropped and counted if the agent lags)."""

@@ -62,6 +62,10 @@ class Link(Protocol):
 
     def offer(self, report: dpb.LoadReport) -> None: ...
 
+    def go_on_from(self, step: int) -> None:
+        """The engine renumbered its load steps from `step`: acks of reports numbered before it are stale."""
+        ...
+
     def report(self, report: dpb.LoadReport, timeout: float) -> object: ...
 
 
@@ -234,6 +238,7 @@ class PluginCore:
         log.warning("rank %d: load steps renumbered from %d to %d (the agents' windows are past this engine's "
                     "count: it restarted)", self.rank, self.next_step_number, step)
         self._first_step, self._steps = step, 0
+        self.link.go_on_from(step)
         self._load[:] = 0
         self._rows, self._sampled = [], True
         return True

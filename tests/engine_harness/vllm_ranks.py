@@ -95,6 +95,9 @@ class HeldLink:
     def offer(self, report: Any) -> None:
         self.inner.offer(report)
 
+    def go_on_from(self, step: int) -> None:
+        self.inner.go_on_from(step)
+
     def report(self, report: Any, timeout: float) -> Any:
         return self.inner.report(report, timeout)
 
@@ -124,6 +127,9 @@ class CapLink:
 
     def offer(self, report: Any) -> None:
         self.inner.offer(report)
+
+    def go_on_from(self, step: int) -> None:
+        self.inner.go_on_from(step)
 
     def report(self, report: Any, timeout: float) -> Any:
         return self.inner.report(report, timeout)
@@ -160,6 +166,9 @@ class DirLink:
     def offer(self, report: Any) -> None:
         self.last, self.sent = report, self.sent + 1
         self.offered.append(report)
+
+    def go_on_from(self, step: int) -> None:
+        pass
 
     def report(self, report: Any, timeout: float) -> None:
         self.offer(report)

@@ -116,6 +116,9 @@ def test_the_plugin_reports_its_sampled_steps_and_the_agent_checks_their_size() 
         def offer(self, report) -> None:  # type: ignore[no-untyped-def]
             sent.append(report)
 
+        def go_on_from(self, step: int) -> None:
+            pass
+
         def report(self, report, timeout: float) -> None:  # type: ignore[no-untyped-def]
             self.offer(report)
 

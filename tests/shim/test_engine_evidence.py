@@ -175,6 +175,9 @@ def test_the_plugin_core_sends_its_evidence_at_once() -> None:
         def offer(self, report: object) -> None:
             self.sent.append(report)
 
+        def go_on_from(self, step: int) -> None:
+            pass
+
         def report(self, report, timeout: float) -> None:  # type: ignore[no-untyped-def]
             self.offer(report)
 

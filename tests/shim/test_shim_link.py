@@ -237,3 +237,45 @@ def test_the_shared_grpc_poller_noise_goes_to_debug_and_other_errors_to_the_defa
     assert [r.levelno for r in quiet] == [logging.DEBUG, logging.DEBUG], quiet
     loud = [r for r in caplog.records if r.name == "asyncio"]
     assert len(loud) == 1 and loud[0].levelno == logging.ERROR and "mine" in str(loud[0].exc_info[1])
+
+
+@pytest.mark.asyncio
+async def test_an_ack_of_a_report_numbered_before_a_renumbering_does_not_renumber_again() -> None:
+    """A restarted engine's early reports (numbered from 0) are told to go on from 180; every rank renumbers to
+    180. A report of the old count acked after that (sent late, or acked after the agent closed one more
+    window) is told 200: that says nothing of the new count and must not renumber a second time. A report of
+    the new count still can."""
+    d = tempfile.mkdtemp(prefix="emoe-")
+    path = os.path.join(d, "shim.sock")
+    said = {0: 200, 180: 240}  # the agent's answer by the report's first step (0: before the renumbering)
+    server = await serve_unix(path, Source(), lambda r: said[0 if r.first_step < 180 else 180], layers=2, experts=4)
+    links: list[LinkThread] = []
+
+    async def acked(lt: LinkThread, first: int) -> None:
+        n = lt.sent
+        lt.offer(make_load_report("r0", 0, first, 4, 1, np.ones((2, 4), np.uint32)))
+        for _ in range(500):
+            if lt.sent > n:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"no ack for the report from step {first}: {lt.errors}")
+
+    try:
+        fresh = await asyncio.to_thread(LinkThread, path, 0, shim_id="r0")
+        links.append(fresh)
+        await acked(fresh, 21)  # no renumbering yet: the agent's answer stands
+        assert fresh.next_step == 200
+        lt = await asyncio.to_thread(LinkThread, path, 0, shim_id="r0")
+        links.append(lt)
+        lt.go_on_from(180)  # the ranks agreed on 180 (from another rank's ack)
+        await acked(lt, 21)  # a report of the old count, acked late
+        assert lt.next_step == 0
+        await acked(lt, 180)  # the new count's own report is told where to go on
+        assert lt.next_step == 240
+    finally:
+        for lt in links:
+            await asyncio.to_thread(lt.close)
+        await server.stop(None)
+        if os.path.exists(path):
+            os.unlink(path)
+        os.rmdir(d)

@@ -34,6 +34,9 @@ class FakeLink:
     def offer(self, report: dpb.LoadReport) -> None:
         self.sent.append(report)
 
+    def go_on_from(self, step: int) -> None:
+        self.renumbered_to = step
+
     def report(self, report, timeout: float) -> None:  # type: ignore[no-untyped-def]
         self.offer(report)
 
