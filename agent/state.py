@@ -152,6 +152,7 @@ class NodeState:
                 self.node_id, self._voters, self.store, self.clock, transport, cfg.consensus, genesis,
                 verifier=voter.verify, live_voters=self._live_voters, members=self.gossip.live_nodes,
                 had_store=ran_before, signer=signer, gate=self.fingerprint.verdict,
+                signs_control=getattr(transport, "signs_control", None),
                 enrolment=None if rng_seed is None else zlib.crc32(b"e%d" % rng_seed) | 1)  # seeded: reproducible
             quorum.start()
             self.consensus, self.pause = quorum, quorum.control

@@ -17,14 +17,14 @@ import grpc
 import grpc.aio
 
 from agent.security import _guarded
-from elasticmoe.versions import WIRE_KEY, WIRE_VERSION, wire_of, wire_refusal
+from elasticmoe.versions import CONTROL_SIGNED_KEY, WIRE_KEY, WIRE_VERSION, wire_of, wire_refusal
 
 log = logging.getLogger("emoe.wire")
 
 # services whose callers are agents or engine plugins: a call without a version comes from a release before
 # versions
 VERSIONED = ("/elasticmoe.v1.Gossip/", "/elasticmoe.v1.Consensus/", "/elasticmoe.v1.DataplaneLink/")
-_ANSWER = ((WIRE_KEY, str(WIRE_VERSION)),)
+_ANSWER = ((WIRE_KEY, str(WIRE_VERSION)), (CONTROL_SIGNED_KEY, "1"))
 _LOGGED_MAX = 1024
 
 

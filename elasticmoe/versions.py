@@ -15,6 +15,9 @@ Formats and how each is versioned:
   older reader, which skips it, reads the rest as before; a new RPC is answered UNIMPLEMENTED by an older
   server, which the caller must take as "not supported there" (never as a failure of the other calls); a
   change of meaning takes a new field or a new RPC, never an old one.
+- Capabilities within a wire version: an agent answers with `CONTROL_SIGNED_KEY` when it signs the control
+  records it accepts (agent/consensus/controlnode.py); a peer's answer without it says the peer runs a release
+  before that, whose voter name may then stand unsigned in a certified control record (a rolling upgrade).
 - The signed load window (agent/windowguard.py `window_payload`): fields 1 to 13 are signed one by one, as
   they always were; any later field, known to the signer or not, is signed as the bytes of its encoding, so
   an agent verifies the windows of a release that added fields it does not know (and a relay cannot add
@@ -40,6 +43,9 @@ from __future__ import annotations
 
 WIRE_KEY = "emoe-wire"  # gRPC metadata: the caller's (and the answering server's) wire version
 WIRE_VERSION = 2  # 1: the releases before versions (they send none); 2: this one
+# A capability within a wire version: an agent that signs the control records it accepts answers every call
+# with this metadata key (value "1"); a peer whose answer lacks it runs a release before control signatures
+CONTROL_SIGNED_KEY = "emoe-control-signed"
 STORE_FORMAT = 1  # the consensus log's record format (no format record: 1)
 DATADIR_FORMAT = 1  # the data_dir's layout (no FORMAT file: 1)
 

@@ -167,6 +167,7 @@ class ControlWrite:
     unavailable: dict[str, str] = field(default_factory=dict)  # may not vote yet (a learner): asked again
     done: bool = False
     superseded: bool = False  # a voter refused it holding a key at or above its own: a retry must go higher
+    signatures: dict[str, pb.VoteSignature] = field(default_factory=dict)  # (mTLS) the signed acks, by voter
 
     def __post_init__(self) -> None:
         self.voters = sorted(set(self.voters))
@@ -191,6 +192,8 @@ class ControlWrite:
                 return "refused"
             return ""
         self.acks.add(src)
+        if a.signature:
+            self.signatures[src] = pb.VoteSignature(voter=src, certificate=a.certificate, signature=a.signature)
         self.unavailable.pop(src, None)
         if len(self.acks) >= self.quorum:
             self.done = True
@@ -202,7 +205,8 @@ class ControlWrite:
         return [v for v in self.voters if v not in self.acks and v not in self.refusals]
 
     def commit(self) -> pb.ControlCommit:
-        return pb.ControlCommit(record=self.record, voters=sorted(self.acks), quorum=self.quorum)
+        return pb.ControlCommit(record=self.record, voters=sorted(self.acks), quorum=self.quorum,
+                                signatures=[self.signatures[v] for v in sorted(self.acks) if v in self.signatures])
 
     def tally(self) -> str:
         """Who accepted, who refused (with why) and who did not answer, in words."""

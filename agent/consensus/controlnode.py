@@ -5,6 +5,16 @@ certified record of each catch-up reply (anti-entropy every `sync_interval_ms`) 
 Order of effects as for tables: an acceptor's accept is durable before its ack leaves; a writer's own accept
 is durable before its first send (it never reuses a key); a certified record is durable here before it is
 adopted, reported (`on_change`) and sent on.
+
+Signed (mTLS, `signer`): a voter signs each record it acks (`signing.control_digest`), the writer counts only
+acks whose signature verifies and puts them in the ControlCommit, and every node adopts a certified record only
+if each voter it names signed it (`VoteSigner.check_control`). So one member cannot certify a record by naming
+a quorum that never accepted it (pause or resume every planner). During a rolling upgrade, a voter whose last
+answer to this node said it runs a release before control signatures (`signs_control`: the gRPC transport
+reads it off the answer's metadata, elasticmoe/versions.py CONTROL_SIGNED_KEY) may be named unsigned, and a
+record written by such a node carries no signatures at all (its writer cannot collect them) and is checked by
+its names alone, as before; a voter or writer this node has not heard from yet must sign (a refused record
+comes again with the next anti-entropy round). Once every node runs this release, every name must be signed.
 """
 
 from __future__ import annotations
@@ -18,6 +28,7 @@ from google.protobuf.message import Message
 
 from agent.clock import Clock, Timer
 from agent.consensus.control import ControlAcceptor, ControlWrite, check_commit, describe, key
+from agent.consensus.signing import VoteSigner
 from agent.store import Store, StoreFailed
 from agent.transport import Transport
 from elasticmoe.v1 import consensus_pb2 as pb
@@ -40,13 +51,17 @@ class ControlNode:
     """`abstains()`: why this node may not accept records now ("" while it may: ConsensusNode's own reason, so a
     learner, a failed disk or a drifted config refuses here as it does for tables); `members()`: non-voters that
     should learn records too; `store_failed()`: fail-stop after a write that failed; `wall_ms()`: now, for a
-    record's `at_ms`. A write is given up after `deadline` seconds; messages time out after `timeout`."""
+    record's `at_ms`; `signer` (mTLS): acks are signed and certified records checked (module docstring), with
+    `signs_control(voter)` whether a voter's last answer said it signs them. A write is given up after
+    `deadline` seconds; messages time out after `timeout`."""
 
     def __init__(self, node_id: str, voters: list[str], store: Store, clock: Clock, transport: Transport, *,
                  timeout: float, deadline: float, max_attempts: int, abstains: Callable[[], str],
                  members: Callable[[], list[str]], store_failed: Callable[[], None],
-                 wall_ms: Callable[[], int]) -> None:
+                 wall_ms: Callable[[], int], signer: VoteSigner | None = None,
+                 signs_control: Callable[[str], bool] = lambda _: True) -> None:
         self.node_id, self.voters, self.store, self.clock, self.transport = node_id, sorted(set(voters)), store, clock, transport
+        self.signer, self.signs_control = signer, signs_control
         self.timeout, self.deadline, self.max_attempts = timeout, deadline, max_attempts
         self.abstains, self.members, self.store_failed, self.wall_ms = abstains, members, store_failed, wall_ms
         self.acceptor = ControlAcceptor(node_id, self.voters)
@@ -124,6 +139,7 @@ class ControlNode:
             return
         self._accepted_at = self.clock.now()
         w = self._write = ControlWrite(r, self.voters)
+        self._sign(reply, r)
 
         def end(ev: str) -> None:
             self._write = None
@@ -145,6 +161,10 @@ class ControlNode:
         """Send `w` to the voters that have not answered, every `timeout` until `deadline`; `end(event)` once."""
         def answer(src: str, r: Message | None) -> None:
             if not self.running or not isinstance(r, pb.ControlAck) or w.done:
+                return
+            if r.ok and (why := self._unsigned(src, r, w.record)):  # not counted: a certificate would not verify
+                log.warning("%s: control record %s: the ack of %s is not counted: %s", self.node_id, w.record.seq,
+                            src, why)
                 return
             if r.HasField("certified"):
                 self.learn(r.certified)
@@ -195,7 +215,9 @@ class ControlNode:
             elif w.superseded:
                 self._given_up = key(acc)
 
-        self._drive(w, self.clock.now() + self.deadline, end, pb.ControlAck(ok=True, from_node=self.node_id))
+        own = pb.ControlAck(ok=True, from_node=self.node_id)
+        self._sign(own, acc)
+        self._drive(w, self.clock.now() + self.deadline, end, own)
 
     # ---- serving ------------------------------------------------------------------------------------
     def handle(self, src: str, req: Message) -> Message | None:
@@ -211,6 +233,7 @@ class ControlNode:
                 if not self._persist(st):
                     return pb.ControlAck(ok=False, from_node=self.node_id, reason=f"UNAVAILABLE: {self.store.failure}")
                 self._accepted_at = self.clock.now()
+            self._sign(reply, req.record)
             return reply
         if isinstance(req, pb.ControlCommit):
             why = self.learn(req)
@@ -223,6 +246,9 @@ class ControlNode:
     def learn(self, c: pb.ControlCommit) -> str:
         """Adopt certified `c` if it is newer than ours (durably first); "" or why it was refused."""
         why = check_commit(c, self.voters)
+        if not why and self.signer is not None and (c.record.node_id == self.node_id
+                                                   or self.signs_control(c.record.node_id)):
+            why = self.signer.check_control(c, self.must_sign)
         if why:
             return f"INVALID_ARGUMENT: {why}"
         st = self.acceptor.learn(c)
@@ -234,3 +260,26 @@ class ControlNode:
         for cb in self._callbacks:
             cb(c)
         return ""
+
+    # ---- signatures (mTLS) ------------------------------------------------------------------------------
+    def must_sign(self, voter: str) -> bool:
+        """Whether `voter`'s name in a certified record needs its signature: under mTLS, unless its last answer
+        to this node said it runs a release before control signatures (a rolling upgrade's older release)."""
+        return self.signer is not None and (voter == self.node_id or self.signs_control(voter))
+
+    def _sign(self, ack: pb.ControlAck, r: pb.ControlRecord) -> None:
+        """Under mTLS, sign an ok ack of record `r` with this node's key."""
+        if self.signer is not None and ack.ok:
+            ack.signature = self.signer.sign_control(r)
+            ack.certificate = self.signer.cert_der
+
+    def _unsigned(self, src: str, a: pb.ControlAck, r: pb.ControlRecord) -> str:
+        """Why ok ack `a` of `src` for record `r` may not be counted under mTLS (its signature is missing where
+        needed, or does not verify), or ""."""
+        if self.signer is None:
+            return ""
+        if not a.signature:
+            return "no signature" if self.must_sign(src) else ""
+        c = pb.ControlCommit(record=r, voters=[src], signatures=[pb.VoteSignature(
+            voter=src, certificate=a.certificate, signature=a.signature)])
+        return self.signer.check_control(c, self.must_sign)

@@ -61,9 +61,12 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
                  live_voters: Callable[[], list[str]] | None = None,
                  members: Callable[[], list[str]] | None = None, rng: random.Random | None = None,
                  had_store: bool = False, signer: VoteSigner | None = None, enrolment: int | None = None,
-                 gate: Callable[[], str] | None = None, wall_ms: Callable[[], int] | None = None) -> None:
+                 gate: Callable[[], str] | None = None, wall_ms: Callable[[], int] | None = None,
+                 signs_control: Callable[[str], bool] | None = None) -> None:
         """`gate()`: why this node must neither vote nor propose now beyond its own state ("" while it may: the
-        cluster fingerprint check, agent.fingerprint); `wall_ms()`: the wall clock for control records' at_ms."""
+        cluster fingerprint check, agent.fingerprint); `wall_ms()`: the wall clock for control records' at_ms;
+        `signs_control(voter)`: whether a voter's last answer said it signs control records (the gRPC
+        transport's; default: every voter does), agent.consensus.controlnode."""
         if not voters:
             raise ValueError("voters is empty: expected at least one configured voter")
         self.node_id = node_id
@@ -108,7 +111,8 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
                                    deadline=2 * cfg.max_attempts * self.timeout, max_attempts=cfg.max_attempts,
                                    abstains=self._abstains, members=lambda: self.members(),
                                    store_failed=self._store_failed,
-                                   wall_ms=wall_ms or (lambda: int(time.time() * 1000)))
+                                   wall_ms=wall_ms or (lambda: int(time.time() * 1000)), signer=signer,
+                                   signs_control=signs_control or (lambda _: True))
 
     # ---- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:

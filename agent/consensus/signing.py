@@ -1,6 +1,7 @@
 """Signed votes, member claims and load windows: under mTLS a quorum certificate carries every signer's
 signature, checked by every node, and a gossip member's address, ranks and incarnation, and each of its load
-windows, are its own signed word.
+windows, are its own signed word. So does a certified control record (the pause switch): each voter it names
+signed `control_digest(record)` when it accepted it.
 
 Without signatures a certificate is a list of voter names: one forged `Learn` (or a member's) could make an
 arbitrary table the head everywhere. With them, each voter signs `accept_digest(version, ballot,
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from cryptography import x509
@@ -34,11 +35,20 @@ from elasticmoe.v1 import consensus_pb2 as pb
 _DOMAIN = b"elasticmoe/v1 accept\x00"
 _CLAIM_DOMAIN = b"elasticmoe/v1 member\x00"  # a member's signed word about itself (agent/membership.py)
 _WINDOW_DOMAIN = b"elasticmoe/v1 window\x00"  # a node's own load window (agent/windowguard.py)
+_CONTROL_DOMAIN = b"elasticmoe/v1 control\x00"  # a voter's accept of a control record (agent/consensus/control.py)
 
 
 def accept_digest(version: int, ballot: tuple[int, str], table_hash: bytes) -> bytes:
     """The bytes a voter signs when it accepts `table_hash` for `version` at `ballot`."""
     return _DOMAIN + struct.pack("<QQ", version, ballot[0]) + ballot[1].encode() + b"\x00" + table_hash
+
+
+def control_digest(r: pb.ControlRecord) -> bytes:
+    """The bytes a voter signs when it accepts control record `r`: every field of it (1 to 5), each string
+    length-prefixed."""
+    node, note = r.node_id.encode(), r.note.encode()
+    return (_CONTROL_DOMAIN + struct.pack("<QBQ", r.seq, int(r.paused), r.at_ms) + struct.pack("<I", len(node)) + node
+            + struct.pack("<I", len(note)) + note)
 
 
 class SignatureError(ValueError):
@@ -125,6 +135,28 @@ class VoteSigner:
             self._known.clear()
         self._known[h] = out
         return out
+
+    def sign_control(self, r: pb.ControlRecord) -> bytes:
+        """Sign this voter's accept of control record `r`."""
+        return self._key.sign(control_digest(r), ec.ECDSA(hashes.SHA256()))
+
+    def check_control(self, c: pb.ControlCommit, must_sign: Callable[[str], bool]) -> str:
+        """Why a voter that `c` names has no signature over its record that verifies, or "". A named voter
+        without a signature passes only where `must_sign(voter)` is False (a voter last seen running a release
+        before control signatures); a signature present must verify. (Which voters and how many is
+        `control.check_commit`.)"""
+        sigs = {s.voter: s for s in c.signatures}
+        signed = control_digest(c.record)
+        for voter in c.voters:
+            s = sigs.get(voter)
+            if s is None:
+                if must_sign(voter):
+                    return f"signatures: no signature of {voter}"
+                continue
+            why = self._check(voter, s.certificate, s.signature, signed, "control signature")
+            if why:
+                return f"signatures: {why}"
+        return ""
 
     def check_vote(self, voter: str, version: int, ballot: tuple[int, str], table_hash: bytes, cert_der: bytes,
                    signature: bytes) -> str:

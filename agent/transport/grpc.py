@@ -29,7 +29,7 @@ from google.protobuf.message import Message
 from agent.transport import Deferred, HandlerTable, InvalidArgument, ReplyCallback, RequestHandler
 from agent.transport.methods import METHODS, SERVICE_FULL_NAMES, grpc_path, lookup
 from agent.wireversion import metadata_value
-from elasticmoe.versions import WIRE_KEY, WIRE_VERSION, wire_of, wire_refusal
+from elasticmoe.versions import CONTROL_SIGNED_KEY, WIRE_KEY, WIRE_VERSION, wire_of, wire_refusal
 
 log = logging.getLogger("emoe.transport")
 
@@ -99,6 +99,7 @@ class GrpcTransport:
         self._metadata = ((FROM_KEY, node_id), (WIRE_KEY, str(WIRE_VERSION)))
         self._drops = drops
         self._wire_logged: set[tuple[str, int]] = set()  # (peer, its wire version) refused and logged
+        self._signs_control: dict[str, bool] = {}  # whether each peer's last answer said it signs control records
 
     # ---- peers --------------------------------------------------------------------------------
     def add_peer(self, node_id: str, address: str) -> None:
@@ -128,6 +129,11 @@ class GrpcTransport:
             p = self._peers[node_id] = _Peer(addr, ch)
         return p
 
+    def signs_control(self, dst: str) -> bool:
+        """Whether `dst` signs the control records it accepts, as its last answer said (`CONTROL_SIGNED_KEY`)
+        over a channel only it can answer; True before it has answered (agent.consensus.controlnode uses it)."""
+        return self._signs_control.get(dst, True)
+
     # ---- client side --------------------------------------------------------------------------
     def call(self, dst: str, method: str, request: Message, timeout: float, on_reply: ReplyCallback) -> None:
         loop = asyncio.get_running_loop()
@@ -147,7 +153,9 @@ class GrpcTransport:
         try:
             call = mc(request, timeout=timeout, metadata=self._metadata)
             reply = await call
-            peer = wire_of(metadata_value(await call.initial_metadata(), WIRE_KEY))
+            md = await call.initial_metadata()
+            peer = wire_of(metadata_value(md, WIRE_KEY))
+            self._signs_control[dst] = metadata_value(md, CONTROL_SIGNED_KEY) is not None
             if why := wire_refusal(peer, f"peer {dst}"):
                 if (dst, peer) not in self._wire_logged:
                     self._wire_logged.add((dst, peer))

@@ -298,14 +298,16 @@ class ControlRecord(_message.Message):
     def __init__(self, seq: _Optional[int] = ..., node_id: _Optional[str] = ..., paused: _Optional[bool] = ..., at_ms: _Optional[int] = ..., note: _Optional[str] = ...) -> None: ...
 
 class ControlCommit(_message.Message):
-    __slots__ = ("record", "voters", "quorum")
+    __slots__ = ("record", "voters", "quorum", "signatures")
     RECORD_FIELD_NUMBER: _ClassVar[int]
     VOTERS_FIELD_NUMBER: _ClassVar[int]
     QUORUM_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURES_FIELD_NUMBER: _ClassVar[int]
     record: ControlRecord
     voters: _containers.RepeatedScalarFieldContainer[str]
     quorum: int
-    def __init__(self, record: _Optional[_Union[ControlRecord, _Mapping]] = ..., voters: _Optional[_Iterable[str]] = ..., quorum: _Optional[int] = ...) -> None: ...
+    signatures: _containers.RepeatedCompositeFieldContainer[VoteSignature]
+    def __init__(self, record: _Optional[_Union[ControlRecord, _Mapping]] = ..., voters: _Optional[_Iterable[str]] = ..., quorum: _Optional[int] = ..., signatures: _Optional[_Iterable[_Union[VoteSignature, _Mapping]]] = ...) -> None: ...
 
 class ControlAcceptRequest(_message.Message):
     __slots__ = ("record", "from_node")
@@ -316,18 +318,22 @@ class ControlAcceptRequest(_message.Message):
     def __init__(self, record: _Optional[_Union[ControlRecord, _Mapping]] = ..., from_node: _Optional[str] = ...) -> None: ...
 
 class ControlAck(_message.Message):
-    __slots__ = ("ok", "from_node", "reason", "accepted", "certified")
+    __slots__ = ("ok", "from_node", "reason", "accepted", "certified", "signature", "certificate")
     OK_FIELD_NUMBER: _ClassVar[int]
     FROM_NODE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     CERTIFIED_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     from_node: str
     reason: str
     accepted: ControlRecord
     certified: ControlCommit
-    def __init__(self, ok: _Optional[bool] = ..., from_node: _Optional[str] = ..., reason: _Optional[str] = ..., accepted: _Optional[_Union[ControlRecord, _Mapping]] = ..., certified: _Optional[_Union[ControlCommit, _Mapping]] = ...) -> None: ...
+    signature: bytes
+    certificate: bytes
+    def __init__(self, ok: _Optional[bool] = ..., from_node: _Optional[str] = ..., reason: _Optional[str] = ..., accepted: _Optional[_Union[ControlRecord, _Mapping]] = ..., certified: _Optional[_Union[ControlCommit, _Mapping]] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ...) -> None: ...
 
 class KnownVoters(_message.Message):
     __slots__ = ("enrolment",)

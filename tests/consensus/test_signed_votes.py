@@ -158,3 +158,91 @@ def test_a_malformed_rival_of_a_committed_version_leaves_no_trace() -> None:
         version=2, ballot=pb.Ballot(round=1, node_id="n00"), table_hash=t.digest, voters=["n00", "n01"], quorum=2))
     r = _learn(c, forged)
     assert not r.ok and "parent 2: expected 1" in r.reason and node.conflicts == []
+
+
+def _pause(c: QuorumSim, writer: str, paused: bool = True) -> pb.ControlCommit:
+    out: list = []
+    c.nodes[writer].control.write(paused, "emoe pause", out.append)
+    c.run(0.5)
+    assert out and out[0].committed and out[0].commit is not None, out
+    return out[0].commit  # type: ignore[no-any-return]
+
+
+def _control_learn(c: QuorumSim, commit: pb.ControlCommit, to: str = "n02") -> pb.ControlAck:
+    r = c.nodes[to]._handle("mallory", "Consensus/ControlLearn", commit)
+    assert isinstance(r, pb.ControlAck)
+    return r
+
+
+def _switch(c: QuorumSim) -> set[tuple[int, str, bool] | None]:
+    return {None if (r := c.nodes[n].control.record) is None else (int(r.record.seq), r.record.node_id,
+                                                                     r.record.paused) for n in IDS}
+
+
+def test_a_signed_pause_names_only_voters_that_signed_it(certs: tuple[Path, Path]) -> None:
+    c = _cluster(certs)
+    commit = _pause(c, "n01")
+    assert sorted(s.voter for s in commit.signatures) == sorted(commit.voters) and len(commit.voters) >= 2
+    assert VoteSigner.from_cert_dir(certs[0], "n00").check_control(commit, lambda v: True) == ""
+    assert _switch(c) == {(1, "n01", True)}
+
+
+def test_a_forged_control_record_is_refused_under_mtls(certs: tuple[Path, Path]) -> None:
+    """A member names a quorum for a resume that no voter accepted: refused unsigned, signed with its own key,
+    with another CA's certificate for the name, and with the voters' genuine signatures of another record."""
+    c = _cluster(certs)
+    good = _pause(c, "n01")
+    forged = pb.ControlCommit(record=pb.ControlRecord(seq=9, node_id="n00", paused=False, note="forged"),
+                              voters=["n00", "n01"], quorum=2)
+    r = _control_learn(c, forged)
+    assert not r.ok and "no signature of n00" in r.reason
+
+    def signed_by(cert_dir: Path, name: str, as_voter: str) -> pb.VoteSignature:
+        s = VoteSigner.from_cert_dir(cert_dir, name)
+        return pb.VoteSignature(voter=as_voter, certificate=s.cert_der, signature=s.sign_control(forged.record))
+
+    forged.signatures.extend([signed_by(certs[0], "mallory", "n00"), signed_by(certs[0], "mallory", "n01")])
+    r = _control_learn(c, forged)
+    assert not r.ok and "signed with the certificate of 'mallory'" in r.reason
+    del forged.signatures[:]
+    forged.signatures.extend([signed_by(certs[1], "n00", "n00"), signed_by(certs[1], "n00", "n01")])
+    r = _control_learn(c, forged)
+    assert not r.ok and "not issued by the cluster CA" in r.reason
+    del forged.signatures[:]
+    forged.signatures.extend(good.signatures)  # genuine signatures, of the pause, onto the forged resume
+    forged.voters[:] = list(good.voters)
+    r = _control_learn(c, forged)
+    assert not r.ok and "control signature does not verify" in r.reason
+    assert _switch(c) == {(1, "n01", True)}
+    # the votes' own signatures are not control signatures either (another domain)
+    assert _control_learn(c, good).ok
+
+
+def test_a_voter_on_the_release_before_may_be_named_unsigned(certs: tuple[Path, Path]) -> None:
+    """A rolling upgrade: a voter whose answers say it runs the release before signs no control acks; its name
+    is taken unsigned (and its ack counted) while every other voter must still sign."""
+    c = _cluster(certs)
+    for n in IDS:
+        c.nodes[n].control.signs_control = lambda v: v != "n01"
+    c.nodes["n01"].control.signer = None  # n01 runs the release before: its acks carry no signature
+    c.crash("n02")  # so that the quorum must count n01's unsigned ack
+    commit = _pause(c, "n00")
+    assert commit.voters == ["n00", "n01"] and [s.voter for s in commit.signatures] == ["n00"]
+    c.restart("n02")
+    for n in IDS:
+        c.nodes[n].control.signs_control = lambda v: v != "n01"
+    assert _control_learn(c, commit).ok  # as its anti-entropy would hand it over
+    assert _switch(c) == {(1, "n00", True)}
+    s0 = VoteSigner.from_cert_dir(certs[0], "n00")
+    rec = pb.ControlRecord(seq=4, node_id="n00", paused=False, note="emoe resume")
+    signed0 = pb.VoteSignature(voter="n00", certificate=s0.cert_der, signature=s0.sign_control(rec))
+    mixed = pb.ControlCommit(record=rec, voters=["n00", "n01"], quorum=2, signatures=[signed0])
+    assert _control_learn(c, mixed).ok and c.nodes["n02"].control.record == mixed
+    unsigned0 = pb.ControlCommit(record=pb.ControlRecord(seq=5, node_id="n00", paused=True),
+                                 voters=["n00", "n01"], quorum=2)
+    r = _control_learn(c, unsigned0)
+    assert not r.ok and "no signature of n00" in r.reason
+    # a record n01 wrote (the release before: it collects no signatures) names n00 unsigned, and stands
+    by01 = pb.ControlCommit(record=pb.ControlRecord(seq=6, node_id="n01", paused=True), voters=["n00", "n01"],
+                            quorum=2)
+    assert _control_learn(c, by01).ok and c.nodes["n02"].control.record == by01

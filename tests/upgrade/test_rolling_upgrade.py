@@ -110,6 +110,18 @@ class Admin:
         except grpc.RpcError:
             return None
 
+    def switch(self, k: int, paused: bool) -> admin_pb2.AdminAck:
+        """`emoe pause` (or resume) through agent k."""
+        with grpc.secure_channel(self.c.addresses[k], channel_credentials(self.certs, "admin"),
+                                 options=channel_options()) as ch:
+            stub = admin_pb2_grpc.AdminStub(ch)  # type: ignore[no-untyped-call]
+            call = stub.Pause if paused else stub.Resume
+            return call(admin_pb2.Empty(), timeout=20)  # type: ignore[no-any-return]
+
+    def paused(self) -> list[bool | None]:
+        """Each agent's pause switch as its Status says (None: no answer)."""
+        return [None if (st := self.status(k)) is None else bool(st[0].paused) for k in range(self.c.n)]
+
     def history(self, k: int) -> list[admin_pb2.HistoryEntry]:
         with grpc.secure_channel(self.c.addresses[k], channel_credentials(self.certs, "admin"),
                                  options=channel_options()) as ch:
@@ -241,6 +253,14 @@ def test_rolling_upgrade_under_load(cluster: tuple[LocalCluster, Path], certs: P
             admin.wait_serving(k, wire=WIRE_VERSION if release == "new" else old_wire)
             past = max(admin.head(j) for j in range(NODES))
             marks.append((what, past, tuple(releases)))
+            if len(set(releases)) == 2 and k == 0:
+                # the pause switch across releases: a new writer with old voters' unsigned acks, and an old
+                # writer (who collects no signatures) naming a new voter; every agent of both follows each
+                for writer, on in ((0, True), (NODES - 1, False)):
+                    ack = admin.switch(writer, on)
+                    assert ack.ok, f"{'pause' if on else 'resume'} through {c.ids[writer]}: {ack.reason}"
+                    until(f"every agent {'paused' if on else 'resumed'} ({c.ids[writer]} wrote it)",
+                          lambda on=on: admin.paused() == [on] * NODES)  # type: ignore[misc]
             admin.rebalances_past(past, what)
         history = sorted(admin.history(1), key=lambda h: h.version)
         assert not engines.errors, engines.errors

@@ -115,3 +115,43 @@ def test_a_reply_from_a_server_two_versions_newer_is_dropped(caplog: pytest.LogC
         assert uvloop.run(main()) == [None, None]
     dropped = [r.getMessage() for r in caplog.records if "dropped a reply" in r.getMessage()]
     assert len(dropped) == 1 and f"peer b speaks wire version {WIRE_VERSION + 2}" in dropped[0], dropped
+
+
+def test_the_transport_learns_which_peers_sign_control_records() -> None:
+    """A peer answering through this release's WireInterceptor says it signs control records; one whose
+    answers lack the capability (the release before, at the same wire version) does not; an unheard peer is
+    taken to sign (agent.consensus.controlnode refuses its unsigned name until it answers otherwise)."""
+    from agent.wireversion import WireInterceptor
+
+    async def probe(req: gpb.ProbeRequest, ctx: grpc.aio.ServicerContext) -> gpb.ProbeAck:
+        return gpb.ProbeAck(from_node="b", seq=req.seq, ok=True)
+
+    async def before(req: gpb.ProbeRequest, ctx: grpc.aio.ServicerContext) -> gpb.ProbeAck:
+        await ctx.send_initial_metadata(((WIRE_KEY, str(WIRE_VERSION)),))  # what the release before answers
+        return gpb.ProbeAck(from_node="c", seq=req.seq, ok=True)
+
+    async def main() -> tuple[bool, bool, bool, bool]:
+        servers, addrs = [], {}
+        for name, fn, icpt in (("b", probe, [WireInterceptor()]), ("c", before, [])):
+            server = grpc.aio.server(interceptors=icpt)
+            port = server.add_insecure_port("127.0.0.1:0")
+            server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("elasticmoe.v1.Gossip", {
+                "Probe": grpc.unary_unary_rpc_method_handler(fn, gpb.ProbeRequest.FromString,
+                                                             gpb.ProbeAck.SerializeToString)}),))
+            await server.start()
+            servers.append(server)
+            addrs[name] = f"127.0.0.1:{port}"
+        t = GrpcTransport("a", addrs)
+        unheard = t.signs_control("c")
+        try:
+            for dst in ("b", "c"):
+                fut: asyncio.Future[Message | None] = asyncio.get_running_loop().create_future()
+                t.call(dst, "Gossip/Probe", gpb.ProbeRequest(from_node="a", seq=1), 5.0, fut.set_result)
+                assert await fut is not None
+        finally:
+            await t.close()
+            for server in servers:
+                await server.stop(None)
+        return unheard, t.signs_control("b"), t.signs_control("c"), t.signs_control("nobody")
+
+    assert uvloop.run(main()) == (True, True, False, True)
