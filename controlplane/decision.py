@@ -24,8 +24,12 @@ from controlplane.planner import Reason, Refused
 from controlplane.planners import PLANNERS, PlanInput, PlanKnobs
 from controlplane.profile import StabilityProfile
 from controlplane.table import RoutingTable, check_no_new_rank_duplicates
+from controlplane.topology import Tier
 from controlplane.verify import gain, layer_gains
 from controlplane.worth import Worth
+
+# where the per-copy charges were tuned (DecisionParams.copy_charge_scale): DeepSeek-V3 decode at EP64
+CHARGE_REF_RANKS, CHARGE_REF_LOAD_MS = 64, 12.0
 
 
 class InvalidParams(ControlPlaneError):
@@ -85,7 +89,9 @@ class DecisionParams:
     # 1.9-5.9 GB more, prefill 16; OLMoE 3-slot 4.3 GB, now over its 2.76); polish_lam 2 or 1 move more than
     # 1/5 of EPLB's bytes on ESFT 4x8 (19.3 and 24.8 GB against 18.4)
     polish_theta: float = 1.03
-    polish_lam: float = 3.0
+    polish_lam: float = 3.0  # ... at the point these figures were tuned at (DeepSeek-V3 decode at EP64,
+    #   copy_charge_scale 1); where a copy costs less serving time per millisecond of load it can save, its
+    #   charge falls in proportion (`copy_charge_scale`)
     drift_tv: float = 0.05  # plan only on the trailing windows whose expert shares (total variation per
     #                         layer, mean) differ by at most this from the next: steady state differs by
     #                         ~0.001, ESFT intent -> law by 0.35; a plan fitted to the old mix would miss
@@ -144,7 +150,25 @@ class DecisionParams:
     def knobs(self, head: RoutingTable) -> PlanKnobs:
         """What the planner sees of these knobs (controlplane.planners)."""
         return PlanKnobs(self.max_ops, self.tau, self.op_gain(head), self.fast_theta, self.retarget, self.polish_theta,
-                         self.polish_lam)
+                         self.polish_lam * self.copy_charge_scale(head))
+
+    def copy_charge_scale(self, head: RoutingTable) -> float:
+        """How much less a polish copy is charged on `head` than where polish_lam was tuned, in (0, 1]: the
+        serving time a copy costs (one expert between nodes, or over NVLink on one node, spread over the active
+        ranks, which copy side by side: controlplane.worth) per millisecond of the step's load it can save
+        (`load_ms`), over the same at DeepSeek-V3 decode at EP64 (8 x 8 ranks, 12 ms of load, its experts over
+        RDMA), capped at 1: a copy is never charged more than there. 1 where the cost-benefit test is off
+        (load_ms 0). A prefill step (hundreds of milliseconds of load) then polishes for about a 40th of the charge
+        (`python -m bench.heldout`, DeepSeek-V3 prefill at EP32: 0.023), decode at EP144 for a tenth; ESFT and
+        OLMoE shapes (small experts, but milliseconds or less of load over fewer ranks) keep the whole charge."""
+        if self.load_ms <= 0:
+            return 1.0
+        topo = head.topology
+        bw = topo.tier_bandwidth
+        slowest = float(bw[int(Tier.OTHER_NODE if topo.nodes > 1 else Tier.SAME_NODE)])
+        here = self.expert_bytes / slowest / len(head.active_ranks) / self.load_ms
+        there = DEEPSEEK_V3_EXPERT_BYTES / float(bw[int(Tier.OTHER_NODE)]) / CHARGE_REF_RANKS / CHARGE_REF_LOAD_MS
+        return min(1.0, here / there)
 
     def op_gain(self, head: RoutingTable) -> float:
         """What each copy of a plan on `head` must gain, as a fraction of its layer's objective."""

@@ -109,3 +109,35 @@ def test_a_plan_that_still_leaves_a_large_gap_is_planned_again_from_its_own_tabl
     assert np.array_equal(pl.table.phy2log, apply_ops(head, pl.ops).phy2log)
     assert "then, still" in pl.note, pl.note
     assert pl.estimated_gain > first.estimated_gain
+
+
+def test_a_polish_copy_is_charged_less_where_it_costs_less_serving_time() -> None:
+    """The stuck layer of the test above, with each copy charged more (min_op_gain 0.03): at decode's load a
+    swap does not pay its two copies (2 x 3 x 0.03 of the layer against its 15 / 115 gain) and the plan stays
+    stuck; at a prefill step's (600 ms of load) the same copy costs a fraction of the serving time it can save,
+    its charge falls with it (DecisionParams.copy_charge_scale) and the swap goes through. The charge never
+    rises above polish_lam, and the cost-benefit test off (load_ms 0) keeps it."""
+    import numpy as np
+
+    from controlplane.cost import DEEPSEEK_V3_EXPERT_BYTES
+    from controlplane.planners import PlanInput, greedy
+    from controlplane.table import initial_table
+    from controlplane.topology import Topology
+
+    head = initial_table(Topology(1, 4, 2), 1, 8)
+    load = np.array([60, 55, 50, 50, 50, 50, 45, 40], dtype=np.int64)
+    inp = PlanInput(load[None, None, :], 1, np.zeros((1, 8), dtype=bool), None, load[None, :].astype(np.float64))
+
+    def knobs(load_ms: float, expert_bytes: int = DEEPSEEK_V3_EXPERT_BYTES) -> tuple[float, int]:
+        p = DecisionParams(min_op_gain=0.03, load_ms=load_ms, expert_bytes=expert_bytes)
+        k = p.knobs(head)
+        return k.polish_lam, len(greedy(head, inp, p.cost_model(4), k).ops)
+
+    assert knobs(12.0) == (3.0, 0)  # decode: the whole charge, stuck
+    assert knobs(0.0) == (3.0, 0)  # no cost-benefit figures: as tuned
+    lam, ops = knobs(600.0)  # prefill: a copy of the same expert repays 50 x sooner
+    assert lam < 3.0 / 10 and ops == 1, (lam, ops)  # one swap: the layer at an even split
+    assert knobs(600.0, expert_bytes=10 * DEEPSEEK_V3_EXPERT_BYTES)[0] == pytest.approx(10 * lam)  # pro rata of bytes
+    one = DecisionParams(min_op_gain=0.03, load_ms=12.0)
+    ep64 = initial_table(Topology(8, 8, 5), 1, 256)  # where polish_lam was tuned: exactly 1
+    assert one.copy_charge_scale(ep64) == 1.0
