@@ -139,7 +139,8 @@ class DecisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     worth_margin: float = DecisionParams.worth_margin
     # where the planner's one-at-a-time moves are stuck short of tau, it may still re-pack or exchange layers
     # when the load is polish_theta above an even split (0: never), each copied slot charged polish_lam times
-    # the ordinary bar: fewer bytes with a larger polish_lam (controlplane.decision, DecisionParams)
+    # the ordinary bar: fewer bytes with a larger polish_lam (controlplane.decision, DecisionParams; less where a
+    # copy costs less serving time per ms of load than at DeepSeek-V3 decode EP64: copy_charge_scale)
     polish_theta: float = DecisionParams.polish_theta
     polish_lam: float = DecisionParams.polish_lam
 

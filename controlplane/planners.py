@@ -218,7 +218,7 @@ def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs
     except InvalidOperation:  # a planner defect must not take the controller down: the greedy plan stands
         return as_greedy
     on = retarget.layer_objective(planned, X).astype(np.float64)
-    what = f"greedy stuck (copies x{lam_x:g})" if polish else "large gap"
+    what = f"greedy stuck (copies x{lam_x:.3g})" if polish else "large gap"
     note = (f"{what}: head {o0.sum() / floor:.3f} x an even split, greedy plan {og.sum() / floor:.3f}, full "
             f"re-pack {objs[0].sum() / floor:.3f}; {len(wide)} of {L} layers re-packed ({len(more)} ops), "
             f"{float(on.sum()) / floor:.3f} planned")
