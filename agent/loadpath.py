@@ -59,10 +59,14 @@ class LocalWindows:
         self._closed_upto = -1
 
     def next_open_step(self, first_step: int, steps: int) -> int:
-        """The first step of the first window this node has not closed, when a report of `steps` steps from
+        """The first step of the first window no report has reached yet, when a report of `steps` steps from
         `first_step` ends more than a window before the newest window closed here (its engine restarted and
-        counts from 0 again: it should go on from there); else 0 (a report a window late is only dropped)."""
-        return (self._closed_upto + 1) * self.W if first_step + steps <= self._closed_upto * self.W else 0
+        counts from 0 again: it should go on from there); else 0 (a report a window late is only dropped). Not
+        an open window: it holds the steps the engine ran before it restarted, which the new count would add
+        to (a window of 20 steps counting 31); it closes once the new count is a window past it."""
+        if first_step + steps > self._closed_upto * self.W:
+            return 0
+        return (max([self._closed_upto, *self._open]) + 1) * self.W
 
     def add(self, shim_id: str, first_step: int, steps: int, counts: U32,
             rows: npt.NDArray[np.uint32] | None = None) -> list[ClosedWindow]:

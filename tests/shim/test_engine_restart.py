@@ -33,6 +33,22 @@ def test_local_windows_name_where_a_restarted_engine_goes_on() -> None:
     assert lw.next_open_step(0, 5) == 50 and lw.next_open_step(30, 5) == 50  # far behind: go on at 50
 
 
+def test_a_restarted_engine_goes_on_past_the_window_its_first_run_left_open() -> None:
+    """The engine stopped 5 steps into window 5 (steps 50-54 reported, the window open). Its restart goes on at
+    60, not 50: window 5 keeps only what the first run reported, instead of adding the new count's steps 50-59
+    to it (15 steps of load in a 10-step window), and closes once the new count is a window past it."""
+    lw = LocalWindows(L, E, W)
+    step = np.ones((L, E), np.uint32)  # one token of each expert a step
+    for s in range(0, 55, 5):
+        lw.add("a", s, 5, 5 * step)
+    assert lw.next_open_step(0, 5) == 60
+    closed = lw.add("a", 60, 10, 10 * step)  # window 6, all of it: window 5 still open
+    assert closed == []
+    closed = lw.add("a", 70, 5, 5 * step)  # the new count a window past window 5
+    assert [w.seq for w in closed] == [5, 6]
+    assert int(closed[0].counts[0, 0]) == 5 and int(closed[1].counts[0, 0]) == 10  # window 5: the first run's 5
+
+
 def test_the_ranks_renumber_together_from_the_largest_step_an_agent_asked_for() -> None:
     topo = Topology(1, 2, 8)
     boot = genesis_table("static", topo, L, E).phy2log
