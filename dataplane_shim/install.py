@@ -81,17 +81,23 @@ class Installer:
         self._retry_at = 0       # no re-arm before this step (backoff after a failed install)
         self._failed_in_row = 0
         self._stall_at = stall_steps
+        # renumbering (a restarted engine): the step at which an agent's answer was first agreed, while waiting
+        # for every rank's agent to answer; at most go_on_wait steps (two reports of every rank, one agreement)
+        self._go_on_since: int | None = None
+        self.go_on_wait = 2 * core.report_every + agree_every
 
     # ---- schedule ----------------------------------------------------------------------------------
     def agreement_due(self) -> bool:
         return self.step % self.agree_every == 0
 
     def agreement_vector(self) -> npt.NDArray[np.int64]:
-        """int64 [5]: the core's (newest, -oldest), (step, -step): the MIN-reduction also proves every rank is at
-        the same step of the schedule, and -(the step its agent said to go on from): every rank learns the
-        largest and renumbers its load steps from it at the same step (`PluginCore.go_on_from`)."""
+        """int64 [6]: the core's (newest, -oldest), (step, -step): the MIN-reduction also proves every rank is at
+        the same step of the schedule, -(the step its agent said to go on from) and whether it said one (0 or
+        1): every rank learns the largest, and whether every rank's agent has answered, and renumbers its load
+        steps from it at the same step (`renumber`)."""
+        ns = self.core.link.next_step
         return np.concatenate([self.core.agreement_vector(),
-                               np.array([self.step, -self.step, -self.core.link.next_step], np.int64)])
+                               np.array([self.step, -self.step, -ns, int(ns > 0)], np.int64)])
 
     def agreed(self, reduced: npt.ArrayLike) -> RoutingTable | None:
         """From the MIN-reduced agreement vector: queue the agreed table (if newer than what is in flight)."""
@@ -99,7 +105,7 @@ class Installer:
         if int(red[2]) != int(-red[3]):  # a broken invariant: the ranks are not in lockstep; fail loudly
             raise ShimError(f"rank {self.rank}: the EP ranks disagree on the plugin's step ({int(red[2])}.."
                             f"{int(-red[3])}): the agreement schedule is not shared")
-        self.core.go_on_from(int(-red[4]))
+        self.renumber(int(-red[4]), len(red) > 5 and int(red[5]) > 0)
         table = self.core.decide(red[:2])
         if table is None:
             return None
@@ -112,6 +118,22 @@ class Installer:
                      self.inflight.version if self.inflight is not None else -1)
         self.queued = table
         return table
+
+    def renumber(self, go_on: int, everyone: bool) -> None:
+        """The largest step any rank's agent said to go on from (`go_on`; its engine restarted and counts from 0
+        while the agents' windows are past that), and whether every rank's agent has said one: renumber once
+        every rank's agent has answered, or `go_on_wait` steps after the first answer was agreed (an agent that
+        never answers: its windows are not past the count). Agents on different nodes may answer different
+        steps (one has closed a window the other has not); renumbering at the first answer and again at a
+        larger one would jump twice. Every rank decides from the same reduced vector at the same step."""
+        if go_on <= self.core.next_step_number:
+            self._go_on_since = None
+            return
+        if self._go_on_since is None:
+            self._go_on_since = self.step
+        if everyone or self.step - self._go_on_since >= self.go_on_wait:
+            self.core.go_on_from(go_on)
+            self._go_on_since = None
 
     def to_arm(self) -> RoutingTable | None:
         """The table to hand the engine's rearrangement at this step, or None (busy, nothing queued, backoff)."""

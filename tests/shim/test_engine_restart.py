@@ -49,7 +49,9 @@ def test_a_restarted_engine_goes_on_past_the_window_its_first_run_left_open() ->
     assert int(closed[0].counts[0, 0]) == 5 and int(closed[1].counts[0, 0]) == 10  # window 5: the first run's 5
 
 
-def test_the_ranks_renumber_together_from_the_largest_step_an_agent_asked_for() -> None:
+def _ranks(answers: dict[int, tuple[int, int]], steps: int) -> tuple[list[PluginCore], list[FakeLink], list[int]]:
+    """Two ranks (report every 5 steps, agree every 4) whose agents answer `answers[rank] = (at step, go on
+    from)`; returns the cores, their links and the steps at which the ranks renumbered (every rank's)."""
     topo = Topology(1, 2, 8)
     boot = genesis_table("static", topo, L, E).phy2log
     links = [FakeLink(), FakeLink()]
@@ -57,21 +59,44 @@ def test_the_ranks_renumber_together_from_the_largest_step_an_agent_asked_for() 
              for g, link in enumerate(links)]
     insts = [Installer(c, agree_every=4, stall_steps=1 << 30, rank=c.rank) for c in cores]
     load = np.ones((L, E), np.int64)
-    links[1].next_step = 700  # rank 1's agent has closed windows up to step 700; rank 0's said nothing
-    for step in range(12):
+    renumbered = []
+    for step in range(steps):
+        for g, (at, go_on) in answers.items():
+            if step == at:
+                links[g].next_step = go_on
         for i in insts:
             i.step = step
         if insts[0].agreement_due():
             red = np.min([i.agreement_vector() for i in insts], axis=0)
+            before = [c.next_step_number for c in cores]
             for i in insts:
                 i.agreed(red)
+            moved = [c.next_step_number != b for c, b in zip(cores, before, strict=True)]
+            assert len(set(moved)) == 1, moved  # every rank or none
+            renumbered += [step] if moved[0] else []
         for c in cores:
             c.add_load(load)
             c.maybe_report()
-    # renumbered at the agreement of step 0, both: steps 0.. are 700.. on both ranks, reports aligned
-    assert [[int(r.first_step) for r in link.sent] for link in links] == [[700, 705], [700, 705]]
-    assert [c.next_step_number for c in cores] == [712, 712]
-    assert not cores[0].go_on_from(700)  # behind the count: nothing to do
+    return cores, links, renumbered
+
+
+def test_the_ranks_renumber_once_every_ranks_agent_has_answered_to_the_largest_step() -> None:
+    """Rank 1's agent answers 700 at once, rank 0's (another node, one more window closed) 720 at step 6: the
+    ranks renumber once, at the first agreement after both answered (step 8), to 720; not to 700 at step 0 and
+    again to 720 at step 8."""
+    cores, links, renumbered = _ranks({1: (0, 700), 0: (6, 720)}, 16)
+    assert renumbered == [8]
+    assert [[int(r.first_step) for r in link.sent] for link in links] == [[0, 720], [0, 720]]
+    assert [c.next_step_number for c in cores] == [728, 728]
+    assert not cores[0].go_on_from(720)  # behind the count: nothing to do
+
+
+def test_the_ranks_renumber_without_an_agent_that_never_answers() -> None:
+    """Rank 0's agent never answers (its windows are not past the count): the ranks renumber to rank 1's answer
+    go_on_wait steps (2 reports + 1 agreement: 14) after it was first agreed, at the agreement of step 16."""
+    cores, links, renumbered = _ranks({1: (0, 700)}, 20)
+    assert renumbered == [16]
+    assert [c.next_step_number for c in cores] == [704, 704]
 
 
 @pytest.mark.slow
@@ -116,9 +141,10 @@ def test_an_engine_restarted_under_running_agents_reports_into_their_windows_aga
         assert newest_window() >= before + 5, (before, newest_window())
     said = [r.getMessage() for r in caplog.records if "renumbered" in r.getMessage()]
     to = Counter(int(m.split(" to ")[1].split()[0]) for m in said)
-    # every rank renumbers once, at one agreement, to one step past the agents' windows. (A report of the old
-    # count acked after that is told a later step: that ack is ignored, `LinkThread.go_on_from`; before it was,
-    # one run under the whole suite's load renumbered every rank a second time, 21 -> 180 -> 200)
+    # every rank renumbers once, at one agreement, to one step past the agents' windows. Two runs under the
+    # whole suite's load renumbered every rank twice, 21 -> 180 -> 200: a report of the old count acked late
+    # (now ignored: `LinkThread.go_on_from`), and the two agents answering 180 and 200 at different agreements
+    # (the ranks now wait for every rank's agent: `Installer.renumber`)
     assert len(to) == 1 and all(n == 4 for n in to.values()) and min(to) >= before * 20, said
     logs = [cluster.log(k).read_text() for k in range(2)]
     assert all("its engine is told to go on from step" in t for t in logs), logs[0][-2000:]
