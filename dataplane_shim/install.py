@@ -105,7 +105,7 @@ class Installer:
         if int(red[2]) != int(-red[3]):  # a broken invariant: the ranks are not in lockstep; fail loudly
             raise ShimError(f"rank {self.rank}: the EP ranks disagree on the plugin's step ({int(red[2])}.."
                             f"{int(-red[3])}): the agreement schedule is not shared")
-        self.renumber(int(-red[4]), len(red) > 5 and int(red[5]) > 0)
+        self.renumber(int(-red[4]), int(red[5]) > 0)
         table = self.core.decide(red[:2])
         if table is None:
             return None
