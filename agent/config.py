@@ -143,6 +143,10 @@ class DecisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # copy costs less serving time per ms of load than at DeepSeek-V3 decode EP64: copy_charge_scale)
     polish_theta: float = DecisionParams.polish_theta
     polish_lam: float = DecisionParams.polish_lam
+    # a window this far above an even split spends the whole error budget at once (a drift is acted on one
+    # window after it shows, not budget_windows), and lets the planner re-pack whole layers; never below theta
+    # (a theta above it raises it to theta)
+    fast_theta: float = DecisionParams.fast_theta
 
     def validate(self) -> None:
         # replay_windows keeps that many [layers, experts] windows in memory
@@ -155,6 +159,7 @@ class DecisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         _need(self.polish_theta == 0.0 or 1.0 <= self.polish_theta <= 1e6, "decision.polish_theta", self.polish_theta,
               "a ratio >= 1.0 (0: off)")
         _need(0.0 <= self.polish_lam <= 1e6, "decision.polish_lam", self.polish_lam, "a factor >= 0")
+        _need(1.0 <= self.fast_theta <= 1e6, "decision.fast_theta", self.fast_theta, "a ratio >= 1.0")
         _need(self.theta >= 1.0, "decision.theta", self.theta, "a ratio >= 1.0")
         _need(0.0 <= self.tau < 1.0, "decision.tau", self.tau, "a fraction in [0, 1)")
         _need(self.planner in PLANNERS, "decision.planner", self.planner, f"one of {sorted(PLANNERS)}")

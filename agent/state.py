@@ -54,6 +54,19 @@ def _epoch_ms(wall: Callable[[], float] | None) -> Callable[[], int]:
     return lambda: int(clock() * 1000)
 
 
+def decision_params(cfg: AgentConfig) -> DecisionParams:
+    """The decision core's knobs from an agent's config (its `decision` section and the cluster's expert bytes)."""
+    d = cfg.decision
+    return DecisionParams(window=d.window, theta=d.theta, budget_windows=d.budget_windows, tau=d.tau,
+                          rollback_windows=d.rollback_windows, max_ops=d.max_ops,
+                          replay_windows=d.replay_windows, expert_bytes=cfg.cluster.expert_bytes, planner=d.planner,
+                          sample_every=d.sample_every, load_ms=d.load_ms,
+                          horizon_windows=d.horizon_windows, worth_margin=d.worth_margin,
+                          polish_theta=d.polish_theta, polish_lam=d.polish_lam,
+                          # the fast path triggers on a big breach; never below the plain threshold
+                          fast_theta=max(d.theta, d.fast_theta))
+
+
 class NodeState:
     """One node, built complete: constructing it recovers the store, builds every part on the recovered head
     and starts the protocols; the object returned serves until stop() (then close()). The real process
@@ -98,15 +111,7 @@ class NodeState:
         self.topology = Topology(c.nodes, c.ranks_per_node, c.slots_per_rank)
         self.data_dir = Path(cfg.data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        d = cfg.decision
-        self.params = DecisionParams(window=d.window, theta=d.theta, budget_windows=d.budget_windows, tau=d.tau,
-                                     rollback_windows=d.rollback_windows, max_ops=d.max_ops,
-                                     replay_windows=d.replay_windows, expert_bytes=c.expert_bytes, planner=d.planner,
-                                     sample_every=d.sample_every, load_ms=d.load_ms,
-                                     horizon_windows=d.horizon_windows, worth_margin=d.worth_margin,
-                                     polish_theta=d.polish_theta, polish_lam=d.polish_lam,
-                                     # the fast path triggers on a big breach; never below the plain threshold
-                                     fast_theta=max(d.theta, DecisionParams.fast_theta))
+        self.params = decision_params(cfg)
         self._table_waiters: list[asyncio.Future[None]] = []
         self._health = "STARTING"
         self._presence: RankPresence | None = None  # the local link's rank presence, once served (serve_shim)

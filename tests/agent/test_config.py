@@ -101,6 +101,7 @@ def test_profiles_fill_defaults_and_fields_override() -> None:
         ({"node_id": "n", "decision": {"sample_every": -1}}, "decision.sample_every = -1"),
         ({"node_id": "n", "decision": {"polish_theta": 0.5}}, "decision.polish_theta = 0.5: expected a ratio >= 1.0"),
         ({"node_id": "n", "decision": {"polish_lam": -1.0}}, "decision.polish_lam = -1.0: expected a factor >= 0"),
+        ({"node_id": "n", "decision": {"fast_theta": 0.9}}, "decision.fast_theta = 0.9: expected a ratio >= 1.0"),
     ],
 )
 def test_errors_name_field_and_value(raw: dict[str, object], needle: str) -> None:
@@ -267,3 +268,17 @@ def test_advertise_address() -> None:
     assert cfg.advertise_address == "host1:7400"
     with pytest.raises(ConfigError, match="advertise = '0.0.0.0:7400'"):
         from_dict({"node_id": "n1", "advertise": "0.0.0.0:7400"})
+
+
+def test_the_agent_plans_with_the_fast_theta_its_config_sets_never_below_theta() -> None:
+    """decision.fast_theta reaches the decision core (agent.state.decision_params); a theta above it raises it,
+    as before the setting existed (a config that sets only theta = 1.5 still starts)."""
+    from agent.state import decision_params
+    from controlplane.controller import DecisionParams
+
+    assert decision_params(from_dict({"node_id": "n"})).fast_theta == DecisionParams.fast_theta
+    assert decision_params(from_dict({"node_id": "n", "decision": {"fast_theta": 1.6}})).fast_theta == 1.6
+    assert decision_params(from_dict({"node_id": "n", "decision": {"theta": 1.5}})).fast_theta == 1.5
+    p = decision_params(from_dict({"node_id": "n", "decision": {"polish_lam": 2.0, "load_ms": 30.0}}))
+    assert (p.polish_lam, p.load_ms) == (2.0, 30.0)  # and the rest of the section, as before
+
