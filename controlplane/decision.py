@@ -165,8 +165,8 @@ class DecisionParams:
             return 1.0
         topo = head.topology
         bw = topo.tier_bandwidth
-        slowest = float(bw[int(Tier.OTHER_NODE if topo.nodes > 1 else Tier.SAME_NODE)])
-        here = self.expert_bytes / slowest / len(head.active_ranks) / self.load_ms
+        link = float(bw[int(Tier.OTHER_NODE if topo.nodes > 1 else Tier.SAME_NODE)])  # a copy's tier here
+        here = self.expert_bytes / link / len(head.active_ranks) / self.load_ms
         there = DEEPSEEK_V3_EXPERT_BYTES / float(bw[int(Tier.OTHER_NODE)]) / CHARGE_REF_RANKS / CHARGE_REF_LOAD_MS
         return min(1.0, here / there)
 

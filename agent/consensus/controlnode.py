@@ -246,8 +246,7 @@ class ControlNode:
     def learn(self, c: pb.ControlCommit) -> str:
         """Adopt certified `c` if it is newer than ours (durably first); "" or why it was refused."""
         why = check_commit(c, self.voters)
-        if not why and self.signer is not None and (c.record.node_id == self.node_id
-                                                   or self.signs_control(c.record.node_id)):
+        if not why and self.signer is not None and self.must_sign(c.record.node_id):  # a writer that signs
             why = self.signer.check_control(c, self.must_sign)
         if why:
             return f"INVALID_ARGUMENT: {why}"
