@@ -42,7 +42,7 @@ pytestmark = pytest.mark.slow
 
 # The previous release: the last commit landed on main before this one. Move it forward when a release lands
 # (to the commit this tree's first parent on main is); EMOE_UPGRADE_FROM overrides it (a commit or a tag).
-PREVIOUS = os.environ.get("EMOE_UPGRADE_FROM", "3cef388ac2bb9c54bc5f35ba06ded1ea7ad53bd4")
+PREVIOUS = os.environ.get("EMOE_UPGRADE_FROM", "be6fb0ee9e40398c3d79aec39776d740380ea7a0")
 
 ROOT = Path(__file__).resolve().parents[2]
 L, E, NODES, RPN, S = 2, 8, 3, 2, 4
