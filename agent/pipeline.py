@@ -28,6 +28,8 @@ from controlplane.controller import (
     Explain,
     ManualProposal,
     OpTransition,
+    PlanReady,
+    PlanRequest,
     ProposalFailed,
     Ready,
     Record,
@@ -35,7 +37,7 @@ from controlplane.controller import (
     TableCommitted,
     WindowClosed,
 )
-from controlplane.decision import Decision
+from controlplane.decision import Attempt, Decision, DecisionOutcome
 from controlplane.ops import Operation, describe
 from controlplane.profile import StabilityProfile
 from controlplane.table import RoutingTable, copied_slots
@@ -87,6 +89,19 @@ def _no_wall_clock() -> int:
     return 0
 
 
+PlanRunner = Callable[[PlanRequest, Callable[[Attempt], None]], None]
+
+
+def plan_here(request: PlanRequest, done: Callable[[Attempt], None]) -> None:
+    """Run a plan at once, on the caller's thread (the default: the bench and the simulated cluster)."""
+    done(request.run())
+
+
+def failed_plan(request: PlanRequest, error: BaseException) -> Attempt:
+    """The Attempt a planner that raised is reported as (a defect: the caller logs the traceback)."""
+    return Attempt(None, DecisionOutcome.PLANNER_ERROR, f"the planner raised {type(error).__name__}: {error}")
+
+
 def window_rows(total: npt.NDArray[np.uint64], samples: npt.NDArray[np.uint32] | None,
                 window: int) -> npt.NDArray[np.uint32]:
     """What the controller and the replay see of a window: its sampled steps [S, L, E], or, without samples
@@ -120,19 +135,23 @@ class DecisionPipeline:
     the operator: 0, the default, where there is none, as in the simulator), `telemetry`, `hooks` (what a
     harness observes), and `each_window`,
     the node's own duties for a window (a rank restore, install lag), run after the window is remembered and
-    before the controller decides on it."""
+    before the controller decides on it, and `run_plan(request, done)`, which computes a rebalance and calls
+    `done(attempt)` on the pipeline's own thread: at once by default (`plan_here`); the agent runs it on a
+    worker thread (agent.state.NodeState), so that a plan does not stall its event loop."""
 
     def __init__(self, node_id: str, params: DecisionParams, backend: Proposals, voter: Voter, *,
                  voters: Sequence[str], live_voters: Callable[[], list[str]], handover_windows: int, clock: Now,
                  telemetry: DecisionTelemetry, hooks: Hooks | None = None,
                  each_window: Callable[[], None] = _nothing, profile: StabilityProfile | None = None,
-                 wall_ms: Callable[[], int] = _no_wall_clock) -> None:
+                 wall_ms: Callable[[], int] = _no_wall_clock, run_plan: PlanRunner = plan_here) -> None:
         """`profile`: an offline expert-stability profile as the planner's prior (the agent loads none)."""
         self.node_id, self.params, self.backend, self.voter = node_id, params, backend, voter
         self.voters, self.live_voters, self.handover_windows = list(voters), live_voters, handover_windows
         self.clock, self.telemetry, self.each_window, self.wall_ms = clock, telemetry, each_window, wall_ms
+        self.run_plan = run_plan
         self.hooks = hooks if hooks is not None else Hooks()
-        self.controller = Controller(params, backend.head, profile)  # plans from the backend's (recovered) head
+        # plans from the backend's (recovered) head; its rebalances go through run_plan
+        self.controller = Controller(params, backend.head, profile, defer_plans=True)
         self._paused = False  # as the controller was told (SetPaused)
         self.window_seq = -1  # the last closed window
         self.head_seq = -1  # the last closed window when the head was installed (the planner's turn)
@@ -205,7 +224,7 @@ class DecisionPipeline:
         """The controller's manual event: the decision it made of `ops` (not yet proposed: the caller proposes
         it, and may await its outcome; any other proposal it made, proposed), or None and why it refused."""
         ready = self.controller.step(ManualProposal(ops, force, why))
-        proposals = list(ready.proposals)
+        proposals, plans = list(ready.proposals), list(ready.plans)
         explains = [e for e in ready.events if isinstance(e, Explain)]
         self.journal.extend(ready.persist)
         self.controller.advance()
@@ -213,6 +232,8 @@ class DecisionPipeline:
         for d in proposals:
             if d not in mine:
                 self.propose(d)
+        for req in plans:
+            self._run(req)
         if not mine:
             ex = explains[-1] if explains else None
             refused = f"{ex.outcome if ex else 'REFUSED'}: {ex.detail if ex else ''}".rstrip(": ")
@@ -277,9 +298,11 @@ class DecisionPipeline:
         - advance before sending: a re-entrant step (a proposal that fails at once) does not see these again;
         - install: what the controller took as its new head must be the backend's (they learn commits together);
         - report: its last Explain is what `emoe explain` shows for version 0; lifecycle moves are counted;
-        - send: each proposal goes to the commit backend."""
+        - send: each proposal goes to the commit backend;
+        - plan: each rebalance the controller asked for goes to `run_plan`, whose answer comes back as PlanReady."""
         self.journal.extend(ready.persist)
         proposals, installs, events = list(ready.proposals), list(ready.install), list(ready.events)
+        plans = list(ready.plans)
         self.controller.advance()
         for t in installs:
             if t.version > self.backend.head.version:
@@ -296,6 +319,16 @@ class DecisionPipeline:
                 self.telemetry.record_transition(e.kind, e.state)
         for decision in proposals:
             self.propose(decision)
+        for req in plans:
+            self._run(req)
+
+    def _run(self, req: PlanRequest) -> None:
+        self.run_plan(req, lambda attempt: self.step(PlanReady(req, attempt)))
+
+    @property
+    def planning(self) -> bool:
+        """Whether a plan this node asked for is being computed."""
+        return self.controller.planning is not None
 
     def propose(self, decision: Decision, force: bool = False, done: asyncio.Future[Outcome] | None = None) -> None:
         """Send `decision` to the commit backend; its outcome is recorded, reported, and (a failure) handed back

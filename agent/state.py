@@ -26,7 +26,8 @@ from agent.fingerprint import FingerprintCheck, fingerprint
 from agent.installs import Installs
 from agent.loadpath import LoadPath
 from agent.manual import ManualPath
-from agent.pipeline import DecisionPipeline
+from agent.offloop import OffLoopPlanner
+from agent.pipeline import DecisionPipeline, PlanRunner, plan_here
 from agent.reactions import MembershipReactions
 from agent.rejoin import Rejoin
 from agent.voter import Voter
@@ -94,7 +95,8 @@ class NodeState:
         """`had_store`: whether this node ran before, so that an empty store means a lost one (default: the
         data_dir's marker). `wall`: the time of day (seconds since the epoch) each proposed plan carries for
         the operator (`emoe history`); default: the system's with the real clock, none (0) with an injected
-        clock, so that a simulated cluster stays reproducible from its seed. Raises agent.store.StoreCorrupt,
+        clock, so that a simulated cluster stays reproducible from its seed. Likewise, with the real clock the
+        node computes its plans on a worker thread (agent.offloop), with an injected one at once. Raises agent.store.StoreCorrupt,
         StoreNewer or agent.datadir.DataDirError when the store cannot be recovered."""
         from agent.clock import RealClock
         from agent.consensus.node import ConsensusNode
@@ -122,6 +124,8 @@ class NodeState:
         self.telemetry: Telemetry = telemetry or Telemetry.from_env(cfg.telemetry.enabled, node_id=self.node_id)
         if wall is None and clock is None:
             wall = time.time
+        self.planner_thread = OffLoopPlanner(self.node_id) if clock is None else None
+        run_plan: PlanRunner = self.planner_thread if self.planner_thread is not None else plan_here
         self.clock: Clock = clock or RealClock()
         self.store: Store = store or Store(self.data_dir / LOG_NAME)
         now = self.clock.now
@@ -171,7 +175,7 @@ class NodeState:
             self.node_id, self.params, backend, voter, voters=self._voters, live_voters=self._live_voters,
             handover_windows=cfg.decision.handover_windows, clock=self.clock, telemetry=self.telemetry,
             each_window=lambda: self.reactions.each_window(),
-            wall_ms=_epoch_ms(wall))
+            wall_ms=_epoch_ms(wall), run_plan=run_plan)
         self.pipeline.paused = self._paused(self.pause.record)  # the switch as recovered
         self.manual = ManualPath(self.pipeline, backend, self.pause, self.clock)
         rejoin = Rejoin(self.clock, ranks, cfg.gossip.rejoin_ms / 1000, self.manual.restore_now)
@@ -225,6 +229,8 @@ class NodeState:
         self.gossip.stop()
         self.pause.stop()
         self.consensus.stop()
+        if self.planner_thread is not None:
+            self.planner_thread.close()
 
     async def close(self) -> None:
         await self.consensus.close()

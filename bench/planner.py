@@ -17,6 +17,9 @@ per-step figures are the load monitor's, computed when the window closed (the tr
 are prepared outside the timed region. `cpu_median_ms` is the same in process CPU time (robust to other
 load on the machine); `from_scratch_median_ms` times the same decision with them computed inside,
 and `voter_verify_ms` a voter's independent `verify_decision` (full replay of the head + changed layers).
+`loop_stall_ms` is the longest an asyncio event loop went without running (a 1 ms heartbeat) while the same
+decision was computed on the loop (`on_loop`: what every agent did before its plans moved to a worker thread) and
+through the agent's `agent.offloop.OffLoopPlanner` (`off_loop`: what the agent does), with each one's wall time.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # one
     os.environ[_v] = "1"
 
 import argparse  # noqa: E402
+import asyncio  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
 
@@ -106,6 +110,49 @@ def _buffer(head: RoutingTable, counts: npt.NDArray[np.uint32], warm: bool, bloc
     return buf
 
 
+def loop_stall(head: RoutingTable, counts: npt.NDArray[np.uint32], params: DecisionParams,
+               off_loop: bool) -> tuple[float, float]:
+    """(the longest gap of a 1 ms heartbeat on an event loop, the decision's wall time), both in ms, while one
+    decision is computed on that loop or through the agent's OffLoopPlanner."""
+    from agent.offloop import OffLoopPlanner
+    from controlplane.controller import PlanRequest
+    from controlplane.decision import Attempt
+
+    cool = np.zeros((head.layers, head.experts), dtype=bool)
+    req = PlanRequest(0, head, _buffer(head, counts, True, params.plan_block, params.window), params, None, cool,
+                      "bench", False, 0.0)
+
+    async def run() -> tuple[float, float]:
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Attempt] = loop.create_future()
+        gaps: list[float] = []
+
+        async def beat() -> None:
+            last = time.perf_counter()
+            while not done.done():
+                await asyncio.sleep(0.001)
+                now = time.perf_counter()
+                gaps.append(now - last)
+                last = now
+
+        hb = asyncio.create_task(beat())
+        await asyncio.sleep(0.02)
+        gaps.clear()
+        t0 = time.perf_counter()
+        planner = OffLoopPlanner("bench")
+        if off_loop:
+            planner(req, done.set_result)
+        else:
+            done.set_result(req.run())
+        await done
+        wall = time.perf_counter() - t0
+        await hb
+        planner.close()
+        return max(gaps) * 1e3, wall * 1e3
+
+    return asyncio.run(run())
+
+
 def measure(repeats: int, window: int, seed: int, case: str = "large") -> dict[str, object]:
     head, window_counts, params = setup(window, seed, case)
     counts = agent_rows(window_counts, params)
@@ -139,6 +186,8 @@ def measure(repeats: int, window: int, seed: int, case: str = "large") -> dict[s
         eplb_table(head, window_counts.sum(axis=0, dtype=np.int64))
         eplb.append(time.perf_counter() - t0)
     eplb_ms = float(np.median(eplb) * 1e3)
+    stalls = {mode: [loop_stall(head, counts, params, mode == "off_loop") for _ in range(max(1, min(repeats, 5)))]
+              for mode in ("on_loop", "off_loop")}
     return {
         "case": case,
         "source": source,
@@ -153,6 +202,8 @@ def measure(repeats: int, window: int, seed: int, case: str = "large") -> dict[s
         "cpu_median_ms": round(float(np.median(cpu) * 1e3), 3),
         "from_scratch_median_ms": round(float(np.median(scratch) * 1e3), 3),
         "voter_verify_median_ms": round(float(np.median(voter) * 1e3), 3) if voter else None,
+        "loop_stall_ms": {m: round(float(np.median([x[0] for x in v])), 1) for m, v in stalls.items()},
+        "loop_plan_wall_ms": {m: round(float(np.median([x[1] for x in v])), 1) for m, v in stalls.items()},
         "outcome": result.outcome,
         "ops": len(d.ops) if d else 0,
         "refused": len(result.refused),

@@ -14,6 +14,14 @@ while the previous change is still being observed, so that each change is judged
 after N windows, or as soon as its realised gain over the windows seen reaches tau (kept: nothing left to
 wait for, and a drift that goes on can be followed at once). When this controller's own restore of a rank
 commits, it proposes experts for the rank at once (controlplane.restore).
+
+A controller built with `defer_plans` does not compute a rebalance inside `step`: the window's Ready carries a
+PlanRequest (the head, a snapshot of the replay windows and the knobs), which the caller runs where it likes
+(the agent: on a worker thread, so that its event loop keeps answering probes and votes during a plan that
+takes a third of a second at DeepSeek-V3 size) and hands back as PlanReady. Windows that close meanwhile are
+judged and counted as always, but plan nothing (PLANNING). The plan is proposed only if the controller is still
+where it asked from: the same head, nothing in flight, not paused, no change under observation; else it is
+dropped (STALE_PLAN) and the next window plans afresh. Run at once, it decides exactly as `step` would.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 
 from controlplane.decision import (
     Attempt,
@@ -37,13 +46,14 @@ from controlplane.errors import ControlPlaneError, InvalidShape
 from controlplane.events import (
     Event,
     ManualProposal,
+    PlanReady,
     ProposalFailed,
     RanksLost,
     SetPaused,
     TableCommitted,
     WindowClosed,
 )
-from controlplane.monitor import LoadMonitor, WindowReport
+from controlplane.monitor import LoadMonitor, ReplayBuffer, WindowReport
 from controlplane.ops import EndReason, Lifecycle, OpState, Restore
 from controlplane.planner import Refused
 from controlplane.profile import StabilityProfile
@@ -53,8 +63,9 @@ from controlplane.verify import verify_decision
 from controlplane.worth import WorthTrigger
 
 __all__ = [
-    "Controller", "Decision", "DecisionParams", "Event", "Explain", "ManualProposal", "OpTransition", "ProposalFailed",
-    "ProposalRecord", "RanksLost", "Ready", "Refused", "Resolution", "SetPaused", "TableCommitted",
+    "Controller", "Decision", "DecisionParams", "Event", "Explain", "ManualProposal", "OpTransition", "PlanReady",
+    "PlanRequest", "ProposalFailed", "ProposalRecord", "RanksLost", "Ready", "Refused", "Resolution", "SetPaused",
+    "TableCommitted",
     "WindowClosed", "WindowReport", "verify_decision",
 ]
 
@@ -113,15 +124,36 @@ Record = ProposalRecord | Resolution
 TelemetryEvent = Explain | WindowReport | OpTransition
 
 
+@dataclass(frozen=True, eq=False)
+class PlanRequest:
+    """A rebalance to compute (a controller with `defer_plans`): `run()` is the pure decision
+    (controlplane.decision.rebalance) on what the controller saw when window `seq` closed, safe to call on
+    another thread while the controller goes on; hand its Attempt back as PlanReady(request, attempt)."""
+
+    seq: int
+    head: RoutingTable
+    buffer: ReplayBuffer  # a snapshot (ReplayBuffer.snapshot): the controller's own takes new windows meanwhile
+    params: DecisionParams
+    profile: StabilityProfile | None
+    cooldown: npt.NDArray[np.bool_]
+    trigger: str
+    low: bool  # planned under theta on the cost-benefit trigger (a refusal backs it off)
+    imbalance: float
+
+    def run(self) -> Attempt:
+        return rebalance(self.head, self.buffer, self.params, self.profile, self.cooldown, self.trigger)
+
+
 @dataclass
 class Ready:
     persist: list[Record] = field(default_factory=list)
     proposals: list[Decision] = field(default_factory=list)
     install: list[RoutingTable] = field(default_factory=list)
     events: list[TelemetryEvent] = field(default_factory=list)
+    plans: list[PlanRequest] = field(default_factory=list)  # to run, then step(PlanReady(...)) (defer_plans)
 
     def empty(self) -> bool:
-        return not (self.persist or self.proposals or self.install or self.events)
+        return not (self.persist or self.proposals or self.install or self.events or self.plans)
 
 
 def kind_of_trigger(trigger: str) -> str:
@@ -148,7 +180,8 @@ class _Observation:
 
 
 class Controller:
-    def __init__(self, params: DecisionParams, head: RoutingTable, profile: StabilityProfile | None = None) -> None:
+    def __init__(self, params: DecisionParams, head: RoutingTable, profile: StabilityProfile | None = None,
+                 defer_plans: bool = False) -> None:
         head.validate()
         if profile is not None and profile.shape != (head.layers, head.experts):
             raise InvalidShape(f"profile shape {profile.shape} does not match the table's {(head.layers, head.experts)}")
@@ -158,6 +191,8 @@ class Controller:
         self.worth = WorthTrigger(params.worth(), params.budget_windows, params.band)  # under theta
         self._ready = Ready()
         self._inflight: Decision | None = None
+        self.defer_plans = defer_plans
+        self._planning: PlanRequest | None = None  # the plan handed out and not yet back (defer_plans)
         self._life = Lifecycle()
         self._observe: _Observation | None = None
         self._rollback_due: _Observation | None = None
@@ -185,6 +220,8 @@ class Controller:
         elif isinstance(event, RanksLost):
             self._lost |= {int(r) for r in event.ranks if int(r) in self.head.active_ranks}
             self._propose_pending(event.planner)
+        elif isinstance(event, PlanReady):
+            self._on_plan_ready(event)
         elif isinstance(event, SetPaused):
             self._paused = event.paused
             self._note("", DecisionOutcome.PAUSED if event.paused else DecisionOutcome.RESUMED)
@@ -204,7 +241,13 @@ class Controller:
 
     @property
     def state(self) -> str:
-        return "proposing" if self._inflight else "observing" if self._observe else "idle"
+        return ("proposing" if self._inflight else "observing" if self._observe else "planning" if self._planning
+                else "idle")
+
+    @property
+    def planning(self) -> PlanRequest | None:
+        """The plan handed out and not yet back, if any (defer_plans)."""
+        return self._planning
 
     # ---- events ------------------------------------------------------------------------------
     def _on_window(self, ev: WindowClosed) -> None:
@@ -238,14 +281,40 @@ class Controller:
         elif self._observe is not None:
             o = self._observe
             self._note(trig, DecisionOutcome.OBSERVING, f"v{o.version} observed {o.windows}/{p.rollback_windows} windows")
+        elif self._planning is not None:
+            self._note(trig, DecisionOutcome.PLANNING, f"the plan of window {self._planning.seq} is being computed")
         elif ev.planner:
             self._note(trig, DecisionOutcome.NOT_DESIGNATED, f"{ev.planner} plans this window")
         else:
             self.monitor.budget.reset()  # an attempt spends the budget, whatever its outcome
-            a = rebalance(self.head, self.monitor.buffer, p, self.profile, self._cool_until >= seq, trig)
-            if low and a.decision is None:
-                self.worth.refused(seq, rep.imbalance)
-            self._attempt(a, trig)
+            req = PlanRequest(seq, self.head, self.monitor.buffer.snapshot() if self.defer_plans else self.monitor.buffer,
+                              p, self.profile, self._cool_until >= seq, trig, low, rep.imbalance)
+            if self.defer_plans:
+                self._planning = req
+                self._ready.plans.append(req)
+                return
+            self._planned(req, req.run())
+
+    def _on_plan_ready(self, ev: PlanReady) -> None:
+        req = ev.request
+        if req is not self._planning:
+            self._note(req.trigger, DecisionOutcome.STALE_PLAN, f"the plan of window {req.seq} was not asked for now")
+            return
+        self._planning = None
+        why = (f"the head moved to v{self.head.version} while it was computed" if self.head.version != req.head.version
+               else f"v{self._inflight.table.version} was proposed meanwhile" if self._inflight is not None
+               else "decisions were paused meanwhile" if self._paused
+               else "a change is under observation" if self._observe is not None else "")
+        if why:
+            self._note(req.trigger, DecisionOutcome.STALE_PLAN, f"planned on v{req.head.version} at window "
+                       f"{req.seq}: {why}")
+            return
+        self._planned(req, ev.attempt)
+
+    def _planned(self, req: PlanRequest, a: Attempt) -> None:
+        if req.low and a.decision is None:
+            self.worth.refused(req.seq, req.imbalance)
+        self._attempt(a, req.trigger)
 
     def _on_commit(self, ev: TableCommitted) -> None:
         t = ev.table

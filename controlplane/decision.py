@@ -218,6 +218,9 @@ class DecisionOutcome(StrEnum):
     BELOW_THETA = "BELOW_THETA"  # step imbalance under theta: the error budget holds
     BUDGET_NOT_SPENT = "BUDGET_NOT_SPENT"  # above theta, for fewer than budget_windows windows so far
     PROPOSAL_IN_FLIGHT = "PROPOSAL_IN_FLIGHT"
+    PLANNING = "PLANNING"  # this node's plan of an earlier window is still being computed (off the agent's loop)
+    STALE_PLAN = "STALE_PLAN"  # a plan computed off the loop came back after its head or the state it needs moved
+    PLANNER_ERROR = "PLANNER_ERROR"  # the planner raised (a defect): logged, nothing proposed
     PAUSED = "PAUSED"
     RESUMED = "RESUMED"
     OBSERVING = "OBSERVING"  # the last change is being judged on realised load

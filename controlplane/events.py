@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import numpy.typing as npt
 
 from controlplane.ops import Operation
 from controlplane.table import RoutingTable
+
+if TYPE_CHECKING:
+    from controlplane.controller import PlanRequest
+    from controlplane.decision import Attempt
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,16 @@ class SetPaused:
     paused: bool
 
 
-Event = WindowClosed | TableCommitted | ProposalFailed | ManualProposal | RanksLost | SetPaused
+@dataclass(frozen=True)
+class PlanReady:
+    """What `request.run()` returned (a controller that defers its plans handed the request out in its Ready):
+    proposed if the controller is still where it was when it asked (same head, nothing in flight, not paused,
+    no change under observation), else dropped as STALE_PLAN."""
+
+    request: PlanRequest
+    attempt: Attempt
+
+
+Event = WindowClosed | TableCommitted | ProposalFailed | ManualProposal | RanksLost | SetPaused | PlanReady
 
 

@@ -122,6 +122,14 @@ class ReplayBuffer:
         self._counts = None
         return w
 
+    def snapshot(self) -> ReplayBuffer:
+        """A copy that a planner may read on another thread while this one takes new windows: the same
+        windows (their arrays are read-only) and figures cached so far, in containers of its own."""
+        snap = ReplayBuffer(self.layers, self.experts, self.capacity, self.block, self._cached_tables)
+        snap.windows = deque(self.windows)
+        snap._cache = OrderedDict((k, dict(per)) for k, per in self._cache.items())
+        return snap
+
     @property
     def steps(self) -> int:
         return sum(int(w.counts.shape[0]) for w in self.windows)

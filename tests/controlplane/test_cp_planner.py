@@ -188,6 +188,8 @@ def test_bench_planner_prints_the_contract() -> None:
         assert out["case"] == case
         assert out["shape"] == [58, 256] and out["ranks"] == 64 and out["window"] == DecisionParams.window
         assert out["median_ms"] > 0 and out["p99_ms"] >= out["median_ms"]
+        assert set(out["loop_stall_ms"]) == set(out["loop_plan_wall_ms"]) == {"on_loop", "off_loop"}
+        assert all(v > 0 for v in out["loop_plan_wall_ms"].values())
     assert res["large"]["outcome"] == "PROPOSED" and res["large"]["verified_gain"] > 0.5
 
 
