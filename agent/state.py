@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import zlib
 from collections.abc import Callable
@@ -53,6 +54,37 @@ def _epoch_ms(wall: Callable[[], float] | None) -> Callable[[], int]:
         return lambda: 0
     clock = wall
     return lambda: int(clock() * 1000)
+
+
+def _by_number(node_id: str) -> list[tuple[int, int | str]]:
+    """A sort key that orders the numbers in an id by value: node2 before node10."""
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", node_id) if part]
+
+
+def voters_of(cfg: AgentConfig) -> list[str]:
+    """The voters: consensus.voters, else every seed, else this node alone."""
+    return list(cfg.consensus.voters) or sorted(cfg.seed_map) or [cfg.node_id]
+
+
+def rank_order_warning(cfg: AgentConfig) -> str:
+    """With `ranks` empty, a node owns the ranks of its place among the node ids sorted as strings
+    (NodeState._my_ranks). Where the ids carry numbers of different lengths (node2, node10) that place is not
+    their number's: node10 sorts second, and owns the ranks node2's engine most likely runs. Returns a warning
+    naming both when this node's place differs by number (empty otherwise, and with `ranks` set)."""
+    if cfg.ranks:
+        return ""
+    node_id, nodes, ranks_per_node = cfg.node_id, cfg.cluster.nodes, cfg.cluster.ranks_per_node
+    ids = sorted(set(voters_of(cfg)) | {node_id})
+    by_number = sorted(ids, key=_by_number)
+    at, there = ids.index(node_id) % nodes, by_number.index(node_id) % nodes
+    if at == there:
+        return ""
+    return (f"{node_id} owns ranks {at * ranks_per_node}-{(at + 1) * ranks_per_node - 1}: with `ranks` unset a "
+            f"node owns the ranks of its place among the node ids sorted as strings ({', '.join(ids[:4])}"
+            f"{', ...' if len(ids) > 4 else ''}), and {node_id} is number {at + 1} there but number {there + 1} "
+            f"by the number in its id (ranks {there * ranks_per_node}-{(there + 1) * ranks_per_node - 1}); set "
+            "`ranks` in each node's config to the global ranks of its engine, or name the nodes so that both "
+            "orders agree (node01, node02, ..., node10)")
 
 
 def decision_params(cfg: AgentConfig) -> DecisionParams:
@@ -117,7 +149,7 @@ class NodeState:
         self._table_waiters: list[asyncio.Future[None]] = []
         self._health = "STARTING"
         self._presence: RankPresence | None = None  # the local link's rank presence, once served (serve_shim)
-        self._voters = list(cfg.consensus.voters) or sorted(cfg.seed_map) or [cfg.node_id]
+        self._voters = voters_of(cfg)
         ranks = self._my_ranks()
         self.installs = Installs(ranks, cfg.engine.install_lag_s)  # what this node's engines run
         self.transport: Transport = transport

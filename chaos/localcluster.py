@@ -109,7 +109,9 @@ class LocalCluster:
         self.n = n
         self.base = Path(base)
         self.ports = free_ports(n) if ports is None else list(ports)
-        self.ids = [f"node{i + 1}" for i in range(n)]
+        # node1..node9, or node01..node18: ids that sort as strings in index order, so that agent i owns ranks
+        # i * ranks_per_node.. (agents with `ranks` unset own the ranks of their place in that order)
+        self.ids = [f"node{i + 1:0{len(str(n))}d}" for i in range(n)]
         self.hosts = list(hosts) if hosts is not None else ["127.0.0.1"] * n
         self.wrap = list(wrap) if wrap is not None else [[] for _ in range(n)]
         self.addresses = [f"{h}:{p}" for h, p in zip(self.hosts, self.ports, strict=True)]

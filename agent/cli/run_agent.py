@@ -90,7 +90,9 @@ def check_exposure(cfg: AgentConfig) -> list[str]:
 def preflight(cfg: AgentConfig) -> list[str]:
     """The host-dependent checks `emoe agent` runs before starting (and with --check). Raises ConfigError
     naming the field; returns warnings."""
-    warnings = check_exposure(cfg)
+    from agent.state import rank_order_warning
+
+    warnings = check_exposure(cfg) + [w for w in [rank_order_warning(cfg)] if w]
     check_data_dir(cfg.data_dir)
     if cfg.tls.cert_dir:
         check_tls_files(cfg)

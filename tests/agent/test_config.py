@@ -282,3 +282,23 @@ def test_the_agent_plans_with_the_fast_theta_its_config_sets_never_below_theta()
     p = decision_params(from_dict({"node_id": "n", "decision": {"polish_lam": 2.0, "load_ms": 30.0}}))
     assert (p.polish_lam, p.load_ms) == (2.0, 30.0)  # and the rest of the section, as before
 
+
+
+def test_check_warns_where_the_ids_sort_as_strings_apart_from_their_numbers(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """With `ranks` unset a node owns the ranks of its place among the ids sorted as strings: node10 sorts
+    second of node1..node12 and would own ranks 8-15, while its engine most likely runs 72-79."""
+    def body(node: str, ids: list[str], extra: str = "") -> str:
+        seeds = ", ".join(f'"{n}@127.0.0.1:{7401 + i}"' for i, n in enumerate(ids))
+        return (f'node_id = "{node}"\ndata_dir = "{tmp_path / "d"}"\nseeds = [{seeds}]\n{extra}'
+                f'[cluster]\nnodes = {len(ids)}\nranks_per_node = 8\nexperts = 256\n')
+
+    plain = [f"node{i}" for i in range(1, 13)]
+    rc, err = check(tmp_path, capsys, body("node10", plain))
+    assert rc == 0 and "warning: node10 owns ranks 8-15" in err and "(ranks 72-79)" in err, err
+    assert "node01, node02, ..., node10" in err and "`ranks`" in err
+    for node, ids, extra in (("node1", plain, ""), ("node9", [f"node{i}" for i in range(1, 10)], ""),
+                             ("node10", [f"node{i:02d}" for i in range(1, 13)], ""),
+                             ("node10", plain, "ranks = [72, 73, 74, 75, 76, 77, 78, 79]\n")):
+        rc, err = check(tmp_path, capsys, body(node, ids, extra))
+        assert rc == 0 and "owns ranks" not in err, (node, ids[:2], extra, err)
