@@ -257,7 +257,8 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
     pl = PLANNERS[p.planner](head, inp, cm, p.knobs(head))
     refused = list(pl.refused)
     if not pl.ops:
-        return Attempt(None, DecisionOutcome.NO_PLAN, "no move gains at least min_op_gain", tuple(refused))
+        why = "no move gains at least min_op_gain" + (f"; {pl.note}" if pl.note else "")
+        return Attempt(None, DecisionOutcome.NO_PLAN, why, tuple(refused))
     base = buf.stats(head, last=k)
     ops, op_layers = list(pl.ops), np.asarray(pl.op_layers, dtype=np.int64)
     table = pl.table if pl.table is not None else apply_ops(head, ops)

@@ -189,6 +189,15 @@ def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs
         best_v, best_c = np.where(better, v, best_v), np.where(better, i, best_c)
         best_cost = np.where(better, layer_costs(cm, head, t, tokens), best_cost)
     best_c[cooldown.any(axis=1)] = -1
+    what = f"greedy stuck (copies x{lam_x:.3g})" if polish else "large gap"
+    if not (best_c >= 0).any() and not pl.ops:  # what the operator is told (explain): why nothing was planned
+        rp = int(retarget.moved_slots(head, cands[0]).sum())
+        per = float(np.mean(lam / np.maximum(o0, 1e-12)))
+        return replace(pl, note=(
+            f"{what}: head {o0.sum() / floor:.3f} x an even split, full re-pack {objs[0].sum() / floor:.3f} "
+            f"copying {rp} slots; no layer's re-pack or exchange gains its copies' charge ({per:.2%} of its "
+            f"layer a copied slot: min_op_gain x {lam_x:.3g})"
+            + ("; a lower decision.polish_lam lets such copies through" if polish else "")))
     spent = float(greedy_cost.sum())
     wide: list[int] = []
     extra = best_cost - greedy_cost
@@ -218,7 +227,6 @@ def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs
     except InvalidOperation:  # a planner defect must not take the controller down: the greedy plan stands
         return as_greedy
     on = retarget.layer_objective(planned, X).astype(np.float64)
-    what = f"greedy stuck (copies x{lam_x:.3g})" if polish else "large gap"
     note = (f"{what}: head {o0.sum() / floor:.3f} x an even split, greedy plan {og.sum() / floor:.3f}, full "
             f"re-pack {objs[0].sum() / floor:.3f}; {len(wide)} of {L} layers re-packed ({len(more)} ops), "
             f"{float(on.sum()) / floor:.3f} planned")

@@ -141,3 +141,23 @@ def test_a_polish_copy_is_charged_less_where_it_costs_less_serving_time() -> Non
     one = DecisionParams(min_op_gain=0.03, load_ms=12.0)
     ep64 = initial_table(Topology(8, 8, 5), 1, 256)  # where polish_lam was tuned: exactly 1
     assert one.copy_charge_scale(ep64) == 1.0
+
+
+def test_a_stuck_plan_says_what_a_re_pack_would_reach_and_what_each_copy_is_charged() -> None:
+    """Where nothing pays its copies' charge, the planner's note (explain's NO_PLAN detail) names the head and
+    the full re-pack against an even split, the slots the re-pack would copy, and the charge per copied slot:
+    what the operator needs to judge decision.polish_lam. The layer of the test above at decode's load."""
+    import numpy as np
+
+    from controlplane.planners import PlanInput, greedy
+    from controlplane.table import initial_table
+    from controlplane.topology import Topology
+
+    head = initial_table(Topology(1, 4, 2), 1, 8)
+    load = np.array([60, 55, 50, 50, 50, 50, 45, 40], dtype=np.int64)
+    inp = PlanInput(load[None, None, :], 1, np.zeros((1, 8), dtype=bool), None, load[None, :].astype(np.float64))
+    p = DecisionParams(min_op_gain=0.03, load_ms=12.0)
+    pl = greedy(head, inp, p.cost_model(4), p.knobs(head))
+    assert not pl.ops
+    assert pl.note.startswith("greedy stuck (copies x3): head 1.150 x an even split, full re-pack 1.000 copying ")
+    assert "(9.00% of its layer a copied slot: min_op_gain x 3); a lower decision.polish_lam" in pl.note, pl.note
