@@ -29,15 +29,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-import numpy.typing as npt
 
 from controlplane.decision import (
     Attempt,
     Decision,
     DecisionOutcome,
     DecisionParams,
+    PlanRequest,
     manual,
-    rebalance,
     repair,
     rollback,
     same_ranks,
@@ -53,7 +52,7 @@ from controlplane.events import (
     TableCommitted,
     WindowClosed,
 )
-from controlplane.monitor import LoadMonitor, ReplayBuffer, WindowReport
+from controlplane.monitor import LoadMonitor, WindowReport
 from controlplane.ops import EndReason, Lifecycle, OpState, Restore
 from controlplane.planner import Refused
 from controlplane.profile import StabilityProfile
@@ -122,26 +121,6 @@ class Explain:
 
 Record = ProposalRecord | Resolution
 TelemetryEvent = Explain | WindowReport | OpTransition
-
-
-@dataclass(frozen=True, eq=False)
-class PlanRequest:
-    """A rebalance to compute (a controller with `defer_plans`): `run()` is the pure decision
-    (controlplane.decision.rebalance) on what the controller saw when window `seq` closed, safe to call on
-    another thread while the controller goes on; hand its Attempt back as PlanReady(request, attempt)."""
-
-    seq: int
-    head: RoutingTable
-    buffer: ReplayBuffer  # a snapshot (ReplayBuffer.snapshot): the controller's own takes new windows meanwhile
-    params: DecisionParams
-    profile: StabilityProfile | None
-    cooldown: npt.NDArray[np.bool_]
-    trigger: str
-    low: bool  # planned under theta on the cost-benefit trigger (a refusal backs it off)
-    imbalance: float
-
-    def run(self) -> Attempt:
-        return rebalance(self.head, self.buffer, self.params, self.profile, self.cooldown, self.trigger)
 
 
 @dataclass

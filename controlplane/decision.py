@@ -304,6 +304,26 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
     return a
 
 
+@dataclass(frozen=True, eq=False)
+class PlanRequest:
+    """A rebalance to compute (a controller with `defer_plans`): `run()` is the pure decision
+    (controlplane.decision.rebalance) on what the controller saw when window `seq` closed, safe to call on
+    another thread while the controller goes on; hand its Attempt back as PlanReady(request, attempt)."""
+
+    seq: int
+    head: RoutingTable
+    buffer: ReplayBuffer  # a snapshot (ReplayBuffer.snapshot): the controller's own takes new windows meanwhile
+    params: DecisionParams
+    profile: StabilityProfile | None
+    cooldown: npt.NDArray[np.bool_]
+    trigger: str
+    low: bool  # planned under theta on the cost-benefit trigger (a refusal backs it off)
+    imbalance: float
+
+    def run(self) -> Attempt:
+        return rebalance(self.head, self.buffer, self.params, self.profile, self.cooldown, self.trigger)
+
+
 def manual(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, ops: tuple[Operation, ...], force: bool,
            why: str = "") -> Attempt:
     """An operator's operations (or, with `why`, the agent's own on the operator's path): valid always required;

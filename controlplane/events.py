@@ -12,8 +12,7 @@ from controlplane.ops import Operation
 from controlplane.table import RoutingTable
 
 if TYPE_CHECKING:
-    from controlplane.controller import PlanRequest
-    from controlplane.decision import Attempt
+    from controlplane.decision import Attempt, PlanRequest
 
 
 @dataclass(frozen=True)
