@@ -89,6 +89,11 @@ class AdminView:
         """The controller's decisions since start, by outcome (PROPOSED, BELOW_THETA, GAIN_BELOW_TAU, ...)."""
         return dict(self.pipeline.outcomes)
 
+    def plan_stats(self) -> tuple[int, float, float]:
+        """Rebalances planned since start, their wall seconds in all, and the last one's."""
+        p = self.pipeline
+        return p.plans, p.plan_seconds, p.last_plan_seconds
+
     def bytes_moved(self) -> int:
         """Weight bytes the commits this node learned since start copy."""
         return self.pipeline.bytes_moved

@@ -20,6 +20,9 @@ on a thread of its own; reading the agent's state from there could see it mid-ch
     emoe_rank_report_age_seconds{rank}     since its last load report (absent: never reported)
     emoe_rank_installed_age_seconds{rank}  since its last install (how long it has run its version)
     emoe_decisions_total{outcome}          the controller's decisions by outcome (PROPOSED, BELOW_THETA, ...)
+    emoe_plans_total                       rebalances this agent planned (its turn, above theta or worth it)
+    emoe_plan_seconds_total                ... their wall seconds (computed off the event loop: agent.offloop)
+    emoe_plan_last_seconds                 the last one's (absent before one)
     emoe_moved_bytes_total                 weight bytes the commits this agent learned copy
     emoe_reports_dropped_total             load reports this node's engines dropped (agent slow or absent)
     emoe_reports_unsampled_total           load reports used for their totals only (no or mismatched samples)
@@ -69,6 +72,8 @@ class MetricsView(Protocol):
 
     def bytes_moved(self) -> int: ...
 
+    def plan_stats(self) -> tuple[int, float, float]: ...
+
     def reports_dropped(self) -> int: ...
 
     def reports_unsampled(self) -> int: ...
@@ -92,6 +97,7 @@ class Snapshot:
     bytes_moved: int = 0
     dropped: int = 0
     unsampled: int = 0
+    plans: tuple[int, float, float] = (0, 0.0, 0.0)  # planned, their seconds, the last one's
 
 
 def snapshot(view: MetricsView, per_expert: bool) -> Snapshot:
@@ -102,7 +108,8 @@ def snapshot(view: MetricsView, per_expert: bool) -> Snapshot:
                  view.seconds_since_commit(),
                  Counter(gpb.MemberStatus.Name(m.status).lower() for m in view.member_states()),
                  dict(view.peer_versions()), ranks=list(view.rank_installs()), outcomes=view.decision_outcomes(),
-                 bytes_moved=view.bytes_moved(), dropped=view.reports_dropped(), unsampled=view.reports_unsampled())
+                 bytes_moved=view.bytes_moved(), dropped=view.reports_dropped(), unsampled=view.reports_unsampled(),
+                 plans=view.plan_stats())
     if load is not None:
         counts = np.asarray(load, dtype=np.int64)
         s.layer_tokens = counts.sum(axis=1).astype(np.float64).tolist()
@@ -172,6 +179,11 @@ def families(s: Snapshot) -> Iterator[Any]:
     for outcome, count in sorted(s.outcomes.items()):
         dec.add_metric([outcome], count)
     yield dec
+    yield CounterMetricFamily("emoe_plans", "Rebalances this agent planned", value=s.plans[0])
+    yield CounterMetricFamily("emoe_plan_seconds", "Wall seconds this agent spent planning rebalances",
+                              value=s.plans[1])
+    if s.plans[0]:
+        yield one("emoe_plan_last_seconds", "Wall seconds of this agent's last rebalance plan", s.plans[2])
     yield CounterMetricFamily("emoe_moved_bytes", "Weight bytes the commits this agent learned copy",
                               value=s.bytes_moved)
     yield CounterMetricFamily("emoe_reports_dropped", "Load reports this node's engines dropped before sending",

@@ -163,6 +163,8 @@ class DecisionPipeline:
         self._proposed_at: dict[int, float] = {}  # this node's proposals in flight: version -> when proposed
         self.outcomes: Counter[str] = Counter()  # the controller's decisions by outcome (Explain.outcome)
         self.bytes_moved = 0  # weight bytes the commits this node learned copy (those whose parent it held)
+        self.plans = 0  # rebalances planned (run_plan answered), and their wall seconds: all, and the last
+        self.plan_seconds = self.last_plan_seconds = 0.0
 
     def latest_window(self) -> npt.NDArray[np.uint64] | None:
         """The newest closed cluster window [L, E] (the voter's replay keeps them), None before the first."""
@@ -323,7 +325,16 @@ class DecisionPipeline:
             self._run(req)
 
     def _run(self, req: PlanRequest) -> None:
-        self.run_plan(req, lambda attempt: self.step(PlanReady(req, attempt)))
+        started = self.clock.now()
+
+        def done(attempt: Attempt) -> None:
+            took = self.clock.now() - started
+            self.plans += 1
+            self.plan_seconds += took
+            self.last_plan_seconds = took
+            self.step(PlanReady(req, attempt))
+
+        self.run_plan(req, done)
 
     @property
     def planning(self) -> bool:

@@ -103,7 +103,7 @@ def test_three_agents_metrics_agree_with_their_status(tmp_path: Path) -> None:
 
             _until("the last commit installed everywhere", settled, timeout=40.0)
             assert not errors, errors
-            proposed = 0.0
+            proposed = planned = 0.0
             for k in range(NODES):
                 m, st = _scrape(ports[k]), _status(c, k)
                 one = {name: next(iter(v.values())) for name, v in m.items() if len(v) == 1 and () in v}
@@ -130,7 +130,13 @@ def test_three_agents_metrics_agree_with_their_status(tmp_path: Path) -> None:
                 outcomes = {dict(lab)["outcome"]: v for lab, v in m["emoe_decisions_total"].items()}
                 assert sum(outcomes.values()) >= st["window_seq"], outcomes  # a decision (or none) a window
                 proposed += outcomes.get("PROPOSED", 0)
+                planned += one["emoe_plans_total"]
+                if one["emoe_plans_total"]:  # a plan takes time, on the planner's worker thread
+                    assert one["emoe_plan_seconds_total"] >= one["emoe_plan_last_seconds"] > 0
+                else:
+                    assert one["emoe_plan_seconds_total"] == 0 and "emoe_plan_last_seconds" not in m
             assert proposed >= 1  # the rebalance was some agent's proposal
+            assert planned >= 1  # ... which it planned first
         finally:
             stop.set()
             th.join(5)
