@@ -2,7 +2,7 @@
 
     ready = controller.step(event)   # WindowClosed | TableCommitted | ProposalFailed | ManualProposal | ...
     persist(ready.persist); send(ready.proposals); install(ready.install); emit(ready.events)
-    controller.advance()
+    controller.advance(); run(ready.plans)   # each answered by controller.step(PlanReady(...)) (defer_plans)
 
 A Ready holds everything produced since the last `advance()`. The caller performs it in that order (persist
 before send, commit before install), then advances. Invariants: at most one of this controller's proposals
@@ -56,6 +56,7 @@ from controlplane.monitor import LoadMonitor, WindowReport
 from controlplane.ops import EndReason, Lifecycle, OpState, Restore
 from controlplane.planner import Refused
 from controlplane.profile import StabilityProfile
+from controlplane.ready import Explain, OpTransition, ProposalRecord, Ready, Record, Resolution
 from controlplane.restore import FILL_TRIES, fill_restored
 from controlplane.table import RoutingTable
 from controlplane.verify import verify_decision
@@ -63,76 +64,9 @@ from controlplane.worth import WorthTrigger
 
 __all__ = [
     "Controller", "Decision", "DecisionParams", "Event", "Explain", "ManualProposal", "OpTransition", "PlanReady",
-    "PlanRequest", "ProposalFailed", "ProposalRecord", "RanksLost", "Ready", "Refused", "Resolution", "SetPaused",
-    "TableCommitted",
-    "WindowClosed", "WindowReport", "verify_decision",
+    "PlanRequest", "ProposalFailed", "ProposalRecord", "RanksLost", "Ready", "Record", "Refused", "Resolution",
+    "SetPaused", "TableCommitted", "WindowClosed", "WindowReport", "verify_decision",
 ]
-
-
-# ---- output -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class ProposalRecord:
-    """Persist before sending: this node proposed `digest` for `version`."""
-
-    version: int
-    parent: int
-    digest: bytes
-    kind: str
-
-
-@dataclass(frozen=True)
-class Resolution:
-    """Persist: how this node's proposal for `version` ended (COMMITTED, LOST, FAILED)."""
-
-    version: int
-    outcome: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class OpTransition:
-    """A decision's lifecycle moved (telemetry)."""
-
-    version: int
-    kind: str
-    state: str
-    reason: str
-
-
-@dataclass(frozen=True)
-class Explain:
-    """Why the controller did or did not act. outcome is a stable code: PROPOSED, BELOW_THETA,
-    BUDGET_NOT_SPENT, PROPOSAL_IN_FLIGHT, OBSERVING, PAUSED, NO_PLAN, GAIN_BELOW_TAU, OVER_BUDGET,
-    VERIFY_NO_GAIN, NOT_WORTH, KEPT, ROLLBACK_NOT_BETTER, COMMITTED, LOST, FAILED, STALE_WINDOW, STALE_COMMIT,
-    STALE_FAILURE, NO_FREE_SLOT, an InvalidOperation reason, INVALID_TABLE, PAUSED/RESUMED."""
-
-    window_seq: int
-    head_version: int
-    imbalance: float
-    trigger: str
-    outcome: str
-    detail: str = ""
-    decision: Decision | None = None
-    refused: tuple[Refused, ...] = ()
-    estimated_gain: float = 0.0
-    verified_gain: float = 0.0
-    cost: float = 0.0
-
-
-Record = ProposalRecord | Resolution
-TelemetryEvent = Explain | WindowReport | OpTransition
-
-
-@dataclass
-class Ready:
-    persist: list[Record] = field(default_factory=list)
-    proposals: list[Decision] = field(default_factory=list)
-    install: list[RoutingTable] = field(default_factory=list)
-    events: list[TelemetryEvent] = field(default_factory=list)
-    plans: list[PlanRequest] = field(default_factory=list)  # to run, then step(PlanReady(...)) (defer_plans)
-
-    def empty(self) -> bool:
-        return not (self.persist or self.proposals or self.install or self.events or self.plans)
 
 
 def kind_of_trigger(trigger: str) -> str:

@@ -17,7 +17,6 @@ from controlplane.controller import (
     Explain,
     ManualProposal,
     OpTransition,
-    PlanReady,
     ProposalFailed,
     ProposalRecord,
     RanksLost,
@@ -25,7 +24,6 @@ from controlplane.controller import (
     SetPaused,
     TableCommitted,
     WindowClosed,
-    WindowReport,
     kind_of_trigger,
     verify_decision,
 )
@@ -442,91 +440,3 @@ def test_a_window_planned_elsewhere_keeps_the_budget_spent_for_this_controllers_
     assert len(r.proposals) == 1 and r.proposals[0].table.version == head.version + 1
 
 
-
-# ---- plans computed elsewhere (defer_plans: the agent's worker thread) ------------------------------------
-def deferred(**kw: object) -> tuple[Controller, RoutingTable]:
-    c, head = setup(**kw)
-    return Controller(c.params, head, defer_plans=True), head
-
-
-def test_a_deferred_plan_is_asked_for_then_proposed_as_the_inline_controller_proposes_it() -> None:
-    inline, head = setup()
-    later, _ = deferred()
-    ws = windows(0, 3)
-    for seq in (0, 1):
-        a, b = feed(inline, seq, ws[seq]), feed(later, seq, ws[seq])
-        inline.advance(), later.advance()
-    assert len(a.proposals) == 1 and not a.plans
-    assert not b.proposals and len(b.plans) == 1 and later.state == "planning"  # nothing decided inside step
-    req = b.plans[0]
-    assert req.seq == 1 and req.head is later.head and req.head.content_equal(head) and not req.low
-    r = later.step(PlanReady(req, req.run()))
-    assert len(r.proposals) == 1 and later.planning is None and later.inflight is r.proposals[0]
-    mine, theirs = r.proposals[0], a.proposals[0]
-    assert mine.table.content_equal(theirs.table) and mine.ops == theirs.ops and mine.trigger == theirs.trigger
-    assert mine.verified_gain == theirs.verified_gain
-
-
-def test_windows_that_close_while_a_plan_is_computed_are_judged_but_plan_nothing() -> None:
-    c, head = deferred()
-    ws = windows(0, 5)
-    for seq in (0, 1):
-        r = feed(c, seq, ws[seq])
-        c.advance()
-    req = r.plans[0]
-    n = len(req.buffer.windows)
-    for seq in (2, 3):
-        r = feed(c, seq, ws[seq])
-        assert not r.plans and not r.proposals and any(isinstance(e, WindowReport) for e in r.events)
-        assert c.last_explain().outcome == "PLANNING"  # type: ignore[union-attr]
-        c.advance()
-    # the request planned on what it saw: the controller's own buffer took the windows since, its snapshot not
-    assert len(req.buffer.windows) == n and c.monitor.buffer.windows[-1].seq == 3
-    assert [w.seq for w in req.buffer.windows] == [0, 1] and [w.seq for w in c.monitor.buffer.windows] == [1, 2, 3]
-    r = c.step(PlanReady(req, req.run()))
-    assert len(r.proposals) == 1
-
-
-def test_a_plan_that_comes_back_after_the_head_moved_is_dropped_and_the_next_window_plans_afresh() -> None:
-    c, head = deferred()
-    ws = windows(0, 6)
-    for seq in (0, 1):
-        r = feed(c, seq, ws[seq])
-        c.advance()
-    req = r.plans[0]
-    other = apply_ops(head, (Migrate(0, 1, 0, 7),))  # another node's table for the version
-    c.step(TableCommitted(other, "manual"))
-    c.advance()
-    r = c.step(PlanReady(req, req.run()))
-    ex = c.last_explain()
-    assert not r.proposals and c.inflight is None and c.planning is None
-    assert ex is not None and ex.outcome == "STALE_PLAN" and f"head moved to v{other.version}" in ex.detail
-    c.advance()
-    r = c.step(PlanReady(req, req.run()))  # an answer nobody waits for (twice): dropped too
-    assert not r.proposals and c.last_explain().outcome == "STALE_PLAN"  # type: ignore[union-attr]
-    c.advance()
-    asked = []
-    for seq in (2, 3, 4):
-        r = feed(c, seq, ws[seq])
-        asked += r.plans
-        c.advance()
-    assert asked and asked[0].head is other  # planned again, on the new head
-
-
-def test_a_plan_is_dropped_when_a_proposal_or_the_pause_came_meanwhile() -> None:
-    for meanwhile in ("pause", "manual"):
-        c, head = deferred()
-        ws = windows(0, 2)
-        for seq in (0, 1):
-            r = feed(c, seq, ws[seq])
-            c.advance()
-        req = r.plans[0]
-        if meanwhile == "pause":
-            c.step(SetPaused(True))
-        else:
-            assert c.step(ManualProposal((Replicate(0, 1, 7),), force=True)).proposals
-        c.advance()
-        r = c.step(PlanReady(req, req.run()))
-        ex = c.last_explain()
-        assert not r.proposals and ex is not None and ex.outcome == "STALE_PLAN", meanwhile
-        assert ("paused" if meanwhile == "pause" else "was proposed meanwhile") in ex.detail
