@@ -3,7 +3,7 @@
 A plan at DeepSeek-V3 size (58 layers x 256 experts, 64 ranks) takes about a third of a second of CPU
 (`python -m bench.planner`). On the event loop that is a third of a second in which the node answers no probe
 (gossip.probe_timeout_ms is 100 by default: its peers suspect it), no vote and no engine report. The
-decision is a pure function of a snapshot (controlplane.controller.PlanRequest), so it runs on one worker
+decision is a pure function of a snapshot (controlplane.decision.PlanRequest), so it runs on one worker
 thread here and its Attempt comes back to the loop, where the controller takes it as PlanReady (or drops it as
 STALE_PLAN when the head moved meanwhile). The interpreter lets the loop's thread in between (every 5 ms of
 a plan's Python at most, sys.getswitchinterval), so the loop answers within milliseconds.
@@ -17,8 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from agent.pipeline import failed_plan
-from controlplane.controller import PlanRequest
-from controlplane.decision import Attempt
+from controlplane.decision import Attempt, PlanRequest
 
 log = logging.getLogger("emoe.agent")
 

@@ -336,11 +336,6 @@ class DecisionPipeline:
 
         self.run_plan(req, done)
 
-    @property
-    def planning(self) -> bool:
-        """Whether a plan this node asked for is being computed."""
-        return self.controller.planning is not None
-
     def propose(self, decision: Decision, force: bool = False, done: asyncio.Future[Outcome] | None = None) -> None:
         """Send `decision` to the commit backend; its outcome is recorded, reported, and (a failure) handed back
         to the controller, then set on `done` if given."""

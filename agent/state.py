@@ -128,8 +128,8 @@ class NodeState:
         data_dir's marker). `wall`: the time of day (seconds since the epoch) each proposed plan carries for
         the operator (`emoe history`); default: the system's with the real clock, none (0) with an injected
         clock, so that a simulated cluster stays reproducible from its seed. Likewise, with the real clock the
-        node computes its plans on a worker thread (agent.offloop), with an injected one at once. Raises agent.store.StoreCorrupt,
-        StoreNewer or agent.datadir.DataDirError when the store cannot be recovered."""
+        node computes its plans on a worker thread (agent.offloop), with an injected one at once. Raises
+        agent.store.StoreCorrupt, StoreNewer or agent.datadir.DataDirError when the store cannot be recovered."""
         from agent.clock import RealClock
         from agent.consensus.node import ConsensusNode
         from agent.credentials import vote_signer
