@@ -3,10 +3,13 @@ asks for a plan, the answer comes back as PlanReady, and is proposed only where 
 
 from __future__ import annotations
 
+import numpy as np
+
 from controlplane.controller import (
     Controller,
     ManualProposal,
     PlanReady,
+    PlanRequest,
     SetPaused,
     TableCommitted,
     WindowReport,
@@ -19,6 +22,15 @@ from tests.controlplane.test_cp_controller import feed, setup, windows
 def deferred(**kw: object) -> tuple[Controller, RoutingTable]:
     c, head = setup(**kw)
     return Controller(c.params, head, defer_plans=True), head
+
+
+def asked(c: Controller, ws: list[np.ndarray]) -> PlanRequest:
+    """Windows 0 and 1 (the second spends the budget): the plan the controller asks for."""
+    for seq in (0, 1):
+        r = feed(c, seq, ws[seq])
+        c.advance()
+    assert len(r.plans) == 1
+    return r.plans[0]
 
 
 def test_a_deferred_plan_is_asked_for_then_proposed_as_the_inline_controller_proposes_it() -> None:
@@ -42,10 +54,7 @@ def test_a_deferred_plan_is_asked_for_then_proposed_as_the_inline_controller_pro
 def test_windows_that_close_while_a_plan_is_computed_are_judged_but_plan_nothing() -> None:
     c, head = deferred()
     ws = windows(0, 5)
-    for seq in (0, 1):
-        r = feed(c, seq, ws[seq])
-        c.advance()
-    req = r.plans[0]
+    req = asked(c, ws)
     n = len(req.buffer.windows)
     for seq in (2, 3):
         r = feed(c, seq, ws[seq])
@@ -62,10 +71,7 @@ def test_windows_that_close_while_a_plan_is_computed_are_judged_but_plan_nothing
 def test_a_plan_that_comes_back_after_the_head_moved_is_dropped_and_the_next_window_plans_afresh() -> None:
     c, head = deferred()
     ws = windows(0, 6)
-    for seq in (0, 1):
-        r = feed(c, seq, ws[seq])
-        c.advance()
-    req = r.plans[0]
+    req = asked(c, ws)
     other = apply_ops(head, (Migrate(0, 1, 0, 7),))  # another node's table for the version
     c.step(TableCommitted(other, "manual"))
     c.advance()
@@ -77,22 +83,18 @@ def test_a_plan_that_comes_back_after_the_head_moved_is_dropped_and_the_next_win
     r = c.step(PlanReady(req, req.run()))  # an answer nobody waits for (twice): dropped too
     assert not r.proposals and c.last_explain().outcome == "STALE_PLAN"  # type: ignore[union-attr]
     c.advance()
-    asked = []
+    again = []
     for seq in (2, 3, 4):
         r = feed(c, seq, ws[seq])
-        asked += r.plans
+        again += r.plans
         c.advance()
-    assert asked and asked[0].head is other  # planned again, on the new head
+    assert again and again[0].head is other  # planned again, on the new head
 
 
 def test_a_plan_is_dropped_when_a_proposal_or_the_pause_came_meanwhile() -> None:
     for meanwhile in ("pause", "manual"):
-        c, head = deferred()
-        ws = windows(0, 2)
-        for seq in (0, 1):
-            r = feed(c, seq, ws[seq])
-            c.advance()
-        req = r.plans[0]
+        c, _ = deferred()
+        req = asked(c, windows(0, 2))
         if meanwhile == "pause":
             c.step(SetPaused(True))
         else:
