@@ -63,6 +63,8 @@ class BenchDriver:
         self.done = asyncio.Event()
         self.inflight = 0
         self.t0 = 0.0
+        self.progress = time.monotonic()  # the last commit or outcome: a stall is reported (`watchdog`)
+        self.reported = -1  # the head version a stall was last reported at
 
     def maybe_propose(self) -> None:
         head = self.backend.head
@@ -77,6 +79,7 @@ class BenchDriver:
         self.backend.propose(table, pb.Plan(trigger="bench"), self._done)
 
     def _done(self, o: Outcome) -> None:
+        self.progress = time.monotonic()
         if o.committed:
             self.lat_ms.append((time.perf_counter() - self.t0) * 1000.0)
         else:
@@ -85,12 +88,22 @@ class BenchDriver:
         asyncio.get_running_loop().call_later(self.interval, self.maybe_propose)
 
     def on_commit(self, c: pb.Commit, t: RoutingTable) -> None:
+        self.progress = time.monotonic()
         asyncio.get_running_loop().call_later(self.interval, self.maybe_propose)
 
-    async def watchdog(self) -> None:
+    async def watchdog(self, stall_s: float = 5.0) -> None:
         while not self.done.is_set():  # re-kick after a lost proposal: the loop must not stall
             await asyncio.sleep(0.5)
             self.maybe_propose()
+            head = self.backend.head.version
+            idle = time.monotonic() - self.progress
+            if idle > stall_s and self.reported != head:  # once per head: what the harness's tail shows
+                self.reported = head
+                owner = round0_owner(head + 1, self.nodes)
+                print(f"{self.node_id}: no commit or outcome for {idle:.1f} s at head v{head} (target "
+                      f"v{self.target}); v{head + 1} is {owner}'s to propose; in flight here: "
+                      f"{f'v{self.inflight}' if self.inflight else 'none'}; failures so far: {self.failures[-3:]}",
+                      file=sys.stderr, flush=True)
 
 
 async def run(a: argparse.Namespace) -> int:
