@@ -17,6 +17,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -49,9 +50,20 @@ def _readline(pr: subprocess.Popen[str], deadline: float) -> str:
             return pr.stdout.readline()
 
 
-def _tail(workdir: Path, backend: str, node: str) -> str:
+def _tail(workdir: Path, backend: str, node: str, chars: int = 2000) -> str:
     p = workdir / f"{backend}-{node}.stderr"
-    return p.read_text()[-2000:] if p.exists() else ""
+    return p.read_text()[-chars:] if p.exists() else ""
+
+
+def _post_mortem(procs: list[subprocess.Popen[str]], ids: list[str], workdir: Path, backend: str) -> str:
+    """Every agent: alive or its exit status, and its stderr tail after a dump of its threads' stacks
+    (SIGUSR1: bench.consensus_serve registers faulthandler on it), so that a stall says where it is."""
+    for pr in procs:
+        if pr.poll() is None:
+            pr.send_signal(signal.SIGUSR1)
+    time.sleep(0.5)
+    return "\n".join(f"--- {n}: {'alive' if pr.poll() is None else f'exited with {pr.returncode}'}\n"
+                     f"{_tail(workdir, backend, n, 6000)}" for n, pr in zip(ids, procs, strict=True))
 
 
 def run_backend(backend: str, agents: int, versions: int, workdir: Path, etcd: str, timeout: float,
@@ -87,7 +99,7 @@ def run_backend(backend: str, agents: int, versions: int, workdir: Path, etcd: s
         for n, pr in zip(ids, procs, strict=True):
             line = _readline(pr, deadline)
             if not line:
-                raise RuntimeError(f"{backend} agent {n} gave no result: {_tail(workdir, backend, n)}")
+                raise RuntimeError(f"{backend} agent {n} gave no result:\n" + _post_mortem(procs, ids, workdir, backend))
             results.append(json.loads(line))
     finally:
         for pr in procs:

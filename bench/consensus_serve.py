@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import faulthandler
 import json
 import random
 import signal
@@ -84,6 +85,9 @@ class BenchDriver:
             self.lat_ms.append((time.perf_counter() - self.t0) * 1000.0)
         else:
             self.failures.append(o.reason[:200])
+            if len(self.failures) <= 5 or len(self.failures) % 100 == 0:  # the first few, then every 100th
+                print(f"{self.node_id}: proposal of v{o.version} failed ({len(self.failures)}): {o.reason[:200]}",
+                      file=sys.stderr, flush=True)
         self.inflight = 0
         asyncio.get_running_loop().call_later(self.interval, self.maybe_propose)
 
@@ -182,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval-ms", type=float, default=0.0, help="bench: idle time before each proposal")
     ap.add_argument("--linger", type=float, default=1.0)
     a = ap.parse_args(argv)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # a harness asks where a stalled node is
     if a.backend == "etcd" and not a.etcd:
         ap.error("--backend etcd needs --etcd host:port")
     try:
