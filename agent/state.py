@@ -66,6 +66,13 @@ def voters_of(cfg: AgentConfig) -> list[str]:
     return list(cfg.consensus.voters) or sorted(cfg.seed_map) or [cfg.node_id]
 
 
+def rank_place(cfg: AgentConfig) -> tuple[list[str], int]:
+    """The node ids sorted as strings (voters and this node), and this node's place among them modulo the
+    cluster's nodes: with `ranks` unset, the node owns ranks_per_node consecutive ranks from that place."""
+    ids = sorted(set(voters_of(cfg)) | {cfg.node_id})
+    return ids, ids.index(cfg.node_id) % cfg.cluster.nodes
+
+
 def rank_order_warning(cfg: AgentConfig) -> str:
     """With `ranks` empty, a node owns the ranks of its place among the node ids sorted as strings
     (NodeState._my_ranks). Where the ids carry numbers of different lengths (node2, node10) that place is not
@@ -73,10 +80,9 @@ def rank_order_warning(cfg: AgentConfig) -> str:
     naming both when this node's place differs by number (empty otherwise, and with `ranks` set)."""
     if cfg.ranks:
         return ""
-    node_id, nodes, ranks_per_node = cfg.node_id, cfg.cluster.nodes, cfg.cluster.ranks_per_node
-    ids = sorted(set(voters_of(cfg)) | {node_id})
-    by_number = sorted(ids, key=_by_number)
-    at, there = ids.index(node_id) % nodes, by_number.index(node_id) % nodes
+    node_id, ranks_per_node = cfg.node_id, cfg.cluster.ranks_per_node
+    ids, at = rank_place(cfg)
+    there = sorted(ids, key=_by_number).index(node_id) % cfg.cluster.nodes
     if at == there:
         return ""
     return (f"{node_id} owns ranks {at * ranks_per_node}-{(at + 1) * ranks_per_node - 1}: with `ranks` unset a "
@@ -245,8 +251,7 @@ class NodeState:
     def _my_ranks(self) -> list[int]:
         if self.cfg.ranks:
             return list(self.cfg.ranks)
-        ids = sorted(set(self._voters) | {self.node_id})
-        idx = ids.index(self.node_id) % self.topology.nodes
+        idx = rank_place(self.cfg)[1]
         rpn = self.topology.ranks_per_node
         return list(range(idx * rpn, (idx + 1) * rpn))
 
