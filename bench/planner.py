@@ -11,7 +11,10 @@ decode pair in ../shared/traces, the window taken from the second, both sampled 
 top-8; `source` says so, or that it fell back to synthetic load where the traces are absent) and `large` (the
 static head against the synthetic load: the re-pack planner of controlplane.retarget runs too). Each case also
 times the project's EPLB baseline (controlplane.baselines.eplb, DeepSeek's eplb.py algorithm, vectorised)
-re-planning the same window globally: `eplb_replan_median_ms`, and `ratio_to_eplb` = median_ms over it. One decision = plan on the buffer's block totals (blocks of `plan_block` = 20 steps) + apply + validate + replay verification of the
+re-planning the same window globally: `eplb_replan_median_ms`, and `ratio_to_eplb` = median_ms over it; and
+DeepSeek's published eplb.py itself (bench.eplb_reference, torch on the CPU: the same algorithm, its Python
+loops as published) on the same window: `eplb_reference_median_ms`, `ratio_to_eplb_reference` (null without
+torch). One decision = plan on the buffer's block totals (blocks of `plan_block` = 20 steps) + apply + validate + replay verification of the
 changed layers on every row + cost of the diff + gating (`controlplane.decision.rebalance`). The head's
 per-step figures are the load monitor's, computed when the window closed (the trigger needs them), so they
 are prepared outside the timed region. `cpu_median_ms` is the same in process CPU time (robust to other
@@ -153,6 +156,26 @@ def loop_stall(head: RoutingTable, counts: npt.NDArray[np.uint32], params: Decis
     return asyncio.run(run())
 
 
+def reference_eplb_ms(head: RoutingTable, window_counts: npt.NDArray[np.uint32], repeats: int) -> float | None:
+    """Median ms of DeepSeek's published `rebalance_experts` (global policy, as the project's baseline at one
+    expert group) re-planning the window's totals; None without torch."""
+    try:
+        import torch
+
+        from bench.eplb_reference import rebalance_experts
+    except ImportError:
+        return None
+    torch.set_num_threads(1)
+    w = torch.from_numpy(window_counts.sum(axis=0, dtype=np.int64))
+    topo = head.topology
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        rebalance_experts(w, topo.slots, 1, topo.nodes, topo.ranks)
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times) * 1e3)
+
+
 def measure(repeats: int, window: int, seed: int, case: str = "large") -> dict[str, object]:
     head, window_counts, params = setup(window, seed, case)
     counts = agent_rows(window_counts, params)
@@ -186,6 +209,7 @@ def measure(repeats: int, window: int, seed: int, case: str = "large") -> dict[s
         eplb_table(head, window_counts.sum(axis=0, dtype=np.int64))
         eplb.append(time.perf_counter() - t0)
     eplb_ms = float(np.median(eplb) * 1e3)
+    ref_ms = reference_eplb_ms(head, window_counts, max(1, min(repeats, 3)))
     stalls = {mode: [loop_stall(head, counts, params, mode == "off_loop") for _ in range(max(1, min(repeats, 5)))]
               for mode in ("on_loop", "off_loop")}
     return {
@@ -193,6 +217,8 @@ def measure(repeats: int, window: int, seed: int, case: str = "large") -> dict[s
         "source": source,
         "eplb_replan_median_ms": round(eplb_ms, 3),
         "ratio_to_eplb": round(float(np.median(ms)) / eplb_ms, 4),
+        "eplb_reference_median_ms": None if ref_ms is None else round(ref_ms, 1),
+        "ratio_to_eplb_reference": None if ref_ms is None else round(float(np.median(ms)) / ref_ms, 4),
         "shape": [LAYERS, EXPERTS],
         "ranks": NODES * RANKS_PER_NODE,
         "window": window,

@@ -15,6 +15,7 @@ from controlplane.baselines.eplb import (
     eplb_phy2log,
     eplb_table,
     preserve_slots,
+    rebalance_hierarchical,
     replicate_experts,
 )
 from controlplane.baselines.hindsight import hindsight_tables, segment_bounds
@@ -195,3 +196,35 @@ def test_hindsight_installs_one_eplb_table_per_segment() -> None:
         t.validate()
         assert replay_imbalance(t, counts[lo:hi]) < replay_imbalance(base, counts[lo:hi])
         assert s == lo
+
+
+@pytest.mark.parametrize(("layers", "experts", "groups", "nodes", "gpus", "slots"),
+                         [(6, 64, 1, 2, 16, 5), (6, 64, 8, 2, 16, 5), (4, 32, 1, 1, 8, 5), (3, 256, 1, 8, 64, 5)])
+def test_eplb_follows_deepseeks_published_eplb(layers: int, experts: int, groups: int, nodes: int, gpus: int,
+                                               slots: int) -> None:
+    """The baseline against DeepSeek's eplb.py itself (bench.eplb_reference): the same replica counts and
+    replica order, and packings as balanced. Replicas of one expert weigh the same, and the reference sorts
+    with torch's unstable sort, so which of two equal items lands where may differ, and the packs after it. (The
+    baseline's one addition, at most one replica of an expert per GPU of its scope, does not bind on these
+    weights: checked.)"""
+    torch = pytest.importorskip("torch", reason="the reference eplb.py needs torch (the project's shim extra)")
+    from bench.eplb_reference import rebalance_experts
+    from bench.eplb_reference import replicate_experts as ref_replicate
+
+    rng = np.random.default_rng(layers * experts + groups)
+    w = np.round(rng.lognormal(0.0, 1.0, (layers, experts)) * 1000)
+    phy_ref, _, cnt_ref = ref_replicate(torch.from_numpy(w).float(), gpus * slots)
+    phy, cnt = replicate_experts(w, gpus * slots)
+    assert np.array_equal(phy, phy_ref.numpy()) and np.array_equal(cnt, cnt_ref.numpy())
+    assert int(cnt_ref.max()) <= (gpus // nodes if groups % nodes == 0 else gpus)
+
+    def max_rank_load(p2l: np.ndarray) -> np.ndarray:
+        per = np.stack([w[lay] / np.bincount(p2l[lay], minlength=experts) for lay in range(layers)])
+        return np.take_along_axis(per, p2l, axis=1).reshape(layers, gpus, slots).sum(axis=2).max(axis=1)
+
+    ref = rebalance_experts(torch.from_numpy(w), gpus * slots, groups, nodes, gpus)[0].numpy()
+    mine = rebalance_hierarchical(w, gpus * slots, groups if groups % nodes == 0 else 1,
+                                  nodes if groups % nodes == 0 else 1, gpus)
+    assert all(sorted(a) == sorted(b) for a, b in zip(mine.tolist(), ref.tolist(), strict=True))  # same replicas
+    ratio = max_rank_load(mine) / max_rank_load(ref)
+    assert ratio.max() < 1.03 and abs(float(ratio.mean()) - 1.0) < 0.01, ratio

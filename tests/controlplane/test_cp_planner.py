@@ -190,6 +190,9 @@ def test_bench_planner_prints_the_contract() -> None:
         assert out["median_ms"] > 0 and out["p99_ms"] >= out["median_ms"]
         assert set(out["loop_stall_ms"]) == set(out["loop_plan_wall_ms"]) == {"on_loop", "off_loop"}
         assert all(v > 0 for v in out["loop_plan_wall_ms"].values())
+        ref = out["eplb_reference_median_ms"]  # DeepSeek's eplb.py itself, where torch is installed
+        assert (ref is None) == (out["ratio_to_eplb_reference"] is None)
+        assert ref is None or ref > 0 and out["ratio_to_eplb_reference"] == pytest.approx(out["median_ms"] / ref, rel=0.01)
     assert res["large"]["outcome"] == "PROPOSED" and res["large"]["verified_gain"] > 0.5
 
 
