@@ -23,6 +23,8 @@ and `voter_verify_ms` a voter's independent `verify_decision` (full replay of th
 `loop_stall_ms` is the longest an asyncio event loop went without running (a 1 ms heartbeat) while the same
 decision was computed on the loop (`on_loop`: what every agent did before its plans moved to a worker thread) and
 through the agent's `agent.offloop.OffLoopPlanner` (`off_loop`: what the agent does), with each one's wall time.
+`repair`: the repair after losing one rank and after losing a whole node (8 ranks) on the incremental case's
+head, its wall time and the same loop stalls (the agent computes repairs off the loop too).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ import numpy as np  # noqa: E402
 import numpy.typing as npt  # noqa: E402
 
 from controlplane.baselines.eplb import eplb_table  # noqa: E402
-from controlplane.decision import DecisionParams, rebalance  # noqa: E402
+from controlplane.decision import DecisionParams, PlanRequest, rebalance  # noqa: E402
 from controlplane.monitor import ReplayBuffer  # noqa: E402
 from controlplane.table import RoutingTable, initial_table  # noqa: E402
 from controlplane.topology import Topology  # noqa: E402
@@ -113,17 +115,22 @@ def _buffer(head: RoutingTable, counts: npt.NDArray[np.uint32], warm: bool, bloc
     return buf
 
 
-def loop_stall(head: RoutingTable, counts: npt.NDArray[np.uint32], params: DecisionParams,
-               off_loop: bool) -> tuple[float, float]:
+def request(head: RoutingTable, counts: npt.NDArray[np.uint32], params: DecisionParams,
+            lost: tuple[int, ...] = ()) -> PlanRequest:
+    """What the agent's controller hands its planner: a rebalance, or (`lost`) the repair of those ranks."""
+    cool = np.zeros((head.layers, head.experts), dtype=bool)
+    buf = _buffer(head, counts, True, params.plan_block, params.window)
+    if lost:
+        return PlanRequest(0, head, buf, params, None, cool, "bench", False, 0.0, "repair", lost)
+    return PlanRequest(0, head, buf, params, None, cool, "bench", False, 0.0)
+
+
+def loop_stall(req: PlanRequest, off_loop: bool) -> tuple[float, float]:
     """(the longest gap of a 1 ms heartbeat on an event loop, the decision's wall time), both in ms, while one
     decision is computed on that loop or through the agent's OffLoopPlanner."""
     from agent.offloop import OffLoopPlanner
-    from controlplane.controller import PlanRequest
     from controlplane.decision import Attempt
 
-    cool = np.zeros((head.layers, head.experts), dtype=bool)
-    req = PlanRequest(0, head, _buffer(head, counts, True, params.plan_block, params.window), params, None, cool,
-                      "bench", False, 0.0)
 
     async def run() -> tuple[float, float]:
         loop = asyncio.get_running_loop()
@@ -210,8 +217,8 @@ def measure(repeats: int, window: int, seed: int, case: str = "large") -> dict[s
         eplb.append(time.perf_counter() - t0)
     eplb_ms = float(np.median(eplb) * 1e3)
     ref_ms = reference_eplb_ms(head, window_counts, max(1, min(repeats, 3)))
-    stalls = {mode: [loop_stall(head, counts, params, mode == "off_loop") for _ in range(max(1, min(repeats, 5)))]
-              for mode in ("on_loop", "off_loop")}
+    stalls = {mode: [loop_stall(request(head, counts, params), mode == "off_loop")
+                     for _ in range(max(1, min(repeats, 5)))] for mode in ("on_loop", "off_loop")}
     return {
         "case": case,
         "source": source,
@@ -239,6 +246,33 @@ def measure(repeats: int, window: int, seed: int, case: str = "large") -> dict[s
     }
 
 
+def measure_repair(repeats: int, window: int, seed: int) -> dict[str, object]:
+    """The repair after losing one rank (rank 5) and after losing a whole node (ranks 8-15), on the incremental
+    case's head and window: its wall time, and the loop stall it caused on the loop and off it (the agent plans
+    its repairs off the loop too)."""
+    head, window_counts, params = setup(window, seed, "incremental")
+    counts = agent_rows(window_counts, params)
+    out: dict[str, object] = {}
+    for name, lost in (("rank", (5,)), ("node", tuple(range(RANKS_PER_NODE, 2 * RANKS_PER_NODE)))):
+        times, result = [], None
+        for _ in range(repeats):
+            req = request(head, counts, params, lost)
+            t0 = time.perf_counter()
+            result = req.run()
+            times.append(time.perf_counter() - t0)
+        assert result is not None
+        stalls = {mode: [loop_stall(request(head, counts, params, lost), mode == "off_loop")
+                         for _ in range(max(1, min(repeats, 5)))] for mode in ("on_loop", "off_loop")}
+        out[name] = {
+            "lost": list(lost),
+            "outcome": result.outcome,
+            "ops": len(result.decision.ops) if result.decision else 0,
+            "median_ms": round(float(np.median(times) * 1e3), 3),
+            "loop_stall_ms": {m: round(float(np.median([x[0] for x in v])), 1) for m, v in stalls.items()},
+        }
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.planner", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object")
@@ -246,7 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window", type=int, default=DecisionParams.window, help="the agents' window (default: theirs)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    out = {case: measure(args.repeats, args.window, args.seed, case) for case in ("incremental", "large")}
+    out: dict[str, dict[str, object]] = {case: measure(args.repeats, args.window, args.seed, case)
+                                         for case in ("incremental", "large")}
+    out["repair"] = measure_repair(args.repeats, args.window, args.seed)
     if args.json:
         print(json.dumps(out))
     else:

@@ -15,13 +15,17 @@ after N windows, or as soon as its realised gain over the windows seen reaches t
 wait for, and a drift that goes on can be followed at once). When this controller's own restore of a rank
 commits, it proposes experts for the rank at once (controlplane.restore).
 
-A controller built with `defer_plans` does not compute a rebalance inside `step`: the window's Ready carries a
-PlanRequest (the head, a snapshot of the replay windows and the knobs), which the caller runs where it likes
-(the agent: on a worker thread, so that its event loop keeps answering probes and votes during a plan that
-takes a third of a second at DeepSeek-V3 size) and hands back as PlanReady. Windows that close meanwhile are
-judged and counted as always, but plan nothing (PLANNING). The plan is proposed only if the controller is still
-where it asked from: the same head, nothing in flight, not paused, no change under observation; else it is
-dropped (STALE_PLAN) and the next window plans afresh. Run at once, it decides exactly as `step` would.
+A controller built with `defer_plans` does not compute a rebalance, a repair or a rollback inside `step`: its
+Ready carries a PlanRequest (the head, a snapshot of the replay windows and the knobs), which the caller runs
+where it likes (the agent: on a worker thread, so that its event loop keeps answering probes and votes during a
+plan that takes a third of a second at DeepSeek-V3 size, or the repair of a lost node, a quarter of one) and
+hands back as PlanReady. Windows that close meanwhile are judged and counted as always, but plan nothing
+(PLANNING). The plan is proposed only if the controller is still where it asked from: the same head, nothing in
+flight, and for a rebalance not paused and no change under observation, for a repair the same lost ranks, for a
+rollback still due; else it is dropped (STALE_PLAN): the next window plans a rebalance afresh, and a repair or
+rollback still due is asked for again at once. A repair or rollback supersedes a rebalance being computed (its
+answer is dropped). Run at once, it decides exactly as `step` would. (A restored rank's fill and an operator's
+proposal are still computed inside `step`.)
 """
 
 from __future__ import annotations
@@ -37,8 +41,6 @@ from controlplane.decision import (
     DecisionParams,
     PlanRequest,
     manual,
-    repair,
-    rollback,
     same_ranks,
 )
 from controlplane.errors import ControlPlaneError, InvalidShape
@@ -52,7 +54,7 @@ from controlplane.events import (
     TableCommitted,
     WindowClosed,
 )
-from controlplane.monitor import LoadMonitor, WindowReport
+from controlplane.monitor import LoadMonitor, ReplayBuffer, WindowReport
 from controlplane.ops import EndReason, Lifecycle, OpState, Restore
 from controlplane.planner import Refused
 from controlplane.profile import StabilityProfile
@@ -200,32 +202,39 @@ class Controller:
             self._note(trig, DecisionOutcome.NOT_DESIGNATED, f"{ev.planner} plans this window")
         else:
             self.monitor.budget.reset()  # an attempt spends the budget, whatever its outcome
-            req = PlanRequest(seq, self.head, self.monitor.buffer.snapshot() if self.defer_plans else self.monitor.buffer,
-                              p, self.profile, self._cool_until >= seq, trig, low, rep.imbalance)
-            if self.defer_plans:
-                self._planning = req
-                self._ready.plans.append(req)
-                return
-            self._planned(req, req.run())
+            req = PlanRequest(seq, self.head, self._buffer(), p, self.profile, self._cool_until >= seq, trig, low,
+                              rep.imbalance)
+            self._ask(req)
 
     def _on_plan_ready(self, ev: PlanReady) -> None:
-        req = ev.request
+        req, a = ev.request, ev.attempt
         if req is not self._planning:
             self._note(req.trigger, DecisionOutcome.STALE_PLAN, f"the plan of window {req.seq} was not asked for now")
             return
         self._planning = None
+        o = self._rollback_due
         why = (f"the head moved to v{self.head.version} while it was computed" if self.head.version != req.head.version
                else f"v{self._inflight.table.version} was proposed meanwhile" if self._inflight is not None
+               else "" if req.kind != "rebalance"  # a repair or a due rollback is proposed even when paused
                else "decisions were paused meanwhile" if self._paused
                else "a change is under observation" if self._observe is not None else "")
+        if req.kind == "repair" and not why and req.lost != tuple(sorted(self._lost)):
+            why = f"the lost ranks are {sorted(self._lost)} now"
+        if req.kind == "rollback" and not why and (o is None or o.parent is not req.target):
+            why = "the rollback is no longer due"
         if why:
             self._note(req.trigger, DecisionOutcome.STALE_PLAN, f"planned on v{req.head.version} at window "
                        f"{req.seq}: {why}")
+            if req.kind != "rebalance":  # a repair or rollback still due is asked for again at once
+                self._propose_pending("")
             return
-        self._planned(req, ev.attempt)
-
-    def _planned(self, req: PlanRequest, a: Attempt) -> None:
-        if req.low and a.decision is None:
+        if a.outcome == DecisionOutcome.PLANNER_ERROR:  # a defect, logged where it ran: a due repair or
+            pass  # rollback stays due, and the next window asks for it again
+        elif req.kind == "repair" and a.decision is None:
+            self._lost.clear()  # re-reported by membership when it changes
+        elif req.kind == "rollback" and o is not None and a.decision is None:
+            self._rollback_not_proposed(o, a)
+        elif req.kind == "rebalance" and req.low and a.decision is None:
             self.worth.refused(req.seq, req.imbalance)
         self._attempt(a, req.trigger)
 
@@ -329,6 +338,10 @@ class Controller:
         planner had just restarted without the observation, and the rollback never came, seed 1000261)."""
         if self._inflight is not None or not (self._lost or self._rollback_due):
             return False
+        pl = self._planning
+        if pl is not None and pl.kind != "rebalance":
+            self._note(pl.trigger, DecisionOutcome.PLANNING, f"the {pl.kind} asked for at window {pl.seq} is being computed")
+            return True
         seq = self.monitor.last_seq if self.monitor.last_seq is not None else -1
         wait = 1 if self._lost else max(1, backup)
         if planner and (self._waiting_since is None or seq - self._waiting_since < wait):
@@ -340,25 +353,38 @@ class Controller:
                        f"closes")
             return True
         self._waiting_since = None
+        # a rebalance being computed is superseded (its answer is dropped as not asked for): these come first
+        nocool = np.zeros((self.head.layers, self.head.experts), dtype=bool)
         if self._lost:
-            lost = sorted(self._lost)
-            a = repair(self.head, lost, self.monitor.buffer, self.params)
-            if a.decision is None:
-                self._lost.clear()  # re-reported by membership when it changes
-            self._attempt(a, f"repair: ranks {lost} lost")
+            lost = tuple(sorted(self._lost))
+            self._ask(PlanRequest(seq, self.head, self._buffer(), self.params, self.profile, nocool,
+                                  f"repair: ranks {list(lost)} lost", False, self._imbalance, "repair", lost))
             return True
         o = self._rollback_due
         if o is not None:
             trig = (f"rollback: realised step imbalance {o.realised / max(o.windows, 1):.3f} not better than "
                     f"{o.counterfactual / max(o.windows, 1):.3f} without v{o.version} over {o.windows} windows")
-            a = rollback(self.head, o.parent, self.monitor.buffer, self.params, trig, last=o.windows)
-            if a.decision is None:
-                o.life = o.life.to(OpState.DONE, a.outcome)
-                self._ready.events.append(OpTransition(o.version, "rebalance", o.life.state, o.life.reason))
-                self._rollback_due = None
-            self._attempt(a, trig)
+            self._ask(PlanRequest(seq, self.head, self._buffer(), self.params, self.profile, nocool, trig, False,
+                                  self._imbalance, "rollback", target=o.parent, last=o.windows))
             return True
         return False
+
+    def _buffer(self) -> ReplayBuffer:
+        """The replay windows a plan is computed on: a snapshot where it is computed elsewhere (defer_plans)."""
+        return self.monitor.buffer.snapshot() if self.defer_plans else self.monitor.buffer
+
+    def _ask(self, req: PlanRequest) -> None:
+        """Hand `req` out to be computed (defer_plans), or compute it and act on it now."""
+        self._planning = req
+        if self.defer_plans:
+            self._ready.plans.append(req)
+        else:
+            self._on_plan_ready(PlanReady(req, req.run()))
+
+    def _rollback_not_proposed(self, o: _Observation, a: Attempt) -> None:
+        o.life = o.life.to(OpState.DONE, a.outcome)
+        self._ready.events.append(OpTransition(o.version, "rebalance", o.life.state, o.life.reason))
+        self._rollback_due = None
 
     def _attempt(self, a: Attempt, trigger: str) -> None:
         d = a.decision

@@ -47,6 +47,9 @@ def _rehome(
         by_layer.setdefault(layer, []).append((expert, old))
     ops: list[Operation] = []
     expert_load = None if load is None else np.asarray(load, dtype=np.int64)
+    node = [topo.node_of(g) for g in range(G)]
+    # Plain lists per layer: one numpy call per candidate rank costs more than the work, and a long run of tiny
+    # numpy calls on the planner's thread keeps the agent's event loop from the GIL (agent.offloop).
     for layer in sorted(by_layer):
         need = by_layer[layer]
         room = int(free[layer, survivors].sum())
@@ -58,16 +61,17 @@ def _rehome(
                 f"{S} slots"
             )
         # hottest experts first so they land on the coolest ranks
-        order = sorted(need, key=lambda eo: (-(int(expert_load[layer, eo[0]]) if expert_load is not None else 0), eo[0]))
+        el = expert_load[layer].tolist() if expert_load is not None else [0] * table.experts
+        order = sorted(need, key=lambda eo: (-el[eo[0]], eo[0]))
+        rows, fr, ld = phy[layer].tolist(), free[layer].tolist(), rl[layer].tolist()
         for expert, old in order:
-            cands = [g for g in survivors if free[layer, g] > 0 and not (phy[layer, g] == expert).any()]
+            cands = [g for g in survivors if fr[g] > 0 and expert not in rows[g]]
             if not cands:
                 raise DrainRefused(f"layer {layer}: no surviving rank has a free slot for expert {expert}")
-            old_node = topo.node_of(old)
-            dst = min(cands, key=lambda g: (topo.node_of(g) != old_node, int(rl[layer, g]), g))
-            free[layer, dst] -= 1
-            if expert_load is not None:
-                rl[layer, dst] += int(expert_load[layer, expert])
+            old_node = node[old]
+            dst = min(cands, key=lambda g: (node[g] != old_node, ld[g], g))
+            fr[dst] -= 1
+            ld[dst] += el[expert]
             ops.append(Repair(layer, expert, dst, -1) if copy_from_host else Migrate(layer, expert, old, dst))
     return ops
 

@@ -10,10 +10,12 @@ from controlplane.controller import (
     ManualProposal,
     PlanReady,
     PlanRequest,
+    RanksLost,
     SetPaused,
     TableCommitted,
     WindowReport,
 )
+from controlplane.decision import same_ranks
 from controlplane.ops import Migrate, Replicate, apply_ops
 from controlplane.table import RoutingTable
 from tests.controlplane.test_cp_controller import feed, setup, windows
@@ -104,3 +106,88 @@ def test_a_plan_is_dropped_when_a_proposal_or_the_pause_came_meanwhile() -> None
         ex = c.last_explain()
         assert not r.proposals and ex is not None and ex.outcome == "STALE_PLAN", meanwhile
         assert ("paused" if meanwhile == "pause" else "was proposed meanwhile") in ex.detail
+
+
+def test_a_repair_is_asked_for_then_proposed_as_the_inline_controller_proposes_it_even_while_paused() -> None:
+    inline, head = setup()
+    later, _ = deferred()
+    ws = windows(4, 2)
+    for c in (inline, later):
+        feed(c, 0, ws[0])
+        c.advance()
+    later.step(SetPaused(True))  # a repair restores a valid table: the operator's pause does not hold it
+    later.advance()
+    a, b = inline.step(RanksLost((3,))), later.step(RanksLost((3,)))
+    assert len(a.proposals) == 1 and not a.plans
+    assert not b.proposals and len(b.plans) == 1 and later.state == "planning"
+    req = b.plans[0]
+    assert req.kind == "repair" and req.lost == (3,) and req.buffer is not later.monitor.buffer  # a snapshot
+    later.advance()
+    r = later.step(PlanReady(req, req.run()))
+    mine, theirs = r.proposals[0], a.proposals[0]
+    assert mine.kind == "repair" and mine.table.content_equal(theirs.table) and mine.ops == theirs.ops
+    assert mine.trigger == theirs.trigger and 3 not in mine.table.active_ranks
+
+
+def test_a_rank_lost_while_a_rebalance_is_computed_is_repaired_first_and_the_rebalance_dropped() -> None:
+    c, _ = deferred()
+    ws = windows(0, 3)
+    rebalance = asked(c, ws)
+    r = c.step(RanksLost((3,)))
+    assert [q.kind for q in r.plans] == ["repair"]
+    repair = r.plans[0]
+    c.advance()
+    r = c.step(PlanReady(rebalance, rebalance.run()))  # the superseded rebalance comes back first
+    assert not r.proposals and c.last_explain().outcome == "STALE_PLAN"  # type: ignore[union-attr]
+    assert c.planning is repair
+    c.advance()
+    r = c.step(PlanReady(repair, repair.run()))
+    assert [d.kind for d in r.proposals] == ["repair"]
+
+
+def test_a_repair_that_comes_back_after_another_rank_was_lost_is_asked_for_again_with_both() -> None:
+    c, _ = deferred()
+    ws = windows(4, 3)
+    feed(c, 0, ws[0])
+    c.advance()
+    first = c.step(RanksLost((3,))).plans[0]
+    c.advance()
+    r = c.step(RanksLost((5,)))  # while the first repair is computed
+    assert not r.plans and not r.proposals and c.last_explain().outcome == "PLANNING"  # type: ignore[union-attr]
+    c.advance()
+    r = feed(c, 1, ws[1])  # a window meanwhile: judged, and waits for the repair
+    assert not r.plans and not r.proposals and c.last_explain().outcome == "PLANNING"  # type: ignore[union-attr]
+    c.advance()
+    r = c.step(PlanReady(first, first.run()))
+    stale = [e for e in r.events if getattr(e, "outcome", "") == "STALE_PLAN"]
+    assert not r.proposals and stale and "lost ranks are [3, 5] now" in stale[0].detail  # type: ignore[attr-defined]
+    assert [q.lost for q in r.plans] == [(3, 5)]  # asked for again at once, with both
+    again = r.plans[0]
+    c.advance()
+    r = c.step(PlanReady(again, again.run()))
+    d = r.proposals[0]
+    assert d.kind == "repair" and not {3, 5} & set(d.table.active_ranks)
+
+
+def test_a_due_rollback_is_asked_for_and_dropped_when_another_node_rolled_back_meanwhile() -> None:
+    c, head = deferred(rollback_windows=2, theta=50.0, load_ms=0.0)  # as test_a_change_that_did_not_help_...
+    ws = windows(3, 10)
+    bad = apply_ops(head, [Migrate(0, 5, 2, 0), Migrate(1, 5, 2, 0)])
+    c.step(TableCommitted(bad, newest_window=-1))
+    c.advance()
+    for seq in (0, 1):
+        feed(c, seq, ws[seq])
+        c.advance()
+    r = feed(c, 2, ws[2])
+    assert not r.proposals and [q.kind for q in r.plans] == ["rollback"]
+    req = r.plans[0]
+    assert req.target is head and req.last == 2
+    c.advance()
+    answer = req.run()
+    assert answer.decision is not None and same_ranks(answer.decision.table, head)
+    rolled = answer.decision.table
+    c.step(TableCommitted(rolled))  # another node's rollback, the same placement, commits first
+    c.advance()
+    r = c.step(PlanReady(req, answer))
+    assert not r.proposals and not r.plans and c.last_explain().outcome == "STALE_PLAN"  # type: ignore[union-attr]
+    assert c.state == "idle"

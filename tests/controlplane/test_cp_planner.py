@@ -183,7 +183,10 @@ def test_bench_planner_prints_the_contract() -> None:
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)
-    assert set(res) == {"incremental", "large"}
+    assert set(res) == {"incremental", "large", "repair"}
+    for name, rep in res.pop("repair").items():
+        assert name in ("rank", "node") and rep["outcome"] == "PROPOSED" and rep["ops"] > len(rep["lost"]), rep
+        assert set(rep["loop_stall_ms"]) == {"on_loop", "off_loop"}
     for case, out in res.items():
         assert out["case"] == case
         assert out["shape"] == [58, 256] and out["ranks"] == 64 and out["window"] == DecisionParams.window
