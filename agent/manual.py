@@ -131,8 +131,8 @@ class ManualPath:
         await self._until(lambda: self.pipeline.fill_after(v) is not None, 5.0)
         found = self.pipeline.fill_after(v)
         why = found[1] if found is not None else "none proposed"
-        if found is not None and found[0] is not None:
-            await self._settled(limit_s=30.0)  # the fill (and a retry, if it lost its version) is decided
+        if found is not None and found[0] is not None:  # the fill (and a retry, if it lost its version) is decided
+            await self._until(lambda: self.pipeline.inflight is None and self.pipeline.computing() != "fill", 30.0)
             found = self.pipeline.fill_after(v)
             if found is not None and found[0] is not None:
                 rec = self.pipeline.explains.get(found[0].table.version)

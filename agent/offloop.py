@@ -18,7 +18,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from agent.pipeline import failed_plan
-from controlplane.decision import Attempt, PlanRequest
+from controlplane.decision import Attempt
+from controlplane.requests import PlanRequest
 
 log = logging.getLogger("emoe.agent")
 

@@ -261,6 +261,11 @@ class DecisionPipeline:
         """This node's proposal awaiting its outcome, if any."""
         return self.controller.inflight
 
+    def computing(self) -> str:
+        """The kind of plan being computed for this node's controller (rebalance, repair, rollback, fill), or ''."""
+        req = self.controller.planning
+        return req.kind if req is not None else ""
+
     def fill_after(self, version: int) -> tuple[Decision | None, str] | None:
         """What the controller did when this node's restore committed as `version`: the experts it proposed for
         the restored ranks (controlplane.restore.fill), or None and why not; None if it has not seen that

@@ -24,7 +24,8 @@ and `voter_verify_ms` a voter's independent `verify_decision` (full replay of th
 decision was computed on the loop (`on_loop`: what every agent did before its plans moved to a worker thread) and
 through the agent's `agent.offloop.OffLoopPlanner` (`off_loop`: what the agent does), with each one's wall time.
 `repair`: the repair after losing one rank and after losing a whole node (8 ranks) on the incremental case's
-head, its wall time and the same loop stalls (the agent computes repairs off the loop too).
+head, and the fill of that node's ranks restored afterwards: wall times and the same loop stalls (the agent
+computes repairs and fills off the loop too).
 """
 
 from __future__ import annotations
@@ -43,8 +44,10 @@ import numpy as np  # noqa: E402
 import numpy.typing as npt  # noqa: E402
 
 from controlplane.baselines.eplb import eplb_table  # noqa: E402
-from controlplane.decision import DecisionParams, PlanRequest, rebalance  # noqa: E402
+from controlplane.decision import DecisionParams, rebalance  # noqa: E402
 from controlplane.monitor import ReplayBuffer  # noqa: E402
+from controlplane.ops import Restore, apply_ops  # noqa: E402
+from controlplane.requests import PlanRequest  # noqa: E402
 from controlplane.table import RoutingTable, initial_table  # noqa: E402
 from controlplane.topology import Topology  # noqa: E402
 from controlplane.verify import verify_decision  # noqa: E402
@@ -116,12 +119,16 @@ def _buffer(head: RoutingTable, counts: npt.NDArray[np.uint32], warm: bool, bloc
 
 
 def request(head: RoutingTable, counts: npt.NDArray[np.uint32], params: DecisionParams,
-            lost: tuple[int, ...] = ()) -> PlanRequest:
-    """What the agent's controller hands its planner: a rebalance, or (`lost`) the repair of those ranks."""
+            lost: tuple[int, ...] = (), restored: tuple[int, ...] = ()) -> PlanRequest:
+    """What the agent's controller hands its planner: a rebalance, (`lost`) the repair of those ranks, or
+    (`restored`) the fill of those ranks restored in `head`."""
     cool = np.zeros((head.layers, head.experts), dtype=bool)
     buf = _buffer(head, counts, True, params.plan_block, params.window)
     if lost:
         return PlanRequest(0, head, buf, params, None, cool, "bench", False, 0.0, "repair", lost)
+    if restored:
+        return PlanRequest(0, head, buf, params, None, cool, "bench", False, 0.0, "fill", ranks=restored,
+                           restore_version=head.version)
     return PlanRequest(0, head, buf, params, None, cool, "bench", False, 0.0)
 
 
@@ -248,23 +255,28 @@ def measure(repeats: int, window: int, seed: int, case: str = "large") -> dict[s
 
 def measure_repair(repeats: int, window: int, seed: int) -> dict[str, object]:
     """The repair after losing one rank (rank 5) and after losing a whole node (ranks 8-15), on the incremental
-    case's head and window: its wall time, and the loop stall it caused on the loop and off it (the agent plans
-    its repairs off the loop too)."""
+    case's head and window, and the fill of that node's ranks restored after its repair: the wall time, and the
+    loop stall each caused on the loop and off it (the agent computes both off the loop too)."""
     head, window_counts, params = setup(window, seed, "incremental")
     counts = agent_rows(window_counts, params)
+    node = tuple(range(RANKS_PER_NODE, 2 * RANKS_PER_NODE))
+    repaired = request(head, counts, params, node).run().decision
+    assert repaired is not None
+    back = apply_ops(repaired.table, [Restore(r) for r in node])
     out: dict[str, object] = {}
-    for name, lost in (("rank", (5,)), ("node", tuple(range(RANKS_PER_NODE, 2 * RANKS_PER_NODE)))):
+    for name, at, lost, restored in (("rank", head, (5,), ()), ("node", head, node, ()), ("fill", back, (), node)):
         times, result = [], None
         for _ in range(repeats):
-            req = request(head, counts, params, lost)
+            req = request(at, counts, params, lost, restored)
             t0 = time.perf_counter()
             result = req.run()
             times.append(time.perf_counter() - t0)
         assert result is not None
-        stalls = {mode: [loop_stall(request(head, counts, params, lost), mode == "off_loop")
+        stalls = {mode: [loop_stall(request(at, counts, params, lost, restored), mode == "off_loop")
                          for _ in range(max(1, min(repeats, 5)))] for mode in ("on_loop", "off_loop")}
         out[name] = {
             "lost": list(lost),
+            "restored": list(restored),
             "outcome": result.outcome,
             "ops": len(result.decision.ops) if result.decision else 0,
             "median_ms": round(float(np.median(times) * 1e3), 3),

@@ -15,17 +15,18 @@ after N windows, or as soon as its realised gain over the windows seen reaches t
 wait for, and a drift that goes on can be followed at once). When this controller's own restore of a rank
 commits, it proposes experts for the rank at once (controlplane.restore).
 
-A controller built with `defer_plans` does not compute a rebalance, a repair or a rollback inside `step`: its
-Ready carries a PlanRequest (the head, a snapshot of the replay windows and the knobs), which the caller runs
-where it likes (the agent: on a worker thread, so that its event loop keeps answering probes and votes during a
-plan that takes a third of a second at DeepSeek-V3 size, or the repair of a lost node, a quarter of one) and
+A controller built with `defer_plans` does not compute a rebalance, a repair, a rollback or a restored rank's
+fill inside `step`: its Ready carries a PlanRequest (controlplane.requests: the head, a snapshot of the replay
+windows and the knobs), which the caller runs where it likes (the agent: on a worker thread, so that its event
+loop keeps answering probes and votes during a plan that takes a third of a second at DeepSeek-V3 size) and
 hands back as PlanReady. Windows that close meanwhile are judged and counted as always, but plan nothing
 (PLANNING). The plan is proposed only if the controller is still where it asked from: the same head, nothing in
-flight, and for a rebalance not paused and no change under observation, for a repair the same lost ranks, for a
-rollback still due; else it is dropped (STALE_PLAN): the next window plans a rebalance afresh, and a repair or
-rollback still due is asked for again at once. A repair or rollback supersedes a rebalance being computed (its
-answer is dropped). Run at once, it decides exactly as `step` would. (A restored rank's fill and an operator's
-proposal are still computed inside `step`.)
+flight; for a rebalance, not paused and no change under observation; for a repair or a fill, the same lost
+ranks; for a rollback, still due. Else it is dropped (STALE_PLAN): the next window plans a rebalance afresh, a
+repair or rollback still due is asked for again at once, a fill on the new head (up to FILL_TRIES) unless a
+repair comes first. A repair, rollback or fill supersedes a rebalance being computed (its answer is dropped).
+Run at once, it decides exactly as `step` would. (An operator's proposal is still computed inside `step`: its
+RPC awaits it.)
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from controlplane.decision import (
     Decision,
     DecisionOutcome,
     DecisionParams,
-    PlanRequest,
     manual,
     same_ranks,
 )
@@ -59,7 +59,8 @@ from controlplane.ops import EndReason, Lifecycle, OpState, Restore
 from controlplane.planner import Refused
 from controlplane.profile import StabilityProfile
 from controlplane.ready import Explain, OpTransition, ProposalRecord, Ready, Record, Resolution
-from controlplane.restore import FILL_TRIES, fill_restored
+from controlplane.requests import PlanRequest
+from controlplane.restore import FILL_TRIES
 from controlplane.table import RoutingTable
 from controlplane.verify import verify_decision
 from controlplane.worth import WorthTrigger
@@ -218,14 +219,16 @@ class Controller:
                else "" if req.kind != "rebalance"  # a repair or a due rollback is proposed even when paused
                else "decisions were paused meanwhile" if self._paused
                else "a change is under observation" if self._observe is not None else "")
-        if req.kind == "repair" and not why and req.lost != tuple(sorted(self._lost)):
+        if req.kind in ("repair", "fill") and not why and req.lost != tuple(sorted(self._lost)):
             why = f"the lost ranks are {sorted(self._lost)} now"
         if req.kind == "rollback" and not why and (o is None or o.parent is not req.target):
             why = "the rollback is no longer due"
         if why:
             self._note(req.trigger, DecisionOutcome.STALE_PLAN, f"planned on v{req.head.version} at window "
                        f"{req.seq}: {why}")
-            if req.kind != "rebalance":  # a repair or rollback still due is asked for again at once
+            if req.kind == "fill":  # on the new head, if it still has tries; else a later rebalance fills them
+                self._refill_or_drop(req, a, why)
+            elif req.kind != "rebalance":  # a repair or rollback still due is asked for again at once
                 self._propose_pending("")
             return
         if a.outcome == DecisionOutcome.PLANNER_ERROR:  # a defect, logged where it ran: a due repair or
@@ -236,7 +239,19 @@ class Controller:
             self._rollback_not_proposed(o, a)
         elif req.kind == "rebalance" and req.low and a.decision is None:
             self.worth.refused(req.seq, req.imbalance)
-        self._attempt(a, req.trigger)
+        if req.kind == "fill":
+            self.last_fill = (req.restore_version, a)
+        self._attempt(a, a.decision.trigger if a.decision is not None else req.trigger)
+
+    def _refill_or_drop(self, req: PlanRequest, a: Attempt, why: str) -> None:
+        """A fill that came back stale: asked for again on the new head while it has tries left and nothing
+        comes first (a proposal in flight, a repair); else given up, which `emoe restore` reports."""
+        if self.head.version != req.head.version and self._inflight is None and not self._lost \
+                and self._fill_tries < FILL_TRIES:
+            self._fill(req.ranks, req.restore_version, again=True)
+        else:
+            self.last_fill = (req.restore_version, Attempt(None, DecisionOutcome.STALE_PLAN, why))
+            self._propose_pending("")  # a repair that comes first
 
     def _on_commit(self, ev: TableCommitted) -> None:
         t = ev.table
@@ -302,10 +317,9 @@ class Controller:
         self._fill_ranks = ranks
         self._fill_tries = self._fill_tries + 1 if again else 1
         seq = self.monitor.last_seq if self.monitor.last_seq is not None else 0
-        a = fill_restored(self.head, ranks, restore_version, sorted(self._lost), self.monitor.buffer, self.params,
-                          self._cool_until >= seq)
-        self.last_fill = (restore_version, a)
-        self._attempt(a, a.decision.trigger if a.decision is not None else f"restore: ranks {list(ranks)}")
+        self._ask(PlanRequest(seq, self.head, self._buffer(), self.params, self.profile, self._cool_until >= seq,
+                              f"restore: ranks {list(ranks)}", False, self._imbalance, "fill",
+                              tuple(sorted(self._lost)), ranks=ranks, restore_version=restore_version))
 
     def _on_failed(self, ev: ProposalFailed) -> None:
         d = self._inflight

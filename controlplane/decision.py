@@ -304,39 +304,6 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
     return a
 
 
-@dataclass(frozen=True, eq=False)
-class PlanRequest:
-    """A decision to compute (a controller with `defer_plans`): `run()` is the pure decision on what the
-    controller saw when window `seq` closed, safe to call on another thread while the controller goes on; hand
-    its Attempt back as PlanReady(request, attempt). `kind` says which: a rebalance (controlplane.decision.
-    rebalance), the repair of the `lost` ranks (`repair`), or the rollback to `target`'s placement judged on the
-    `last` windows (`rollback`)."""
-
-    seq: int
-    head: RoutingTable
-    buffer: ReplayBuffer  # a snapshot (ReplayBuffer.snapshot): the controller's own takes new windows meanwhile
-    params: DecisionParams
-    profile: StabilityProfile | None
-    cooldown: npt.NDArray[np.bool_]
-    trigger: str
-    low: bool  # planned under theta on the cost-benefit trigger (a refusal backs it off)
-    imbalance: float
-    kind: str = "rebalance"  # "rebalance" | "repair" | "rollback"
-    lost: tuple[int, ...] = ()  # repair: the ranks lost, sorted
-    target: RoutingTable | None = None  # rollback: the placement to return to (the change's parent)
-    last: int | None = None  # rollback: the windows it is judged on
-
-    def run(self) -> Attempt:
-        if self.kind == "rebalance":
-            return rebalance(self.head, self.buffer, self.params, self.profile, self.cooldown, self.trigger)
-        if self.kind == "repair":
-            return repair(self.head, list(self.lost), self.buffer, self.params)
-        if self.kind == "rollback" and self.target is not None:
-            return rollback(self.head, self.target, self.buffer, self.params, self.trigger, last=self.last)
-        raise ControlPlaneError(f"plan request of kind {self.kind!r}" + (" without its target" if self.target is None
-                                                                         and self.kind == "rollback" else ""))
-
-
 def manual(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, ops: tuple[Operation, ...], force: bool,
            why: str = "") -> Attempt:
     """An operator's operations (or, with `why`, the agent's own on the operator's path): valid always required;

@@ -12,7 +12,8 @@ from controlplane.ops import Operation
 from controlplane.table import RoutingTable
 
 if TYPE_CHECKING:
-    from controlplane.decision import Attempt, PlanRequest
+    from controlplane.decision import Attempt
+    from controlplane.requests import PlanRequest
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from controlplane.decision import Decision, PlanRequest
+from controlplane.decision import Decision
 from controlplane.monitor import WindowReport
 from controlplane.planner import Refused
+from controlplane.requests import PlanRequest
 from controlplane.table import RoutingTable
 
 

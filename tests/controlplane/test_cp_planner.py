@@ -185,7 +185,8 @@ def test_bench_planner_prints_the_contract() -> None:
     res = json.loads(r.stdout)
     assert set(res) == {"incremental", "large", "repair"}
     for name, rep in res.pop("repair").items():
-        assert name in ("rank", "node") and rep["outcome"] == "PROPOSED" and rep["ops"] > len(rep["lost"]), rep
+        assert name in ("rank", "node", "fill") and rep["outcome"] == "PROPOSED", rep
+        assert rep["ops"] > len(rep["lost"]) + len(rep["restored"]) and bool(rep["restored"]) == (name == "fill")
         assert set(rep["loop_stall_ms"]) == {"on_loop", "off_loop"}
     for case, out in res.items():
         assert out["case"] == case

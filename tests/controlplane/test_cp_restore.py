@@ -7,7 +7,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controlplane.controller import Controller, DecisionParams, ManualProposal, TableCommitted, WindowClosed
+from controlplane.controller import (
+    Controller,
+    DecisionParams,
+    ManualProposal,
+    PlanReady,
+    RanksLost,
+    TableCommitted,
+    WindowClosed,
+)
 from controlplane.elastic import plan_drain, plan_restore
 from controlplane.monitor import ReplayBuffer
 from controlplane.ops import Migrate, apply_ops
@@ -116,3 +124,54 @@ def test_the_controller_proposes_experts_when_its_restore_commits() -> None:
     # a restore another node committed is not ours to fill (its own controller does)
     c2 = Controller(DecisionParams(window=W), drained)
     assert c2.step(TableCommitted(restore.table, "manual")).proposals == [] and c2.last_fill is None
+
+
+def restored_under(c: Controller, drained: RoutingTable) -> RoutingTable:
+    """Two windows (another node plans them), then this controller's restore of rank 5 commits: its table."""
+    for seq, w in enumerate(skewed(2, 2)):
+        c.step(WindowClosed(seq, seq * W, w, planner="n2"))
+        c.advance()
+    [restore] = c.step(ManualProposal(plan_restore(drained, 5), force=True)).proposals
+    c.advance()
+    return restore.table
+
+
+def test_a_deferred_fill_is_asked_for_as_the_restore_commits_and_proposed_as_the_inline_one() -> None:
+    drained, _ = drained_then_restored()
+    p = DecisionParams(window=W, expert_bytes=1 << 20)
+    inline, later = Controller(p, drained), Controller(p, drained, defer_plans=True)
+    restore = restored_under(inline, drained)
+    assert restored_under(later, drained).content_equal(restore)
+    [theirs] = inline.step(TableCommitted(restore, "manual")).proposals
+    ready = later.step(TableCommitted(restore, "manual"))
+    assert not ready.proposals and [(q.kind, q.ranks, q.restore_version) for q in ready.plans] == [
+        ("fill", (5,), restore.version)]
+    assert later.last_fill is None  # not decided yet: `emoe restore` waits for it
+    req = ready.plans[0]
+    later.advance()
+    [mine] = later.step(PlanReady(req, req.run())).proposals
+    assert mine.table.content_equal(theirs.table) and mine.ops == theirs.ops and mine.trigger == theirs.trigger
+    assert later.last_fill is not None and later.last_fill == (restore.version, later.last_fill[1])
+    assert later.last_fill[1].decision is mine
+
+
+def test_a_fill_that_comes_back_stale_is_asked_for_again_on_the_new_head_or_gives_way_to_a_repair() -> None:
+    drained, _ = drained_then_restored()
+    c = Controller(DecisionParams(window=W, expert_bytes=1 << 20), drained, defer_plans=True)
+    restore = restored_under(c, drained)
+    [first] = c.step(TableCommitted(restore, "manual")).plans
+    c.advance()
+    other = apply_ops(restore, (Migrate(0, 1, 0, 5),))  # another node's table commits meanwhile
+    assert (on_rank(other, 5) == 0).any()  # rank 5 still empty in some layers: a fill is still wanted
+    c.step(TableCommitted(other, "manual"))
+    c.advance()
+    ready = c.step(PlanReady(first, first.run()))
+    assert not ready.proposals and c.last_explain().outcome == "STALE_PLAN"  # type: ignore[union-attr]
+    [again] = ready.plans
+    assert again.kind == "fill" and again.head is other and again.restore_version == restore.version
+    c.advance()
+    c.step(RanksLost((9,)))  # a rank is lost while the fill is computed: its repair comes first
+    c.advance()
+    ready = c.step(PlanReady(again, again.run()))
+    assert not ready.proposals and [q.kind for q in ready.plans] == ["repair"]
+    assert c.last_fill is not None and c.last_fill[1].decision is None and c.last_fill[1].outcome == "STALE_PLAN"
