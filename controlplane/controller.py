@@ -217,6 +217,7 @@ class Controller:
         why = (f"the head moved to v{self.head.version} while it was computed" if self.head.version != req.head.version
                else f"v{self._inflight.table.version} was proposed meanwhile" if self._inflight is not None
                else "" if req.kind != "rebalance"  # a repair or a due rollback is proposed even when paused
+               else f"ranks {sorted(self._lost)} were lost meanwhile: their repair comes first" if self._lost
                else "decisions were paused meanwhile" if self._paused
                else "a change is under observation" if self._observe is not None else "")
         if req.kind in ("repair", "fill") and not why and req.lost != tuple(sorted(self._lost)):
@@ -340,7 +341,8 @@ class Controller:
 
     # ---- proposing ---------------------------------------------------------------------------
     def _propose_pending(self, planner: str, backup: int = 1) -> bool:
-        """Repair, then a due rollback, when nothing is in flight; True if one of them was attempted or waits.
+        """Repair, then a due rollback, when nothing is in flight; True if one of them was asked for, is being
+        computed, or waits.
         Every node sees the same rank loss or due rollback at about the same time, and when all of them propose
         at once their ballots duel (at 64 nodes a rollback landed seconds late this way). So the node whose turn
         it is (`planner` empty) proposes at once. Another waits one window for a repair (it may rest on this

@@ -143,6 +143,15 @@ def test_a_rank_lost_while_a_rebalance_is_computed_is_repaired_first_and_the_reb
     c.advance()
     r = c.step(PlanReady(repair, repair.run()))
     assert [d.kind for d in r.proposals] == ["repair"]
+    # the same where another node is to propose the repair: this one waits a window, and its rebalance is dropped
+    c, _ = deferred()
+    rebalance = asked(c, ws)
+    r = c.step(RanksLost((3,), planner="n1"))
+    assert not r.plans and c.last_explain().outcome == "NOT_DESIGNATED"  # type: ignore[union-attr]
+    c.advance()
+    r = c.step(PlanReady(rebalance, rebalance.run()))
+    ex = c.last_explain()
+    assert not r.proposals and ex is not None and ex.outcome == "STALE_PLAN" and "[3] were lost" in ex.detail
 
 
 def test_a_repair_that_comes_back_after_another_rank_was_lost_is_asked_for_again_with_both() -> None:
