@@ -59,7 +59,7 @@ from controlplane.ops import EndReason, Lifecycle, OpState, Restore
 from controlplane.planner import Refused
 from controlplane.profile import StabilityProfile
 from controlplane.ready import Explain, OpTransition, ProposalRecord, Ready, Record, Resolution
-from controlplane.requests import PlanRequest
+from controlplane.requests import PlanRequest, stale
 from controlplane.restore import FILL_TRIES
 from controlplane.table import RoutingTable
 from controlplane.verify import verify_decision
@@ -214,16 +214,8 @@ class Controller:
             return
         self._planning = None
         o = self._rollback_due
-        why = (f"the head moved to v{self.head.version} while it was computed" if self.head.version != req.head.version
-               else f"v{self._inflight.table.version} was proposed meanwhile" if self._inflight is not None
-               else "" if req.kind != "rebalance"  # a repair or a due rollback is proposed even when paused
-               else f"ranks {sorted(self._lost)} were lost meanwhile: their repair comes first" if self._lost
-               else "decisions were paused meanwhile" if self._paused
-               else "a change is under observation" if self._observe is not None else "")
-        if req.kind in ("repair", "fill") and not why and req.lost != tuple(sorted(self._lost)):
-            why = f"the lost ranks are {sorted(self._lost)} now"
-        if req.kind == "rollback" and not why and (o is None or o.parent is not req.target):
-            why = "the rollback is no longer due"
+        why = stale(req, self.head.version, self._inflight.table.version if self._inflight is not None else None,
+                    self._paused, self._observe is not None, tuple(sorted(self._lost)), o.parent if o else None)
         if why:
             self._note(req.trigger, DecisionOutcome.STALE_PLAN, f"planned on v{req.head.version} at window "
                        f"{req.seq}: {why}")

@@ -61,3 +61,24 @@ class PlanRequest:
             return fill_restored(self.head, self.ranks, self.restore_version, self.lost, self.buffer, self.params,
                                  self.cooldown)
         return rebalance(self.head, self.buffer, self.params, self.profile, self.cooldown, self.trigger)
+
+
+def stale(req: PlanRequest, head: int, inflight: int | None, paused: bool, observing: bool, lost: tuple[int, ...],
+          due: RoutingTable | None) -> str:
+    """Why the answer to `req` must not be proposed now ('' if it may), given the controller's head version, its
+    proposal in flight (its version), whether it is paused or observing a change, the ranks lost (sorted) and the
+    target of the rollback due. A repair, rollback or fill is proposed even while paused (it restores a valid
+    table, or undoes a change that realised worse)."""
+    if head != req.head.version:
+        return f"the head moved to v{head} while it was computed"
+    if inflight is not None:
+        return f"v{inflight} was proposed meanwhile"
+    if req.kind == "rebalance":
+        return (f"ranks {list(lost)} were lost meanwhile: their repair comes first" if lost
+                else "decisions were paused meanwhile" if paused
+                else "a change is under observation" if observing else "")
+    if req.kind in ("repair", "fill") and req.lost != lost:
+        return f"the lost ranks are {list(lost)} now"
+    if req.kind == "rollback" and due is not req.target:
+        return "the rollback is no longer due"
+    return ""
