@@ -20,7 +20,7 @@ on a thread of its own; reading the agent's state from there could see it mid-ch
     emoe_rank_report_age_seconds{rank}     since its last load report (absent: never reported)
     emoe_rank_installed_age_seconds{rank}  since its last install (how long it has run its version)
     emoe_decisions_total{outcome}          the controller's decisions by outcome (PROPOSED, BELOW_THETA, ...)
-    emoe_plans_total                       plans this agent computed: rebalances (its turn), repairs, rollbacks
+    emoe_plans_total                       plans this agent computed: rebalances (its turn), repairs, rollbacks, fills
     emoe_plan_seconds_total                ... their wall seconds (computed off the event loop: agent.offloop)
     emoe_plan_last_seconds                 the last one's (absent before one)
     emoe_moved_bytes_total                 weight bytes the commits this agent learned copy
@@ -179,7 +179,8 @@ def families(s: Snapshot) -> Iterator[Any]:
     for outcome, count in sorted(s.outcomes.items()):
         dec.add_metric([outcome], count)
     yield dec
-    yield CounterMetricFamily("emoe_plans", "Plans this agent computed: rebalances, repairs, rollbacks", value=s.plans[0])
+    yield CounterMetricFamily("emoe_plans", "Plans this agent computed: rebalances, repairs, rollbacks, fills",
+                              value=s.plans[0])
     yield CounterMetricFamily("emoe_plan_seconds", "Wall seconds this agent spent computing plans", value=s.plans[1])
     if s.plans[0]:
         yield one("emoe_plan_last_seconds", "Wall seconds of this agent's last plan", s.plans[2])

@@ -1,5 +1,5 @@
-"""OffLoopPlanner: the agent computes its rebalances, repairs and rollbacks on a worker thread, not on its event
-loop.
+"""OffLoopPlanner: the agent computes its rebalances, repairs, rollbacks and fills on a worker thread, not on its
+event loop.
 
 A plan at DeepSeek-V3 size (58 layers x 256 experts, 64 ranks) takes about a third of a second of CPU
 (`python -m bench.planner`). On the event loop that is a third of a second in which the node answers no probe
@@ -26,9 +26,10 @@ log = logging.getLogger("emoe.agent")
 
 class OffLoopPlanner:
     """A `DecisionPipeline.run_plan` for the agent: one plan at a time on a thread of its own (the controller
-    asks for one at a time; a repair that supersedes a rebalance still computing waits behind it), its answer handed to `done` on the event loop that asked. Called with no event
-    loop running (a test driving the pipeline by hand), it plans at once. A planner that raises is logged with
-    its traceback and answered PLANNER_ERROR; after `close`, answers are dropped."""
+    asks for one at a time; a repair that supersedes a rebalance still computing waits behind it), its answer
+    handed to `done` on the event loop that asked. Called with no event loop running (a test driving the
+    pipeline by hand), it plans at once. A planner that raises is logged with its traceback and answered
+    PLANNER_ERROR; after `close`, answers are dropped."""
 
     def __init__(self, name: str) -> None:
         self._name = name
