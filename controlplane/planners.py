@@ -209,12 +209,14 @@ def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs
     if not wide:
         return as_greedy
     more: list[Operation] = []
+    kept = 0  # layers whose greedy moves cost more than they gain: left unchanged (no operation)
     for lay in sorted(wide):
         c = int(best_c[lay])
         lops = known[c].get(lay, []) if c in known else retarget.ops_to(head, cands[c], [lay])
         if lops is None:  # a re-pack its operations cannot reach: the layer keeps its greedy moves
             wide.remove(lay)
             continue
+        kept += not lops
         more += lops
     if not wide:
         return as_greedy
@@ -228,8 +230,9 @@ def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs
         return as_greedy
     on = retarget.layer_objective(planned, X).astype(np.float64)
     note = (f"{what}: head {o0.sum() / floor:.3f} x an even split, greedy plan {og.sum() / floor:.3f}, full "
-            f"re-pack {objs[0].sum() / floor:.3f}; {len(wide)} of {L} layers re-packed ({len(more)} ops), "
-            f"{float(on.sum()) / floor:.3f} planned")
+            f"re-pack {objs[0].sum() / floor:.3f}; {len(wide) - kept} of {L} layers re-packed ({len(more)} ops)"
+            + (f", {kept} left unchanged (their greedy moves dropped)" if kept else "")
+            + f", {float(on.sum()) / floor:.3f} planned")
     return Plan(tuple(ops), tuple(op_layers), float(o0.sum() - on.sum()) / base, spent, pl.refused,
                 tuple((lay, float(o0[lay] - on[lay]) / base) for lay in sorted(set(op_layers))), note, planned)
 
