@@ -106,6 +106,10 @@ class AdminView:
         """Load reports used for their totals only (no sampled steps, or sampled at another rate)."""
         return self.load.unsampled
 
+    def partial_windows(self) -> int:
+        """Cluster windows closed without a lagging live node's load (not decided on) since start."""
+        return self.pipeline.partial_windows
+
     def seconds_since_commit(self) -> float:
         """Since this node learned its newest commit (since its start, before one)."""
         return max(0.0, self.clock.now() - self.pipeline.committed_at)

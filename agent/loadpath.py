@@ -137,9 +137,10 @@ class ClusterWindows:
     """Per-node windows from gossip, summed into cluster windows.
 
     Window k closes once every live node has reported it, or, so that one lagging or restarted node cannot
-    stall every decision, once some live node is `lag` windows past k: then it closes with the reports at
-    hand (a partial sum; `partial` counts how often). Windows at or before the last closed one are ignored.
-    A cluster window's sampled steps are the sum of its nodes' (None when one of them came without them).
+    stall the windows after it, once some live node is `lag` windows past k: then it closes with the reports at
+    hand (a partial sum, which names the live nodes missing from it; `partial` counts how often). Windows at or
+    before the last closed one are ignored. A cluster window's sampled steps are the sum of its nodes' (None
+    when one of them came without them).
     """
 
     def __init__(self, keep: int = 8, lag: int = 2) -> None:
@@ -178,9 +179,9 @@ class ClusterWindows:
             return -1
         return min(self._newest, self.last_closed + self.lag + 1)
 
-    def ready(self, live_nodes: list[str]) -> list[tuple[int, npt.NDArray[np.uint64], U32 | None]]:
+    def ready(self, live_nodes: list[str]) -> list[tuple[int, npt.NDArray[np.uint64], U32 | None, tuple[str, ...]]]:
         """Cluster windows newly closed, in order: (seq, sum over live nodes uint64 [L, E], the sum of their
-        sampled steps uint32 [S, L, E] or None)."""
+        sampled steps uint32 [S, L, E] or None, the live nodes whose window is missing from the sum)."""
         # called on every window arrival: first a check that nothing can close (no window held by as many
         # nodes as are live, and none old enough for the lag rule), without touching every node's windows
         ks = [k for k in self._count if k > self.last_closed]
@@ -198,6 +199,7 @@ class ClusterWindows:
             if not complete and newest < k + self.lag:
                 break
             parts = [w[k] for w in held if k in w]
+            missing = () if complete else tuple(n for n in live_nodes if k not in by.get(n, {}))
             if not complete:
                 self.partial += 1
             total = np.asarray(sum(c.astype(np.uint64) for c, _ in parts), dtype=np.uint64)
@@ -206,12 +208,16 @@ class ClusterWindows:
             if all(r is not None for r in rows) and len({r.shape for r in rows if r is not None}) == 1:
                 summed = sum(r.astype(np.uint64) for r in rows if r is not None)
                 samples = np.minimum(summed, np.iinfo(np.uint32).max).astype(np.uint32)
-            out.append((k, total, samples))
+            out.append((k, total, samples, missing))
             self.last_closed = k
         for w in held:
             for k in [k for k in w if k <= self.last_closed]:
                 self._forget(w, k)
         return out
+
+
+# a closed cluster window's consumer: (seq, total, sampled steps, the live nodes missing from it)
+CloseWindow = Callable[[int, npt.NDArray[np.uint64], U32 | None, tuple[str, ...]], None]
 
 
 class LoadGossip(Protocol):
@@ -235,7 +241,7 @@ class LoadPath:
     `engine_failed(rank, error)`: the fatal error a rank's plugin reported before it stopped (agent.installs)."""
 
     def __init__(self, node_id: str, topology: Topology, layers: int, experts: int, window: int,
-                 gossip: LoadGossip, close_window: Callable[[int, npt.NDArray[np.uint64], U32 | None], None],
+                 gossip: LoadGossip, close_window: CloseWindow,
                  engine_ran: Callable[[int, int], None], abstains: Callable[[], str], sample_every: int = 0,
                  engine_failed: Callable[[int, str], None] = lambda rank, error: None) -> None:
         """`sample_every`: the sampled steps the engines' reports carry (decision.sample_every)."""
@@ -303,8 +309,8 @@ class LoadPath:
         live = self.gossip.live_nodes()
         if self.node_id not in live:  # we count ourselves live (a node declared dead still reports)
             live = sorted([*live, self.node_id])
-        for seq, total, rows in self.cluster.ready(live):
-            self.close_window(seq, total, rows)
+        for seq, total, rows, missing in self.cluster.ready(live):
+            self.close_window(seq, total, rows, missing)
 
     def newest_reported(self) -> int:
         return self.cluster.newest_reported()

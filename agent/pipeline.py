@@ -121,7 +121,15 @@ class DecisionPipeline:
             total: uint64 [L, E], the window's tokens per (layer, logical expert) summed over the window's steps
                    and over every live node (agent.loadpath.ClusterWindows);
             samples: uint32 [S, L, E], the counts of the window's sampled steps (every params.sample_every-th,
-                   elasticmoe.loadcodec), summed over the same nodes; None where some engine sent none
+                   elasticmoe.loadcodec), summed over the same nodes; None where some engine sent none;
+            missing: the live nodes whose window is not in the sum (it closed without them: they lag). Such a
+                   window is not load evidence: the experts their ranks serve look cold in it, and a plan or a
+                   rollback judged on it would answer a load no engine has. It is counted, and this node's own
+                   duties run (`each_window`), but it is neither remembered for replay nor handed to the
+                   controller. (DeepSeek-V3 8x8 under `emoe bench --live` on an overloaded machine: two runs of
+                   five committed a 260 GB change before any drift and never rolled it back, 1.50 and 1.54 mean
+                   step imbalance against 1.26; their logs were not kept, so the cause is inferred. With this,
+                   three runs gave 1.26-1.28.)
 
     fed in increasing `seq`, and, as the backend learns them, the commits: `on_commit(commit, table,
     newest_window)`. Each window is remembered for the voter's replay, judged against the committed head, and
@@ -165,6 +173,8 @@ class DecisionPipeline:
         self.bytes_moved = 0  # weight bytes the commits this node learned copy (those whose parent it held)
         self.plans = 0  # rebalances planned (run_plan answered), and their wall seconds: all, and the last
         self.plan_seconds = self.last_plan_seconds = 0.0
+        self.partial_windows = 0  # windows closed without some live node's load, not decided on
+        self._lagging: tuple[str, ...] = ()  # the nodes missing from the last window (each streak logged once)
 
     def latest_window(self) -> npt.NDArray[np.uint64] | None:
         """The newest closed cluster window [L, E] (the voter's replay keeps them), None before the first."""
@@ -173,13 +183,24 @@ class DecisionPipeline:
 
     # ---- input ---------------------------------------------------------------------------------
     def close_window(self, seq: int, total: npt.NDArray[np.uint64],
-                     samples: npt.NDArray[np.uint32] | None = None) -> None:
+                     samples: npt.NDArray[np.uint32] | None = None, missing: tuple[str, ...] = ()) -> None:
         """A closed cluster window (see the class docstring)."""
         for h in self.hooks.window_closed:
             h(seq, total, samples)
         if self.window_seq < 0:  # the first window since start: commits caught up on count from here
             self.head_seq = max(self.head_seq, seq - 1)
         self.window_seq = seq
+        if missing != self._lagging:
+            if missing:
+                log.warning("%s: window %d closed without the load of %s (lagging): windows without a live "
+                            "node's load are not decided on", self.node_id, seq, list(missing))
+            else:
+                log.info("%s: window %d closed with every live node's load again", self.node_id, seq)
+            self._lagging = missing
+        if missing:
+            self.partial_windows += 1
+            self.each_window()
+            return
         rows = window_rows(total, samples, self.params.window)
         self.voter.remember(seq, total, rows)
         self.each_window()

@@ -33,7 +33,7 @@ from elasticmoe.v1 import gossip_pb2 as gpb
 # what mTLS adds to a window: an ECDSA P-256 signature (<= 72 bytes) and the node's DER certificate (~520)
 SIGNATURE_BYTES = 600
 
-CloseWindow = Callable[[int, npt.NDArray[np.uint64], npt.NDArray[np.uint32] | None], None]
+CloseWindow = Callable[[int, npt.NDArray[np.uint64], npt.NDArray[np.uint32] | None, tuple[str, ...]], None]
 
 
 def rank_shares(table: RoutingTable) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
@@ -128,7 +128,8 @@ class LoadFeed:
                 "signed_max": float(max(self.window_bytes) + SIGNATURE_BYTES)}
 
 
-def _nowhere(seq: int, total: npt.NDArray[np.uint64], samples: npt.NDArray[np.uint32] | None) -> None:
+def _nowhere(seq: int, total: npt.NDArray[np.uint64], samples: npt.NDArray[np.uint32] | None,
+             missing: tuple[str, ...] = ()) -> None:
     """Another node's cluster windows: its own decisions are not simulated."""
 
 

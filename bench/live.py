@@ -48,6 +48,25 @@ class Install:
     table: RoutingTable
 
 
+@dataclass
+class LiveRun:
+    installs: list[Install]
+    replay_s: float  # wall seconds the replay of every step took (its schedule: steps x step_s)
+
+
+def behind_warning(steps: int, step_s: float, replay_s: float, agents: int, ranks: int) -> str | None:
+    """A warning when the replay ran more than 10% behind its schedule: this machine could not step `ranks`
+    plugin cores beside `agents` agents in real time, so the agents worked in a slower, overloaded cluster than
+    the one modelled (late plans, peers suspected), and the live figures measure that cluster."""
+    planned = steps * step_s
+    if replay_s <= 1.1 * planned:
+        return None
+    return (f"emoe bench --live: the replay ran {replay_s / planned - 1:.0%} behind its schedule ({steps} steps in "
+            f"{replay_s:.1f} s, not {planned:.1f}): this machine could not run {agents} agents and {ranks} engine "
+            f"ranks in real time, and the live figures measure an overloaded cluster; raise --live-step-ms "
+            f"(now {step_s * 1e3:g}; a DeepSeek-V3 decode step takes about 30)")
+
+
 def genesis_spec(base: RoutingTable, directory: Path) -> str:
     """The agents' and plugins' genesis for `base`: "static", or an EPLB placement file written for it."""
     from dataplane_shim.adapters import to_eplb
@@ -92,6 +111,7 @@ class ReplayEngine:
         self.table = base
         self._share, self._first = rank_shares(base)
         self._pending: npt.NDArray[np.int64] | None = None  # the agreement started at the previous step
+        self.replay_s = 0.0  # wall seconds the last `run` took
 
     def step(self, counts: npt.NDArray[np.integer]) -> RoutingTable | None:
         """One decode step of `counts` [L, E] tokens: the plugins' agreement and install at its boundary, then
@@ -125,6 +145,8 @@ class ReplayEngine:
         return installed
 
     def run(self, step_s: float, progress: bool) -> list[Install]:
+        """Step every row of the trace, one every `step_s` of wall time (no sooner; later when this machine is
+        slower than that: `replay_s` says how long it took); the installs, in order."""
         T = self.counts.shape[0]
         installs: list[Install] = []
         t_start = time.monotonic()
@@ -140,6 +162,7 @@ class ReplayEngine:
             wait = t_start + (t + 1) * step_s - time.monotonic()
             if wait > 0:
                 time.sleep(wait)
+        self.replay_s = time.monotonic() - t_start
         self.flush()
         return installs
 
@@ -162,10 +185,10 @@ class ReplayEngine:
 
 
 def run_live(counts: Counts, top_k: int, base: RoutingTable, window: int, params: dict[str, Any],
-             step_s: float = 0.01, progress: bool = True, agree_every: int | None = None) -> list[Install]:
+             step_s: float = 0.01, progress: bool = True, agree_every: int | None = None) -> LiveRun:
     """Replay `counts` [T, L, E] through real agents (one a node of base's topology) and the ranks' plugin
-    cores; the installs, in order. `params`: the elastic policy's decision settings (DECISION_KEYS) and
-    `expert_bytes`."""
+    cores; the installs, in order, and how long the replay took. `params`: the elastic policy's decision
+    settings (DECISION_KEYS) and `expert_bytes`."""
     topo = base.topology
     L, E = counts.shape[1:]
     unknown = sorted(set(params) - set(DECISION_KEYS) - {"expert_bytes"})
@@ -186,7 +209,7 @@ def run_live(counts: Counts, top_k: int, base: RoutingTable, window: int, params
             engine = ReplayEngine(sockets, topo, counts, base, genesis, sample_every, agree_every,
                                   int(decision["window"]))
             try:
-                return engine.run(step_s, progress)
+                return LiveRun(engine.run(step_s, progress), engine.replay_s)
             finally:
                 engine.close()
 

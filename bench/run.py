@@ -13,6 +13,7 @@ change replacing a table that still uses a dead rank is not compared: that table
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -318,15 +319,21 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
                           "load_ms": round(cluster.load_ms(base, trace.counts[:cfg.window]), 3), **cfg.elastic_params}
         live: Any = None
         if cfg.live and "elastic" in names:
-            from bench.live import LivePlayback, run_live
+            from bench.live import LivePlayback, behind_warning, run_live
 
             if kills:
                 raise ValueError("--live with --kill-rank: a live run kills no rank (chaos/ does that)")
             t_live = time.perf_counter()
-            installs = run_live(trace.counts, trace.top_k, base, cfg.window, elastic_params, cfg.live_step_s,
-                                progress, cfg.agree_every)
+            lr = run_live(trace.counts, trace.top_k, base, cfg.window, elastic_params, cfg.live_step_s, progress,
+                          cfg.agree_every)
+            installs = lr.installs
+            T = int(trace.counts.shape[0])
+            warn = behind_warning(T, cfg.live_step_s, lr.replay_s, topo.nodes, topo.ranks)
+            if warn:
+                print(warn, file=sys.stderr)
             live = {"installs": [{"step": i.step, "version": i.table.version} for i in installs],
                     "step_s": cfg.live_step_s, "wall_s": round(time.perf_counter() - t_live, 1),
+                    "replay_s": round(lr.replay_s, 1), "behind": round(lr.replay_s / (T * cfg.live_step_s) - 1, 3),
                     "agents": topo.nodes, "plugin_cores": topo.ranks}
         for name in names:
             if name == "elastic" and live is not None:

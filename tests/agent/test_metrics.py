@@ -127,6 +127,7 @@ def test_three_agents_metrics_agree_with_their_status(tmp_path: Path) -> None:
                 assert "emoe_expert_tokens" not in m  # per_expert is off by default
                 assert one["emoe_moved_bytes_total"] > 0  # every agent learned the rebalance and what it copies
                 assert one["emoe_reports_dropped_total"] == 0 and one["emoe_reports_unsampled_total"] == 0
+                assert one["emoe_partial_windows_total"] >= 0
                 outcomes = {dict(lab)["outcome"]: v for lab, v in m["emoe_decisions_total"].items()}
                 assert sum(outcomes.values()) >= st["window_seq"], outcomes  # a decision (or none) a window
                 proposed += outcomes.get("PROPOSED", 0)

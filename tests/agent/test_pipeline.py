@@ -96,6 +96,33 @@ def test_a_pipeline_alone_proposes_on_skewed_windows_and_hands_a_failure_back() 
     assert [type(r) for r in recs] == [ProposalRecord, Resolution] and recs[1].version == table.version
 
 
+def test_a_window_that_closed_without_a_lagging_nodes_load_is_not_decided_on(caplog: pytest.LogCaptureFixture) -> None:
+    """A window summed without some live node's load (ClusterWindows' lag rule) shows that node's experts cold:
+    it is counted and the node's own duties run, but it is not remembered for replay nor planned on; one
+    warning a streak names the nodes."""
+    topo = Topology(2, 2, 4)
+    head = genesis_table("static", topo, 4, 8)
+    params = DecisionParams(window=10)
+    telemetry = Telemetry()
+    p, backend = _pipeline(head, params, ["a"], "a", 2, telemetry)
+    duties: list[int] = []
+    p.each_window = lambda: duties.append(p.window_seq)
+    caplog.set_level(logging.INFO, logger="emoe.agent")
+    for seq in range(4):  # skewed enough to plan on twice over, were they whole
+        p.close_window(seq, _skewed(4, 8, seq), None, ("b",))
+    assert not backend.proposed and p.partial_windows == 4 and not p.voter.replay and not telemetry.imbalance
+    assert duties == [0, 1, 2, 3] and p.window_seq == 3
+    said = [r.getMessage() for r in caplog.records if "without the load of" in r.getMessage()]
+    assert said == ["a: window 0 closed without the load of ['b'] (lagging): windows without a live node's load "
+                    "are not decided on"]
+    for seq in range(4, 8):  # whole again: decided on as always
+        p.close_window(seq, _skewed(4, 8, seq))
+        if backend.proposed:
+            break
+    assert len(backend.proposed) == 1 and p.partial_windows == 4
+    assert any("with every live node's load again" in r.getMessage() for r in caplog.records)
+
+
 def test_a_commit_is_logged_and_its_span_carries_the_proposal_latency() -> None:
     """The commit span lasts from this node's proposal to the commit (it was 0.0 whatever the latency); every
     node logs the commits it learns at INFO with what they move."""

@@ -12,6 +12,7 @@ import pytest
 
 from agent.cli import main
 from bench.agentfeed import node_shares, rank_shares
+from bench.live import behind_warning
 from bench.policies import install_step
 from controlplane.baselines.eplb import eplb_table
 from controlplane.table import initial_table
@@ -29,12 +30,23 @@ def test_a_live_run_commits_installs_and_reports_like_the_in_process_bench(tmp_p
     el = res["policies"]["elastic"]
     live = el["live"]
     assert live["agents"] == 2 and live["plugin_cores"] == 4
+    assert live["replay_s"] >= 600 * 0.005 and live["behind"] == pytest.approx(live["replay_s"] / 3.0 - 1, abs=0.05)
     steps = [i["step"] for i in live["installs"]]
     versions = [i["version"] for i in live["installs"]]
     assert versions and versions == sorted(set(versions)) and versions[0] >= 2  # committed, in order
     assert all(s % 4 == 1 for s in steps)  # served from the step after an agreement step (every 4)
     assert el["commits"] == len(versions) and el["bytes_moved"] > 0
     assert el["mean_step_imbalance"] < res["policies"]["static"]["mean_step_imbalance"]
+
+
+def test_a_replay_that_falls_behind_its_schedule_says_so() -> None:
+    """The replay cannot step faster than the machine: more than 10% late, the live figures are of an
+    overloaded cluster (DeepSeek-V3 decode 8x8 at 10 ms a step on 2 cores: 24-71% late; at 30 ms, 3% late and
+    1.2617 mean step imbalance against 1.2595 in-process)."""
+    assert behind_warning(4000, 0.03, 123.1, 8, 64) is None  # 3% late
+    warn = behind_warning(4000, 0.01, 72.5, 8, 64)
+    assert warn is not None and "81% behind" in warn and "8 agents and 64 engine ranks" in warn
+    assert "--live-step-ms (now 10;" in warn
 
 
 def test_the_live_engines_and_the_bench_feed_split_load_alike() -> None:
@@ -64,7 +76,7 @@ def test_the_bench_feed_delivers_exactly_the_cluster_counts_through_every_nodes_
     counts = rng.integers(0, 200, (300, 2, 16)).astype(np.uint32)
     table = eplb_table(initial_table(topo, 2, 16), counts.sum(axis=0, dtype=np.int64))
     got: list[tuple[int, np.ndarray, np.ndarray | None]] = []
-    feed = LoadFeed(topo, 2, 16, 100, 10, lambda seq, total, samples: got.append((seq, total, samples)))
+    feed = LoadFeed(topo, 2, 16, 100, 10, lambda seq, total, samples, missing: got.append((seq, total, samples)))
     for k in range(3):
         feed.feed(100 * k, counts[100 * k:100 * (k + 1)], table)
     assert [seq for seq, *_ in got] == [0, 1, 2]

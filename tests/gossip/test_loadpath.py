@@ -65,6 +65,7 @@ def test_a_lagging_node_cannot_stall_cluster_windows() -> None:
     # 0 is complete; 1 and 2 close without the slow node once fast is 2 windows past them
     assert [k for k, *_ in ready] == [0, 1, 2]
     assert (ready[0][1] == 3).all() and (ready[1][1] == 2).all()
+    assert [m for *_, m in ready] == [(), ("slow",), ("slow",)]  # each window names who is missing from it
     assert cw.partial == 2
     cw.add("slow", 1, one)  # too late: window 1 is closed
     assert cw.ready(["fast", "slow"]) == []
@@ -139,5 +140,5 @@ def test_cluster_windows_fast_path_agrees_with_the_definition(ops: list[tuple[in
         cw.add(n, seq, c)
         ref.add(n, seq, c)
         live = [x for x in nodes if x not in dead] or nodes[:1]
-        got = [(k, int(t.sum())) for k, t, _ in cw.ready(live)]
+        got = [(k, int(t.sum())) for k, t, _, _ in cw.ready(live)]
         assert got == ref.ready(live)

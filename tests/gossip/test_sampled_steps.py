@@ -75,11 +75,11 @@ def test_cluster_windows_sum_samples_unless_a_node_sent_none() -> None:
     r = np.ones((2, L, E), np.uint32)
     cw.add("n1", 0, np.ones((L, E), np.uint32), r)
     cw.add("n2", 0, np.ones((L, E), np.uint32), r * 3)
-    [(seq, total, samples)] = cw.ready(["n1", "n2"])
-    assert seq == 0 and int(total[0, 0]) == 2 and samples is not None and (samples == 4).all()
+    [(seq, total, samples, missing)] = cw.ready(["n1", "n2"])
+    assert not missing and seq == 0 and int(total[0, 0]) == 2 and samples is not None and (samples == 4).all()
     cw.add("n1", 1, np.ones((L, E), np.uint32), r)
     cw.add("n2", 1, np.ones((L, E), np.uint32), None)
-    [(_, _, samples)] = cw.ready(["n1", "n2"])
+    [(_, _, samples, _)] = cw.ready(["n1", "n2"])
     assert samples is None
 
 
@@ -159,7 +159,7 @@ class _Gossip:
 
 def test_a_report_sampled_at_another_rate_is_used_for_its_totals_and_named() -> None:
     g, closed = _Gossip(), []
-    lp = LoadPath("n1", Topology(1, 1, 4), L, E, 10, g, lambda s, t, rows: closed.append((s, t, rows)),
+    lp = LoadPath("n1", Topology(1, 1, 4), L, E, 10, g, lambda s, t, rows, missing: closed.append((s, t, rows)),
                   lambda rank, v: None, lambda: "", sample_every=5)
     one = np.ones((L, E), np.uint32)
     said: list[str] = []
