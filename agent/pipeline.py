@@ -171,7 +171,7 @@ class DecisionPipeline:
         self._proposed_at: dict[int, float] = {}  # this node's proposals in flight: version -> when proposed
         self.outcomes: Counter[str] = Counter()  # the controller's decisions by outcome (Explain.outcome)
         self.bytes_moved = 0  # weight bytes the commits this node learned copy (those whose parent it held)
-        self.plans = 0  # rebalances planned (run_plan answered), and their wall seconds: all, and the last
+        self.plans = 0  # plans computed (run_plan answered), and their wall seconds: all, and the last
         self.plan_seconds = self.last_plan_seconds = 0.0
         self.partial_windows = 0  # windows closed without some live node's load, not decided on
         self._lagging: tuple[str, ...] = ()  # the nodes missing from the last window (each streak logged once)
@@ -197,7 +197,7 @@ class DecisionPipeline:
             else:
                 log.info("%s: window %d closed with every live node's load again", self.node_id, seq)
             self._lagging = missing
-        if missing:
+        if missing:  # not load evidence: counted, and this node's own duties run
             self.partial_windows += 1
             self.each_window()
             return

@@ -54,14 +54,19 @@ class LiveRun:
     replay_s: float  # wall seconds the replay of every step took (its schedule: steps x step_s)
 
 
+def behind(steps: int, step_s: float, replay_s: float) -> float:
+    """How far behind its schedule (steps x step_s) a replay of `replay_s` wall seconds ran: 0.1 is 10% late."""
+    return replay_s / (steps * step_s) - 1
+
+
 def behind_warning(steps: int, step_s: float, replay_s: float, agents: int, ranks: int) -> str | None:
     """A warning when the replay ran more than 10% behind its schedule: this machine could not step `ranks`
     plugin cores beside `agents` agents in real time, so the agents worked in a slower, overloaded cluster than
     the one modelled (late plans, peers suspected), and the live figures measure that cluster."""
-    planned = steps * step_s
-    if replay_s <= 1.1 * planned:
+    late, planned = behind(steps, step_s, replay_s), steps * step_s
+    if late <= 0.1:
         return None
-    return (f"emoe bench --live: the replay ran {replay_s / planned - 1:.0%} behind its schedule ({steps} steps in "
+    return (f"emoe bench --live: the replay ran {late:.0%} behind its schedule ({steps} steps in "
             f"{replay_s:.1f} s, not {planned:.1f}): this machine could not run {agents} agents and {ranks} engine "
             f"ranks in real time, and the live figures measure an overloaded cluster; raise --live-step-ms "
             f"(now {step_s * 1e3:g}; a DeepSeek-V3 decode step takes about 30)")

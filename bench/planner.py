@@ -39,6 +39,8 @@ import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import json  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from functools import partial  # noqa: E402
 
 import numpy as np  # noqa: E402
 import numpy.typing as npt  # noqa: E402
@@ -138,7 +140,6 @@ def loop_stall(req: PlanRequest, off_loop: bool) -> tuple[float, float]:
     from agent.offloop import OffLoopPlanner
     from controlplane.decision import Attempt
 
-
     async def run() -> tuple[float, float]:
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Attempt] = loop.create_future()
@@ -168,6 +169,17 @@ def loop_stall(req: PlanRequest, off_loop: bool) -> tuple[float, float]:
         return max(gaps) * 1e3, wall * 1e3
 
     return asyncio.run(run())
+
+
+def loop_stalls(make: Callable[[], PlanRequest], repeats: int) -> dict[str, list[tuple[float, float]]]:
+    """`loop_stall` of a fresh request from `make`, `repeats` times (at most 5) on the loop and off it."""
+    return {mode: [loop_stall(make(), mode == "off_loop") for _ in range(max(1, min(repeats, 5)))]
+            for mode in ("on_loop", "off_loop")}
+
+
+def medians(stalls: dict[str, list[tuple[float, float]]], i: int) -> dict[str, float]:
+    """Per mode, the median of each run's i-th figure (0: the loop stall, 1: the plan's wall time), in ms."""
+    return {m: round(float(np.median([x[i] for x in v])), 1) for m, v in stalls.items()}
 
 
 def reference_eplb_ms(head: RoutingTable, window_counts: npt.NDArray[np.uint32], repeats: int) -> float | None:
@@ -224,8 +236,7 @@ def measure(repeats: int, window: int, seed: int, case: str = "large") -> dict[s
         eplb.append(time.perf_counter() - t0)
     eplb_ms = float(np.median(eplb) * 1e3)
     ref_ms = reference_eplb_ms(head, window_counts, max(1, min(repeats, 3)))
-    stalls = {mode: [loop_stall(request(head, counts, params), mode == "off_loop")
-                     for _ in range(max(1, min(repeats, 5)))] for mode in ("on_loop", "off_loop")}
+    stalls = loop_stalls(partial(request, head, counts, params), repeats)
     return {
         "case": case,
         "source": source,
@@ -242,8 +253,8 @@ def measure(repeats: int, window: int, seed: int, case: str = "large") -> dict[s
         "cpu_median_ms": round(float(np.median(cpu) * 1e3), 3),
         "from_scratch_median_ms": round(float(np.median(scratch) * 1e3), 3),
         "voter_verify_median_ms": round(float(np.median(voter) * 1e3), 3) if voter else None,
-        "loop_stall_ms": {m: round(float(np.median([x[0] for x in v])), 1) for m, v in stalls.items()},
-        "loop_plan_wall_ms": {m: round(float(np.median([x[1] for x in v])), 1) for m, v in stalls.items()},
+        "loop_stall_ms": medians(stalls, 0),
+        "loop_plan_wall_ms": medians(stalls, 1),
         "outcome": result.outcome,
         "ops": len(d.ops) if d else 0,
         "refused": len(result.refused),
@@ -272,15 +283,14 @@ def measure_repair(repeats: int, window: int, seed: int) -> dict[str, object]:
             result = req.run()
             times.append(time.perf_counter() - t0)
         assert result is not None
-        stalls = {mode: [loop_stall(request(at, counts, params, lost, restored), mode == "off_loop")
-                         for _ in range(max(1, min(repeats, 5)))] for mode in ("on_loop", "off_loop")}
+        stalls = loop_stalls(partial(request, at, counts, params, lost, restored), repeats)
         out[name] = {
             "lost": list(lost),
             "restored": list(restored),
             "outcome": result.outcome,
             "ops": len(result.decision.ops) if result.decision else 0,
             "median_ms": round(float(np.median(times) * 1e3), 3),
-            "loop_stall_ms": {m: round(float(np.median([x[0] for x in v])), 1) for m, v in stalls.items()},
+            "loop_stall_ms": medians(stalls, 0),
         }
     return out
 

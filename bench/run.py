@@ -319,7 +319,7 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
                           "load_ms": round(cluster.load_ms(base, trace.counts[:cfg.window]), 3), **cfg.elastic_params}
         live: Any = None
         if cfg.live and "elastic" in names:
-            from bench.live import LivePlayback, behind_warning, run_live
+            from bench.live import LivePlayback, behind, behind_warning, run_live
 
             if kills:
                 raise ValueError("--live with --kill-rank: a live run kills no rank (chaos/ does that)")
@@ -333,7 +333,7 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
                 print(warn, file=sys.stderr)
             live = {"installs": [{"step": i.step, "version": i.table.version} for i in installs],
                     "step_s": cfg.live_step_s, "wall_s": round(time.perf_counter() - t_live, 1),
-                    "replay_s": round(lr.replay_s, 1), "behind": round(lr.replay_s / (T * cfg.live_step_s) - 1, 3),
+                    "replay_s": round(lr.replay_s, 1), "behind": round(behind(T, cfg.live_step_s, lr.replay_s), 3),
                     "agents": topo.nodes, "plugin_cores": topo.ranks}
         for name in names:
             if name == "elastic" and live is not None:

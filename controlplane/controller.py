@@ -32,6 +32,7 @@ RPC awaits it.)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -54,7 +55,7 @@ from controlplane.events import (
     TableCommitted,
     WindowClosed,
 )
-from controlplane.monitor import LoadMonitor, ReplayBuffer, WindowReport
+from controlplane.monitor import LoadMonitor, WindowReport
 from controlplane.ops import EndReason, Lifecycle, OpState, Restore
 from controlplane.planner import Refused
 from controlplane.profile import StabilityProfile
@@ -203,9 +204,7 @@ class Controller:
             self._note(trig, DecisionOutcome.NOT_DESIGNATED, f"{ev.planner} plans this window")
         else:
             self.monitor.budget.reset()  # an attempt spends the budget, whatever its outcome
-            req = PlanRequest(seq, self.head, self._buffer(), p, self.profile, self._cool_until >= seq, trig, low,
-                              rep.imbalance)
-            self._ask(req)
+            self._ask(seq, trig, low=low)
 
     def _on_plan_ready(self, ev: PlanReady) -> None:
         req, a = ev.request, ev.attempt
@@ -220,7 +219,7 @@ class Controller:
             self._note(req.trigger, DecisionOutcome.STALE_PLAN, f"planned on v{req.head.version} at window "
                        f"{req.seq}: {why}")
             if req.kind == "fill":  # on the new head, if it still has tries; else a later rebalance fills them
-                self._refill_or_drop(req, a, why)
+                self._refill_or_drop(req, why)
             elif req.kind != "rebalance":  # a repair or rollback still due is asked for again at once
                 self._propose_pending("")
             return
@@ -236,7 +235,7 @@ class Controller:
             self.last_fill = (req.restore_version, a)
         self._attempt(a, a.decision.trigger if a.decision is not None else req.trigger)
 
-    def _refill_or_drop(self, req: PlanRequest, a: Attempt, why: str) -> None:
+    def _refill_or_drop(self, req: PlanRequest, why: str) -> None:
         """A fill that came back stale: asked for again on the new head while it has tries left and nothing
         comes first (a proposal in flight, a repair); else given up, which `emoe restore` reports."""
         if self.head.version != req.head.version and self._inflight is None and not self._lost \
@@ -310,9 +309,8 @@ class Controller:
         self._fill_ranks = ranks
         self._fill_tries = self._fill_tries + 1 if again else 1
         seq = self.monitor.last_seq if self.monitor.last_seq is not None else 0
-        self._ask(PlanRequest(seq, self.head, self._buffer(), self.params, self.profile, self._cool_until >= seq,
-                              f"restore: ranks {list(ranks)}", False, self._imbalance, "fill",
-                              tuple(sorted(self._lost)), ranks=ranks, restore_version=restore_version))
+        self._ask(seq, f"restore: ranks {list(ranks)}", "fill", lost=tuple(sorted(self._lost)), ranks=ranks,
+                  restore_version=restore_version)
 
     def _on_failed(self, ev: ProposalFailed) -> None:
         d = self._inflight
@@ -362,27 +360,25 @@ class Controller:
             return True
         self._waiting_since = None
         # a rebalance being computed is superseded (its answer is dropped as not asked for): these come first
-        nocool = np.zeros((self.head.layers, self.head.experts), dtype=bool)
         if self._lost:
             lost = tuple(sorted(self._lost))
-            self._ask(PlanRequest(seq, self.head, self._buffer(), self.params, self.profile, nocool,
-                                  f"repair: ranks {list(lost)} lost", False, self._imbalance, "repair", lost))
+            self._ask(seq, f"repair: ranks {list(lost)} lost", "repair", lost=lost)
             return True
         o = self._rollback_due
         if o is not None:
             trig = (f"rollback: realised step imbalance {o.realised / max(o.windows, 1):.3f} not better than "
                     f"{o.counterfactual / max(o.windows, 1):.3f} without v{o.version} over {o.windows} windows")
-            self._ask(PlanRequest(seq, self.head, self._buffer(), self.params, self.profile, nocool, trig, False,
-                                  self._imbalance, "rollback", target=o.parent, last=o.windows))
+            self._ask(seq, trig, "rollback", target=o.parent, last=o.windows)
             return True
         return False
 
-    def _buffer(self) -> ReplayBuffer:
-        """The replay windows a plan is computed on: a snapshot where it is computed elsewhere (defer_plans)."""
-        return self.monitor.buffer.snapshot() if self.defer_plans else self.monitor.buffer
-
-    def _ask(self, req: PlanRequest) -> None:
-        """Hand `req` out to be computed (defer_plans), or compute it and act on it now."""
+    def _ask(self, seq: int, trigger: str, kind: str = "rebalance", low: bool = False, **what: Any) -> None:
+        """Ask for a plan of `kind` on the head and the replay windows now (`what`: the fields the kind needs,
+        controlplane.requests.PlanRequest): handed out to be computed (defer_plans, on a snapshot of the
+        windows), or computed and acted on at once."""
+        buf = self.monitor.buffer.snapshot() if self.defer_plans else self.monitor.buffer
+        req = PlanRequest(seq, self.head, buf, self.params, self.profile, self._cool_until >= seq, trigger, low,
+                          self._imbalance, kind, **what)
         self._planning = req
         if self.defer_plans:
             self._ready.plans.append(req)
