@@ -42,7 +42,7 @@ pytestmark = pytest.mark.slow
 
 # The previous release: the last commit landed on main before this one. Move it forward when a release lands
 # (to the commit this tree's first parent on main is); EMOE_UPGRADE_FROM overrides it (a commit or a tag).
-PREVIOUS = os.environ.get("EMOE_UPGRADE_FROM", "dd859e54c765ea51543bf652a4482a0e1a95b25e")
+PREVIOUS = os.environ.get("EMOE_UPGRADE_FROM", "4044b250d2a1e190f8845bcd770d554d021bbb3c")
 
 ROOT = Path(__file__).resolve().parents[2]
 L, E, NODES, RPN, S = 2, 8, 3, 2, 4
