@@ -23,6 +23,8 @@ and `voter_verify_ms` a voter's independent `verify_decision` (full replay of th
 `loop_stall_ms` is the longest an asyncio event loop went without running (a 1 ms heartbeat) while the same
 decision was computed on the loop (`on_loop`: what every agent did before its plans moved to a worker thread) and
 through the agent's `agent.offloop.OffLoopPlanner` (`off_loop`: what the agent does), with each one's wall time.
+`stage_share`: each stage's share of one decision's time under cProfile (STAGES: greedy search, exchange search,
+recount, re-pack, ...; "other" the rest), a guide to where a faster planner must start.
 `repair`: the repair after losing one rank and after losing a whole node (8 ranks) on the incremental case's
 head, and the fill of that node's ranks restored afterwards: wall times and the same loop stalls (the agent
 computes repairs and fills off the loop too).
@@ -182,6 +184,38 @@ def medians(stalls: dict[str, list[tuple[float, float]]], i: int) -> dict[str, f
     return {m: round(float(np.median([x[i] for x in v])), 1) for m, v in stalls.items()}
 
 
+# where a decision's time goes: (stage, the module's file, its function); none of these calls another
+STAGES = (("greedy search", "controlplane/greedy.py", "search"),
+          ("exchange search", "controlplane/retarget.py", "exchange"),
+          ("recount", "controlplane/retarget.py", "recount"),
+          ("re-pack", "controlplane/retarget.py", "repack"),
+          ("layer objectives", "controlplane/retarget.py", "layer_objective"),
+          ("apply operations", "controlplane/ops.py", "apply_ops"),
+          ("replay verification", "controlplane/monitor.py", "stats"),
+          ("copy costs", "controlplane/cost.py", "layer_costs"),
+          ("copy costs", "controlplane/cost.py", "change_cost"))
+
+
+def stage_shares(decide: Callable[[], object]) -> dict[str, float]:
+    """Each stage's share of one decision's time (STAGES; "other": the rest: sizing the plan, choosing layers,
+    building operations), from one run of `decide` under cProfile: its overhead weighs Python-level calls more
+    than numpy's, so the shares are a guide to where the time goes, not timings."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.runcall(decide)
+    stats = pstats.Stats(prof).stats  # type: ignore[attr-defined]
+    total = max(sum(tt for _cc, _nc, tt, _ct, _callers in stats.values()), 1e-12)
+    out: dict[str, float] = {}
+    for (path, _line, func), (_cc, _nc, _tt, ct, _callers) in stats.items():
+        for stage, file, name in STAGES:
+            if func == name and path.replace("\\", "/").endswith(file):
+                out[stage] = out.get(stage, 0.0) + ct / total
+    out["other"] = max(0.0, 1.0 - sum(out.values()))
+    return {k: round(v, 3) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
+
+
 def reference_eplb_ms(head: RoutingTable, window_counts: npt.NDArray[np.uint32], repeats: int) -> float | None:
     """Median ms of DeepSeek's published `rebalance_experts` (global policy, as the project's baseline at one
     expert group) re-planning the window's totals; None without torch."""
@@ -237,6 +271,8 @@ def measure(repeats: int, window: int, seed: int, case: str = "large") -> dict[s
     eplb_ms = float(np.median(eplb) * 1e3)
     ref_ms = reference_eplb_ms(head, window_counts, max(1, min(repeats, 3)))
     stalls = loop_stalls(partial(request, head, counts, params), repeats)
+    warm = _buffer(head, counts, True, params.plan_block, window)
+    shares = stage_shares(lambda: rebalance(head, warm, params, None, cool, trig))
     return {
         "case": case,
         "source": source,
@@ -253,6 +289,7 @@ def measure(repeats: int, window: int, seed: int, case: str = "large") -> dict[s
         "cpu_median_ms": round(float(np.median(cpu) * 1e3), 3),
         "from_scratch_median_ms": round(float(np.median(scratch) * 1e3), 3),
         "voter_verify_median_ms": round(float(np.median(voter) * 1e3), 3) if voter else None,
+        "stage_share": shares,
         "loop_stall_ms": medians(stalls, 0),
         "loop_plan_wall_ms": medians(stalls, 1),
         "outcome": result.outcome,

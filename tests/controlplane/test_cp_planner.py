@@ -197,6 +197,9 @@ def test_bench_planner_prints_the_contract() -> None:
         ref = out["eplb_reference_median_ms"]  # DeepSeek's eplb.py itself, where torch is installed
         assert (ref is None) == (out["ratio_to_eplb_reference"] is None)
         assert ref is None or ref > 0 and out["ratio_to_eplb_reference"] == pytest.approx(out["median_ms"] / ref, rel=0.01)
+        share = out["stage_share"]  # where the decision's time went: both cases plan, widen and verify
+        assert {"greedy search", "exchange search", "replay verification", "other"} <= set(share), share
+        assert all(v >= 0 for v in share.values()) and sum(share.values()) == pytest.approx(1.0, abs=0.01)
     assert res["large"]["outcome"] == "PROPOSED" and res["large"]["verified_gain"] > 0.5
 
 
