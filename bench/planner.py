@@ -210,7 +210,7 @@ def stage_shares(decide: Callable[[], object]) -> dict[str, float]:
     out: dict[str, float] = {}
     for (path, _line, func), (_cc, _nc, _tt, ct, _callers) in stats.items():
         for stage, file, name in STAGES:
-            if func == name and path.replace("\\", "/").endswith(file):
+            if func == name and path.endswith(file):
                 out[stage] = out.get(stage, 0.0) + ct / total
     out["other"] = max(0.0, 1.0 - sum(out.values()))
     return {k: round(v, 3) for k, v in sorted(out.items(), key=lambda kv: -kv[1])}
