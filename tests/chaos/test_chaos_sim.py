@@ -421,17 +421,24 @@ def test_a_learner_leaves_the_planning_turn_until_it_votes_again() -> None:
         node.pipeline.paused = True  # no commit for a while: the learner stays one (it votes again past head + 1)
     wiped = sorted(c.ids)[1]
     simdisks.wipe_data_dir(c, wiped)
-    planners: list[tuple[str, str]] = []  # (node, the planner it sees for its next window) while wiped learns
+    # (node, window, the planner it sees for that window) while wiped learns: every window of one whole
+    # rotation of the turn ahead (handover_windows x voters), so the wiped node's place in the turn comes up
+    # whatever the head's version and the windows since it: only the exclusion keeps it out
+    planners: list[tuple[str, int, str]] = []
     for _ in range(60):
         c.run(0.2)
         role = c.states[wiped].consensus.role
         for n in c.up():
             if n != wiped and role.startswith("learner") and wiped in c.states[n].gossip.learners():
-                p = c.states[n].pipeline.turn(c.states[n].pipeline.window_seq + 1)[0]
-                planners.append((n, p or n))
+                pipe = c.states[n].pipeline
+                ahead = pipe.handover_windows * len(c.ids)
+                assert ahead > 0, "handover_windows = 0: no turn to leave"
+                for k in range(1, ahead + 1):
+                    p = pipe.turn(pipe.window_seq + k)[0]
+                    planners.append((n, pipe.window_seq + k, p or n))
     assert planners, "the learner's windows never said so"
-    assert all(p != wiped for _, p in planners), planners
-    assert {p for _, p in planners} & set(c.ids) - {wiped}  # someone else plans meanwhile
+    assert all(p != wiped for _, _, p in planners), [x for x in planners if x[2] == wiped][:5]
+    assert {p for _, _, p in planners} == set(c.ids) - {wiped}  # the others take its turns meanwhile
     for node in c.states.values():
         node.pipeline.paused = False
     ack = c.admin(lambda: c.states[sorted(c.ids)[0]].manual.drain(c.ranks_of[sorted(c.ids)[2]][0]), tries=3)
