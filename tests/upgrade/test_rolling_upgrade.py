@@ -42,7 +42,7 @@ pytestmark = pytest.mark.slow
 
 # The previous release: the last commit landed on main before this one. Move it forward when a release lands
 # (to the commit this tree's first parent on main is); EMOE_UPGRADE_FROM overrides it (a commit or a tag).
-PREVIOUS = os.environ.get("EMOE_UPGRADE_FROM", "4044b250d2a1e190f8845bcd770d554d021bbb3c")
+PREVIOUS = os.environ.get("EMOE_UPGRADE_FROM", "67b8e7033f3d2620af96491153f7b4b266fea8cc")
 
 ROOT = Path(__file__).resolve().parents[2]
 L, E, NODES, RPN, S = 2, 8, 3, 2, 4
