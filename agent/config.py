@@ -21,6 +21,7 @@ from agent.configcheck import DAY_MS, ConfigError
 from agent.configcheck import bounded as _bounded
 from agent.configcheck import need as _need
 from agent.gossipconfig import GossipConfig
+from agent.reportguard import DEFAULT_MAX_BATCH_TOKENS, MAX_BATCH_TOKENS
 from controlplane.decision import DecisionParams
 from controlplane.planners import PLANNERS
 
@@ -223,10 +224,18 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # steps of ~30 ms, under 4 s. 10 s is twice that; an engine that rearranges the whole model synchronously
     # (seconds to tens of seconds per move) needs a larger bound.
     install_lag_s: float = 10.0
+    # The largest batch (tokens in one step) a load report's counts may cover where the engine's plugin declares
+    # none (LoadReport.max_batch_tokens; an older plugin): each expert's count per step at most this, a layer's at
+    # most this x cluster.top_k (agent/reportguard.py). Why 2^24: SGLang's rank 0 reports its EP group's sum,
+    # and 1024 ranks (128 nodes x 8) x 16,384 tokens a step is the most the design's largest group carries; a
+    # count of 2^32 - 1 in a report of up to 255 steps is refused.
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
 
     def validate(self) -> None:
         _need(0.1 <= self.install_lag_s <= 3600.0, "engine.install_lag_s", self.install_lag_s,
               "seconds in [0.1, 3600]")
+        _need(1 <= self.max_batch_tokens <= MAX_BATCH_TOKENS, "engine.max_batch_tokens", self.max_batch_tokens,
+              f"tokens in [1, {MAX_BATCH_TOKENS}]")
 
 
 class TelemetryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
