@@ -11,7 +11,8 @@ incarnation and a window_seq; `(incarnation, window_seq)` orders a node's window
 - Push-pull anti-entropy (GossipNode) exchanges digests and sends only the windows the other side lacks.
 So each node receives each window about once, and the rumours that buy that are ~30-byte digests.
 Under mTLS each window carries its node's signature and certificate (~600 bytes, 1% of a DeepSeek-V3 window);
-agent/windowguard.py checks them at every hop, and bounds how far ahead a window may be, in plaintext too.
+agent/windowguard.py checks them at every hop, and bounds how far ahead a window may be and how far behind its
+member's incarnation (not at all), in plaintext too.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from agent.clock import Clock
 from agent.config import GossipConfig
 from agent.membership import MAX_COUNTER, Member
 from agent.transport import InvalidArgument, Transport
-from agent.windowguard import WINDOW_SEQ_LEAD, Refusal, WindowGuard, WindowSigner, ahead
+from agent.windowguard import WINDOW_SEQ_LEAD, Refusal, WindowGuard, WindowSigner, ahead, stale
 from elasticmoe.loadcodec import RowsError, pack_rows, sample_steps, unpack_rows
 from elasticmoe.v1 import gossip_pb2 as pb
 
@@ -250,7 +251,7 @@ class LoadGossip:
 
     def store(self, w: pb.LoadWindow, source: str | None = None) -> bool:
         """Keep `w` if it is the newest window of a known member (already checked), signed by that member under
-        mTLS and not from the future (agent/windowguard.py). True if kept."""
+        mTLS, neither below the member's incarnation nor from the future (agent/windowguard.py). True if kept."""
         n = w.node_id
         have = self._w.get(n)
         m = self.members.get(n)
@@ -289,7 +290,7 @@ class LoadGossip:
 
     @property
     def refused(self) -> dict[Refusal, int]:
-        """Windows refused, by reason: unsigned or badly signed (mTLS), from the future."""
+        """Windows refused, by reason: unsigned or badly signed (mTLS), from an earlier incarnation, from the future."""
         return self.guard.refused
 
     @property
@@ -331,8 +332,9 @@ class LoadGossip:
             n = d.node_id
             if n == self.node_id or self.has(n, d.incarnation, d.window_seq):
                 continue
-            m = self.members.get(n)  # a stranger's, or one from the future: its window would be refused
-            if m is None or ahead(d.incarnation, d.window_seq, m.incarnation, self.newest_seq(n, d.window_seq)):
+            m = self.members.get(n)  # a stranger's, an earlier life's or one from the future: refused if pulled
+            if m is None or stale(d.incarnation, m.incarnation) or ahead(d.incarnation, d.window_seq, m.incarnation,
+                                                                         self.newest_seq(n, d.window_seq)):
                 continue
             pend = self._pending.get(n)
             if pend is not None and pend[0] >= _key(d) and pend[1] > now:

@@ -9,6 +9,11 @@
 - Not from the future (plaintext too): newest (incarnation, window_seq) wins, so one window far ahead would
   hide every genuine window of its node for as long as it leads; a window may lead only within the bounds
   below (`ahead`).
+- Not from the past (plaintext too): a window below its member's incarnation is an earlier life's (`stale`). A
+  node's windows are stamped with its incarnation and re-stamped when it refutes, so once this node holds the
+  member at incarnation i, no genuine window of it is at less than i. Without this floor a window captured
+  before its node was reaped, replayed after the node came back (at a higher incarnation, with no window yet
+  held of it), was newer than anything held and became the node's newest everywhere.
 
 A refusal is counted by reason (`refused`), logged once per reason and node, and changes no state. Each
 distinct window is checked once (a bounded cache of verdicts); the node's certificate once (VoteSigner).
@@ -57,6 +62,7 @@ class Refusal(StrEnum):
     BAD_SIGNATURE = "bad_signature"            # does not verify under a CA-issued certificate of its node
     FUTURE_INCARNATION = "future_incarnation"  # past the member's incarnation (INCARNATION_LEAD)
     FUTURE_WINDOW_SEQ = "future_window_seq"    # past the newest window_seq held + WINDOW_SEQ_LEAD
+    STALE_INCARNATION = "stale_incarnation"    # below the member's incarnation: an earlier life's window
 
 
 # Fields 1 to 13 are signed one by one below; any later field (elasticmoe/versions.py) is signed as the bytes of
@@ -102,6 +108,13 @@ def ahead(incarnation: int, window_seq: int, member_incarnation: int, newest_seq
     return None
 
 
+def stale(incarnation: int, member_incarnation: int) -> bool:
+    """Whether a window (or a digest) at `incarnation` is from an earlier life of its member, which this node
+    holds at `member_incarnation` (the floor: a node re-stamps its window when it refutes, so all its genuine
+    windows are at its member's incarnation)."""
+    return incarnation < member_incarnation
+
+
 class WindowSigner(Protocol):
     """This node's key and the cluster CA (agent.consensus.signing.VoteSigner under mTLS)."""
 
@@ -136,6 +149,11 @@ class WindowGuard:
         """Whether `w` (newer than what we hold of its node, of a known member) may be stored; a refusal is
         counted and logged (once per reason and node)."""
         reason, why = self._signature(w)
+        if reason is None and stale(w.incarnation, member_incarnation):
+            reason = Refusal.STALE_INCARNATION
+            why = (f"window of {w.node_id!r} at incarnation {w.incarnation} (window_seq {w.window_seq}): its member "
+                   f"is at {member_incarnation}, and a node's windows are at its member's incarnation: an earlier "
+                   f"life's window, or a replay")
         if reason is None:
             reason = ahead(w.incarnation, w.window_seq, member_incarnation, newest_seq)
             if reason is Refusal.FUTURE_INCARNATION:

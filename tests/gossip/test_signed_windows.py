@@ -218,3 +218,26 @@ def test_a_restarted_node_is_accepted(certs: tuple[Path, Path], signed: bool, en
     for o in ("n2", "n3", "n4"):
         assert _held(sim.nodes[o], "n1") == (node.incarnation, seq)
         assert _refused(sim, o) == {}, sim.nodes[o].load.refused_why
+
+
+@pytest.mark.parametrize("signed", [False, True])
+def test_a_window_below_its_members_incarnation_is_refused(certs: tuple[Path, Path], signed: bool) -> None:
+    """n1 refutes a suspicion (incarnation 1) and re-stamps its window; its incarnation-0 windows are an earlier
+    life's from then on: one pushed to n3 (n1's genuine signature under mTLS) is refused and counted, a digest of
+    one pulls nothing."""
+    sim = _sim(certs[0] if signed else None)
+    old = gpb.LoadWindow()
+    old.CopyFrom(sim.nodes["n1"].load._w["n1"])
+    old.window_seq = 2  # newer than n1's window held everywhere, as a window captured later would be
+    if signed:
+        _sign_as(sim.signers["n1"], old)
+    sim.nodes["n1"].membership.apply(gpb.MemberState(node_id="n1", incarnation=0, status=gpb.SUSPECT,
+                                                     from_node="n2"))
+    sim.run(2.0)
+    assert all(_held(sim.nodes[o], "n1") == (1, 1) for o in ("n2", "n3", "n4"))
+    sim.nodes["n3"].load._w.pop("n1")  # (as after a reap: nothing of n1 held, so the old window would be newest)
+    _push(sim, "n2", "n3", old)
+    assert _refused(sim, "n3") == {Refusal.STALE_INCARNATION: 1}
+    assert "n1" not in sim.nodes["n3"].load._w
+    sim.nodes["n3"].load.on_digests("n2", [gpb.Digest(node_id="n1", incarnation=0, window_seq=2)])
+    assert "n1" not in sim.nodes["n3"].load._pending
