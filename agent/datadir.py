@@ -26,6 +26,9 @@ LOCK_NAME = "LOCK"
 LOG_NAME = "consensus"
 IDENTITY_NAME = "IDENTITY"  # the node id that owns this data_dir, written once its store first opened
 FORMAT_NAME = "FORMAT"  # the data_dir's format (elasticmoe/versions.py), written with IDENTITY (absent: 1)
+# the cluster fingerprint a quorum of the voters was last heard to hold (agent/fingerprint.py), one line of text;
+# absent: none heard yet. Releases before it ignore the file.
+FINGERPRINT_NAME = "FINGERPRINT"
 
 
 class DataDirError(RuntimeError):

@@ -139,7 +139,7 @@ class NodeState:
         from agent.clock import RealClock
         from agent.consensus.node import ConsensusNode
         from agent.credentials import vote_signer
-        from agent.datadir import LOG_NAME, mark_owner, owner
+        from agent.datadir import FINGERPRINT_NAME, LOG_NAME, mark_owner, owner
         from agent.gossip_node import GossipNode
         from agent.store import Store
         from agent.telemetry import Telemetry
@@ -177,7 +177,10 @@ class NodeState:
             {n: a for n, a in cfg.seed_map.items() if n != self.node_id},
             rng_seed=rng_seed if rng_seed is not None else zlib.crc32(self.node_id.encode()), signer=signer,
             fingerprint=mine)
-        self.fingerprint = FingerprintCheck(self.node_id, mine, self._voters, self.gossip.fingerprints)
+        # the cluster's fingerprint, as a quorum of the voters last held it, kept in the data_dir (an injected
+        # store, the simulator's, shares one data_dir among its nodes: kept in memory there)
+        self.fingerprint = FingerprintCheck(self.node_id, mine, self._voters, self.gossip.fingerprints,
+                                            keep=self.data_dir / FINGERPRINT_NAME if marked else None)
 
         # the commit backend, recovered: the controller plans from the recovered head
         voter = Voter(self.params, cfg.consensus.verify_tolerance)  # the replay windows: verifies proposals

@@ -1,11 +1,17 @@
 """The cluster fingerprint (agent/fingerprint.py): carried in member states, learned with a member's newer
-incarnation, refuted by its owner when a view of its previous process says another; the check abstains only
-when a quorum of the voters holds another fingerprint, and names the differing fields."""
+incarnation, refuted by its owner when a view of its previous process says another; the check abstains when a
+quorum of the voters holds another fingerprint, or last held one (kept in the data_dir), and names the differing
+fields."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from agent.clock import FakeClock
-from agent.fingerprint import FingerprintCheck, differences
+from agent.datadir import DataDirError
+from agent.fingerprint import FingerprintCheck, describe, differences, load_cluster
 from agent.gossip_node import GossipNode
 from agent.transport.sim import SimNetwork
 from chaos.gossipsim import profile_gossip
@@ -62,3 +68,34 @@ def test_the_check_abstains_only_against_a_quorum_and_names_the_fields() -> None
     assert fine.verdict() == "" and fine.mismatches() == [("a", differences(FP, DRIFT))]
     split = FingerprintCheck("a", DRIFT, voters, lambda: {"a": DRIFT, "b": FP})  # c unheard: no quorum
     assert split.verdict() == "" and [n for n, _ in split.mismatches()] == ["b"]
+
+
+def test_the_check_is_sticky_to_the_fingerprint_a_quorum_last_held_and_keeps_it(tmp_path: Path) -> None:
+    """a (drifted) abstains against b and c; with c unheard it goes on abstaining (one against one, but b's is the
+    fingerprint a quorum last held), and so does a new check on the same file (a restart); it votes again once
+    its config agrees, or once a quorum holds its fingerprint (a rolling change past its majority)."""
+    voters, keep = ["a", "b", "c"], tmp_path / "FINGERPRINT"
+    heard = {"a": DRIFT, "b": FP, "c": FP}
+    drifted = FingerprintCheck("a", DRIFT, voters, lambda: heard, keep=keep)
+    assert drifted.verdict().startswith("cluster fingerprint differs from the one 2 of 3 voters hold")
+    assert load_cluster(keep) == FP
+    del heard["c"]
+    why = drifted.verdict()
+    assert why.startswith("cluster fingerprint differs from the one a quorum of the 3 voters last held") \
+        and "slots_per_rank = 5 here, 4 in the cluster" in why, why
+    again = FingerprintCheck("a", DRIFT, voters, lambda: {"a": DRIFT}, keep=keep)  # restarted, alone
+    assert again.verdict() == why
+    assert FingerprintCheck("a", FP, voters, lambda: {"a": FP}, keep=keep).verdict() == ""  # its config agrees
+    heard["c"] = DRIFT  # c restarted with a's config: a quorum holds it now
+    assert drifted.verdict() == "" and load_cluster(keep) == DRIFT
+    b = FingerprintCheck("b", FP, voters, lambda: heard, keep=tmp_path / "b")
+    assert b.verdict().startswith("cluster fingerprint differs from the one 2 of 3 voters hold (a, c)")
+
+
+def test_a_kept_fingerprint_that_does_not_parse_names_the_file(tmp_path: Path) -> None:
+    keep = tmp_path / "FINGERPRINT"
+    keep.write_text("nodes=3 top_k=two\n")
+    with pytest.raises(DataDirError, match="FINGERPRINT: cannot read the cluster fingerprint"):
+        FingerprintCheck("a", FP, ["a"], lambda: {}, keep=keep)
+    keep.write_text(describe(FP) + "\n")
+    assert FingerprintCheck("a", FP, ["a"], lambda: {}, keep=keep).cluster == FP
