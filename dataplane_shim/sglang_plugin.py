@@ -1,7 +1,8 @@
 """The SGLang plugin (written against SGLang 0.5.23's `sglang.srt.eplb`): each EP rank's load goes to the
 local agent, agreed certified tables come back in through SGLang's own EPLB path
 (`ExpertLocationMetadata.init_by_mapping` over `num_hidden_layers`, then its expert-location updater on every
-rank in the same forward pass).
+rank in the same forward pass). `register()` refuses another SGLang than the release pyproject.toml's `sglang`
+extra pins, unless EMOE_ALLOW_UNTESTED_ENGINE=1 (`dataplane_shim.engine_version`).
 
 Run on CPU by tests/engines/test_engine_sglang.py: `ElasticMoeEplbManager` in two gloo ranks on SGLang's real
 ServerArgs, process groups, plugin loader, boot placement, stat recorder and `ExpertLocationUpdater` (its P2P
@@ -48,6 +49,7 @@ import numpy as np
 
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
+from dataplane_shim import engine_version
 from dataplane_shim.install import Installer, check_agree_every
 from dataplane_shim.peers import PeerWatch, default_store
 from dataplane_shim.plugin import PluginCore, Settings
@@ -194,10 +196,29 @@ def manager_class() -> type:
 
 
 def register() -> None:
-    """The `sglang.srt.plugins` entry point: with EMOE_SOCKET set, ModelRunner builds our EPLB manager."""
+    """The `sglang.srt.plugins` entry point: with EMOE_SOCKET set, ModelRunner builds our EPLB manager.
+
+    Another SGLang than the tested one is refused (`engine_version.check`). SGLang logs a plugin's exception
+    and goes on without it, which would leave its own periodic EPLB moving experts behind the agents' back:
+    so the EPLB manager ModelRunner builds under `--enable-eplb` then raises the refusal, and the scheduler
+    stops."""
     if Settings.from_env() is None:
         return
     import sglang.srt.model_executor.model_runner as mr
 
+    try:
+        engine_version.check("sglang")
+    except engine_version.UntestedEngine as e:
+        mr.EPLBManager = _refusing(e)
+        raise
     mr.EPLBManager = manager_class()
     log.info("elasticmoe: SGLang's EPLBManager replaced")
+
+
+def _refusing(refusal: Exception) -> Any:
+    """In EPLBManager's place: building it raises `refusal`."""
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise refusal
+
+    return refuse

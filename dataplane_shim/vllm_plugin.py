@@ -33,7 +33,8 @@ creates one per worker when `enable_eplb` is on) attaches a `VllmPlugin` to that
 
 Settings: `dataplane_shim.plugin.Settings` (EMOE_SOCKET, EMOE_GENESIS, EMOE_REPORT_EVERY, EMOE_AGREE_EVERY,
 EMOE_STALL_STEPS). `eplb_state.elasticmoe.install_status()` is what a driver reads through `collective_rpc`.
-Needs torch and vLLM (0.32); imported only inside vLLM processes.
+Needs torch and vLLM (the release pyproject.toml's `vllm` extra pins; `register()` refuses any other unless
+EMOE_ALLOW_UNTESTED_ENGINE=1: `dataplane_shim.engine_version`); imported only inside vLLM processes.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ import torch
 
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
+from dataplane_shim import engine_version
 from dataplane_shim.errors import BadInput
 from dataplane_shim.install import Installer, check_agree_every
 from dataplane_shim.peers import PeerWatch, default_store
@@ -387,6 +389,7 @@ def register() -> None:
     settings = Settings.from_env()
     if settings is None or _loaded["patched"]:
         return
+    engine_version.check("vllm")  # another vLLM than the tested one: refused here (vLLM lets it propagate)
     from vllm.distributed.eplb.eplb_state import EplbState
 
     original = EplbState.add_model

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -42,6 +43,14 @@ def test_the_wheel_carries_what_it_needs(tmp_path: Path) -> None:
     r = subprocess.run([sys.executable, "-c", probe, str(site)], cwd=elsewhere, env=env, capture_output=True,
                        text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
+    # the engine pins, read by an installed plugin from the wheel's metadata (no pyproject.toml beside it)
+    probe = ("import dataplane_shim.engine_version as ev, sys; assert ev.__file__.startswith(sys.argv[1]); "
+             "print(ev.tested_version('vllm'), ev.tested_version('sglang'))")
+    r = subprocess.run([sys.executable, "-c", probe, str(site)], cwd=elsewhere, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert r.stdout.split() == [extras["vllm"][0].split("==")[1], extras["sglang"][0].split("==")[1]], r.stdout
     for args in (["--help"], ["demo", "--help"], ["agent", "--config", str(ROOT / "deploy/configs/local-node1.toml"),
                                                   "--check"]):
         r = subprocess.run([sys.executable, "-m", "agent.cli", *args], cwd=elsewhere, env=env, capture_output=True,
