@@ -106,6 +106,11 @@ class AdminView:
         """Load reports used for their totals only (no sampled steps, or sampled at another rate)."""
         return self.load.unsampled
 
+    def reports_refused(self) -> dict[str, int]:
+        """Load reports refused since start by code (agent.reportguard: another node's rank, a version past the
+        head, counts past the engine's batch, ...)."""
+        return {code.value: n for code, n in self.load.guard.refused.items()}
+
     def partial_windows(self) -> int:
         """Cluster windows closed without a lagging live node's load (not decided on) since start."""
         return self.pipeline.partial_windows

@@ -10,6 +10,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from agent.reportguard import ReportGuard
 from controlplane.topology import Topology
 from dataplane_shim.link import check_load_report
 from elasticmoe.loadcodec import rows_from_bytes, sample_steps
@@ -238,15 +239,19 @@ class LoadPath:
     each closed one handed to `close_window` (agent.pipeline.DecisionPipeline.close_window).
     `engine_ran(rank, version)`: the version a rank's engine reported it runs (agent.installs);
     `abstains()`: why this node may not vote now ("" when it may; agent.commit.CommitBackend.abstains);
+    `guard`: what no engine of this node can say (agent.reportguard: another node's rank, a version past the
+    head, counts past the engine's batch): such a report is refused before anything of it counts;
     `engine_failed(rank, error)`: the fatal error a rank's plugin reported before it stopped (agent.installs)."""
 
     def __init__(self, node_id: str, topology: Topology, layers: int, experts: int, window: int,
                  gossip: LoadGossip, close_window: CloseWindow,
-                 engine_ran: Callable[[int, int], None], abstains: Callable[[], str], sample_every: int = 0,
+                 engine_ran: Callable[[int, int], None], abstains: Callable[[], str], guard: ReportGuard,
+                 sample_every: int = 0,
                  engine_failed: Callable[[int, str], None] = lambda rank, error: None) -> None:
         """`sample_every`: the sampled steps the engines' reports carry (decision.sample_every)."""
         self.node_id, self.topology, self.layers, self.experts, self.window = node_id, topology, layers, experts, window
         self.gossip, self.close_window, self.engine_ran, self.abstains = gossip, close_window, engine_ran, abstains
+        self.guard = guard
         self.sample_every, self.engine_failed = sample_every, engine_failed
         self.local = LocalWindows(layers, experts, window, sample_every)
         self.cluster = ClusterWindows()
@@ -260,8 +265,9 @@ class LoadPath:
         a window this node already closed (an engine restarted and counts from 0 again: its reports would be
         dropped until its count caught up), else None."""
         why = check_load_report(r, self.layers, self.experts)
-        if not why and any(g >= self.topology.ranks for g in r.unreachable_ranks):
-            why = f"unreachable_ranks {sorted(r.unreachable_ranks)[-4:]}: expected < {self.topology.ranks}"
+        if not why:
+            refused = self.guard.check(r)  # (counted by its code there)
+            why = str(refused) if refused is not None else ""
         if why:
             raise LoadReportError(f"load report from {r.shim_id or r.rank}: {why}")
         if r.error:  # the plugin's last word before it stops (GENESIS_MISMATCH: ...): no load

@@ -26,6 +26,7 @@ on a thread of its own; reading the agent's state from there could see it mid-ch
     emoe_moved_bytes_total                 weight bytes the commits this agent learned copy
     emoe_reports_dropped_total             load reports this node's engines dropped (agent slow or absent)
     emoe_reports_unsampled_total           load reports used for their totals only (no or mismatched samples)
+    emoe_reports_refused_total{reason}     load reports refused by code (agent.reportguard: rank_not_here, ...)
     emoe_partial_windows_total             cluster windows closed without a lagging node's load: not decided on
 """
 
@@ -79,6 +80,8 @@ class MetricsView(Protocol):
 
     def reports_unsampled(self) -> int: ...
 
+    def reports_refused(self) -> dict[str, int]: ...
+
     def partial_windows(self) -> int: ...
 
 
@@ -100,6 +103,7 @@ class Snapshot:
     bytes_moved: int = 0
     dropped: int = 0
     unsampled: int = 0
+    refused: dict[str, int] = field(default_factory=dict)
     partial: int = 0
     plans: tuple[int, float, float] = (0, 0.0, 0.0)  # planned, their seconds, the last one's
 
@@ -113,7 +117,7 @@ def snapshot(view: MetricsView, per_expert: bool) -> Snapshot:
                  Counter(gpb.MemberStatus.Name(m.status).lower() for m in view.member_states()),
                  dict(view.peer_versions()), ranks=list(view.rank_installs()), outcomes=view.decision_outcomes(),
                  bytes_moved=view.bytes_moved(), dropped=view.reports_dropped(), unsampled=view.reports_unsampled(),
-                 plans=view.plan_stats(), partial=view.partial_windows())
+                 plans=view.plan_stats(), partial=view.partial_windows(), refused=view.reports_refused())
     if load is not None:
         counts = np.asarray(load, dtype=np.int64)
         s.layer_tokens = counts.sum(axis=1).astype(np.float64).tolist()
@@ -193,6 +197,11 @@ def families(s: Snapshot) -> Iterator[Any]:
     yield CounterMetricFamily("emoe_reports_dropped", "Load reports this node's engines dropped before sending",
                               value=s.dropped)
     yield CounterMetricFamily("emoe_reports_unsampled", "Load reports used for their totals only", value=s.unsampled)
+    ref = CounterMetricFamily("emoe_reports_refused", "Load reports this node's shim link refused, by code",
+                              labels=["reason"])
+    for code, count in sorted(s.refused.items()):
+        ref.add_metric([code], count)
+    yield ref
     yield CounterMetricFamily("emoe_partial_windows", "Cluster windows closed without a lagging live node's load, "
                               "not decided on", value=s.partial)
 

@@ -31,6 +31,7 @@ from agent.offloop import OffLoopPlanner
 from agent.pipeline import DecisionPipeline, PlanRunner, plan_here
 from agent.reactions import MembershipReactions
 from agent.rejoin import Rejoin
+from agent.reportguard import ReportGuard
 from agent.voter import Voter
 from controlplane.controller import DecisionParams
 from controlplane.table import RoutingTable
@@ -221,10 +222,12 @@ class NodeState:
         self.manual = ManualPath(self.pipeline, backend, self.pause, self.clock)
         rejoin = Rejoin(self.clock, ranks, cfg.gossip.rejoin_ms / 1000, self.manual.restore_now)
         rejoin.recovered(backend.commits_since(0), backend.head)
+        guard = ReportGuard(ranks, self.topology.ranks, c.top_k, cfg.engine.max_batch_tokens,
+                            lambda: backend.head.version)  # what this node's engines can say
         self.load = LoadPath(self.node_id, self.topology, c.layers, c.experts, self.params.window, self.gossip,
                              self.pipeline.close_window,
                              lambda rank, version: self.installs.reported(rank, version, now()),
-                             lambda: backend.abstains, sample_every=self.params.sample_every,
+                             lambda: backend.abstains, guard, sample_every=self.params.sample_every,
                              engine_failed=self.installs.failed)
         self.reactions = MembershipReactions(
             self.node_id, ranks, self.clock, backend, self.pipeline, self.gossip, self.installs, rejoin,

@@ -23,6 +23,7 @@ import numpy.typing as npt
 
 from agent.loadgossip import check_windows, make_window, node_window
 from agent.loadpath import LoadPath
+from agent.reportguard import DEFAULT_MAX_BATCH_TOKENS, ReportGuard
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
 from dataplane_shim.link import make_load_report
@@ -88,21 +89,28 @@ class LoadFeed:
     """Every node's load path; `feed` plays a window of cluster counts through it."""
 
     def __init__(self, topo: Topology, layers: int, experts: int, window: int, sample_every: int,
-                 close_window: CloseWindow, report_every: int = REPORT_EVERY) -> None:
+                 close_window: CloseWindow, report_every: int = REPORT_EVERY, top_k: int = 0) -> None:
+        """`top_k`: the trace's, which bounds a layer's count per step with the batch (agent.reportguard); 0: the
+        experts (a token picks each at most once)."""
         self.topo, self.window, self.sample_every, self.report_every = topo, window, sample_every, report_every
         self.nodes = [f"n{i}" for i in range(topo.nodes)]
         self.decider = self.nodes[0]
         self.window_bytes: list[int] = []  # each node's window as gossip sends it, unsigned
         self.paths: dict[str, LoadPath] = {}
-        for n in self.nodes:
+        self.head = 1  # the newest version fed (what the nodes committed, as far as their engines can tell)
+        rpn = topo.ranks_per_node
+        for i, n in enumerate(self.nodes):
+            guard = ReportGuard(range(i * rpn, (i + 1) * rpn), topo.ranks, top_k or experts, DEFAULT_MAX_BATCH_TOKENS,
+                                lambda: self.head)
             self.paths[n] = LoadPath(n, topo, layers, experts, window, _Loopback(self, n),
-                                     close_window if n == self.decider else _nowhere, _nothing, _voting,
+                                     close_window if n == self.decider else _nowhere, _nothing, _voting, guard,
                                      sample_every=sample_every)
 
     def feed(self, first: int, counts: npt.NDArray[np.integer], table: RoutingTable) -> None:
         """Steps [first, first + len(counts)) of cluster counts [T, L, E], served under `table`: each node's
         engines report their share every `report_every` global steps."""
         shares = node_shares(table)
+        self.head = max(self.head, table.version)
         end = first + counts.shape[0]
         at = first
         while at < end:

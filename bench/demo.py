@@ -88,7 +88,8 @@ async def run_engine(i: int, n: int, sock: str, trace: Trace, spec: DemoSpec, to
                 rows.append(mine)
             if (t + 1) % spec.window == 0:
                 samples = np.stack(rows) if rows else np.zeros((0, L, E), np.uint32)
-                await link.report_load(make_load_report(f"engine{i}", i, t + 1 - spec.window, spec.window,
+                await link.report_load(make_load_report(f"engine{i}", i * topo.ranks_per_node,  # its first rank
+                                                        t + 1 - spec.window, spec.window,
                                                         head.version, acc, samples=samples,
                                                         sample_every=spec.sample_every))
                 acc[:] = 0

@@ -77,12 +77,13 @@ def check_load_report(r: dpb.LoadReport, layers: int | None = None, experts: int
 def make_load_report(
     shim_id: str, rank: int, first_step: int, steps: int, version: int, counts: npt.ArrayLike,
     stale_dispatches: int = 0, dropped_tokens: int = 0, unreachable_ranks: Iterable[int] = (),
-    samples: npt.ArrayLike | None = None, sample_every: int = 0, error: str = "",
+    samples: npt.ArrayLike | None = None, sample_every: int = 0, error: str = "", max_batch_tokens: int = 0,
 ) -> dpb.LoadReport:
     """A LoadReport for uint32 counts [L, E] summed over `steps` steps starting at `first_step`;
     `unreachable_ranks`: peers this rank's collectives or dispatch could not reach since its last report;
     `samples` [n, L, E]: the counts of the sampled steps in the range (every `sample_every`-th global step,
-    elasticmoe.loadcodec), or None (sample_every is then sent as 0)."""
+    elasticmoe.loadcodec), or None (sample_every is then sent as 0); `max_batch_tokens`: the most tokens one
+    step of the engine carries into the counts (0: not declared; the agent bounds the counts by it)."""
     c = np.asarray(counts)
     if c.ndim != 2 or c.dtype.kind not in "iu" or (c < 0).any() or (c > np.iinfo(np.uint32).max).any():
         raise BadInput(f"counts shape {c.shape} dtype {c.dtype}: expected uint32 [layers, experts]")
@@ -91,6 +92,7 @@ def make_load_report(
         layers=c.shape[0], experts=c.shape[1], counts=c.astype("<u4").tobytes(),
         stale_dispatches=stale_dispatches, dropped_tokens=dropped_tokens,
         unreachable_ranks=sorted(set(int(g) for g in unreachable_ranks)), error=error[:MAX_ERROR],
+        max_batch_tokens=max_batch_tokens,
     )
     if samples is not None and sample_every > 0:
         try:

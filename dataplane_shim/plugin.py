@@ -133,12 +133,15 @@ class PluginCore:
 
     def __init__(self, link: Link, topo: Topology, layers: int, experts: int, rank: int, boot_phy2log: I64,
                  *, genesis: str = "vllm", report_every: int = 1, shim_id: str = "", sample_every: int = 0,
-                 first_step: int = 0) -> None:
+                 first_step: int = 0, max_batch_tokens: int = 0) -> None:
         """`first_step`: the number of the first step added (the agents' windows are numbered by the engines'
-        steps: a feed that starts after earlier ones starts past the agents' newest window)."""
-        if report_every < 1 or sample_every < 0 or first_step < 0:
-            raise BadInput(f"report_every={report_every}, sample_every={sample_every}, first_step={first_step}: "
-                           f"expected >= 1, >= 0 and >= 0")
+        steps: a feed that starts after earlier ones starts past the agents' newest window). `max_batch_tokens`:
+        the most tokens one step of the engine carries into this rank's counts, which its reports say (the agent
+        refuses counts past it, LoadReport.max_batch_tokens); 0: not known (the agent's own bound applies)."""
+        if report_every < 1 or sample_every < 0 or first_step < 0 or max_batch_tokens < 0:
+            raise BadInput(f"report_every={report_every}, sample_every={sample_every}, first_step={first_step}, "
+                           f"max_batch_tokens={max_batch_tokens}: expected >= 1, >= 0, >= 0 and >= 0")
+        self.max_batch_tokens = max_batch_tokens
         self.sample_every = sample_every
         if not 0 <= rank < topo.ranks:
             raise BadInput(f"rank={rank}: expected 0..{topo.ranks - 1}")
@@ -294,7 +297,8 @@ class PluginCore:
         if not self._unreachable:
             return False
         report = make_load_report(self.shim_id, self.rank, self._first_step, 0, self.version,
-                                  np.zeros(self._load.shape, np.uint32), unreachable_ranks=self._unreachable)
+                                  np.zeros(self._load.shape, np.uint32), unreachable_ranks=self._unreachable,
+                                  max_batch_tokens=self.max_batch_tokens)
         self._unreachable = set()
         try:
             self.link.report(report, timeout)
@@ -323,7 +327,8 @@ class PluginCore:
             rows = (np.minimum(np.stack(self._rows), np.iinfo(np.uint32).max).astype(np.uint32) if self._rows
                     else np.zeros((0, *counts.shape), np.uint32))
         report = make_load_report(self.shim_id, self.rank, self._first_step, self._steps, self.version, counts,
-                                  unreachable_ranks=self._unreachable, samples=rows, sample_every=self.sample_every)
+                                  unreachable_ranks=self._unreachable, samples=rows, sample_every=self.sample_every,
+                                  max_batch_tokens=self.max_batch_tokens)
         self._rows, self._sampled = [], True
         self._unreachable = set()
         self.link.offer(report)

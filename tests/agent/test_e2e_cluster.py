@@ -57,8 +57,8 @@ async def _drive(cluster: LocalCluster, windows: int) -> dict[int, list[dpb.Tabl
         for k in range(windows):
             for i in range(cluster.n):
                 counts = skewed_counts(rng)
-                rep = dpb.LoadReport(shim_id=f"s{i}", rank=i, first_step=k * W, steps=W, layers=L, experts=E,
-                                     counts=counts.tobytes())
+                rep = dpb.LoadReport(shim_id=f"s{i}", rank=i * SHAPE["ranks_per_node"], first_step=k * W, steps=W,
+                                     layers=L, experts=E, counts=counts.tobytes())  # (node i's first rank)
                 await stubs[i].ReportLoad(iter([rep]), timeout=5)
             await asyncio.sleep(0.3)
             if all(seen[i] for i in seen):

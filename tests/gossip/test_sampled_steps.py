@@ -13,6 +13,7 @@ import pytest
 
 from agent.loadgossip import check_windows, window_samples
 from agent.loadpath import ClusterWindows, LoadPath, LocalWindows
+from agent.reportguard import DEFAULT_MAX_BATCH_TOKENS, ReportGuard
 from agent.transport import InvalidArgument
 from controlplane.topology import Topology
 from dataplane_shim.errors import BadInput
@@ -160,7 +161,8 @@ class _Gossip:
 def test_a_report_sampled_at_another_rate_is_used_for_its_totals_and_named() -> None:
     g, closed = _Gossip(), []
     lp = LoadPath("n1", Topology(1, 1, 4), L, E, 10, g, lambda s, t, rows, missing: closed.append((s, t, rows)),
-                  lambda rank, v: None, lambda: "", sample_every=5)
+                  lambda rank, v: None, lambda: "", ReportGuard([0], 1, 2, DEFAULT_MAX_BATCH_TOKENS, lambda: 1),
+                  sample_every=5)
     one = np.ones((L, E), np.uint32)
     said: list[str] = []
     handler = logging.Handler(logging.WARNING)

@@ -87,6 +87,7 @@ def test_the_agent_suspects_the_nodes_its_engine_cannot_reach() -> None:
     """The agent's load path (agent.loadpath.LoadPath, the shim link's sink) hands a report's unreachable ranks
     to gossip, and refuses ranks outside the cluster (naming the field) before anything is counted."""
     from agent.loadpath import LoadPath, LoadReportError
+    from agent.reportguard import DEFAULT_MAX_BATCH_TOKENS, ReportGuard
     from controlplane.topology import Topology
 
     accused: list[list[int]] = []
@@ -103,7 +104,8 @@ def test_the_agent_suspects_the_nodes_its_engine_cannot_reach() -> None:
             return ["n1", "n2"]
 
     load = LoadPath("n1", Topology(2, 2, 4), 2, 4, 100, Gossip(), lambda seq, total: None,
-                    lambda rank, version: ran.append((rank, version)), lambda: "")
+                    lambda rank, version: ran.append((rank, version)), lambda: "",
+                    ReportGuard([0, 1], 4, 2, DEFAULT_MAX_BATCH_TOKENS, lambda: 1))
     counts = np.zeros((2, 4), dtype=np.uint32)
     with pytest.raises(LoadReportError, match="unreachable_ranks"):
         load.on_report(make_load_report("s", 0, 0, 1, 1, counts, unreachable_ranks=[4]))
