@@ -111,7 +111,7 @@ class VllmPlugin:
         boot = self.ms.physical_to_logical_map.detach().cpu().numpy()
         self.core = PluginCore(link, self.topo, L, E, self.rank, boot, genesis=settings.genesis,
                                report_every=settings.report_every, shim_id=f"vllm-ep{self.rank}",
-                               sample_every=settings.sample_every)
+                               sample_every=settings.sample_every, max_batch_tokens=batch_tokens(eplb_state))
         self.inst = Installer(self.core, agree_every=settings.agree_every,
                               stall_steps=settings.stall_steps or max(256, 8 * L), rank=self.rank)
         self.E = E
@@ -371,6 +371,18 @@ class VllmPlugin:
         close = getattr(self.link, "close", None)
         if close is not None:
             close()
+
+
+def batch_tokens(eplb_state: Any) -> int:
+    """The most tokens one step carries into a rank's expert_load_pass, what its reports declare: the
+    scheduler's max_num_batched_tokens x data_parallel_size (a rank's MoE layers may count the tokens every DP
+    rank gathered to it); 0 where no vLLM config is current (vLLM builds the EPLB state inside one)."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    vc = get_current_vllm_config_or_none()
+    if vc is None or not vc.scheduler_config.max_num_batched_tokens:
+        return 0
+    return int(vc.scheduler_config.max_num_batched_tokens) * max(1, int(eplb_state.parallel_config.data_parallel_size))
 
 
 # ---- entry point --------------------------------------------------------------------------------
