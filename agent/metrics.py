@@ -1,7 +1,16 @@
-"""Prometheus metrics of one agent (`[metrics] listen`, off by default), served by prometheus-client.
+"""Prometheus metrics of one agent (`[metrics] listen`, off by default), served as cached text.
 
-A scrape takes one snapshot of the agent's read-only AdminView on the agent's event loop (the HTTP server runs
-on a thread of its own; reading the agent's state from there could see it mid-change), then renders it:
+A scrape never makes the agent render its metrics anew: the page is rendered at most once a second (REFRESH_S),
+whatever the number of scrapers, and every scraper in between is served the same bytes. A page takes one
+snapshot of the agent's read-only AdminView on the agent's event loop (the HTTP server runs on threads of its
+own; reading the agent's state from there could see it mid-change), then renders it on the scraper's thread:
+the small families through prometheus-client, and the newest window's families (per layer, per rank and, with
+`[metrics] per_expert = true`, L x E series per expert: 14,848 at DeepSeek-V3 shape) once per new window or new
+committed table, by `text_rows`, a vectorised kernel (no Python loop over series). Concurrent scrapers share one
+render: the first renders while the others wait for its page. So scrapers cost the agent one small snapshot a
+second and one render of the expert series a window, never the GIL for long (at 67b8e70 each of 8 concurrent
+scrapers rendered 14,944 series through prometheus-client, ~100 ms of Python each, and the event loop starved
+until peers suspected the agent; tests/agent/test_metrics_scrapers.py). Values are at most REFRESH_S old.
 
     emoe_committed_version                 the committed routing-table version this agent holds
     emoe_serving                           1 while SERVING (health), else 0
@@ -26,16 +35,20 @@ on a thread of its own; reading the agent's state from there could see it mid-ch
     emoe_moved_bytes_total                 weight bytes the commits this agent learned copy
     emoe_reports_dropped_total             load reports this node's engines dropped (agent slow or absent)
     emoe_reports_unsampled_total           load reports used for their totals only (no or mismatched samples)
-    emoe_reports_refused_total{reason}     load reports refused by code (agent.reportguard: rank_not_here, ...)
     emoe_partial_windows_total             cluster windows closed without a lagging node's load: not decided on
 """
 
 from __future__ import annotations
 
 import asyncio
+import gzip
+import socket
+import threading
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
 import numpy as np
@@ -45,6 +58,13 @@ from controlplane.load import rank_load
 from controlplane.table import RoutingTable
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import gossip_pb2 as gpb
+
+# A page is served to every scraper for this long before the next scrape takes a new snapshot: the agent pays
+# one snapshot and one small render a second however many scrape (Prometheus scrapes every 15-60 s, so a
+# value a second old is below its resolution), and the expert series are rendered again only for a new window.
+REFRESH_S = 1.0
+SNAPSHOT_TIMEOUT_S = 5.0  # an event loop that cannot take a snapshot within this: the scrape gets a 503
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class MetricsView(Protocol):
@@ -80,9 +100,16 @@ class MetricsView(Protocol):
 
     def reports_unsampled(self) -> int: ...
 
-    def reports_refused(self) -> dict[str, int]: ...
-
     def partial_windows(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Window:
+    """The newest window's load, copied on the loop: counts int64 [L, E] (None before the first window) and
+    the committed table its rank shares are counted under."""
+
+    counts: npt.NDArray[np.int64] | None
+    head: RoutingTable
 
 
 @dataclass
@@ -95,20 +122,20 @@ class Snapshot:
     since_commit: float
     members: Counter[str]
     peer_versions: dict[str, int]
-    layer_tokens: list[float] = field(default_factory=list)
-    rank_tokens: list[float] = field(default_factory=list)
-    expert_tokens: npt.NDArray[np.float64] | None = None
     ranks: list[apb.RankInstall] = field(default_factory=list)
     outcomes: dict[str, int] = field(default_factory=dict)
     bytes_moved: int = 0
     dropped: int = 0
     unsampled: int = 0
-    refused: dict[str, int] = field(default_factory=dict)
     partial: int = 0
     plans: tuple[int, float, float] = (0, 0.0, 0.0)  # planned, their seconds, the last one's
+    window: Window | None = None  # a window or head other than the last page's (None: the same)
 
 
-def snapshot(view: MetricsView, per_expert: bool) -> Snapshot:
+def snapshot(view: MetricsView, seen: tuple[object, object] | None = None) -> tuple[Snapshot, tuple[object, object]]:
+    """The view now, on the agent's loop, and the (newest window, head) objects it held. `seen`: those of the
+    last page; the window is copied into the snapshot only when either changed (windows and tables are
+    replaced, never changed in place)."""
     head = view.head()
     load = view.cluster_load()
     hist = view.imbalance_history()
@@ -117,17 +144,14 @@ def snapshot(view: MetricsView, per_expert: bool) -> Snapshot:
                  Counter(gpb.MemberStatus.Name(m.status).lower() for m in view.member_states()),
                  dict(view.peer_versions()), ranks=list(view.rank_installs()), outcomes=view.decision_outcomes(),
                  bytes_moved=view.bytes_moved(), dropped=view.reports_dropped(), unsampled=view.reports_unsampled(),
-                 plans=view.plan_stats(), partial=view.partial_windows(), refused=view.reports_refused())
-    if load is not None:
-        counts = np.asarray(load, dtype=np.int64)
-        s.layer_tokens = counts.sum(axis=1).astype(np.float64).tolist()
-        s.rank_tokens = rank_load(head, counts[None])[0].sum(axis=0).astype(np.float64).tolist()
-        if per_expert:
-            s.expert_tokens = counts.astype(np.float64)
-    return s
+                 plans=view.plan_stats(), partial=view.partial_windows())
+    if seen is None or seen[0] is not load or seen[1] is not head:
+        s.window = Window(None if load is None else np.array(load, dtype=np.int64), head)
+    return s, (load, head)
 
 
 def families(s: Snapshot) -> Iterator[Any]:
+    """The families of one snapshot but the window's (window_text)."""
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
     def one(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -150,21 +174,6 @@ def families(s: Snapshot) -> Iterator[Any]:
     for member, version in sorted(s.peer_versions.items()):
         pv.add_metric([member], version)
     yield pv
-    lt = GaugeMetricFamily("emoe_layer_tokens", "Tokens per MoE layer in the newest window", labels=["layer"])
-    for layer, tokens in enumerate(s.layer_tokens):
-        lt.add_metric([str(layer)], tokens)
-    yield lt
-    rt = GaugeMetricFamily("emoe_rank_tokens", "Tokens per EP rank in the newest window, under the committed table",
-                           labels=["rank"])
-    for rank, tokens in enumerate(s.rank_tokens):
-        rt.add_metric([str(rank)], tokens)
-    yield rt
-    if s.expert_tokens is not None:
-        et = GaugeMetricFamily("emoe_expert_tokens", "Tokens per logical expert in the newest window",
-                               labels=["layer", "expert"])
-        for (layer, expert), n in np.ndenumerate(s.expert_tokens):
-            et.add_metric([str(layer), str(expert)], float(n))
-        yield et
     iv = GaugeMetricFamily("emoe_rank_installed_version", "Version each engine rank of this node runs",
                            labels=["rank"])
     lag = GaugeMetricFamily("emoe_rank_install_lag_seconds", "Seconds an engine rank has been behind the "
@@ -197,40 +206,168 @@ def families(s: Snapshot) -> Iterator[Any]:
     yield CounterMetricFamily("emoe_reports_dropped", "Load reports this node's engines dropped before sending",
                               value=s.dropped)
     yield CounterMetricFamily("emoe_reports_unsampled", "Load reports used for their totals only", value=s.unsampled)
-    ref = CounterMetricFamily("emoe_reports_refused", "Load reports this node's shim link refused, by code",
-                              labels=["reason"])
-    for code, count in sorted(s.refused.items()):
-        ref.add_metric([code], count)
-    yield ref
     yield CounterMetricFamily("emoe_partial_windows", "Cluster windows closed without a lagging live node's load, "
                               "not decided on", value=s.partial)
 
 
-class _Collector:
-    """A prometheus-client collector that snapshots the view on the agent's loop at each scrape."""
+def text_rows(parts: Sequence[bytes | npt.NDArray[np.integer]]) -> bytes:
+    """Rows of text, vectorised: each part is a constant (bytes, the same in every row) or integers >= 0 [N],
+    one per row, in decimal; returns the N rows' bytes, concatenated. Each row is a fixed-width uint8 block of
+    its parts (an integer right-aligned in its column's widest width) and a mask of the bytes it uses."""
+    ints = [np.asarray(p) for p in parts if not isinstance(p, bytes)]
+    if not ints:
+        raise ValueError("text_rows needs one integer column at least")
+    n = len(ints[0])
+    blocks: list[npt.NDArray[np.uint8]] = []
+    masks: list[npt.NDArray[np.bool_]] = []
+    for p in parts:
+        if isinstance(p, bytes):
+            blocks.append(np.broadcast_to(np.frombuffer(p, np.uint8), (n, len(p))))
+            masks.append(np.ones((n, len(p)), np.bool_))
+            continue
+        v = np.asarray(p)
+        if v.shape != (n,) or (v.size and int(v.min()) < 0):
+            raise ValueError(f"text_rows: an integer column of shape {v.shape}, least {v.min() if v.size else '-'}: "
+                             f"expected [{n}], >= 0")
+        v = v.astype(np.uint64)
+        width = len(str(int(v.max()))) if n else 1
+        pow10 = np.uint64(10) ** np.arange(width - 1, -1, -1, dtype=np.uint64)  # [width]
+        blocks.append(((v[:, None] // pow10) % np.uint64(10) + np.uint64(ord("0"))).astype(np.uint8))
+        masks.append((v[:, None] >= pow10) | (pow10 == 1))  # no leading zeros; 0 is "0"
+    rows, used = np.concatenate(blocks, axis=1), np.concatenate(masks, axis=1)
+    return bytes(rows[used].tobytes())
+
+
+def _family(name: str, doc: str, labels: Sequence[tuple[str, npt.NDArray[np.integer]]],
+            values: npt.NDArray[np.integer]) -> bytes:
+    """A gauge family's text (`# HELP`, `# TYPE`, one line a series), its label values and values integers."""
+    head = f"# HELP {name} {doc}\n# TYPE {name} gauge\n".encode()
+    if not values.size:
+        return head
+    parts: list[bytes | npt.NDArray[np.integer]] = []
+    for i, (label, column) in enumerate(labels):
+        parts += [f'{"," if i else name + "{"}{label}="'.encode(), column, b'"']
+    return head + text_rows([*parts, b"} ", values, b"\n"])
+
+
+def window_text(w: Window, per_expert: bool) -> bytes:
+    """The newest window's families: tokens per layer, per rank (under w.head) and, `per_expert`, per expert."""
+    if w.counts is None:
+        layer = rank = np.zeros(0, np.int64)
+    else:
+        layer = w.counts.sum(axis=1)
+        rank = rank_load(w.head, w.counts[None])[0].sum(axis=0)
+    out = _family("emoe_layer_tokens", "Tokens per MoE layer in the newest window",
+                  [("layer", np.arange(len(layer)))], layer)
+    out += _family("emoe_rank_tokens", "Tokens per EP rank in the newest window, under the committed table",
+                   [("rank", np.arange(len(rank)))], rank)
+    if per_expert and w.counts is not None:
+        layers, experts = w.counts.shape
+        out += _family("emoe_expert_tokens", "Tokens per logical expert in the newest window",
+                       [("layer", np.repeat(np.arange(layers), experts)), ("expert", np.tile(np.arange(experts), layers))],
+                       w.counts.reshape(-1))
+    return out
+
+
+def render(s: Snapshot) -> bytes:
+    """The text of `families(s)`, through prometheus-client (imported only when metrics are on)."""
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.registry import Collector
+
+    class Families(Collector):
+        def collect(self) -> Iterator[Any]:
+            return families(s)
+
+    return generate_latest(Families())
+
+
+class Pages:
+    """The /metrics page, rendered at most once every REFRESH_S and shared by every scraper meanwhile; the
+    window's families rendered once per new window or head."""
 
     def __init__(self, view: MetricsView, loop: asyncio.AbstractEventLoop, per_expert: bool) -> None:
         self.view, self.loop, self.per_expert = view, loop, per_expert
+        self._lock = threading.Lock()  # one render at a time; the scrapers waiting for it take its page
+        self._page = b""
+        self._gzipped: bytes | None = None  # the page gzipped, once a scraper asked for it
+        self._at = -float("inf")  # time.monotonic() of the page's snapshot
+        self._seen: tuple[object, object] | None = None  # the (window, head) objects _window was rendered from
+        self._window = b""
+        self.renders = 0  # pages rendered (snapshots taken)
+        self.window_renders = 0  # ... of which rendered the window's families anew
 
-    def collect(self) -> Iterator[Any]:
-        async def take() -> Snapshot:
-            return snapshot(self.view, self.per_expert)
+    def page(self, gzipped: bool = False) -> bytes:
+        """The current page (gzip-compressed if `gzipped`). Raises TimeoutError when the agent's loop does not
+        take the snapshot within SNAPSHOT_TIMEOUT_S."""
+        with self._lock:
+            if time.monotonic() - self._at >= REFRESH_S:
+                seen = self._seen
 
-        s = asyncio.run_coroutine_threadsafe(take(), self.loop).result(timeout=5.0)
-        yield from families(s)
+                async def take() -> tuple[Snapshot, tuple[object, object]]:
+                    return snapshot(self.view, seen)
+
+                at = time.monotonic()
+                s, self._seen = asyncio.run_coroutine_threadsafe(take(), self.loop).result(SNAPSHOT_TIMEOUT_S)
+                if s.window is not None:
+                    self._window = window_text(s.window, self.per_expert)
+                    self.window_renders += 1
+                self._page = render(s) + self._window
+                self._gzipped, self._at = None, at
+                self.renders += 1
+            if not gzipped:
+                return self._page
+            if self._gzipped is None:
+                self._gzipped = gzip.compress(self._page, compresslevel=1)  # (zlib lets go of the GIL)
+            return self._gzipped
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], family: socket.AddressFamily, pages: Pages) -> None:
+        self.address_family, self.pages = family, pages  # (the socket is made with this family on __init__)
+        super().__init__(address, _Handler)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    """GET (any path but /favicon.ico, as prometheus-client's server): the cached page."""
+
+    server: _Server
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.path == "/favicon.ico":
+            self.send_error(404)
+            return
+        gz = "gzip" in self.headers.get("Accept-Encoding", "").lower()
+        try:
+            body = self.server.pages.page(gz)
+        except TimeoutError:
+            self.send_error(503, f"the agent did not take a metrics snapshot within {SNAPSHOT_TIMEOUT_S} s")
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", CONTENT_TYPE)
+        if gz:
+            self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - http.server's signature
+        pass  # a scrape a second from each scraper: not worth a log line
 
 
 class MetricsServer:
-    """The /metrics HTTP endpoint on its own thread; `close()` stops it."""
+    """The /metrics HTTP endpoint on threads of its own; `close()` stops it."""
 
     def __init__(self, listen: str, view: MetricsView, loop: asyncio.AbstractEventLoop, per_expert: bool) -> None:
-        from prometheus_client import CollectorRegistry, start_http_server
-
         host, _, port = listen.rpartition(":")
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(_Collector(view, loop, per_expert))
-        self.server, self.thread = start_http_server(int(port), addr=host.strip("[]"), registry=registry)
+        family, _, _, _, addr = socket.getaddrinfo(host.strip("[]"), int(port), type=socket.SOCK_STREAM,
+                                                   flags=socket.AI_PASSIVE)[0]  # (an IPv6 host: AF_INET6)
+        self.pages = Pages(view, loop, per_expert)
+        self.server = _Server((str(addr[0]), int(port)), family, self.pages)
         self.port = int(self.server.server_address[1])
+        self.thread = threading.Thread(target=self.server.serve_forever, name="emoe-metrics", daemon=True)
+        self.thread.start()
 
     def close(self) -> None:
         self.server.shutdown()
