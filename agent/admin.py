@@ -15,6 +15,8 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
+from agent.consensus.control import MAX_ADMIN
+from agent.security import peer_identity
 from agent.wire import WireError, ops_from_pb
 from controlplane.ops import Operation
 from controlplane.table import RoutingTable, copied_slots
@@ -33,6 +35,9 @@ MAX_PROPOSE_EXPERTS = 65536     # expert ids over all operations (a consolidate 
 MAX_PROPOSE_BYTES = 1 << 20     # encoded request size
 # above this many operations, decoding and checking them runs in a worker thread, not on the event loop
 OFFLOAD_OPS = 64
+# gRPC metadata of Pause and Resume in plaintext: the admin the CLI says it is (nobody checks it; under mTLS the
+# admin certificate's CN is taken instead and this is ignored)
+ADMIN_KEY = "emoe-admin"
 
 
 class AdminReads(Protocol):
@@ -66,7 +71,7 @@ class AdminReads(Protocol):
 class AdminSteering(Protocol):
     """How the admin service steers the node (agent.manual.ManualPath)."""
 
-    async def set_paused(self, paused: bool) -> apb.AdminAck: ...
+    async def set_paused(self, paused: bool, admin: str) -> apb.AdminAck: ...
     async def propose_manual(self, ops: tuple[Operation, ...], force: bool) -> apb.ProposeReply: ...
     async def drain(self, rank: int) -> apb.AdminAck: ...
     async def restore(self, rank: int) -> apb.AdminAck: ...
@@ -300,13 +305,29 @@ class AdminService(admin_pb2_grpc.AdminServicer):
         return await steer.restore(request.rank)
 
     async def Pause(self, request: apb.Empty, context: grpc.aio.ServicerContext) -> apb.AdminAck:
-        """Commit a pause record by quorum (agent/consensus/control.py): every node stops planning rebalances."""
+        """Commit a pause record by quorum (agent/consensus/control.py): every node stops planning rebalances. The
+        record names the admin who asked (`_admin`) and this node, which admitted the call."""
         steer = await self._mutating(context)
-        return await steer.set_paused(True)
+        return await steer.set_paused(True, await self._admin(context))
 
     async def Resume(self, request: apb.Empty, context: grpc.aio.ServicerContext) -> apb.AdminAck:
         steer = await self._mutating(context)
-        return await steer.set_paused(False)
+        return await steer.set_paused(False, await self._admin(context))
+
+    @staticmethod
+    async def _admin(context: grpc.aio.ServicerContext) -> str:
+        """Who asked: under mTLS the CN of the admin certificate the TLS handshake verified (the authorization
+        checked it is an admin); in plaintext what the caller's `emoe-admin` metadata says ("" when none),
+        unchecked: plaintext has no identities."""
+        cn = peer_identity(context)
+        if cn is not None:
+            return cn
+        raw = next((v for k, v in context.invocation_metadata() or () if k == ADMIN_KEY), "")
+        said = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        if len(said) > MAX_ADMIN or not said.isprintable():
+            await _fail(context, grpc.StatusCode.INVALID_ARGUMENT,
+                        f"metadata {ADMIN_KEY} = {said[:64]!r}: expected at most {MAX_ADMIN} printable characters")
+        return said
 
     async def _check_rank(self, rank: int, context: grpc.aio.ServicerContext) -> None:
         G = (await self._view(context)).head().topology.ranks

@@ -71,12 +71,18 @@ class PauseSwitch(Protocol):
         """`cb(commit)` each time a newer certified record is durable here."""
         ...
 
-    def write(self, paused: bool, note: str, on_done: Callable[[ControlOutcome], None]) -> None:
-        """Commit a record saying `paused` (written by this node, `note` the operator's words); `on_done` once."""
+    def write(self, paused: bool, note: str, on_done: Callable[[ControlOutcome], None], admin: str = "") -> None:
+        """Commit a record saying `paused` (written by this node, `note` the operator's words, `admin` the admin
+        who asked this node); `on_done` once."""
         ...
 
     def unready(self) -> str:
         """Why a write here would be refused at once now ("" when it would be tried)."""
+        ...
+
+    @property
+    def refused(self) -> dict[str, int]:
+        """Records (or values of the switch) refused here since start, by consensus.proto ControlRefusal name."""
         ...
 
     def stop(self) -> None: ...

@@ -7,6 +7,12 @@ ordered by etcd: one wins, the other reads again and goes above it. Its certific
 its one voter, as an etcd commit's does. Every node reads the key every `poll_s` (and after its own writes)
 and keeps the newest record in its local store before it adopts it, so a restart knows the switch before etcd
 answers.
+
+Who may write: etcd's own access control decides it (its client certificates and roles); the key holds no
+per-agent signatures, so an agent that can write `/emoe/<cluster>/` can write any record there, under any
+`node_id` or `admin`. The quorum backend's writer check (control.py, Writer) has no counterpart here: give
+only the agents write access to the cluster's prefix. A record names the admin who asked (`admin`) as the
+quorum's do. `refused` counts the values read from the key that do not decode or check, by ControlRefusal.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 
 import aetcd
 
-from agent.consensus.control import MAX_NOTE, check_commit, describe, key
+from agent.consensus.control import MAX_ADMIN, MAX_NOTE, check_commit, describe, key
 from agent.consensus.controlnode import ControlCallback, ControlOutcome
 from agent.etcd_backend import ETCD_VOTER
 from agent.store import Store, StoreFailed
@@ -41,6 +47,7 @@ class EtcdPause:
         self._callbacks: list[ControlCallback] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self.running = False
+        self.refused: dict[str, int] = {}  # values of the key refused, by ControlRefusal name
 
     def start(self) -> None:
         """Adopt the record the local store holds, then follow etcd's."""
@@ -65,13 +72,13 @@ class EtcdPause:
     def unready(self) -> str:
         return "" if self.client() is not None else "not connected to etcd"
 
-    def write(self, paused: bool, note: str, on_done: Callable[[ControlOutcome], None]) -> None:
+    def write(self, paused: bool, note: str, on_done: Callable[[ControlOutcome], None], admin: str = "") -> None:
         async def run() -> None:
-            on_done(await self.write_async(paused, note))
+            on_done(await self.write_async(paused, note, admin))
 
         self._spawn(run())
 
-    async def write_async(self, paused: bool, note: str) -> ControlOutcome:
+    async def write_async(self, paused: bool, note: str, admin: str = "") -> ControlOutcome:
         why = ""
         for _ in range(self.attempts):
             client = self.client()
@@ -82,7 +89,8 @@ class EtcdPause:
                 kv = await client.get(self.control_key)
                 old = self._adopt(kv.value) if kv is not None else None
                 r = pb.ControlRecord(seq=(old.record.seq if old is not None else 0) + 1, node_id=self.node_id,
-                                     paused=paused, at_ms=int(time.time() * 1000), note=note[:MAX_NOTE])
+                                     paused=paused, at_ms=int(time.time() * 1000), note=note[:MAX_NOTE],
+                                     admin=admin[:MAX_ADMIN])
                 c = pb.ControlCommit(record=r, voters=[ETCD_VOTER], quorum=1)
                 same = (tx.mod(self.control_key) == kv.mod_revision if kv is not None
                         else tx.create(self.control_key) == 0)
@@ -95,6 +103,10 @@ class EtcdPause:
                 return ControlOutcome(True, c)
             why = "another node wrote the switch at the same time"
         return ControlOutcome(False, None, f"not committed after {self.attempts} attempts: {why}")
+
+    def _refuse(self, code: pb.ControlRefusal) -> None:
+        name = pb.ControlRefusal.Name(code)
+        self.refused[name] = self.refused.get(name, 0) + 1
 
     def _spawn(self, coro: Any) -> None:
         t = asyncio.get_running_loop().create_task(coro)
@@ -120,10 +132,12 @@ class EtcdPause:
             c: pb.ControlCommit = pb.ControlCommit.FromString(raw)
         except Exception:  # noqa: BLE001 - a value that does not decode is reported, not raised
             log.error("etcd key %r does not hold a control record", self.control_key)
+            self._refuse(pb.CONTROL_MALFORMED)
             return None
         why = check_commit(c, [ETCD_VOTER])
         if why:
             log.error("etcd key %r: %s", self.control_key, why)
+            self._refuse(pb.CONTROL_BAD_COMMIT)
             return None
         if key(c.record) > key(self._record.record if self._record is not None else None):
             if self.store is not None:

@@ -35,15 +35,16 @@ class ManualPath:
         """Whether the cluster's switch, as this node knows it, pauses automatic rebalancing."""
         return self.pipeline.paused
 
-    async def set_paused(self, paused: bool, limit_s: float = 20.0) -> apb.AdminAck:
-        """Commit a pause (or resume) record by quorum; the ack says who holds it, or why it did not commit (a
-        node cut off from a quorum of the voters cannot commit one: its error names who did not answer). A node
-        that may not vote yet (a new cluster's voters enrol first; a learner catching up) is waited for, up to half
-        of `limit_s`, before it writes: an operator pausing a cluster that just started is not refused for that."""
+    async def set_paused(self, paused: bool, admin: str = "", limit_s: float = 20.0) -> apb.AdminAck:
+        """Commit a pause (or resume) record by quorum, for `admin` (the operator who asked this node; "": not
+        known); the ack says who holds it, or why it did not commit (a node cut off from a quorum of the voters
+        cannot commit one: its error names who did not answer). A node that may not vote yet (a new cluster's
+        voters enrol first; a learner catching up) is waited for, up to half of `limit_s`, before it writes: an
+        operator pausing a cluster that just started is not refused for that."""
         await self._until(lambda: not self.switch.unready(), limit_s / 2)
         fut: asyncio.Future[ControlOutcome] = asyncio.get_running_loop().create_future()
         self.switch.write(paused, "emoe pause" if paused else "emoe resume",
-                          lambda o: None if fut.done() else fut.set_result(o))
+                          lambda o: None if fut.done() else fut.set_result(o), admin)
         try:
             o = await asyncio.wait_for(fut, timeout=limit_s)
         except TimeoutError:
@@ -54,8 +55,9 @@ class ManualPath:
                                 version=self.head().version)
         r = o.commit.record
         return apb.AdminAck(ok=True, version=self.head().version,
-                            reason=f"automatic rebalancing {what} cluster-wide (pause record {r.seq}, by {r.node_id}, "
-                                   f"committed by {', '.join(o.commit.voters)})")
+                            reason=f"automatic rebalancing {what} cluster-wide (pause record {r.seq}, by {r.node_id}"
+                                   f"{f' for admin {r.admin}' if r.admin else ''}, committed by "
+                                   f"{', '.join(o.commit.voters)})")
 
     def head(self) -> RoutingTable:
         return self.backend.head

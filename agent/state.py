@@ -204,6 +204,7 @@ class NodeState:
                 verifier=voter.verify, live_voters=self._live_voters, members=self.gossip.live_nodes,
                 had_store=ran_before, signer=signer, gate=self.fingerprint.verdict,
                 signs_control=getattr(transport, "signs_control", None),
+                is_member=lambda n: self.gossip.member(n) is not None,  # any state, until reaped
                 enrolment=None if rng_seed is None else zlib.crc32(b"e%d" % rng_seed) | 1)  # seeded: reproducible
             quorum.start()
             self.consensus, self.pause = quorum, quorum.control

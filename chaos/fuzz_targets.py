@@ -238,8 +238,8 @@ class Aborted(Exception):
 class FakeContext:
     """Enough of grpc.aio.ServicerContext for a servicer: abort raises, identity from a CN."""
 
-    def __init__(self, identity: str | None = None) -> None:
-        self.identity = identity
+    def __init__(self, identity: str | None = None, metadata: tuple[tuple[str, str], ...] = ()) -> None:
+        self.identity, self.metadata = identity, metadata
 
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata: Any = ()) -> None:
         raise Aborted(code, details)
@@ -250,6 +250,9 @@ class FakeContext:
     def peer_identities(self) -> list[bytes] | None:
         return None if self.identity is None else [self.identity.encode()]
 
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self.metadata
+
 
 class FakeAdminBackend:
     """The admin service's reads and steering (agent.admin.AdminReads, AdminSteering) in one object; records every mutation the service passes on (and changes nothing else)."""
@@ -258,6 +261,7 @@ class FakeAdminBackend:
         self.tables = tables or chain(3)
         self.node_id = "a"
         self.switch = False  # the pause switch as Pause and Resume left it
+        self.admin = ""  # the admin the last Pause or Resume named
         self.mutations: list[tuple[Any, ...]] = []
         self.load = np.arange(LAYERS * EXPERTS, dtype=np.uint32).reshape(LAYERS, EXPERTS)
 
@@ -318,8 +322,9 @@ class FakeAdminBackend:
     def fingerprint_mismatches(self) -> list[apb.FingerprintMismatch]:
         return []
 
-    async def set_paused(self, paused: bool) -> apb.AdminAck:
+    async def set_paused(self, paused: bool, admin: str) -> apb.AdminAck:
         self.switch = paused
+        self.admin = admin  # who the service said asked
         return apb.AdminAck(ok=True, version=self.head().version)
 
     def expert_bytes(self) -> int:

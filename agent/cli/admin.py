@@ -325,11 +325,31 @@ def cmd_restore(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int
     return _ack(args, r.ok, r.reason, r.version, r, stub, summarise=True)
 
 
+def admin_metadata() -> tuple[tuple[str, str], ...]:
+    """Who this operator says they are, for the record a pause or resume writes: $EMOE_IDENTITY, else the login
+    name. Only a plaintext agent reads it (unchecked: plaintext has no identities); under mTLS the agent names
+    the CN of the admin certificate it verified instead."""
+    import getpass
+
+    from agent.admin import ADMIN_KEY
+    from agent.consensus.control import MAX_ADMIN
+
+    name = os.environ.get("EMOE_IDENTITY", "")
+    if not name:
+        try:
+            name = getpass.getuser()
+        except (OSError, KeyError):  # no login name (a container without a passwd entry)
+            name = ""
+    name = "".join(ch for ch in name if " " <= ch <= "~")[:MAX_ADMIN]  # printable ASCII: a gRPC metadata value
+    return ((ADMIN_KEY, name),) if name else ()
+
+
 def cmd_pause(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
-    r = stub.Pause(apb.Empty(), timeout=rpc_timeout(args, 30.0))  # a quorum write: the agent answers within ~20 s
+    r = stub.Pause(apb.Empty(), timeout=rpc_timeout(args, 30.0),  # a quorum write: the agent answers within ~20 s
+                   metadata=admin_metadata())
     return _ack(args, r.ok, r.reason, r.version, r)
 
 
 def cmd_resume(args: argparse.Namespace, stub: admin_pb2_grpc.AdminStub) -> int:
-    r = stub.Resume(apb.Empty(), timeout=rpc_timeout(args, 30.0))
+    r = stub.Resume(apb.Empty(), timeout=rpc_timeout(args, 30.0), metadata=admin_metadata())
     return _ack(args, r.ok, r.reason, r.version, r)

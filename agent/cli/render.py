@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Column, Table
 
 from agent.wire import describe_pb
@@ -121,8 +122,9 @@ def cluster_lines(c: Console, r: apb.StatusReply) -> None:
     if r.HasField("pause"):
         p = r.pause.record
         when = dt.datetime.fromtimestamp(p.at_ms / 1000, tz=dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-        c.print(f"pause: {'[yellow]paused[/]' if p.paused else 'resumed'} cluster-wide by {p.node_id} at {when} "
-                f"(record {p.seq}: {p.note or '-'})")
+        asked = f" for admin {escape(p.admin)}" if p.admin else ""  # node_id admitted that admin's call
+        c.print(f"pause: {'[yellow]paused[/]' if p.paused else 'resumed'} cluster-wide by {escape(p.node_id)}{asked} "
+                f"at {when} (record {p.seq}: {escape(p.note) or '-'})")
     c.print((f"planner: {r.planner} plans version {r.committed_version + 1}" if r.planner
              else "planner: every agent plans each window") + (" (paused: no rebalance)" if r.paused else ""))
     for m in r.fingerprint_mismatches:

@@ -3,7 +3,15 @@ routing tables (no version, no parent, no install: the table chain and the engin
 
 A record is a value named by its key `(seq, node_id)`; keys order all records. Only `node_id` writes records
 under its name, and it never reuses a key: it accepts its own record durably before it sends it, and picks
-its next seq above every key it knows.
+its next seq above every key it knows. An operator's record also names the admin who asked (`admin`); its
+`node_id` is the agent that admitted that admin's call and vouches for it: under mTLS the writer signs the whole
+record, admin included, and a certified record that names an admin carries that signature (`ControlCommit.writer`).
+
+- Writer: a voter takes a record only from its writer (`node_id == src`: under mTLS `src` is the peer's
+  certificate CN, in plaintext only the name the peer claims), or from another voter finishing it (below)
+  with the writer's signature over it (`ControlAcceptRequest.writer`, mTLS; plaintext has no keys, so there
+  a voter's word that it is finishing is all there is). The writer must be a voter or a member of the cluster.
+  So under mTLS a member can write records under its own name only: never an admin's, never another node's.
 
 - Accept: a voter takes a record iff its key is above every key it accepted or saw certified, or it is a
   record it already holds (a retry, or a record being finished); it makes that durable before it acks.
@@ -16,8 +24,8 @@ its next seq above every key it knows.
   is refused by a voter that holds a higher key, which says which; the writer tries again above it.
 - Failed writes: a writer that cannot reach a quorum in time gives its record up and never sends it again.
   If no other voter accepted it (the writer was cut off), it can never be certified. If some did, they finish
-  it: a voter holding another writer's record that it has not seen certified re-sends that same record to the
-  voters and certifies it on a quorum of acks. So a record certified just before a partition, whose learn
+  it: a voter holding another writer's record that it has not seen certified re-sends that same record, with
+  the writer's signature it kept, to the voters and certifies it on a quorum of acks. So a record certified just before a partition, whose learn
   did not get out, still reaches every voter on the majority side (the ones that accepted it tell the rest).
 
 The driver is agent/consensus/controlnode.py; the etcd backend's counterpart is agent/etcd_pause.py.
@@ -25,7 +33,7 @@ The driver is agent/consensus/controlnode.py; the etcd backend's counterpart is 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from agent.consensus.paxos import quorum_size
@@ -35,6 +43,11 @@ Key = tuple[int, str]
 NO_KEY: Key = (0, "")
 MAX_NOTE = 256        # characters of an operator's note
 MAX_NODE_ID = 253     # as agent.config.NODE_ID_RE
+MAX_ADMIN = 253       # characters of an admin's name (a certificate CN, or what the CLI said)
+# why a record or a commit was refused (consensus.proto ControlRefusal), beside the words of `reason`
+Refusal = pb.ControlRefusal
+# (mTLS) why a writer's signature over a record does not verify, or "" (agent.consensus.signing.check_writer)
+WriterCheck = Callable[[pb.ControlRecord, pb.VoteSignature], str]
 # a record's seq may lead the highest this voter knows by at most this much: a forged seq near 2^64 would
 # leave the switch unwritable for good (the next seq would overflow), as MAX_ROUND_STEP guards ballots
 MAX_SEQ_STEP = 2**16
@@ -52,6 +65,8 @@ def check_record(r: pb.ControlRecord) -> str:
         return f"record.node_id of {len(r.node_id)} characters: expected 1..{MAX_NODE_ID}"
     if len(r.note) > MAX_NOTE:
         return f"record.note of {len(r.note)} characters: expected at most {MAX_NOTE}"
+    if len(r.admin) > MAX_ADMIN:
+        return f"record.admin of {len(r.admin)} characters: expected at most {MAX_ADMIN}"
     return ""
 
 
@@ -75,20 +90,27 @@ def check_commit(c: pb.ControlCommit, voters: Iterable[str]) -> str:
 
 
 def describe(c: pb.ControlCommit | None) -> str:
-    """The switch in words: 'paused by node1 (record 3)'; 'never paused' without a record."""
+    """The switch in words: 'paused by node1 for admin alice (record 3)' (node1 admitted alice's call and
+    vouches for it); 'never paused' without a record."""
     if c is None:
         return "never paused"
     r = c.record
-    return f"{'paused' if r.paused else 'resumed'} by {r.node_id} (record {r.seq})"
+    asked = f" for admin {r.admin}" if r.admin else ""
+    return f"{'paused' if r.paused else 'resumed'} by {r.node_id}{asked} (record {r.seq})"
 
 
 class ControlAcceptor:
-    """One node's control-record state: the record it accepted with the highest key, the newest certified record
-    it knows, and the highest key it heard of anywhere (in memory: only for picking its next seq)."""
+    """One node's control-record state: the record it accepted with the highest key (with its writer's signature,
+    under mTLS), the newest certified record it knows, and the highest key it heard of anywhere (in memory: only
+    for picking its next seq). `is_member(node)`: whether a writer that is not a voter is a member of the
+    cluster; `check_writer` (mTLS): why a writer's signature does not verify (None: plaintext, no keys)."""
 
-    def __init__(self, node_id: str, voters: Iterable[str], state: pb.ControlState | None = None) -> None:
+    def __init__(self, node_id: str, voters: Iterable[str], state: pb.ControlState | None = None, *,
+                 is_member: Callable[[str], bool] = lambda _: False, check_writer: WriterCheck | None = None) -> None:
         self.node_id, self.voters = node_id, sorted(set(voters))
+        self.is_member, self.check_writer = is_member, check_writer
         self.accepted: pb.ControlRecord | None = None
+        self.writer: pb.VoteSignature | None = None  # the writer's signature over `accepted` (mTLS)
         self.certified: pb.ControlCommit | None = None
         self.heard: Key = NO_KEY
         if state is not None:
@@ -97,19 +119,48 @@ class ControlAcceptor:
     def apply(self, st: pb.ControlState) -> None:
         """Adopt a state once it is durable."""
         self.accepted = st.accepted if st.HasField("accepted") else None
+        self.writer = st.writer if st.HasField("writer") else None
         self.certified = st.certified if st.HasField("certified") else None
         self.heard = max(self.heard, key(self.accepted), key(self.certified.record if self.certified else None))
 
-    def state(self, accepted: pb.ControlRecord | None = None, certified: pb.ControlCommit | None = None) -> pb.ControlState:
-        """This state with `accepted` or `certified` replaced (what to persist before adopting it)."""
+    def state(self, accepted: pb.ControlRecord | None = None, certified: pb.ControlCommit | None = None,
+              writer: pb.VoteSignature | None = None) -> pb.ControlState:
+        """This state with `accepted` (and its `writer` signature) or `certified` replaced (what to persist before
+        adopting it)."""
         st = pb.ControlState()
         acc = accepted if accepted is not None else self.accepted
+        sig = writer if accepted is not None else self.writer
         cert = certified if certified is not None else self.certified
         if acc is not None:
             st.accepted.CopyFrom(acc)
+        if sig is not None and sig.signature:
+            st.writer.CopyFrom(sig)
         if cert is not None:
             st.certified.CopyFrom(cert)
         return st
+
+    def admits(self, r: pb.ControlRecord, src: str, writer: pb.VoteSignature | None) -> tuple[Refusal, str]:
+        """Whether `src` may hand this voter record `r` (module docstring, Writer): (CONTROL_REFUSAL_UNSPECIFIED,
+        "") when it may, else the code and why. `writer`: the writer's signature that came with it, if any."""
+        w = r.node_id
+        if w != self.node_id and w not in self.voters and not self.is_member(w):
+            return pb.CONTROL_UNKNOWN_WRITER, (f"record.node_id = {w[:64]!r}: its writer is neither a voter nor a "
+                                               f"member of the cluster")
+        if src == w:
+            return pb.CONTROL_REFUSAL_UNSPECIFIED, ""
+        if src not in self.voters:
+            return pb.CONTROL_NOT_WRITER, (f"record.node_id = {w[:64]!r}: sent by {src[:64]!r}, which is neither "
+                                           f"its writer nor a voter finishing it")
+        if self.check_writer is None:  # plaintext: no keys, a voter's word that it finishes is all there is
+            return pb.CONTROL_REFUSAL_UNSPECIFIED, ""
+        if writer is None or not writer.signature:
+            return pb.CONTROL_WRITER_UNSIGNED, (f"record.node_id = {w[:64]!r}: sent by {src[:64]!r}, not its "
+                                                f"writer, without the writer's signature over it")
+        why = self.check_writer(r, writer)
+        if why:
+            return pb.CONTROL_WRITER_BAD_SIGNATURE, (f"record.node_id = {w[:64]!r}: sent by {src[:64]!r} with a "
+                                                     f"writer signature that does not check: {why}")
+        return pb.CONTROL_REFUSAL_UNSPECIFIED, ""
 
     @property
     def high(self) -> Key:
@@ -119,8 +170,10 @@ class ControlAcceptor:
     def holds(self, r: pb.ControlRecord) -> bool:
         return r == self.accepted or (self.certified is not None and r == self.certified.record)
 
-    def on_accept(self, r: pb.ControlRecord) -> tuple[pb.ControlAck, pb.ControlState | None]:
-        """The reply to an accept and the state to make durable before it leaves (None: nothing to write)."""
+    def on_accept(self, r: pb.ControlRecord, src: str,
+                  writer: pb.VoteSignature | None = None) -> tuple[pb.ControlAck, pb.ControlState | None]:
+        """The reply to `src`'s accept of `r` (`writer`: the writer's signature that came with it) and the state to
+        make durable before it leaves (None: nothing to write). A refusal changes nothing but `heard`."""
         no = pb.ControlAck(ok=False, from_node=self.node_id)
         if self.accepted is not None:
             no.accepted.CopyFrom(self.accepted)
@@ -130,7 +183,11 @@ class ControlAcceptor:
         if not why and r.seq > self.high[0] + MAX_SEQ_STEP:
             why = f"record.seq = {r.seq}: expected <= {self.high[0] + MAX_SEQ_STEP} (the highest seq here + {MAX_SEQ_STEP})"
         if why:
-            no.reason = f"INVALID_ARGUMENT: {why}"
+            no.reason, no.code = f"INVALID_ARGUMENT: {why}", pb.CONTROL_MALFORMED
+            return no, None
+        code, why = self.admits(r, src, writer)
+        if why:
+            no.reason, no.code = f"PERMISSION_DENIED: {why}", code
             return no, None
         self.heard = max(self.heard, key(r))
         yes = pb.ControlAck(ok=True, from_node=self.node_id)
@@ -138,8 +195,9 @@ class ControlAcceptor:
             return yes, None
         if key(r) <= self.high:
             no.reason = f"superseded: record {key(r)} is not above {self.high}, the highest held here"
+            no.code = pb.CONTROL_SUPERSEDED
             return no, None
-        return yes, self.state(accepted=r)
+        return yes, self.state(accepted=r, writer=writer)
 
     def learn(self, c: pb.ControlCommit) -> pb.ControlState | None:
         """The state to make durable to adopt certified `c` (checked by the caller), or None: not newer here."""
@@ -148,11 +206,12 @@ class ControlAcceptor:
             return None
         return self.state(certified=c)
 
-    def next_record(self, paused: bool, at_ms: int, note: str) -> pb.ControlRecord:
-        """This node's next record: its seq above every key it knows of, so that it is never refused as stale by a
-        voter this node has heard from, and never reuses one of its own keys."""
+    def next_record(self, paused: bool, at_ms: int, note: str, admin: str = "") -> pb.ControlRecord:
+        """This node's next record (for `admin`, when an operator asked): its seq above every key it knows of, so
+        that it is never refused as stale by a voter this node has heard from, and never reuses one of its own
+        keys."""
         return pb.ControlRecord(seq=max(self.high, self.heard)[0] + 1, node_id=self.node_id, paused=paused,
-                                at_ms=at_ms, note=note[:MAX_NOTE])
+                                at_ms=at_ms, note=note[:MAX_NOTE], admin=admin[:MAX_ADMIN])
 
 
 @dataclass
@@ -168,6 +227,7 @@ class ControlWrite:
     done: bool = False
     superseded: bool = False  # a voter refused it holding a key at or above its own: a retry must go higher
     signatures: dict[str, pb.VoteSignature] = field(default_factory=dict)  # (mTLS) the signed acks, by voter
+    writer: pb.VoteSignature | None = None  # (mTLS) the writer's signature over the record, sent with it
 
     def __post_init__(self) -> None:
         self.voters = sorted(set(self.voters))
@@ -177,8 +237,9 @@ class ControlWrite:
         if self.done or src not in self.voters or src in self.acks or src in self.refusals:
             return ""
         if not a.ok:
-            transient = (a.reason.startswith("UNAVAILABLE") and not a.HasField("accepted")
-                         and not a.HasField("certified"))
+            unavailable = (a.code == pb.CONTROL_UNAVAILABLE if a.code != pb.CONTROL_REFUSAL_UNSPECIFIED
+                           else a.reason.startswith("UNAVAILABLE"))  # (no code: a release before codes)
+            transient = unavailable and not a.HasField("accepted") and not a.HasField("certified")
             if transient:  # a voter enrolling or catching up: asked again next round (unless a retry goes higher)
                 self.unavailable[src] = a.reason
             else:
@@ -205,8 +266,11 @@ class ControlWrite:
         return [v for v in self.voters if v not in self.acks and v not in self.refusals]
 
     def commit(self) -> pb.ControlCommit:
-        return pb.ControlCommit(record=self.record, voters=sorted(self.acks), quorum=self.quorum,
-                                signatures=[self.signatures[v] for v in sorted(self.acks) if v in self.signatures])
+        c = pb.ControlCommit(record=self.record, voters=sorted(self.acks), quorum=self.quorum,
+                             signatures=[self.signatures[v] for v in sorted(self.acks) if v in self.signatures])
+        if self.writer is not None and self.writer.signature:
+            c.writer.CopyFrom(self.writer)
+        return c
 
     def tally(self) -> str:
         """Who accepted, who refused (with why) and who did not answer, in words."""

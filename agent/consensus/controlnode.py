@@ -6,6 +6,12 @@ Order of effects as for tables: an acceptor's accept is durable before its ack l
 is durable before its first send (it never reuses a key); a certified record is durable here before it is
 adopted, reported (`on_change`) and sent on.
 
+Writers (control.py, Writer): `handle(src, req)` takes a record from its writer `src` (the peer's certificate CN
+under mTLS, the claimed sender in plaintext), or from a voter finishing it with the writer's signature, which a
+writer sends with its record and a voter keeps with what it accepted (ControlState.writer); the writer must
+be a voter or a member (`is_member`). Each refusal has a code (consensus.proto ControlRefusal) counted in
+`refused`.
+
 Signed (mTLS, `signer`): a voter signs each record it acks (`signing.control_digest`), the writer counts only
 acks whose signature verifies and puts them in the ControlCommit, and every node adopts a certified record only
 if each voter it names signed it (`VoteSigner.check_control`). So one member cannot certify a record by naming
@@ -15,6 +21,10 @@ reads it off the answer's metadata, elasticmoe/versions.py CONTROL_SIGNED_KEY) m
 record written by such a node carries no signatures at all (its writer cannot collect them) and is checked by
 its names alone, as before; a voter or writer this node has not heard from yet must sign (a refused record
 comes again with the next anti-entropy round). Once every node runs this release, every name must be signed.
+An operator's record names its admin (`ControlRecord.admin`): the voters sign fields 1 to 5 as every release does,
+and the writer signs the whole record, admin included, in `ControlCommit.writer`; a certified record that names
+an admin is adopted only with that signature. A record of a writer that runs the release before carries no
+writer signature (and no admin): under mTLS only voters of that release finish it.
 """
 
 from __future__ import annotations
@@ -27,7 +37,7 @@ from functools import partial
 from google.protobuf.message import Message
 
 from agent.clock import Clock, Timer
-from agent.consensus.control import ControlAcceptor, ControlWrite, check_commit, describe, key
+from agent.consensus.control import ControlAcceptor, ControlWrite, Refusal, check_commit, describe, key
 from agent.consensus.signing import VoteSigner
 from agent.store import Store, StoreFailed
 from agent.transport import Transport
@@ -52,19 +62,23 @@ class ControlNode:
     learner, a failed disk or a drifted config refuses here as it does for tables); `members()`: non-voters that
     should learn records too; `store_failed()`: fail-stop after a write that failed; `wall_ms()`: now, for a
     record's `at_ms`; `signer` (mTLS): acks are signed and certified records checked (module docstring), with
-    `signs_control(voter)` whether a voter's last answer said it signs them. A write is given up after
-    `deadline` seconds; messages time out after `timeout`."""
+    `signs_control(voter)` whether a voter's last answer said it signs them. `is_member(node)`: whether a non-voter may write records (a member of the
+    cluster; default: one of `members()`). A write is given up after `deadline` seconds; messages time out after
+    `timeout`."""
 
     def __init__(self, node_id: str, voters: list[str], store: Store, clock: Clock, transport: Transport, *,
                  timeout: float, deadline: float, max_attempts: int, abstains: Callable[[], str],
                  members: Callable[[], list[str]], store_failed: Callable[[], None],
                  wall_ms: Callable[[], int], signer: VoteSigner | None = None,
-                 signs_control: Callable[[str], bool] = lambda _: True) -> None:
+                 signs_control: Callable[[str], bool] = lambda _: True,
+                 is_member: Callable[[str], bool] | None = None) -> None:
         self.node_id, self.voters, self.store, self.clock, self.transport = node_id, sorted(set(voters)), store, clock, transport
         self.signer, self.signs_control = signer, signs_control
         self.timeout, self.deadline, self.max_attempts = timeout, deadline, max_attempts
         self.abstains, self.members, self.store_failed, self.wall_ms = abstains, members, store_failed, wall_ms
-        self.acceptor = ControlAcceptor(node_id, self.voters)
+        self.is_member = is_member or (lambda n: n in self.members())
+        self.acceptor = self._acceptor(None)
+        self.refused: dict[str, int] = {}  # refusals this node answered, by ControlRefusal name
         self._callbacks: list[ControlCallback] = []
         self._write: ControlWrite | None = None  # this node's own record on its way
         self._finishing: ControlWrite | None = None  # another writer's record this node completes
@@ -74,6 +88,10 @@ class ControlNode:
         self.running = False
 
     # ---- lifecycle and view -----------------------------------------------------------------------
+    def _acceptor(self, st: pb.ControlState | None) -> ControlAcceptor:
+        return ControlAcceptor(self.node_id, self.voters, st, is_member=lambda n: self.is_member(n),
+                               check_writer=self.signer.check_writer if self.signer is not None else None)
+
     def recover(self, st: pb.ControlState | None) -> None:
         """Adopt the state the store recovered (durable already: no callbacks) and start."""
         if st is not None:
@@ -120,25 +138,27 @@ class ControlNode:
     def unready(self) -> str:
         return "node not running" if not self.running else self.abstains()
 
-    def write(self, paused: bool, note: str, on_done: Callable[[ControlOutcome], None]) -> None:
-        """Write a record saying `paused`; `on_done` runs once, when a quorum certified it or this node gave up."""
+    def write(self, paused: bool, note: str, on_done: Callable[[ControlOutcome], None], admin: str = "") -> None:
+        """Write a record saying `paused` (for `admin`, the operator who asked this node); `on_done` runs once,
+        when a quorum certified it or this node gave up."""
         why = self.unready()
         if not why and self._write is not None:
             why = "a pause or resume is being written on this node already"
         if why:
             on_done(ControlOutcome(False, None, f"UNAVAILABLE: {why}"))
             return
-        self._attempt(paused, note, on_done, self.clock.now() + self.deadline, 1)
+        self._attempt(paused, note, admin, on_done, self.clock.now() + self.deadline, 1)
 
-    def _attempt(self, paused: bool, note: str, on_done: Callable[[ControlOutcome], None], deadline: float,
-                 n: int) -> None:
-        r = self.acceptor.next_record(paused, self.wall_ms(), note)
-        reply, st = self.acceptor.on_accept(r)
+    def _attempt(self, paused: bool, note: str, admin: str, on_done: Callable[[ControlOutcome], None],
+                 deadline: float, n: int) -> None:
+        r = self.acceptor.next_record(paused, self.wall_ms(), note, admin)
+        own = self.signer.sign_writer(r) if self.signer is not None else None
+        reply, st = self.acceptor.on_accept(r, self.node_id, own)
         if st is None or not self._persist(st):  # durable before it leaves: this key is never used again
             on_done(ControlOutcome(False, None, f"UNAVAILABLE: {self.store.failure or reply.reason}"))
             return
         self._accepted_at = self.clock.now()
-        w = self._write = ControlWrite(r, self.voters)
+        w = self._write = ControlWrite(r, self.voters, writer=own)
         self._sign(reply, r)
 
         def end(ev: str) -> None:
@@ -147,7 +167,7 @@ class ControlNode:
                 self._certified(w)
                 on_done(ControlOutcome(True, w.commit()))
             elif ev == "refused" and w.superseded and n < self.max_attempts and self.clock.now() < deadline:
-                self._attempt(paused, note, on_done, deadline, n + 1)  # above the higher key it was refused for
+                self._attempt(paused, note, admin, on_done, deadline, n + 1)  # above the higher key it was refused for
             else:
                 others = sorted(w.acks - {self.node_id})
                 after = (f"; {', '.join(others)} accepted it and may still complete it" if others else
@@ -158,7 +178,8 @@ class ControlNode:
         self._drive(w, deadline, end, reply)
 
     def _drive(self, w: ControlWrite, deadline: float, end: Callable[[str], None], own: pb.ControlAck) -> None:
-        """Send `w` to the voters that have not answered, every `timeout` until `deadline`; `end(event)` once."""
+        """Send `w` (with its writer's signature, under mTLS) to the voters that have not answered, every
+        `timeout` until `deadline`; `end(event)` once."""
         def answer(src: str, r: Message | None) -> None:
             if not self.running or not isinstance(r, pb.ControlAck) or w.done:
                 return
@@ -182,6 +203,8 @@ class ControlNode:
                 end("timeout")
                 return
             req = pb.ControlAcceptRequest(record=w.record, from_node=self.node_id)
+            if w.writer is not None:
+                req.writer.CopyFrom(w.writer)
             for dst in w.waiting():
                 if dst != self.node_id:
                     self.transport.call(dst, "Consensus/ControlAccept", req, self.timeout, partial(answer, dst))
@@ -205,15 +228,17 @@ class ControlNode:
                 or key(acc) <= key(cert.record if cert else None) or key(acc) == self._given_up
                 or self.clock.now() - self._accepted_at < self.deadline or self.abstains()):
             return
-        w = self._finishing = ControlWrite(acc, self.voters)
+        w = self._finishing = ControlWrite(acc, self.voters, writer=self.acceptor.writer)  # the writer's word, kept
 
         def end(ev: str) -> None:
             self._finishing = None
             if ev == "certified":
                 log.info("%s: completed control record %s of %s", self.node_id, acc.seq, acc.node_id)
                 self._certified(w)
-            elif w.superseded:
+            elif ev == "refused":  # superseded, or refused as not its writer's word: never tried again
                 self._given_up = key(acc)
+                log.warning("%s: gave up completing control record %s of %s: %s", self.node_id, acc.seq,
+                            acc.node_id, w.tally())
 
         own = pb.ControlAck(ok=True, from_node=self.node_id)
         self._sign(own, acc)
@@ -225,40 +250,61 @@ class ControlNode:
         if not self.running:
             return None
         if isinstance(req, pb.ControlAcceptRequest):
-            why = self.abstains()
-            if why:
-                return pb.ControlAck(ok=False, from_node=self.node_id, reason=f"UNAVAILABLE: {why}")
-            reply, st = self.acceptor.on_accept(req.record)
-            if st is not None:
-                if not self._persist(st):
-                    return pb.ControlAck(ok=False, from_node=self.node_id, reason=f"UNAVAILABLE: {self.store.failure}")
-                self._accepted_at = self.clock.now()
-            self._sign(reply, req.record)
+            reply = self._accept(src, req)
+            if not reply.ok:
+                name = pb.ControlRefusal.Name(reply.code)
+                self.refused[name] = self.refused.get(name, 0) + 1
+                if reply.code not in (pb.CONTROL_SUPERSEDED, pb.CONTROL_UNAVAILABLE):
+                    log.warning("%s: refused a control record from %s: %s", self.node_id, src[:64], reply.reason)
             return reply
         if isinstance(req, pb.ControlCommit):
-            why = self.learn(req)
-            ack = pb.ControlAck(ok=not why, from_node=self.node_id, reason=why)
+            code, why = self._learn(req)
+            ack = pb.ControlAck(ok=not why, from_node=self.node_id, reason=why, code=code)
+            if why:
+                name = pb.ControlRefusal.Name(code)
+                self.refused[name] = self.refused.get(name, 0) + 1
             if self.record is not None:
                 ack.certified.CopyFrom(self.record)
             return ack
         return None
 
+    def _accept(self, src: str, req: pb.ControlAcceptRequest) -> pb.ControlAck:
+        why = self.abstains()
+        if why:
+            return pb.ControlAck(ok=False, from_node=self.node_id, reason=f"UNAVAILABLE: {why}",
+                                 code=pb.CONTROL_UNAVAILABLE)
+        reply, st = self.acceptor.on_accept(req.record, src, req.writer if req.HasField("writer") else None)
+        if st is not None:
+            if not self._persist(st):
+                return pb.ControlAck(ok=False, from_node=self.node_id, reason=f"UNAVAILABLE: {self.store.failure}",
+                                     code=pb.CONTROL_UNAVAILABLE)
+            self._accepted_at = self.clock.now()
+        self._sign(reply, req.record)
+        return reply
+
     def learn(self, c: pb.ControlCommit) -> str:
         """Adopt certified `c` if it is newer than ours (durably first); "" or why it was refused."""
+        return self._learn(c)[1]
+
+    def _learn(self, c: pb.ControlCommit) -> tuple[Refusal, str]:
+        """`learn`, with the refusal's code."""
         why = check_commit(c, self.voters)
         if not why and self.signer is not None and self.must_sign(c.record.node_id):  # a writer that signs
             why = self.signer.check_control(c, self.must_sign)
+        if not why and self.signer is not None and c.record.admin:  # who asked: the writer's word only
+            why = (self.signer.check_writer(c.record, c.writer) if c.HasField("writer") else
+                   f"record.admin = {c.record.admin[:64]!r} without the signature of its writer {c.record.node_id[:64]}")
         if why:
-            return f"INVALID_ARGUMENT: {why}"
+            return pb.CONTROL_BAD_COMMIT, f"INVALID_ARGUMENT: {why}"
         st = self.acceptor.learn(c)
         if st is None:
-            return ""
+            return pb.CONTROL_REFUSAL_UNSPECIFIED, ""
         if not self._persist(st):
-            return f"UNAVAILABLE: {self.store.failure}"
+            return pb.CONTROL_UNAVAILABLE, f"UNAVAILABLE: {self.store.failure}"
         log.info("%s: cluster switch: %s", self.node_id, describe(c))
         for cb in self._callbacks:
             cb(c)
-        return ""
+        return pb.CONTROL_REFUSAL_UNSPECIFIED, ""
 
     # ---- signatures (mTLS) ------------------------------------------------------------------------------
     def must_sign(self, voter: str) -> bool:

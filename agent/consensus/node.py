@@ -62,11 +62,13 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
                  members: Callable[[], list[str]] | None = None, rng: random.Random | None = None,
                  had_store: bool = False, signer: VoteSigner | None = None, enrolment: int | None = None,
                  gate: Callable[[], str] | None = None, wall_ms: Callable[[], int] | None = None,
-                 signs_control: Callable[[str], bool] | None = None) -> None:
+                 signs_control: Callable[[str], bool] | None = None,
+                 is_member: Callable[[str], bool] | None = None) -> None:
         """`gate()`: why this node must neither vote nor propose now beyond its own state ("" while it may: the
         cluster fingerprint check, agent.fingerprint); `wall_ms()`: the wall clock for control records' at_ms;
         `signs_control(voter)`: whether a voter's last answer said it signs control records (the gRPC
-        transport's; default: every voter does), agent.consensus.controlnode."""
+        transport's; default: every voter does); `is_member(node)`: whether a non-voter may write control
+        records (default: one of `members()`), agent.consensus.controlnode."""
         if not voters:
             raise ValueError("voters is empty: expected at least one configured voter")
         self.node_id = node_id
@@ -112,7 +114,7 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
                                    abstains=self._abstains, members=lambda: self.members(),
                                    store_failed=self._store_failed,
                                    wall_ms=wall_ms or (lambda: int(time.time() * 1000)), signer=signer,
-                                   signs_control=signs_control or (lambda _: True))
+                                   signs_control=signs_control or (lambda _: True), is_member=is_member)
 
     # ---- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:

@@ -1,7 +1,9 @@
 """Signed votes, member claims and load windows: under mTLS a quorum certificate carries every signer's
 signature, checked by every node, and a gossip member's address, ranks and incarnation, and each of its load
 windows, are its own signed word. So does a certified control record (the pause switch): each voter it names
-signed `control_digest(record)` when it accepted it.
+signed `control_digest(record)` when it accepted it, and its writer signs `writer_digest(record)`, its word that it
+wrote the record for the admin it names (so that a voter finishing another writer's record can show the writer
+wrote it, and every node can check who asked).
 
 Without signatures a certificate is a list of voter names: one forged `Learn` (or a member's) could make an
 arbitrary table the head everywhere. With them, each voter signs `accept_digest(version, ballot,
@@ -36,6 +38,7 @@ _DOMAIN = b"elasticmoe/v1 accept\x00"
 _CLAIM_DOMAIN = b"elasticmoe/v1 member\x00"  # a member's signed word about itself (agent/membership.py)
 _WINDOW_DOMAIN = b"elasticmoe/v1 window\x00"  # a node's own load window (agent/windowguard.py)
 _CONTROL_DOMAIN = b"elasticmoe/v1 control\x00"  # a voter's accept of a control record (agent/consensus/control.py)
+_WRITER_DOMAIN = b"elasticmoe/v1 control writer\x00"  # a control record's writer vouching for it
 
 
 def accept_digest(version: int, ballot: tuple[int, str], table_hash: bytes) -> bytes:
@@ -43,12 +46,25 @@ def accept_digest(version: int, ballot: tuple[int, str], table_hash: bytes) -> b
     return _DOMAIN + struct.pack("<QQ", version, ballot[0]) + ballot[1].encode() + b"\x00" + table_hash
 
 
-def control_digest(r: pb.ControlRecord) -> bytes:
-    """The bytes a voter signs when it accepts control record `r`: every field of it (1 to 5), each string
-    length-prefixed."""
+def _fields(r: pb.ControlRecord) -> bytes:
+    """Fields 1 to 5 of control record `r`, each string length-prefixed."""
     node, note = r.node_id.encode(), r.note.encode()
-    return (_CONTROL_DOMAIN + struct.pack("<QBQ", r.seq, int(r.paused), r.at_ms) + struct.pack("<I", len(node)) + node
+    return (struct.pack("<QBQ", r.seq, int(r.paused), r.at_ms) + struct.pack("<I", len(node)) + node
             + struct.pack("<I", len(note)) + note)
+
+
+def control_digest(r: pb.ControlRecord) -> bytes:
+    """The bytes a voter signs when it accepts control record `r`: fields 1 to 5, as every release signs them
+    (so that the certificates of both releases of a rolling upgrade check on both). Not `admin` (6): a voter
+    cannot know who asked the writer; the writer vouches for it (`writer_digest`)."""
+    return _CONTROL_DOMAIN + _fields(r)
+
+
+def writer_digest(r: pb.ControlRecord) -> bytes:
+    """The bytes the writer of control record `r` signs, its word that it wrote `r` for `r.admin`: every field,
+    `admin` included (another domain than a voter's accept, so that neither stands for the other)."""
+    admin = r.admin.encode()
+    return _WRITER_DOMAIN + _fields(r) + struct.pack("<I", len(admin)) + admin
 
 
 class SignatureError(ValueError):
@@ -139,6 +155,18 @@ class VoteSigner:
     def sign_control(self, r: pb.ControlRecord) -> bytes:
         """Sign this voter's accept of control record `r`."""
         return self._key.sign(control_digest(r), ec.ECDSA(hashes.SHA256()))
+
+    def sign_writer(self, r: pb.ControlRecord) -> pb.VoteSignature:
+        """This node's word that it wrote control record `r` (for ControlAcceptRequest.writer)."""
+        sig = self._key.sign(writer_digest(r), ec.ECDSA(hashes.SHA256()))
+        return pb.VoteSignature(voter=self.node_id, certificate=self.cert_der, signature=sig)
+
+    def check_writer(self, r: pb.ControlRecord, s: pb.VoteSignature) -> str:
+        """Why `s` is not the signature of `r`'s writer (`r.node_id`) over `r` under a certificate the cluster CA
+        issued it, or ""."""
+        if s.voter != r.node_id:
+            return f"writer.voter = {s.voter[:64]!r}: expected the record's node_id {r.node_id[:64]!r}"
+        return self._check(r.node_id, s.certificate, s.signature, writer_digest(r), "writer signature")
 
     def check_control(self, c: pb.ControlCommit, must_sign: Callable[[str], bool]) -> str:
         """Why a voter that `c` names has no signature over its record that verifies, or "". A named voter

@@ -27,6 +27,18 @@ class PlanKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PLAN_ROLLBACK: _ClassVar[PlanKind]
     PLAN_MANUAL: _ClassVar[PlanKind]
     PLAN_REPAIR: _ClassVar[PlanKind]
+
+class ControlRefusal(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CONTROL_REFUSAL_UNSPECIFIED: _ClassVar[ControlRefusal]
+    CONTROL_MALFORMED: _ClassVar[ControlRefusal]
+    CONTROL_SUPERSEDED: _ClassVar[ControlRefusal]
+    CONTROL_UNAVAILABLE: _ClassVar[ControlRefusal]
+    CONTROL_NOT_WRITER: _ClassVar[ControlRefusal]
+    CONTROL_UNKNOWN_WRITER: _ClassVar[ControlRefusal]
+    CONTROL_WRITER_UNSIGNED: _ClassVar[ControlRefusal]
+    CONTROL_WRITER_BAD_SIGNATURE: _ClassVar[ControlRefusal]
+    CONTROL_BAD_COMMIT: _ClassVar[ControlRefusal]
 OP_KIND_UNSPECIFIED: OpKind
 REPLICATE: OpKind
 CONSOLIDATE: OpKind
@@ -42,6 +54,15 @@ PLAN_REBALANCE: PlanKind
 PLAN_ROLLBACK: PlanKind
 PLAN_MANUAL: PlanKind
 PLAN_REPAIR: PlanKind
+CONTROL_REFUSAL_UNSPECIFIED: ControlRefusal
+CONTROL_MALFORMED: ControlRefusal
+CONTROL_SUPERSEDED: ControlRefusal
+CONTROL_UNAVAILABLE: ControlRefusal
+CONTROL_NOT_WRITER: ControlRefusal
+CONTROL_UNKNOWN_WRITER: ControlRefusal
+CONTROL_WRITER_UNSIGNED: ControlRefusal
+CONTROL_WRITER_BAD_SIGNATURE: ControlRefusal
+CONTROL_BAD_COMMIT: ControlRefusal
 
 class Ballot(_message.Message):
     __slots__ = ("round", "node_id")
@@ -284,41 +305,47 @@ class CatchUpReply(_message.Message):
     def __init__(self, commits: _Optional[_Iterable[_Union[Commit, _Mapping]]] = ..., committed_head: _Optional[int] = ..., acceptor_high: _Optional[int] = ..., rebuilding: _Optional[bool] = ..., snapshot: _Optional[bool] = ..., knew_you: _Optional[bool] = ..., control: _Optional[_Union[ControlCommit, _Mapping]] = ...) -> None: ...
 
 class ControlRecord(_message.Message):
-    __slots__ = ("seq", "node_id", "paused", "at_ms", "note")
+    __slots__ = ("seq", "node_id", "paused", "at_ms", "note", "admin")
     SEQ_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     PAUSED_FIELD_NUMBER: _ClassVar[int]
     AT_MS_FIELD_NUMBER: _ClassVar[int]
     NOTE_FIELD_NUMBER: _ClassVar[int]
+    ADMIN_FIELD_NUMBER: _ClassVar[int]
     seq: int
     node_id: str
     paused: bool
     at_ms: int
     note: str
-    def __init__(self, seq: _Optional[int] = ..., node_id: _Optional[str] = ..., paused: _Optional[bool] = ..., at_ms: _Optional[int] = ..., note: _Optional[str] = ...) -> None: ...
+    admin: str
+    def __init__(self, seq: _Optional[int] = ..., node_id: _Optional[str] = ..., paused: _Optional[bool] = ..., at_ms: _Optional[int] = ..., note: _Optional[str] = ..., admin: _Optional[str] = ...) -> None: ...
 
 class ControlCommit(_message.Message):
-    __slots__ = ("record", "voters", "quorum", "signatures")
+    __slots__ = ("record", "voters", "quorum", "signatures", "writer")
     RECORD_FIELD_NUMBER: _ClassVar[int]
     VOTERS_FIELD_NUMBER: _ClassVar[int]
     QUORUM_FIELD_NUMBER: _ClassVar[int]
     SIGNATURES_FIELD_NUMBER: _ClassVar[int]
+    WRITER_FIELD_NUMBER: _ClassVar[int]
     record: ControlRecord
     voters: _containers.RepeatedScalarFieldContainer[str]
     quorum: int
     signatures: _containers.RepeatedCompositeFieldContainer[VoteSignature]
-    def __init__(self, record: _Optional[_Union[ControlRecord, _Mapping]] = ..., voters: _Optional[_Iterable[str]] = ..., quorum: _Optional[int] = ..., signatures: _Optional[_Iterable[_Union[VoteSignature, _Mapping]]] = ...) -> None: ...
+    writer: VoteSignature
+    def __init__(self, record: _Optional[_Union[ControlRecord, _Mapping]] = ..., voters: _Optional[_Iterable[str]] = ..., quorum: _Optional[int] = ..., signatures: _Optional[_Iterable[_Union[VoteSignature, _Mapping]]] = ..., writer: _Optional[_Union[VoteSignature, _Mapping]] = ...) -> None: ...
 
 class ControlAcceptRequest(_message.Message):
-    __slots__ = ("record", "from_node")
+    __slots__ = ("record", "from_node", "writer")
     RECORD_FIELD_NUMBER: _ClassVar[int]
     FROM_NODE_FIELD_NUMBER: _ClassVar[int]
+    WRITER_FIELD_NUMBER: _ClassVar[int]
     record: ControlRecord
     from_node: str
-    def __init__(self, record: _Optional[_Union[ControlRecord, _Mapping]] = ..., from_node: _Optional[str] = ...) -> None: ...
+    writer: VoteSignature
+    def __init__(self, record: _Optional[_Union[ControlRecord, _Mapping]] = ..., from_node: _Optional[str] = ..., writer: _Optional[_Union[VoteSignature, _Mapping]] = ...) -> None: ...
 
 class ControlAck(_message.Message):
-    __slots__ = ("ok", "from_node", "reason", "accepted", "certified", "signature", "certificate")
+    __slots__ = ("ok", "from_node", "reason", "accepted", "certified", "signature", "certificate", "code")
     OK_FIELD_NUMBER: _ClassVar[int]
     FROM_NODE_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
@@ -326,6 +353,7 @@ class ControlAck(_message.Message):
     CERTIFIED_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     from_node: str
     reason: str
@@ -333,7 +361,8 @@ class ControlAck(_message.Message):
     certified: ControlCommit
     signature: bytes
     certificate: bytes
-    def __init__(self, ok: _Optional[bool] = ..., from_node: _Optional[str] = ..., reason: _Optional[str] = ..., accepted: _Optional[_Union[ControlRecord, _Mapping]] = ..., certified: _Optional[_Union[ControlCommit, _Mapping]] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ...) -> None: ...
+    code: ControlRefusal
+    def __init__(self, ok: _Optional[bool] = ..., from_node: _Optional[str] = ..., reason: _Optional[str] = ..., accepted: _Optional[_Union[ControlRecord, _Mapping]] = ..., certified: _Optional[_Union[ControlCommit, _Mapping]] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ..., code: _Optional[_Union[ControlRefusal, str]] = ...) -> None: ...
 
 class KnownVoters(_message.Message):
     __slots__ = ("enrolment",)
@@ -373,9 +402,11 @@ class AcceptorState(_message.Message):
     def __init__(self, version: _Optional[int] = ..., promised: _Optional[_Union[Ballot, _Mapping]] = ..., accepted_ballot: _Optional[_Union[Ballot, _Mapping]] = ..., accepted: _Optional[_Union[Proposal, _Mapping]] = ..., proposer_round: _Optional[int] = ...) -> None: ...
 
 class ControlState(_message.Message):
-    __slots__ = ("accepted", "certified")
+    __slots__ = ("accepted", "certified", "writer")
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     CERTIFIED_FIELD_NUMBER: _ClassVar[int]
+    WRITER_FIELD_NUMBER: _ClassVar[int]
     accepted: ControlRecord
     certified: ControlCommit
-    def __init__(self, accepted: _Optional[_Union[ControlRecord, _Mapping]] = ..., certified: _Optional[_Union[ControlCommit, _Mapping]] = ...) -> None: ...
+    writer: VoteSignature
+    def __init__(self, accepted: _Optional[_Union[ControlRecord, _Mapping]] = ..., certified: _Optional[_Union[ControlCommit, _Mapping]] = ..., writer: _Optional[_Union[VoteSignature, _Mapping]] = ...) -> None: ...

@@ -118,6 +118,34 @@ def test_pause_by_an_admin_is_accepted(loop: asyncio.AbstractEventLoop) -> None:
     policy = AuthzPolicy(members=frozenset(), admins=frozenset({"admin"}))
     t = AdminTarget("Pause", loop, identity="admin", authorize=policy.check_admin)
     assert not t.call(apb.Empty()).rejected and t.backend.switch
+    assert t.backend.admin == "admin"  # the record names the admin certificate's CN
+
+
+@pytest.mark.parametrize("identity, said, named", [
+    ("admin", "mallory", "admin"),  # mTLS: the verified CN, whatever the caller says
+    (None, "bob", "bob"),  # plaintext: what the CLI said (unchecked: plaintext has no identities)
+    (None, None, ""),  # plaintext, an older CLI: nobody named
+])
+def test_pause_and_resume_name_the_admin_who_asked(loop: asyncio.AbstractEventLoop, identity: str | None,
+                                                   said: str | None, named: str) -> None:
+    from agent.admin import ADMIN_KEY
+
+    for method in ("Pause", "Resume"):
+        t = AdminTarget(method, loop)
+        md = () if said is None else ((ADMIN_KEY, said),)
+        loop.run_until_complete(getattr(t.service, method)(apb.Empty(), FakeContext(identity, md)))
+        assert t.backend.switch == (method == "Pause") and t.backend.admin == named
+
+
+@pytest.mark.parametrize("said", ["x" * 254, "bob\x1b[31m", "line\nbreak"])
+def test_a_plaintext_admin_name_out_of_bounds_is_refused(loop: asyncio.AbstractEventLoop, said: str) -> None:
+    from agent.admin import ADMIN_KEY
+
+    t = AdminTarget("Pause", loop)
+    with pytest.raises(Aborted) as e:
+        loop.run_until_complete(t.service.Pause(apb.Empty(), FakeContext(None, ((ADMIN_KEY, said),))))
+    assert e.value.code == grpc.StatusCode.INVALID_ARGUMENT and ADMIN_KEY in e.value.details, e.value
+    assert not t.backend.switch and t.backend.admin == ""
 
 
 # ---- over a real grpc.aio server: what never reaches the servicer ------------------------------------

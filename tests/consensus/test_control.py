@@ -18,19 +18,20 @@ def rec(seq: int, node: str, paused: bool = True) -> pb.ControlRecord:
 
 
 def test_an_acceptor_takes_only_keys_above_what_it_holds() -> None:
-    a = ControlAcceptor("b", ["a", "b", "c"])
-    ok, st = a.on_accept(rec(1, "a"))
+    a = ControlAcceptor("b", ["a", "b", "c"], is_member=lambda n: True)
+    ok, st = a.on_accept(rec(1, "a"), "a")
     assert ok.ok and st is not None
     a.apply(st)
-    again, st2 = a.on_accept(rec(1, "a"))  # the same record again (a retry, or a finish): yes, nothing to write
+    again, st2 = a.on_accept(rec(1, "a"), "a")  # the same record again (a retry, or a finish): yes, nothing to write
     assert again.ok and st2 is None
     for stale in (rec(1, "a", paused=False), rec(0, "z"), rec(1, "0")):  # same key other value; below (1, "a")
-        no, st3 = a.on_accept(stale)
+        no, st3 = a.on_accept(stale, stale.node_id)
         assert not no.ok and st3 is None and key(no.accepted) == (1, "a"), no.reason
-    higher, st4 = a.on_accept(rec(1, "c", paused=False))  # (1, "c") > (1, "a"): concurrent writers by key
+        assert no.code in (pb.CONTROL_SUPERSEDED, pb.CONTROL_MALFORMED), no
+    higher, st4 = a.on_accept(rec(1, "c", paused=False), "c")  # (1, "c") > (1, "a"): concurrent writers by key
     assert higher.ok and st4 is not None
-    far, _ = a.on_accept(rec(2 + MAX_SEQ_STEP, "c"))
-    assert not far.ok and "INVALID_ARGUMENT" in far.reason
+    far, _ = a.on_accept(rec(2 + MAX_SEQ_STEP, "c"), "c")
+    assert not far.ok and "INVALID_ARGUMENT" in far.reason and far.code == pb.CONTROL_MALFORMED
     assert a.next_record(True, 5, "x").seq == 2  # above every key heard of
 
 
