@@ -47,8 +47,12 @@ class _Source:
         raise _EndOfStream
 
 
+RANKS = (0, 1)  # the target node's ranks (TOPO's first node)
+
+
 class LinkTarget(Target):
-    """The agent's DataplaneLink servicer: ReportLoad into LocalWindows (as NodeState does), WatchTables."""
+    """The agent's DataplaneLink servicer: ReportLoad into LocalWindows past the node's ReportGuard (as NodeState
+    does: agent.loadpath), WatchTables."""
 
     def __init__(self, method: str, loop: asyncio.AbstractEventLoop) -> None:
         self.method, self.loop = method, loop
@@ -58,13 +62,19 @@ class LinkTarget(Target):
         self.fresh()
 
     def fresh(self) -> None:
-        from agent.loadpath import LocalWindows
+        from agent.loadpath import LoadReportError, LocalWindows
+        from agent.reportguard import DEFAULT_MAX_BATCH_TOKENS, ReportGuard
         from agent.shim_link import DataplaneLinkServicer
 
         self.windows = LocalWindows(LAYERS, EXPERTS, window=10)
         self.delivered: list[bytes] = []
+        head = max(c.table.version for c in self.commits)
+        self.guard = ReportGuard(RANKS, TOPO.ranks, 2, DEFAULT_MAX_BATCH_TOKENS, lambda: head)
 
         def sink(r: dpb.LoadReport) -> None:
+            refused = self.guard.check(r)
+            if refused is not None:
+                raise LoadReportError(str(refused))
             counts = np.frombuffer(r.counts, dtype="<u4").reshape(r.layers, r.experts)
             self.windows.add(r.shim_id or f"rank{r.rank}", r.first_step, r.steps, counts)
             self.delivered.append(_ser(r))
@@ -89,6 +99,10 @@ class LinkTarget(Target):
                 return "wrong shape or byte length"
             if req.steps < 1:
                 return "no steps"
+            if req.rank not in RANKS:
+                return "another node's rank"
+            if req.version > max(c.table.version for c in self.commits):
+                return "a version past the committed head"
         return ""
 
     def call(self, req: Message) -> Verdict:

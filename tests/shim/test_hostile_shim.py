@@ -151,13 +151,35 @@ def test_report_load_refusals(loop: asyncio.AbstractEventLoop, kw: dict[str, obj
     assert t.snapshot() == before and t.service.rejected == 1 and t.service.accepted == 0
 
 
-def test_report_load_saturated_counts_are_accepted_and_summed_wide(loop: asyncio.AbstractEventLoop) -> None:
-    """0xFFFFFFFF counts are legal uint32: two of them sum in uint64 and clip to uint32 when the window closes."""
+def test_report_load_saturated_counts_are_refused_and_windows_sum_wide(loop: asyncio.AbstractEventLoop) -> None:
+    """0xFFFFFFFF counts are legal uint32 but no engine's batch: the agent refuses them (agent.reportguard).
+    The windows themselves sum two of them in uint64 and clip to uint32 when the window closes."""
     t = LinkTarget("ReportLoad", loop)
     big = np.full(LAYERS * 8, 2**32 - 1, dtype="<u4").tobytes()
-    assert not t.call(report(counts=big, first_step=0, steps=5)).rejected
-    assert not t.call(report(counts=big, first_step=5, steps=5)).rejected
+    before = t.snapshot()
+    v = t.call(report(counts=big, first_step=0, steps=5))
+    assert v.rejected and "count_above_batch" in v.reason and t.snapshot() == before, v
+    for first in (0, 5):
+        t.windows.add("s0", first, 5, np.frombuffer(big, dtype="<u4").reshape(LAYERS, 8))
     assert t.windows._closed_upto == 0 and not t.windows._open
+
+
+@pytest.mark.parametrize("kw, expect", [
+    (dict(rank=-1), "rank_not_here"),
+    (dict(rank=2), "rank_not_here"),                 # the other node's
+    (dict(version=4), "version_ahead"),              # the head is 3
+    (dict(version=2**64 - 1), "version_ahead"),
+    (dict(unreachable_ranks=[4]), "unreachable_not_ep"),
+])
+def test_report_load_refuses_what_no_engine_of_this_node_says(loop: asyncio.AbstractEventLoop,
+                                                              kw: dict[str, object], expect: str) -> None:
+    t = LinkTarget("ReportLoad", loop)
+    before = t.snapshot()
+    r = report(**{k: v for k, v in kw.items() if k != "unreachable_ranks"})
+    r.unreachable_ranks.extend(kw.get("unreachable_ranks", []))  # type: ignore[arg-type]
+    v = t.call(r)
+    assert v.rejected and expect in v.reason, v
+    assert t.snapshot() == before and sum(t.guard.refused.values()) == 1 and t.service.accepted == 0
 
 
 def test_report_stream_stops_at_the_bad_report(loop: asyncio.AbstractEventLoop) -> None:
