@@ -111,6 +111,12 @@ class AdminView:
         head, counts past the engine's batch, ...)."""
         return {code.value: n for code, n in self.load.guard.refused.items()}
 
+    def control_refusals(self) -> dict[str, int]:
+        """Control records (pause/resume) this node refused since start, by consensus.proto ControlRefusal name
+        (agent.consensus.control: not from their writer, an unknown writer, a finish without the writer's
+        signature, a certified record that does not check, ...)."""
+        return dict(self.switch.refused)
+
     def partial_windows(self) -> int:
         """Cluster windows closed without a lagging live node's load (not decided on) since start."""
         return self.pipeline.partial_windows

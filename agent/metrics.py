@@ -36,6 +36,7 @@ until peers suspected the agent; tests/agent/test_metrics_scrapers.py). Values a
     emoe_reports_dropped_total             load reports this node's engines dropped (agent slow or absent)
     emoe_reports_unsampled_total           load reports used for their totals only (no or mismatched samples)
     emoe_partial_windows_total             cluster windows closed without a lagging node's load: not decided on
+    emoe_control_refused_total{code}       control records (pause/resume) this agent refused, by ControlRefusal code
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ class MetricsView(Protocol):
 
     def partial_windows(self) -> int: ...
 
+    def control_refusals(self) -> dict[str, int]: ...
+
 
 @dataclass(frozen=True)
 class Window:
@@ -129,6 +132,7 @@ class Snapshot:
     unsampled: int = 0
     partial: int = 0
     plans: tuple[int, float, float] = (0, 0.0, 0.0)  # planned, their seconds, the last one's
+    control_refused: dict[str, int] = field(default_factory=dict)  # by ControlRefusal name
     window: Window | None = None  # a window or head other than the last page's (None: the same)
 
 
@@ -145,6 +149,7 @@ def snapshot(view: MetricsView, seen: tuple[object, object] | None = None) -> tu
                  dict(view.peer_versions()), ranks=list(view.rank_installs()), outcomes=view.decision_outcomes(),
                  bytes_moved=view.bytes_moved(), dropped=view.reports_dropped(), unsampled=view.reports_unsampled(),
                  plans=view.plan_stats(), partial=view.partial_windows())
+    s.control_refused = view.control_refusals()
     if seen is None or seen[0] is not load or seen[1] is not head:
         s.window = Window(None if load is None else np.array(load, dtype=np.int64), head)
     return s, (load, head)
@@ -206,6 +211,12 @@ def families(s: Snapshot) -> Iterator[Any]:
     yield CounterMetricFamily("emoe_reports_dropped", "Load reports this node's engines dropped before sending",
                               value=s.dropped)
     yield CounterMetricFamily("emoe_reports_unsampled", "Load reports used for their totals only", value=s.unsampled)
+    cr = CounterMetricFamily("emoe_control_refused", "Control records (pause/resume) this agent refused, by code "
+                             "(consensus.proto ControlRefusal: CONTROL_NOT_WRITER, CONTROL_UNKNOWN_WRITER, ...)",
+                             labels=["code"])
+    for code, count in sorted(s.control_refused.items()):
+        cr.add_metric([code], count)
+    yield cr
     yield CounterMetricFamily("emoe_partial_windows", "Cluster windows closed without a lagging live node's load, "
                               "not decided on", value=s.partial)
 

@@ -82,6 +82,9 @@ class View:
     def reports_refused(self) -> dict[str, int]:
         return {}
 
+    def control_refusals(self) -> dict[str, int]:
+        return {"CONTROL_NOT_WRITER": 2, "CONTROL_WRITER_UNSIGNED": 1}
+
 
 @pytest.fixture
 def loop() -> Iterator[asyncio.AbstractEventLoop]:
@@ -122,6 +125,8 @@ def test_the_window_series_parse_to_the_counts_a_plain_loop_writes(loop: asyncio
     ranks = rank_load(HEAD, counts.astype(np.int64)[None])[0].sum(axis=0)
     assert got["emoe_rank_tokens"] == {(("rank", str(r)),): float(n) for r, n in enumerate(ranks.tolist())}
     assert got["emoe_window_seq"] == {(): 7.0} and got["emoe_members"][(("status", "alive"),)] == 3.0
+    assert got["emoe_control_refused_total"] == {(("code", "CONTROL_NOT_WRITER"),): 2.0,
+                                                 (("code", "CONTROL_WRITER_UNSIGNED"),): 1.0}
     # off by default, and before the first window: the layer and rank families, with no series
     assert "emoe_expert_tokens" not in _samples(metrics.Pages(View(counts), loop, per_expert=False).page())
     empty = _samples(metrics.Pages(View(None), loop, per_expert=True).page())
