@@ -35,6 +35,7 @@ until peers suspected the agent; tests/agent/test_metrics_scrapers.py). Values a
     emoe_moved_bytes_total                 weight bytes the commits this agent learned copy
     emoe_reports_dropped_total             load reports this node's engines dropped (agent slow or absent)
     emoe_reports_unsampled_total           load reports used for their totals only (no or mismatched samples)
+    emoe_reports_refused_total{reason}     load reports refused by code (agent.reportguard: rank_not_here, ...)
     emoe_partial_windows_total             cluster windows closed without a lagging node's load: not decided on
     emoe_control_refused_total{code}       control records (pause/resume) this agent refused, by ControlRefusal code
 """
@@ -101,6 +102,8 @@ class MetricsView(Protocol):
 
     def reports_unsampled(self) -> int: ...
 
+    def reports_refused(self) -> dict[str, int]: ...
+
     def partial_windows(self) -> int: ...
 
     def control_refusals(self) -> dict[str, int]: ...
@@ -130,6 +133,7 @@ class Snapshot:
     bytes_moved: int = 0
     dropped: int = 0
     unsampled: int = 0
+    refused: dict[str, int] = field(default_factory=dict)
     partial: int = 0
     plans: tuple[int, float, float] = (0, 0.0, 0.0)  # planned, their seconds, the last one's
     control_refused: dict[str, int] = field(default_factory=dict)  # by ControlRefusal name
@@ -148,7 +152,7 @@ def snapshot(view: MetricsView, seen: tuple[object, object] | None = None) -> tu
                  Counter(gpb.MemberStatus.Name(m.status).lower() for m in view.member_states()),
                  dict(view.peer_versions()), ranks=list(view.rank_installs()), outcomes=view.decision_outcomes(),
                  bytes_moved=view.bytes_moved(), dropped=view.reports_dropped(), unsampled=view.reports_unsampled(),
-                 plans=view.plan_stats(), partial=view.partial_windows())
+                 plans=view.plan_stats(), partial=view.partial_windows(), refused=view.reports_refused())
     s.control_refused = view.control_refusals()
     if seen is None or seen[0] is not load or seen[1] is not head:
         s.window = Window(None if load is None else np.array(load, dtype=np.int64), head)
@@ -211,6 +215,11 @@ def families(s: Snapshot) -> Iterator[Any]:
     yield CounterMetricFamily("emoe_reports_dropped", "Load reports this node's engines dropped before sending",
                               value=s.dropped)
     yield CounterMetricFamily("emoe_reports_unsampled", "Load reports used for their totals only", value=s.unsampled)
+    ref = CounterMetricFamily("emoe_reports_refused", "Load reports this node's shim link refused, by code",
+                              labels=["reason"])
+    for code, count in sorted(s.refused.items()):
+        ref.add_metric([code], count)
+    yield ref
     cr = CounterMetricFamily("emoe_control_refused", "Control records (pause/resume) this agent refused, by code "
                              "(consensus.proto ControlRefusal: CONTROL_NOT_WRITER, CONTROL_UNKNOWN_WRITER, ...)",
                              labels=["code"])
