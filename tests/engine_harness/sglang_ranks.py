@@ -20,6 +20,11 @@ first column of every local slot's weights (expert weights encode `layer * 100 +
 every load report its plugin offered (first step, steps, version, counts) and the plugin's version after each
 pass.
 
+The ranks fail fast rather than hang when they stop deciding alike (`Lockstep`): at every pass each compares
+with its peer, through the group's store, the version it armed (before the install's collectives) and the
+version it runs after the pass; a difference fails both at that pass, a peer that does not get to the check
+within CHECK_WAIT_S fails the other, and SGLang's groups run under a gloo timeout of COLLECTIVE_S.
+
 Stubs (modules SGLang imports on this path but does not use here), installed in sys.modules before SGLang:
 - `torchvision`, `torchvision.transforms`, `torchvision.transforms.functional` (with `InterpolationMode`):
   imported at module level by SGLang's multimodal configs (`sglang.srt.configs` -> `internvl_utils`,
@@ -38,22 +43,64 @@ CPU stand-ins (what a GPU build has and this one lacks, or what a real ModelRunn
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import multiprocessing.connection
 import os
 import shutil
 import sys
 import types
+from datetime import timedelta
 from pathlib import Path
-from typing import Any
-
-import torch
-import torch.multiprocessing as mp
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vllm_ranks import DirLink, _counts, write  # noqa: E402
+
+if TYPE_CHECKING:
+    import torch
 
 WS, E, R, H, PASSES, HOT = 2, 8, 2, 16, 6, 3
 P = E + R
 NL = P // WS
+CHECK_WAIT_S = 30   # a peer that has not reached a pass's lockstep check by then is hung (a collective only one entered)
+COLLECTIVE_S = 60   # gloo's timeout on SGLang's process groups: a collective only one rank entered fails, not hangs
+
+
+class Lockstep:
+    """The per-pass version check: at every pass each rank posts in the rank group's store the version it armed
+    (right after the plugin's `to_arm`, before any collective of an install) and the version it runs after the
+    pass, and compares them with its peer's. The EP ranks must decide alike (the agreement is a MIN over every
+    rank); a rank that arms a version its peer does not fails at that pass, at once, instead of waiting in the
+    updater's P2P ops for a peer that never enters them."""
+
+    def __init__(self, rank: int) -> None:
+        from torch.distributed.distributed_c10d import _get_default_store
+
+        self.store, self.rank, self.peer = _get_default_store(), rank, 1 - rank
+
+    def check(self, what: str, step: int, version: int) -> None:
+        key = f"elasticmoe-harness/{what}/{step}/"
+        self.store.set(key + str(self.rank), str(version))
+        try:
+            self.store.wait([key + str(self.peer)], timedelta(seconds=CHECK_WAIT_S))
+        except Exception as e:  # noqa: BLE001 - the store's timeout (DistStoreError, a RuntimeError)
+            raise AssertionError(f"rank {self.rank} {what} version {version} at pass {step}; rank {self.peer} did not "
+                                 f"get there within {CHECK_WAIT_S} s (hung in a collective this rank did not "
+                                 "enter?)") from e
+        theirs = int(self.store.get(key + str(self.peer)))
+        if theirs != version:
+            raise AssertionError(f"pass {step}: rank {self.rank} {what} version {version}, rank {self.peer} version "
+                                 f"{theirs}: the EP ranks must decide alike (their agreement is a MIN over every rank)")
+
+    def watch(self, inst: Any) -> None:
+        """Check the version `inst` (the plugin's Installer) arms at every pass."""
+        to_arm = inst.to_arm
+
+        def checked() -> Any:
+            table = to_arm()
+            self.check("armed", inst.step, table.version if table is not None else 0)
+            return table
+
+        inst.to_arm = checked
 
 
 def stub_torchvision() -> None:
@@ -75,6 +122,7 @@ class Toy:
     """The model as SGLang's EPLB path sees it: `routed_experts_weights_of_layer`."""
 
     def __init__(self, rank: int, p2l: torch.Tensor, layers: list[int]) -> None:
+
         self.routed_experts_weights_of_layer: dict[int, list[torch.Tensor]] = {}
         for layer in layers:
             w = (layer * 100 + p2l[layer, rank * NL : (rank + 1) * NL]).float()
@@ -90,13 +138,37 @@ class NoDisk:
 def feed(rec: Any, p2l: torch.Tensor, pass_id: int) -> None:
     """One forward pass through SGLang's recorder hooks: in every layer, HOT tokens route to logical expert 0
     (the physical slot SGLang's current map gives it), as its MoE layers report their top-k ids."""
+    import torch
+
     with rec.with_forward_pass(pass_id, None):
         for layer in range(p2l.shape[0]):
             with rec.with_current_layer(layer):
                 rec.on_select_experts(torch.full((HOT, 1), int((p2l[layer] == 0).nonzero()[0])))
 
 
+def spawn(args: argparse.Namespace) -> tuple[int, int] | None:
+    """`torch.multiprocessing.spawn` of the WS ranks, without importing torch here (its import is seconds of a
+    harness's boot, more on a loaded machine): the first rank that fails (its traceback on stderr) ends the
+    others; returns (its rank, its exit code), or None when every rank finished."""
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=worker, args=(r, args), name=f"rank{r}") for r in range(WS)]
+    for p in procs:
+        p.start()
+    failed = None
+    while failed is None and any(p.exitcode is None for p in procs):
+        multiprocessing.connection.wait([p.sentinel for p in procs if p.exitcode is None])
+        failed = next(((r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)), None)
+    for p in procs:
+        if p.exitcode is None:
+            p.kill()
+        p.join()
+    return failed
+
+
 def worker(rank: int, args: argparse.Namespace) -> None:
+    import torch
+    from vllm_ranks import DirLink, _counts, write
+
     stub_torchvision()
     torch.cpu.empty_cache = lambda: None  # type: ignore[attr-defined]
     os.environ.update(EMOE_SOCKET=f"{args.out}/none{{rank}}.sock", EMOE_GENESIS="sglang", EMOE_REPORT_EVERY="2",
@@ -119,7 +191,7 @@ def worker(rank: int, args: argparse.Namespace) -> None:
                     ep_num_redundant_experts=R, expert_distribution_recorder_mode="stat",
                     expert_distribution_recorder_buffer_size=2, eplb_rebalance_num_iterations=1000)
     rc.publish(sa, role="scheduler", ranks=rc.SpawnRanks(world_rank=rank))
-    ps.init_distributed_environment(WS, rank, f"tcp://127.0.0.1:{args.port}", rank, "gloo")
+    ps.init_distributed_environment(WS, rank, f"tcp://127.0.0.1:{args.port}", rank, "gloo", timeout=COLLECTIVE_S)
     ps.initialize_model_parallel()
     load_plugins()  # our entry point: model_runner.EPLBManager becomes ElasticMoeEplbManager
     mc = ModelConfig.from_server_args(sa)
@@ -140,6 +212,8 @@ def worker(rank: int, args: argparse.Namespace) -> None:
         live = Path(args.out) / f"commits-rank{rank}"
         live.mkdir()
     core.link = link = DirLink(live)
+    lockstep = Lockstep(rank)
+    lockstep.watch(mgr._inst)
     versions = []
     for i in range(args.passes):
         if live != src and i == lag:
@@ -148,6 +222,7 @@ def worker(rank: int, args: argparse.Namespace) -> None:
         feed(rec, get_global_expert_location_metadata().physical_to_logical_map_cpu, i)
         mgr.on_forward_pass_end()
         versions.append(core.version)
+        lockstep.check("runs", i, core.version)
     now = get_global_expert_location_metadata()
     weights = {str(layer): [w[:, 0].tolist() for w in ws] for layer, ws in model.routed_experts_weights_of_layer.items()}
     write(Path(args.out) / f"rank{rank}.json", {
@@ -177,5 +252,7 @@ if __name__ == "__main__":
     ap.add_argument("--agree-every", type=int, default=1, help="EMOE_AGREE_EVERY: passes per version agreement")
     ap.add_argument("--lag", default="", help="R:K: rank R receives the commits only from pass K on")
     a = ap.parse_args()
-    mp.spawn(worker, args=(a,), nprocs=WS, join=True)
+    failed = spawn(a)
+    if failed:
+        sys.exit(f"rank {failed[0]} exited with {failed[1]}: the other rank was killed")
     print("RANKS_DONE", flush=True)

@@ -9,9 +9,9 @@
 Each rank builds vLLM's `EplbState` for a toy model with vLLM's `MixtureOfExperts` attributes (expert
 weights encode `layer * 100 + expert`), then runs steps until DIR/stop exists: it writes load into
 `expert_load_pass` (logical expert 0 hot), calls `EplbState.step()`, checks that every local slot's weights
-are those of the expert `physical_to_logical_map` names, and writes DIR/rank{r}.json. The rank named by
-`--hold-rank` withholds the commits its link delivers until DIR/release exists (a version only one rank
-has received). `VLLM_RANKS_CAP=RANK:VERSION` in the environment makes rank RANK's link pass on no commit newer
+are those of the expert `physical_to_logical_map` names, and writes DIR/rank{r}.json (and its pid, once, to
+DIR/pid{r}). The rank named by `--hold-rank` withholds the commits its link delivers until DIR/release exists
+(a version only one rank has received). `VLLM_RANKS_CAP=RANK:VERSION` in the environment makes rank RANK's link pass on no commit newer
 than VERSION, ever (a rank that stopped taking tables: vLLM's MIN agreement holds every rank on VERSION, and
 each rank keeps reporting the version it runs). The rank named by `--die-rank` exits abruptly; its peer's failed step writes DIR/failure{r}.json
 with the unreachable ranks its plugin reported. Test-only CPU stand-ins: `torch.accelerator.current_stream`,
@@ -312,6 +312,7 @@ def worker(rank: int, args: argparse.Namespace) -> None:
     L = args.layers
     cpu_stand_ins()
     out = Path(args.out)
+    (out / f"pid{rank}").write_text(str(os.getpid()))  # whose death tests/engines/test_engine_harness.py checks
     os.environ["EMOE_SOCKET"] = args.sockets.split(",")[rank]
     os.environ.setdefault("EMOE_REPORT_EVERY", "1")
     os.environ.setdefault("EMOE_AGREE_EVERY", "4")

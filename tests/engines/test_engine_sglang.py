@@ -30,6 +30,7 @@ import json
 import os
 import subprocess
 import time
+from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,6 +40,7 @@ import pytest
 from chaos.localcluster import ROOT, free_ports
 from tests.conftest import engine_missing
 from tests.engine_harness.vllm_llm import CONFIG  # the vLLM test's tiny Qwen3-MoE: 2 layers, 8 experts
+from tests.engines import rankprocs
 
 if TYPE_CHECKING:
     from controlplane.table import RoutingTable
@@ -50,13 +52,21 @@ HARNESS = ROOT / "tests" / "engine_harness"
 L, E, HOT, PASSES = 2, 8, 3, 6
 
 
-def _engine_python() -> str:
+@cache
+def _engine_problem() -> str:
     if not ENGINE_PY.exists():
-        engine_missing(f"{ENGINE_PY} does not exist: `make .venv-engine/.installed` (part of `make test`) makes it")
+        return f"{ENGINE_PY} does not exist: `make .venv-engine/.installed` (part of `make test`) makes it"
     probe = subprocess.run([str(ENGINE_PY), "-c", "import sglang.srt.eplb.expert_location"], cwd=ROOT,
                            capture_output=True, text=True, timeout=300)
     if probe.returncode != 0:
-        engine_missing(f"SGLang's EPLB modules do not import in {ENGINE_PY}: {probe.stderr.strip().splitlines()[-1:]}")
+        return f"SGLang's EPLB modules do not import in {ENGINE_PY}: {probe.stderr.strip().splitlines()[-1:]}"
+    return ""
+
+
+def _engine_python() -> str:
+    problem = _engine_problem()
+    if problem:
+        engine_missing(problem)
     return str(ENGINE_PY)
 
 
@@ -81,10 +91,10 @@ def _run_ranks(tmp_path: Path, *extra: str, timeout: int = 400) -> tuple[list[di
         if d.parent == cdir:
             (d / f"v{v2.version}.commit").write_bytes(certified_commit(v2, ["a", "b"], 2).SerializeToString())
     t0 = time.monotonic()
-    r = subprocess.run([py, str(HARNESS / "sglang_ranks.py"), "--out", str(out), "--model", str(model),
-                        "--commits", str(cdir), "--port", str(free_ports(1)[0]), *extra],
-                       cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                       env={**os.environ, "PYTHONPATH": str(ROOT)})  # this tree's plugin, whatever is installed
+    r = rankprocs.run([py, str(HARNESS / "sglang_ranks.py"), "--out", str(out), "--model", str(model),
+                       "--commits", str(cdir), "--port", str(free_ports(1)[0]), *extra],
+                      cwd=ROOT, timeout=timeout,
+                      env={**os.environ, "PYTHONPATH": str(ROOT)})  # this tree's plugin, whatever is installed
     assert r.returncode == 0 and "RANKS_DONE" in r.stdout, (r.stdout + r.stderr)[-4000:]
     print(f"\ntwo SGLang ranks, boot to installed v2: {time.monotonic() - t0:.1f} s")
     return [json.loads((out / f"rank{i}.json").read_text()) for i in (0, 1)], v2
@@ -153,8 +163,7 @@ def test_sglang_installs_only_the_version_every_rank_holds(tmp_path: Path, agree
 
 def test_sglang_formats_and_entry_point() -> None:
     py = _engine_python()
-    r = subprocess.run([py, str(HARNESS / "sglang_formats.py")], cwd=ROOT,
-                       capture_output=True, text=True, timeout=600)
+    r = rankprocs.run([py, str(HARNESS / "sglang_formats.py")], cwd=ROOT, timeout=600)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     assert r.returncode == 0 and lines, (r.stdout + r.stderr)[-3000:]
     doc = json.loads(lines[-1][len("RESULT "):])

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 import pytest
 
 from chaos.localcluster import ROOT
+from tests.engines import rankprocs
 from tests.engines.test_engine_vllm import HARNESS, engine_python
 
 pytestmark = pytest.mark.engine
@@ -20,8 +20,8 @@ pytestmark = pytest.mark.engine
 
 def test_the_engines_own_loaders_refuse_an_untested_release() -> None:
     py = engine_python()
-    r = subprocess.run([py, str(HARNESS / "engine_version.py")], cwd=ROOT, capture_output=True, text=True,
-                       timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    r = rankprocs.run([py, str(HARNESS / "engine_version.py")], cwd=ROOT, timeout=300,
+                      env={**os.environ, "PYTHONPATH": str(ROOT)})
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     assert r.returncode == 0 and lines, (r.stdout + r.stderr)[-3000:]
     doc = json.loads(lines[-1][len("RESULT "):])

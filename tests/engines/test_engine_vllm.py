@@ -30,6 +30,7 @@ import pytest
 from chaos.localcluster import ROOT, LocalCluster, free_ports
 from elasticmoe.v1 import admin_pb2, admin_pb2_grpc
 from tests.conftest import engine_missing
+from tests.engines import rankprocs
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
@@ -76,14 +77,15 @@ def _wait(what: str, cond: Callable[[], Any], timeout: float, proc: subprocess.P
 
 
 def _stop(out: Path, proc: subprocess.Popen[bytes]) -> None:
-    """Ask the ranks to stop (they agree on the step collectively), then make sure they are gone."""
+    """Ask the ranks to stop (they agree on the step collectively), then make sure they are gone: the harness's
+    whole process group is killed, whether it exited or not (tests/engines/rankprocs.py)."""
     (out / "stop").touch()
     try:
         proc.wait(120)
+    except subprocess.TimeoutExpired:
+        pass
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        rankprocs.stop(proc)
 
 
 def _ranks(out: Path) -> list[dict[str, Any]] | None:
@@ -104,7 +106,7 @@ def _agent_load(address: str) -> np.ndarray:
 def _start_ranks(py: str, out: Path, cluster: LocalCluster, log: IO[bytes], *args: str,
                  env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """The two vLLM ranks (tests/engine_harness/vllm_ranks.py), each on its agent's shim socket."""
-    return subprocess.Popen(
+    return rankprocs.start(
         [py, str(HARNESS / "vllm_ranks.py"), "--out", str(out), "--port", str(free_ports(1)[0]),
          "--sockets", f"{cluster.shim_socket(0)},{cluster.shim_socket(1)}", *args],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
@@ -224,10 +226,7 @@ def test_vllm_plugin_names_a_lost_rank_to_its_agent(tmp_path: Path) -> None:
     out = tmp_path / "ranks"
     out.mkdir()
     with cluster.running(timeout=120), open(tmp_path / "ranks.log", "wb") as log:
-        proc = subprocess.Popen(
-            [py, str(HARNESS / "vllm_ranks.py"), "--out", str(out), "--port", str(free_ports(1)[0]),
-             "--sockets", f"{cluster.shim_socket(0)},{cluster.shim_socket(1)}", "--die-rank", "1",
-             "--die-at-step", "48"], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        proc = _start_ranks(py, out, cluster, log, "--die-rank", "1", "--die-at-step", "48")
         try:
             fail = _wait("rank 0's failed step", lambda: (f := out / "failure0.json").exists()
                          and json.loads(f.read_text()), 240)
@@ -304,7 +303,7 @@ def _spawn_ranks(tmp_path: Path, log: Any, *extra: str, env: dict[str, str] | No
     out, cdir = tmp_path / "ranks", tmp_path / "commits"
     for d in (out, cdir / "rank0", cdir / "rank1"):
         d.mkdir(parents=True)
-    proc = subprocess.Popen(
+    proc = rankprocs.start(
         [engine_python(), str(HARNESS / "vllm_ranks.py"), "--out", str(out), "--port", str(free_ports(1)[0]),
          "--sockets", f"{tmp_path}/none0.sock,{tmp_path}/none1.sock", "--commits", str(cdir), *extra],
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})

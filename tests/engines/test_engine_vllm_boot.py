@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from chaos.localcluster import ROOT, free_ports
+from tests.engines import rankprocs
 from tests.engines.test_engine_vllm import HARNESS, engine_python
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -21,8 +21,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 def test_vllm_llm_loads_the_plugin_in_its_worker(tmp_path: Path) -> None:
     py = engine_python()
-    r = subprocess.run([py, str(HARNESS / "vllm_llm.py"), str(tmp_path)], cwd=ROOT, capture_output=True,
-                       text=True, timeout=600)
+    r = rankprocs.run([py, str(HARNESS / "vllm_llm.py"), str(tmp_path)], cwd=ROOT, timeout=600)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     assert r.returncode == 0 and lines, (r.stdout + r.stderr)[-3000:]
     doc = json.loads(lines[-1][len("RESULT "):])
@@ -34,7 +33,7 @@ def test_vllm_llm_loads_the_plugin_in_its_worker(tmp_path: Path) -> None:
 
 def test_formats_round_trip_through_vllms_own_functions() -> None:
     py = engine_python()
-    r = subprocess.run([py, str(HARNESS / "vllm_formats.py")], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = rankprocs.run([py, str(HARNESS / "vllm_formats.py")], cwd=ROOT, timeout=600)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
     assert r.returncode == 0 and lines, (r.stdout + r.stderr)[-3000:]
     doc = json.loads(lines[-1][len("RESULT "):])
@@ -50,9 +49,9 @@ def test_vllm_plugin_refuses_an_engine_that_booted_off_genesis(tmp_path: Path) -
     py = engine_python()
     out = tmp_path / "ranks"
     out.mkdir()
-    r = subprocess.run([py, str(HARNESS / "vllm_ranks.py"), "--out", str(out), "--port", str(free_ports(1)[0]),
-                        "--sockets", f"{tmp_path}/a.sock,{tmp_path}/b.sock", "--max-s", "5"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300, env={**os.environ, "EMOE_GENESIS": "static"})
+    r = rankprocs.run([py, str(HARNESS / "vllm_ranks.py"), "--out", str(out), "--port", str(free_ports(1)[0]),
+                       "--sockets", f"{tmp_path}/a.sock,{tmp_path}/b.sock", "--max-s", "5"], cwd=ROOT,
+                      timeout=300, env={**os.environ, "EMOE_GENESIS": "static"})
     assert r.returncode != 0
     assert "GENESIS_MISMATCH: the engine booted with placement" in r.stderr and "genesis 'static' is" in r.stderr
     assert not list(out.glob("rank*.json"))  # no step ran
