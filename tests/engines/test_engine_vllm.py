@@ -1,10 +1,11 @@
 """The vLLM plugin against vLLM's real code (from .venv-engine, made by `make test`).
 
 1. Two gloo processes run vLLM's real `EplbState` (add_model, step, rearrange, its weight mover) on a toy
-   MixtureOfExperts beside 2 real agents (one per node): load written into `expert_load_pass` reaches the agents; a table
+   MixtureOfExperts beside 2 real agents (one per node), in sync mode and in vLLM's default async mode (its
+   own async worker): load written into `expert_load_pass` reaches the agents; a table
    they commit (a forced proposal) ends up, through vLLM's own rearrange, in `physical_to_logical_map` on
    both ranks with the moved weights equal to the expected experts'; a version only one rank has received
-   is not installed until both have it. `emoe status --json` shows each rank on the committed head at its own
+   is not installed until both have it; each agent then shows its rank on the version installed. `emoe status --json` shows each rank on the committed head at its own
    agent; a rank that stops taking tables holds both on the old version (vLLM's MIN agreement), and both are
    flagged lagging within `engine.install_lag_s` while `emoe propose --wait` fails naming them.
 2. Without agents (certified commits handed to each rank's link): both EPLB modes, the mid-move race, ROCm.
@@ -112,7 +113,11 @@ def _start_ranks(py: str, out: Path, cluster: LocalCluster, log: IO[bytes], *arg
         cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
 
 
-def test_vllm_eplb_installs_what_the_agents_commit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_vllm_eplb_installs_what_the_agents_commit(tmp_path: Path, mode: str) -> None:
+    """Real agents, the real plugin and vLLM's EplbState in each EPLB mode: `async` is vLLM's default config
+    (use_async, its own async worker moving a layer per step in a thread of each rank), whose install is done
+    only when vLLM reports every layer moved; the agents then see each rank on the version it installed."""
     py = engine_python()
     cluster = LocalCluster(2, tmp_path / "agents", SHAPE, profile="test",  # one agent per node (2 ranks)
                            sections={"decision": {"window": 5, "budget_windows": 1}})
@@ -121,14 +126,19 @@ def test_vllm_eplb_installs_what_the_agents_commit(tmp_path: Path) -> None:
     with cluster.running(timeout=120), open(tmp_path / "ranks.log", "wb") as log:
         for a in cluster.addresses:  # only the forced proposals below change the table
             assert _cli("pause", "--agent", a).returncode == 0
-        proc = _start_ranks(py, out, cluster, log, "--hold-rank", "1", "--bench", "200")
+        bench = ("--bench", "200") if mode == "sync" else ()
+        proc = _start_ranks(py, out, cluster, log, "--hold-rank", "1", "--mode", mode, *bench)
         try:
-            _run(cluster, out, proc)
+            done = _run(cluster, out, proc)
         finally:
             _stop(out, proc)
     assert proc.returncode == 0, (tmp_path / "ranks.log").read_text()[-3000:]
-    bench = [json.loads((out / f"bench{r}.json").read_text()) for r in (0, 1)]
-    print(f"\nplugin cost per step on the toy model (medians, us): {bench}")
+    for x in done:
+        assert x["mode"] == mode and x["install"]["async"] == (mode == "async"), x
+        assert x["install"]["install_failures"] == 0 and x["install"]["armed"] == 2, x["install"]
+    if bench:
+        costs = [json.loads((out / f"bench{r}.json").read_text()) for r in (0, 1)]
+        print(f"\nplugin cost per step on the toy model (medians, us): {costs}")
 
 
 def _status(address: str) -> dict[str, Any]:
@@ -237,7 +247,7 @@ def test_vllm_plugin_names_a_lost_rank_to_its_agent(tmp_path: Path) -> None:
             _stop(out, proc)
 
 
-def _run(cluster: LocalCluster, out: Path, proc: subprocess.Popen[bytes]) -> None:
+def _run(cluster: LocalCluster, out: Path, proc: subprocess.Popen[bytes]) -> list[dict[str, Any]]:
     _wait("both ranks stepping", lambda: (r := _ranks(out)) and all(x["sent"] > 0 for x in r) and r, 180, proc)
     # load out: the hot logical expert 0 shows in what the agents beside ranks 0 and 1 hold
     for i in (0, 1):
@@ -253,7 +263,12 @@ def _run(cluster: LocalCluster, out: Path, proc: subprocess.Popen[bytes]) -> Non
         r = _cli("propose", "--agent", cluster.addresses[1], "--json", "--force", "consolidate", "1", "1", "1")
         assert r.returncode == 0 and json.loads(r.stdout)["committed"], r.stdout + r.stderr
 
-    _install(out, proc, v2_to_rank0, lambda: (out / "release").touch(), v3_to_both)
+    done = _install(out, proc, v2_to_rank0, lambda: (out / "release").touch(), v3_to_both)
+    # each agent shows its own node's rank on v3: the version its reports carry, the one it installed
+    for i, a in enumerate(cluster.addresses):
+        _wait(f"agent {i} showing rank {i} on v3", lambda a=a, i=i: [
+            (rk["rank"], rk["installed_version"]) for rk in _status(a)["ranks"]] == [(i, "3")], 30, proc)
+    return done
 
 
 def _install(out: Path, proc: subprocess.Popen[bytes], v2_to_rank0: Callable[[], None],
