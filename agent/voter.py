@@ -1,6 +1,8 @@
 """A voter's own check of a proposed table (the commit backend's verifier): the table is valid, and unless an
 operator forced it or it repairs lost ranks, this node's own replay of the windows the proposer planned on
-agrees with the proposer's gain (within `verify_tolerance`)."""
+agrees with the proposer's gain (within `verify_tolerance`). A rebalance must also pass the proposer's own
+significance rule on this node's replay: its gain's lower confidence bound over the replay rows
+(`verify.gain_bound` at `DecisionParams.gain_confidence`) above 0, else GAIN_NOT_SIGNIFICANT."""
 
 from __future__ import annotations
 
@@ -54,7 +56,12 @@ class Voter:
         if not rollback:  # the windows since the newest drift, as the proposer planned on them
             replay = replay[len(replay) - same_mix(np.stack([r.sum(axis=0, dtype=np.int64) for r in replay]),
                                                    self.params.drift_tv):]
-        ok, gain, reason = verify_decision(head, proposed, np.concatenate(replay, axis=0), floor)
+        # a rebalance must hold beyond the spread of the replay rows, as its proposer's gate asks
+        # (decision.rebalance); an operator's proposal or a restored rank's fill (kind manual) and a rollback
+        # are not held to it
+        confidence = self.params.gain_confidence if plan_kind(plan) == "rebalance" else 0.5
+        ok, gain, reason = verify_decision(head, proposed, np.concatenate(replay, axis=0), floor,
+                                           confidence=confidence)
         # a rebalance's gain here must also agree with the proposer's (a rollback's need not: above)
         if ok and not rollback and plan.verified_gain - gain > self.tolerance:
             return False, gain, (f"replay gain {gain:.4f} is below the proposer's {plan.verified_gain:.4f} by more "

@@ -3,7 +3,8 @@
 Each function takes the head table and the replay buffer and returns an `Attempt`: the Decision to propose,
 or None with a stable outcome code, and everything refused on the way. Gains are relative reductions of the
 mean step imbalance on the replay buffer (`verify.gain`); a rebalance is proposed only when its verified gain
-is >= tau and its cost (`cost.change_cost`: `cost.CostModel` over `table.diff`'s moves) is within the budget.
+is >= tau, replay can tell it from the spread of its rows (`verify.gain_bound` above 0 at `gain_confidence`)
+and its cost (`cost.change_cost`: `cost.CostModel` over `table.diff`'s moves) is within the budget.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from controlplane.planners import PLANNERS, PlanInput, PlanKnobs
 from controlplane.profile import StabilityProfile
 from controlplane.table import RoutingTable, check_no_new_rank_duplicates
 from controlplane.topology import Tier
-from controlplane.verify import gain, layer_gains
+from controlplane.verify import gain, gain_bound, layer_gains, row_gains
 from controlplane.worth import Worth
 
 # where the per-copy charges were tuned (DecisionParams.copy_charge_scale): DeepSeek-V3 decode at EP64
@@ -110,6 +111,16 @@ class DecisionParams:
     load_ms: float = 12.0
     horizon_windows: int = 20
     worth_margin: float = 1.0
+    # A rebalance must also hold across the replay beyond its rows' own spread: the one-sided lower confidence
+    # bound of its gain over the replayed rows (verify.gain_bound: Student's t at this level) must be above 0,
+    # or it is refused as GAIN_NOT_SIGNIFICANT; every voter applies the same bound (agent.voter), so it is not
+    # an operator's knob. 0.5: off (the bound is the mean). 0.9: in the bench (EPLB boot), four runs whose lanes
+    # start in lockstep (--cold-start: ESFT intent->law at 2x8 and 4x8, at 4x8 with seed 1, law->intent) each
+    # regressed on its first plan: replayed gain 0.13-0.20 on 5 rows spread 0.27-0.37, realised -0.05 to -0.17
+    # over the next 100 steps. Their bounds at 0.9: -0.03 to -0.06 (refused); at 0.8: +0.01 to +0.06 (none
+    # refused). No plan the staggered runs committed (ESFT, OLMoE, Mixtral, DeepSeek-V3 8x8: 13 runs) has a bound
+    # under +0.016 even at 0.95: those runs are unchanged
+    gain_confidence: float = 0.9
 
     def __post_init__(self) -> None:
         for f in ("window", "budget_windows", "rollback_windows", "max_ops", "replay_windows", "expert_bytes"):
@@ -141,6 +152,9 @@ class DecisionParams:
         if not self.load_ms >= 0.0 or self.horizon_windows < 1 or not self.worth_margin >= 0.0:
             raise InvalidParams(f"load_ms={self.load_ms!r}, horizon_windows={self.horizon_windows!r}, worth_margin="
                                 f"{self.worth_margin!r}: expected load_ms >= 0, horizon_windows >= 1, worth_margin >= 0")
+        if not 0.5 <= self.gain_confidence < 1.0:
+            raise InvalidParams(f"gain_confidence={self.gain_confidence!r}: expected a confidence level in [0.5, 1) "
+                                "(0.5: no bound beyond the mean)")
         self.cost_model()  # validates the cost figures
 
     def worth(self) -> Worth:
@@ -281,17 +295,22 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
         table = apply_ops(head, ops)
         new = buf.stats(table, base=head, last=k)
     vg = gain(base, new)
+    rows = row_gains(base, new)
+    # a restored rank's fill (floor) asks only that replay shows it no worse: no bound beyond the mean
+    bound = gain_bound(rows, p.gain_confidence) if floor is None else vg
     est = sum(g for lay, g in pl.layer_gain if lay in set(ls.tolist()))
     cost = change_cost(cm, head, table, buf.tokens_per_step())
     a = Attempt(None, "", "", (), est, vg, cost)
     w, ranks = p.worth(), len(head.active_ranks)
     pays = not w.enabled or floor is not None or w.repays(vg, cost, ranks)  # a restored rank's fill: no horizon test
-    if vg < need or cost > cm.budget_s or not pays:
-        reason = (Reason.GAIN_BELOW_TAU if vg < need else Reason.OVER_BUDGET if cost > cm.budget_s
-                  else Reason.NOT_WORTH)
+    noisy = floor is None and p.gain_confidence > 0.5 and bound <= 0.0
+    if vg < need or noisy or cost > cm.budget_s or not pays:
+        reason = (Reason.GAIN_BELOW_TAU if vg < need else Reason.GAIN_NOT_SIGNIFICANT if noisy
+                  else Reason.OVER_BUDGET if cost > cm.budget_s else Reason.NOT_WORTH)
         refused += [Refused(o, reason.value, by_layer[lay], 0.0, "plan refused as a whole (gain: its layer's share)")
                     for o, lay in zip(ops, [lay for lay in op_layers.tolist() if lay not in drop], strict=True)]
         detail = (w.explain(vg, cost, ranks) if reason is Reason.NOT_WORTH else
+                  significance(vg, rows, bound, p.gain_confidence) if reason is Reason.GAIN_NOT_SIGNIFICANT else
                   f"verified gain {vg:.4f} vs tau {need}, cost {cost * 1e3:.3f} ms vs {cm.budget_s * 1e3:.1f} ms")
         refused.append(Refused(None, reason.value, vg, cost, detail))
         a.outcome, a.detail, a.refused = reason.value, refused[-1].detail, tuple(refused)
@@ -302,6 +321,14 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
     a.decision = Decision(table, tuple(ops), est, vg, cost, trigger, tuple(refused), "rebalance", lo, hi)
     a.outcome, a.refused = DecisionOutcome.PROPOSED, tuple(refused)
     return a
+
+
+def significance(vg: float, rows: npt.NDArray[np.float64], bound: float, confidence: float) -> str:
+    """Why a gain is not told from the replay's noise, in figures (GAIN_NOT_SIGNIFICANT's detail)."""
+    sd = float(np.std(rows, ddof=1)) if rows.size > 1 else 0.0
+    worst = float(rows.min()) if rows.size else 0.0
+    return (f"verified gain {vg:.4f} over {rows.size} replay rows (spread {sd:.4f}, worst {worst:+.4f}): its "
+            f"{confidence:g} lower bound {bound:+.4f} is not above 0")
 
 
 def manual(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, ops: tuple[Operation, ...], force: bool,

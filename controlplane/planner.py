@@ -41,6 +41,9 @@ class Reason(StrEnum):
     COOLDOWN = "COOLDOWN"  # the expert was part of a rolled-back change
     VERIFY_NO_GAIN = "VERIFY_NO_GAIN"  # its layer did not gain when replayed step by step
     NOT_WORTH = "NOT_WORTH"  # the plan's gain over the horizon does not repay its copies (controlplane.worth)
+    # its replayed gain reaches tau on average, but not beyond the spread of the replay's rows: its lower
+    # confidence bound (verify.gain_bound, DecisionParams.gain_confidence) is not above 0
+    GAIN_NOT_SIGNIFICANT = "GAIN_NOT_SIGNIFICANT"
 
 
 REASONS = tuple(Reason)

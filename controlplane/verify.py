@@ -12,10 +12,19 @@ additive over layers:
     gain = sum_l mean_t (max_head_lt - max_new_lt) / D_t / I_head
 
 Everything is integer until the final ratios, so every node computes identical figures.
+
+Whether replay can tell a gain from the noise (`gain_bound`): the gain is the mean over the buffer's rows (each
+a sampled step, standing for the `sample_every` steps it was drawn from; or a window's mean step) of each row's
+own contribution, so the rows are disjoint blocks of the replay, and their spread says how far the mean can be
+trusted: the one-sided lower confidence bound of that mean (Student's t over the rows) must be above 0. A
+change that gains on a burst and loses elsewhere has a large spread and a bound at or below 0; a steady gain
+has almost none.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,6 +42,7 @@ PARENT_MISMATCH = "PARENT_MISMATCH"
 INVALID_TABLE = "INVALID_TABLE"
 SHAPE_MISMATCH = "SHAPE_MISMATCH"
 EMPTY_REPLAY = "EMPTY_REPLAY"
+GAIN_NOT_SIGNIFICANT = "GAIN_NOT_SIGNIFICANT"  # a gain >= tau whose lower confidence bound is not above 0
 
 
 class RankLoadKernel:
@@ -172,6 +182,70 @@ def gain(head: ReplayStats, new: ReplayStats) -> float:
     return (ih - new.mean_imbalance()) / ih
 
 
+def row_gains(head: ReplayStats, new: ReplayStats) -> F64:
+    """Each row's contribution to `gain(head, new)`: [T] (I_head_t - I_new_t) / I_head, whose mean is the gain."""
+    if head.layer_max.shape[0] == 0:
+        return np.zeros(0, dtype=np.float64)
+    return np.asarray((head.step_imbalance() - new.step_imbalance()) / head.mean_imbalance(), dtype=np.float64)
+
+
+def t_cdf(t: float, df: int) -> float:
+    """P(T <= t) for Student's t with `df` >= 1 degrees of freedom (Abramowitz & Stegun 26.7.3-4: closed forms
+    for an integer df, pure Python, so every node computes the same figure)."""
+    if df < 1:
+        raise ValueError(f"df={df!r}: expected >= 1")
+    th = math.atan(t / math.sqrt(df))
+    s, c = math.sin(th), math.cos(th)
+    c2, acc = c * c, 0.0
+    if df % 2:  # odd: (2/pi) (theta + sin theta (cos + 2/3 cos^3 + ... + (2.4..(df-3))/(1.3..(df-2)) cos^(df-2)))
+        term = c
+        for k in range(1, df - 1, 2):
+            acc += term
+            term *= c2 * (k + 1) / (k + 2)
+        a = 2.0 / math.pi * (th + s * acc)
+    else:  # even: sin theta (1 + 1/2 cos^2 + (1.3)/(2.4) cos^4 + ... + (1.3..(df-3))/(2.4..(df-2)) cos^(df-2))
+        term = 1.0
+        for k in range(0, df - 1, 2):
+            acc += term
+            term *= c2 * (k + 1) / (k + 2)
+        a = s * acc
+    return 0.5 * (1.0 + a)
+
+
+@functools.lru_cache(maxsize=256)
+def t_quantile(p: float, df: int) -> float:
+    """The p-quantile (p in [0.5, 1)) of Student's t with `df` degrees of freedom, by bisection on `t_cdf`;
+    past 1000 degrees of freedom, 1000's (within 0.1% of the normal quantile, and a little larger: a bound
+    as strict or stricter, at a bounded cost)."""
+    if not 0.5 <= p < 1.0:
+        raise ValueError(f"p={p!r}: expected a probability in [0.5, 1)")
+    df = min(df, 1000)
+    lo, hi = 0.0, 1.0
+    while t_cdf(hi, df) < p:
+        lo, hi = hi, 2.0 * hi
+    for _ in range(64):
+        mid = 0.5 * (lo + hi)
+        if t_cdf(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def gain_bound(rows: F64, confidence: float) -> float:
+    """The one-sided `confidence` lower bound of the mean of `rows` [T] (`row_gains`): mean - t x sd / sqrt(T),
+    t Student's `confidence` quantile with T - 1 degrees of freedom. With fewer than 2 rows there is no spread to
+    judge by: the mean itself (0.0 for none); with confidence 0.5, the mean."""
+    r = np.asarray(rows, dtype=np.float64)
+    n = int(r.size)
+    if n == 0:
+        return 0.0
+    m = float(r.mean())
+    if n < 2 or confidence <= 0.5:
+        return m
+    return m - t_quantile(confidence, n - 1) * float(r.std(ddof=1)) / math.sqrt(n)
+
+
 def layer_gains(head: ReplayStats, new: ReplayStats, layers: I64) -> F64:
     """Contribution of each of `layers` to `gain(head, new)` (same active set): [k], summing to the gain."""
     T = head.layer_max.shape[0]
@@ -198,14 +272,16 @@ def same_mix(totals: npt.NDArray[np.integer], tv: float) -> int:
 
 def verify_decision(
     head: RoutingTable, proposed: RoutingTable, replay: npt.NDArray[np.integer], tau: float,
-    drift_tv: float | None = None,
+    drift_tv: float | None = None, confidence: float = 0.5,
 ) -> tuple[bool, float, str]:
     """A voter's independent re-verification of a proposed successor of `head`.
 
     replay: uint32 [T, L, E] per-step counts (or per-window totals). Returns (ok, verified_gain, reason) with
-    reason one of OK, GAIN_BELOW_TAU, PARENT_MISMATCH, INVALID_TABLE, SHAPE_MISMATCH, EMPTY_REPLAY. ok iff
-    the proposal is a valid table whose parent is head's version and whose gain on the buffer is >= tau. A
-    rollback or a repair is checked with tau = 0.0 (it must not make things worse). drift_tv: with rows that
+    reason one of OK, GAIN_BELOW_TAU, GAIN_NOT_SIGNIFICANT, PARENT_MISMATCH, INVALID_TABLE, SHAPE_MISMATCH,
+    EMPTY_REPLAY. ok iff the proposal is a valid table whose parent is head's version, whose gain on the buffer
+    is >= tau and, with `confidence` above 0.5 (DecisionParams.gain_confidence), whose gain's lower confidence
+    bound over the rows (`gain_bound`) is above 0. A rollback or a repair is checked with tau = 0.0 and no
+    bound (it must not make things worse). drift_tv: with rows that
     are window totals, replay only the trailing rows that share the newest row's mix (`same_mix`), as the
     proposer planned and verified on the windows since a drift (DecisionParams.drift_tv).
     """
@@ -225,5 +301,10 @@ def verify_decision(
     if drift_tv is not None:
         c = c[c.shape[0] - same_mix(c, drift_tv):]
     base = replay_stats(head, c)
-    g = gain(base, stats_with(base, proposed, c, head))
-    return (g >= tau, g, OK if g >= tau else GAIN_BELOW_TAU)
+    new = stats_with(base, proposed, c, head)
+    g = gain(base, new)
+    if g < tau:
+        return False, g, GAIN_BELOW_TAU
+    if confidence > 0.5 and gain_bound(row_gains(base, new), confidence) <= 0.0:
+        return False, g, GAIN_NOT_SIGNIFICANT
+    return True, g, OK

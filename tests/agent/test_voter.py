@@ -94,3 +94,33 @@ def test_a_rebalance_must_agree_with_the_proposers_gain_a_rollback_need_not() ->
     back = make_plan((), claimed, claimed, 0.0, "rollback: v5 realised worse", kind="rollback")
     ok, _, why = v.verify(head, proposed, back)
     assert ok, why
+
+
+def test_a_rebalance_whose_gain_is_one_burst_step_is_refused_a_steady_one_passes() -> None:
+    """The voters apply the proposer's significance rule (issue 49, finding 3) on their own replay: a rebalance
+    whose gain comes from one burst step of ten (experts 0 and 1 both hot on rank 0 of the head for one step;
+    the proposed table splits them) gains 0.05 on average, above tau, but its lower confidence bound over the
+    rows is not above 0: refused, GAIN_NOT_SIGNIFICANT. The same split on load where they are hot on every
+    step passes; a rollback on the burst windows is not held to the bound."""
+    head, proposed = _tables()
+    v = Voter(DecisionParams(), tolerance=0.05)
+    even = np.full((10, 1, 8), 100, np.uint32)
+    burst = even.copy()
+    burst[9, 0, :2] = 1000
+    for w in range(3):
+        rows = burst if w == 2 else even
+        v.remember(w, rows.sum(axis=0, dtype=np.uint64), rows)
+    rebalance = make_plan((), 0.05, 0.05, 0.0, "step imbalance", kind="rebalance")
+    ok, gain, why = v.verify(head, proposed, rebalance)
+    assert gain >= DecisionParams().tau and not ok, (gain, why)
+    assert why == "GAIN_NOT_SIGNIFICANT"
+    ok, _, why = v.verify(head, proposed, make_plan((), 0.05, 0.05, 0.0, "rollback: v5 realised worse",
+                                                    kind="rollback"))
+    assert ok, why
+    steady = Voter(DecisionParams(), tolerance=0.05)
+    hot = even.copy()
+    hot[:, 0, :2] = 1000
+    for w in range(3):
+        steady.remember(w, hot.sum(axis=0, dtype=np.uint64), hot)
+    ok, gain, why = steady.verify(head, proposed, make_plan((), 0.5, 0.5, 0.0, "step imbalance", kind="rebalance"))
+    assert ok and gain > 0.3, (gain, why)
