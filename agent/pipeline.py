@@ -340,8 +340,11 @@ class DecisionPipeline:
             self.outcomes[ex.outcome] += 1
             for h in self.hooks.explained:
                 h(ex)
-        if explains and not proposals:
-            self.latest_explain = apb.ExplainReply(version=0, trigger=explains[-1].trigger, outcome=explains[-1].outcome)
+        if explains and not proposals:  # why nothing was proposed, with its figures (e.g. GAIN_NOT_SIGNIFICANT's bound)
+            ex = explains[-1]
+            self.latest_explain = apb.ExplainReply(
+                version=0, trigger=f"{ex.trigger}: {ex.detail}" if ex.detail else ex.trigger, outcome=ex.outcome,
+                plan=cpb.Plan(estimated_gain=ex.estimated_gain, verified_gain=ex.verified_gain, cost=ex.cost))
         for e in events:
             if isinstance(e, OpTransition):
                 self.telemetry.record_transition(e.kind, e.state)
