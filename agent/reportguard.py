@@ -16,6 +16,8 @@ of this node could have sent it; nothing of a refused one reaches the load path,
 - LAYER_ABOVE_BATCH: a layer's counts sum above B x top_k x steps: a token picks top_k experts a layer.
   Both also for each sampled step's counts (LoadReport.samples), with steps = 1.
 - UNREACHABLE_NOT_EP: unreachable_ranks names a rank that is no EP rank of the cluster (>= its ranks).
+- STEP_TIME_IMPLAUSIBLE: a sampled step's wall time (LoadReport.step_us) of 0 or above MAX_STEP_US: no engine
+  step takes no time, nor ten minutes (a collective times out first); the agents fit their step time from these.
 
 Evidence (unreachable_ranks) from an accepted report suspects the named ranks' nodes (agent.gossip_node
 suspect_ranks: Lifeguard's local evidence, accused by this node); it never declares one dead: a suspect that is
@@ -49,6 +51,10 @@ MAX_BATCH_TOKENS = 1 << 26
 # the most one report's count can honestly cover. A count of 2^32 - 1 is then refused in any report of up to
 # 255 steps (the default window is 100).
 DEFAULT_MAX_BATCH_TOKENS = 1 << 24
+# The longest step an engine may report (LoadReport.step_us): 600 s. A DeepSeek-V3 prefill step at EP32 takes
+# about 1.35 s; NCCL's and Gloo's default collective timeouts (10 and 30 min) are past it, but a step that
+# long is a stall, not a step time to plan with.
+MAX_STEP_US = 600_000_000
 _LOGGED = 4096  # (code, shim) pairs logged before the set starts again: a hostile client cannot grow it
 
 
@@ -59,6 +65,7 @@ class Refusal(StrEnum):
     COUNT_ABOVE_BATCH = "count_above_batch"    # an expert's count above batch x steps
     LAYER_ABOVE_BATCH = "layer_above_batch"    # a layer's sum above batch x top_k x steps
     UNREACHABLE_NOT_EP = "unreachable_not_ep"  # unreachable_ranks names no EP rank of the cluster
+    STEP_TIME_IMPLAUSIBLE = "step_time_implausible"  # a sampled step's wall time of 0 or past MAX_STEP_US
 
 
 @dataclass(frozen=True)
@@ -115,6 +122,13 @@ class ReportGuard:
         if r.max_batch_tokens > MAX_BATCH_TOKENS:
             return Refused(Refusal.BATCH_IMPLAUSIBLE, f"max_batch_tokens = {r.max_batch_tokens}: expected at most "
                                                       f"{MAX_BATCH_TOKENS} tokens in one step")
+        if r.step_us:
+            t = np.frombuffer(r.step_us, dtype="<u4")
+            bad_t = np.flatnonzero((t == 0) | (t > MAX_STEP_US))
+            if bad_t.size:
+                i = int(bad_t[0])
+                return Refused(Refusal.STEP_TIME_IMPLAUSIBLE, f"step_us[{i}] = {int(t[i])}: expected a sampled step's "
+                                                              f"wall time of 1 .. {MAX_STEP_US} microseconds")
         batch = int(r.max_batch_tokens) or self.max_batch_tokens
         said = "declared max_batch_tokens" if r.max_batch_tokens else "engine.max_batch_tokens"
         counts = np.frombuffer(r.counts, dtype="<u4").reshape(r.layers, r.experts)

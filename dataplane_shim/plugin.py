@@ -2,6 +2,7 @@
 
 Per rank, at each step boundary the engine glue calls, in this order:
 
+    core.step_took(offset, us)       # the wall time of a step the glue has not added yet (sampled ones kept)
     core.add_load(counts, steps)     # int [L, E] logical load of the last `steps` steps (folded by the glue)
     core.maybe_report()              # every `report_every` steps: one LoadReport offered to the link
     vec = core.agreement_vector()    # int64 [2] (newest certified version held, -oldest held)
@@ -173,6 +174,9 @@ class PluginCore:
         self._steps = 0
         self._rows: list[npt.NDArray[np.int64]] = []  # the sampled steps' counts since the last report
         self._sampled = True  # every chunk since the last report came with its sampled rows
+        self._took: dict[int, float] = {}  # global step -> its wall time (us), sampled steps not yet added
+        self._times: list[float] = []  # the wall times of the sampled rows since the last report
+        self._timed = True  # every sampled row since the last report has its wall time
         self._unreachable: set[int] = set()
 
     # ---- tables in ---------------------------------------------------------------------------------
@@ -244,6 +248,7 @@ class PluginCore:
         self.link.go_on_from(step)
         self._load[:] = 0
         self._rows, self._sampled = [], True
+        self._took, self._times, self._timed = {}, [], True
         return True
 
     def installed(self, version: int) -> None:
@@ -263,6 +268,13 @@ class PluginCore:
         """Whether the step `offset` steps after the last one added is sampled (`sampled`, for one step)."""
         return self.sample_every > 0 and (self._first_step + self._steps + offset) % self.sample_every == 0
 
+    def step_took(self, offset: int, us: float) -> None:
+        """The engine's wall time of the step `offset` steps after the last one added, in microseconds (vLLM:
+        between consecutive calls of its step hook); kept for the report when that step is sampled (LoadReport.
+        step_us), so that the agents can fit the part of a step that grows with its busiest rank's load."""
+        if self.is_sampled(offset) and us > 0 and len(self._took) < 4096:
+            self._took[self._first_step + self._steps + offset] = float(us)
+
     def add_load(self, counts: npt.ArrayLike, steps: int = 1, rows: npt.ArrayLike | None = None) -> None:
         """Add the logical load of `steps` steps, int [L, E]; `rows` [n, L, E]: the counts of the sampled ones
         among them (`sampled(steps)`), or None when the engine cannot tell its steps apart (the report then
@@ -279,6 +291,12 @@ class PluginCore:
                 raise BadInput(f"sampled rows shape {r.shape}: expected {(n, *self._load.shape)} (the sampled "
                                f"steps among {steps} from step {self._first_step + self._steps})")
             self._rows.extend(r.astype(np.int64))
+            start = self._first_step + self._steps
+            for s in sample_steps(start, steps, self.sample_every):
+                t = self._took.pop(s, None)
+                self._timed = self._timed and t is not None
+                self._times.append(t or 0.0)
+            self._took = {s: t for s, t in self._took.items() if s >= start + steps}
         self._load += c
         self._steps += steps
         self.stats.steps += steps
@@ -326,10 +344,12 @@ class PluginCore:
         if self._sampled and self.sample_every > 0:
             rows = (np.minimum(np.stack(self._rows), np.iinfo(np.uint32).max).astype(np.uint32) if self._rows
                     else np.zeros((0, *counts.shape), np.uint32))
+        timed = rows is not None and self._timed and len(self._times) == len(rows) > 0
         report = make_load_report(self.shim_id, self.rank, self._first_step, self._steps, self.version, counts,
                                   unreachable_ranks=self._unreachable, samples=rows, sample_every=self.sample_every,
-                                  max_batch_tokens=self.max_batch_tokens)
+                                  max_batch_tokens=self.max_batch_tokens, step_us=self._times if timed else None)
         self._rows, self._sampled = [], True
+        self._times, self._timed = [], True
         self._unreachable = set()
         self.link.offer(report)
         self.stats.reports += 1

@@ -42,6 +42,7 @@ file as a placement file); the plugin refuses to run otherwise.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -78,6 +79,7 @@ def manager_class() -> type:
             self._target: RoutingTable | None = None
             self._passes = 0   # forward passes seen: the same count on every EP rank
             self._dumped = 0   # passes already taken out of SGLang's recorder
+            self._ended: float | None = None  # when the last pass ended (a pass's wall time: the time between two)
             self._watch: PeerWatch | None = None
 
         def _setup(self) -> PluginCore:
@@ -141,6 +143,10 @@ def manager_class() -> type:
                 core = self._core = self._core or self._setup()
                 inst = self._inst
                 self._passes += 1
+                now = time.perf_counter()
+                if self._rank == 0 and self._ended is not None:  # the pass that just ended
+                    core.step_took(self._passes - self._dumped - 1, (now - self._ended) * 1e6)
+                self._ended = now
                 if self._passes % core.report_every == 0:  # the recorder holds at most K passes of them
                     self._take_load(core)
                     core.flush()
@@ -168,7 +174,7 @@ def manager_class() -> type:
             # passes ran on
             self._take_load(core)
             core.flush()
-            self._target, ended = table, False
+            self._target, ended, self._ended = table, False, None
             try:
                 for _ in self.rebalance():  # a yield per layer chunk: each is a forward pass
                     self._passes += 1

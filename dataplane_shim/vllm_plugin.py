@@ -118,6 +118,7 @@ class VllmPlugin:
         dev = self.ms.expert_load_pass.device
         self._scratch = torch.zeros(L, E + 1, dtype=torch.int64, device=dev)
         self._acc_steps = 0  # steps of load not yet folded
+        self._last_t0: float | None = None  # when the hook last ran (a step's wall time: the time between two)
         # The load source. While its counter is held at interval - 2 (`_hold`), vLLM records expert_load_pass
         # into its own sliding window (a ring of window_size steps) and zeroes it at every step. When that ring
         # holds more steps than a report, the ring is the accumulator: no per-step work at all, one sum over
@@ -174,7 +175,7 @@ class VllmPlugin:
     def step(self, is_dummy: bool = False, is_profile: bool = False, log_stats: bool = False) -> None:
         if is_profile:  # vLLM's memory profiling: a dummy rearrange; the policy returns the current map
             self._orig_step(is_dummy=is_dummy, is_profile=True, log_stats=log_stats)
-            self._idx = None
+            self._idx, self._last_t0 = None, None
             return
         inst = self.inst
         t0 = time.perf_counter()
@@ -189,6 +190,8 @@ class VllmPlugin:
         if remap and self._idx is None:
             self._index()
         if not is_dummy:
+            if self._last_t0 is not None:  # the pass just recorded ran between the last hook call and this one
+                self.core.step_took(self._acc_steps, (t0 - self._last_t0) * 1e6)
             if self._acc is not None:
                 self._acc += self.ms.expert_load_pass  # before vLLM records (and zeroes) it
                 if self.core.is_sampled(self._acc_steps):
@@ -215,6 +218,7 @@ class VllmPlugin:
             inst.after_step(moving=False, matched=False)
         self._hold()
         t5 = time.perf_counter()
+        self._last_t0 = None if is_dummy else t0
         self.timings.load_us.append((t4 - t3) * 1e6)
         self.timings.agree_us.append((t1 - t0) * 1e6)
         self.timings.plugin_us.append((t2 - t0 + t5 - t3) * 1e6)

@@ -153,3 +153,13 @@ def test_the_plugins_own_reports_are_within_every_bound(declared: int) -> None:
     assert len(link.sent) == 5 and all(r.max_batch_tokens == declared for r in link.sent)
     g = guard()
     assert [g.check(r) for r in link.sent] == [None] * 5 and not any(g.refused.values())
+
+
+@pytest.mark.parametrize("us, code", [(1, None), (1_350_000, None), (600_000_000, None),
+                                      (0, Refusal.STEP_TIME_IMPLAUSIBLE), (600_000_001, Refusal.STEP_TIME_IMPLAUSIBLE),
+                                      (2**32 - 1, Refusal.STEP_TIME_IMPLAUSIBLE)])
+def test_a_sampled_steps_wall_time_is_more_than_nothing_and_at_most_ten_minutes(us: int, code: Refusal | None) -> None:
+    rows = np.stack([ones(), ones()])
+    r = make_load_report("s", 2, 0, 4, 1, ones(4), samples=rows, sample_every=2, step_us=[700, us])
+    got, why = judged(r)
+    assert got is code and (code is None or f"step_us[1] = {us}" in why), why

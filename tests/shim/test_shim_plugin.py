@@ -186,3 +186,25 @@ def test_a_core_may_number_its_steps_from_a_later_step() -> None:
     assert (r.first_step, r.steps, r.sample_every) == (2000, 5, 4)
     with pytest.raises(BadInput, match="first_step=-1"):
         core(0, FakeLink(), first_step=-1)
+
+
+def test_a_report_carries_the_wall_time_of_its_sampled_steps_and_none_when_one_is_missing() -> None:
+    link = FakeLink()
+    c = core(0, link, report_every=6, sample_every=2)
+    rng = np.random.default_rng(1)
+    for k in range(12):  # steps 0..11: the sampled 0, 2, 4 and 6, 8, 10; step 8's time never comes
+        row = rng.integers(0, 50, (L, E))
+        if k != 8:
+            c.step_took(0, 1000.0 + k)
+        c.add_load(row, 1, row[None] if c.is_sampled(0) else None)
+        c.maybe_report()
+    first, second = link.sent
+    assert np.frombuffer(first.step_us, "<u4").tolist() == [1000, 1002, 1004]
+    assert check_load_report(first) == ""
+    assert second.step_us == b"" and len(second.samples) > 0  # samples without one step's time: no times at all
+    c.step_took(0, 5.0)  # a step that is not sampled (step 12 is, 13 is not): its time is not kept
+    c.step_took(1, 7.0)
+    row = np.ones((L, E), np.int64)
+    c.add_load(np.stack([row, row]).sum(0), 2, row[None])
+    c.flush()
+    assert np.frombuffer(link.sent[-1].step_us, "<u4").tolist() == [5]
