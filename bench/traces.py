@@ -144,6 +144,86 @@ def sample_steps(
     return out.astype(np.uint32)
 
 
+# ---- counts-only data from a cold start (burst construction) ---------------------------------------
+# Counts-only data (OLMoE, Mixtral, the SGLang DeepSeek-V3 statistics) has no token order, so the lockstep
+# lanes that make ESFT's cold start cannot be built from it. What a cold start does to such a trace is the
+# batch: requests that arrive together (a server start, a batch job submitted at once) are admitted together,
+# decode together and finish together, so the batch fills, holds and drains in waves. `burst_batches` models
+# that; each step's expert counts are then multinomial draws of that step's batch from the source's
+# distribution (as `sample_steps` draws a constant batch: steady state). The parameters below were committed
+# before any bench case was run with them, and are not tuned on results (issue 49):
+# - BURST_MEAN_STEPS: a wave's mean decode length in steps. The only per-request lengths in shared/traces are
+#   ESFT's samples (median 65 tokens for intent, 226 for law), which set how often its lockstep lanes restart;
+#   128 sits between them, so both cold-start constructions restart on the same time scale. It is longer than
+#   the agents' window (decision.window, 50) and about the bench's W (100): windows fall on every phase of a
+#   wave, which is what a decision must not chase.
+BURST_MEAN_STEPS = 128
+# - BURST_WAVE_JITTER: each wave's mean length is drawn uniformly within +-25% of BURST_MEAN_STEPS (waves are
+#   different jobs), so the waves have no fixed period a window could lock onto.
+BURST_WAVE_JITTER = 0.25
+# - BURST_SPREAD: a wave's requests' decode lengths are uniform within +-50% of the wave's mean (ESFT law's
+#   10th-90th percentile lengths are 143-364 tokens about a median of 226), so once the shortest finish the
+#   batch drains linearly, over the wave's last 2 x 0.5 x its mean length.
+BURST_SPREAD = 0.5
+# - BURST_FILL_STEPS: a burst's prompts are prefilled over a few steps (chunked prefill at a token budget of a
+#   few decode batches): the batch fills linearly over 8 steps.
+BURST_FILL_STEPS = 8
+# - BURST_FLOOR: the next burst arrives when the batch has drained to 1/8 of its size (a server that takes work
+#   in waves, or batch jobs submitted back to back); the last eighth of a wave's requests decode on under the
+#   next wave's fill. No step carries fewer than 1/8 of the batch: a nearly empty step has no balance to judge.
+BURST_FLOOR = 0.125
+
+
+def burst_batches(batch: int, steps: int, rng: np.random.Generator) -> npt.NDArray[np.int64]:
+    """Tokens in each step's batch from a cold start: waves that fill, hold and drain (constants above).
+
+    Wave w's mean decode length m_w ~ U[(1 - BURST_WAVE_JITTER) m, (1 + BURST_WAVE_JITTER) m] (m =
+    BURST_MEAN_STEPS); its requests' lengths are uniform on [(1 - BURST_SPREAD) m_w, (1 + BURST_SPREAD) m_w].
+    Its batch fraction: BURST_FLOOR rising linearly to 1 over BURST_FILL_STEPS, 1 until the shortest request
+    finishes, then falling linearly (the uniform lengths' survival) to BURST_FLOOR, where the next wave starts.
+    -> int [steps], each in [ceil(BURST_FLOOR x batch), batch].
+    """
+    fracs: list[npt.NDArray[np.float64]] = []
+    total = 0
+    while total < steps:
+        m = BURST_MEAN_STEPS * rng.uniform(1.0 - BURST_WAVE_JITTER, 1.0 + BURST_WAVE_JITTER)
+        fill = BURST_FLOOR + (1.0 - BURST_FLOOR) * (np.arange(BURST_FILL_STEPS) + 1.0) / BURST_FILL_STEPS
+        hold = np.ones(max(0, round((1.0 - BURST_SPREAD) * m) - BURST_FILL_STEPS))
+        drain_steps = max(1, round(2.0 * BURST_SPREAD * m * (1.0 - BURST_FLOOR)))
+        drain = 1.0 - (1.0 - BURST_FLOOR) * (np.arange(drain_steps) + 1.0) / drain_steps
+        wave = np.concatenate([fill, hold, drain])
+        fracs.append(wave)
+        total += wave.size
+    frac = np.concatenate(fracs)[:steps]
+    out: npt.NDArray[np.int64] = np.clip(np.ceil(frac * batch), np.ceil(BURST_FLOOR * batch), batch).astype(np.int64)
+    return out
+
+
+def burst_steps(
+    totals: npt.NDArray[np.integer], top_k: int, batch: int, steps: int, seed: int
+) -> npt.NDArray[np.uint32]:
+    """A cold start of counts-only data: step t draws burst_batches(...)[t] x top_k choices per layer from the
+    aggregate `totals [L, E]` (multinomial, as `sample_steps`). Seeded: the same arguments give the same counts.
+
+    Models: the batch's fill, hold and drain in waves of requests that arrive and finish together. Does not
+    model: which experts a burst picks (every step draws from the source's own distribution: counts-only data
+    has no token order, so a wave's content cannot be told from it, and ESFT's lockstep lanes through a shared
+    prompt template have no analogue here), prefill steps (the trace is of decode steps), or any correlation
+    between a request's tokens. -> uint32 [steps, L, E]."""
+    rng = np.random.default_rng(seed)
+    sizes = burst_batches(batch, steps, rng)
+    p = totals.astype(np.float64)
+    p = p / p.sum(axis=1, keepdims=True)
+    out = np.stack([rng.multinomial(sizes * top_k, p[j]) for j in range(p.shape[0])], axis=1)
+    return out.astype(np.uint32)
+
+
+def burst_parameters() -> dict[str, float]:
+    """The burst construction's constants, as results.json records them."""
+    return {"mean_steps": BURST_MEAN_STEPS, "wave_jitter": BURST_WAVE_JITTER, "spread": BURST_SPREAD,
+            "fill_steps": BURST_FILL_STEPS, "floor": BURST_FLOOR}
+
+
 def import_olmoe(model: str, domain: str, batch: int = 2048, steps: int = 2000, seed: int = 0,
                  kind: str = "expert_counts", root: Path = OLMOE_DIR) -> Trace:
     d = json.loads((root / model / kind / f"{domain}.json").read_text())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bench import heldout
@@ -32,3 +33,46 @@ def test_a_short_held_out_run_is_benched_and_judged(tmp_path: Path, capsys: pyte
     table = capsys.readouterr().out
     assert "| r5-olmoe-arxiv-github |" in table
     assert rc == (0 if table.rstrip().endswith("| yes |") else 1)
+
+
+# ---- the cold-start constructions (issue 49: both constructions everywhere) ----------------------------------
+
+def _cv(x: np.ndarray) -> float:
+    return float(x.std() / x.mean())
+
+
+def test_the_burst_construction_is_seeded_and_deterministic() -> None:
+    from bench.traces import burst_steps
+
+    totals = np.array([[50, 20, 10, 5, 5, 4, 3, 3], [8, 8, 8, 8, 8, 8, 8, 8]])
+    a, b = burst_steps(totals, 2, 64, 400, seed=3), burst_steps(totals, 2, 64, 400, seed=3)
+    assert a.shape == (400, 2, 8) and (a == b).all()
+    assert not (a == burst_steps(totals, 2, 64, 400, seed=4)).all()  # the seed is what fixes it
+
+
+def test_a_burst_cold_start_is_burstier_than_steady_state_on_the_same_source() -> None:
+    from bench.traces import BURST_FLOOR, burst_steps, sample_steps
+
+    totals = np.array([[50, 20, 10, 5, 5, 4, 3, 3], [8, 8, 8, 8, 8, 8, 8, 8]])
+    cold, steady = burst_steps(totals, 2, 64, 600, seed=0), sample_steps(totals, 2, 64, 600, seed=0)
+    tokens_cold, tokens_steady = cold[:, 0, :].sum(axis=1) / 2, steady[:, 0, :].sum(axis=1) / 2
+    assert _cv(tokens_steady) == 0.0 and _cv(tokens_cold) > 0.25  # the batch fills and drains in waves
+    assert tokens_cold.min() >= np.ceil(BURST_FLOOR * 64) and tokens_cold.max() == 64
+    # fewer tokens in a step draw a noisier top expert: its share varies more from step to step
+    top = lambda c: c[:, 0, :].max(axis=1) / c[:, 0, :].sum(axis=1)  # noqa: E731
+    assert _cv(top(cold)) > _cv(top(steady))
+    # every layer of a step carries the same batch (tokens pick top_k experts in every layer)
+    assert (cold.sum(axis=2) == cold[:, :1, :].sum(axis=2)).all()
+
+
+def test_lockstep_lanes_are_burstier_than_staggered_ones_on_the_same_esft_task() -> None:
+    from bench.traces import ESFT_DIR, pseudo_decode, read_esft_task
+    from tests.conftest import need_shared_traces
+
+    need_shared_traces()
+    samples = read_esft_task(ESFT_DIR / "intent")[:24]
+    cold = pseudo_decode(samples, 64, batch=32, steps=200, seed=0, stagger=False)
+    steady = pseudo_decode(samples, 64, batch=32, steps=200, seed=0, stagger=True)
+    assert (cold == pseudo_decode(samples, 64, batch=32, steps=200, seed=0, stagger=False)).all()
+    top = lambda c: c[:, 0, :].max(axis=1) / c[:, 0, :].sum(axis=1)  # noqa: E731
+    assert _cv(top(cold)) > _cv(top(steady))  # lanes in step through the shared prompt template
