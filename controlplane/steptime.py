@@ -1,0 +1,150 @@
+"""The step time the cost-benefit test uses (controlplane.worth `load_ms`), fitted from what the engines measured.
+
+The plugins report the engine's wall time of each sampled step (LoadReport.step_us). A step waits, layer by
+layer, for its busiest rank, so its time is
+
+    t_s = a + b x m_s + c x n_s + noise,
+
+m_s = sum over layers of the busiest rank's load of step s under the table that served it (verify.replay_stats
+layer_max), n_s the step's tokens (the batch-dependent part that is not MoE: attention, dense layers, the LM
+head), a what does not scale with either. `load_ms` is the part that grows with the busiest rank's load at its
+typical value, b x mean(m): a plan that lowers the mean step imbalance by the relative gain g saves g x load_ms
+a step (controlplane.worth).
+
+The fit is a robust M-estimate (iteratively reweighted least squares, Huber then Tukey's bisquare weights, a
+fixed number of rounds, scale from the median absolute residual): one step stalled by a copy or a garbage collection does not move it, and the same
+points always give the same figure, so every voter that holds the same gossiped windows derives the same
+value. The batch term is left out when the batch does not vary (or varies in step with m, where b and c cannot
+be told apart). Too few points, a load that hardly varies, or a slope that is not positive give no fit: the
+configured figure applies and `StepTime.why` says so. A figure the operator sets (decision.load_ms) wins.
+
+No IO, no clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+import numpy.typing as npt
+
+from controlplane.table import RoutingTable
+from controlplane.verify import replay_stats
+
+F64 = npt.NDArray[np.float64]
+
+MIN_POINTS = 20  # sampled steps a fit needs: 2 windows of 100 steps sampled every 10th
+MAX_POINTS = 2000  # the newest points a fit uses (the load path keeps a few windows' worth)
+MIN_SPREAD = 0.02  # the busiest-rank load must vary by this much (interdecile range over its mean) to fit b
+HUBER_K = 1.345  # the usual Huber constant: 95% efficiency at Gaussian noise
+TUKEY_C = 4.685  # the usual bisquare constant: 95% efficiency at Gaussian noise
+ROUNDS = 20  # IRLS rounds (fixed: the same points give the same figure on every voter)
+
+
+class StepTimeSource(StrEnum):
+    FITTED = "fitted"      # from the engines' measured step times
+    OVERRIDE = "override"  # decision.load_ms, set by the operator
+    DEFAULT = "default"    # the configured figure: too few or too flat measurements to fit
+
+
+@dataclass(frozen=True)
+class StepFit:
+    """t = a + b x m + c x n over `points` sampled steps; `load_ms` = b x mean(m); c 0 where left out."""
+
+    a_ms: float
+    b_ms: float  # milliseconds per token of the busiest ranks' load (summed over layers)
+    c_ms: float  # milliseconds per token of the step's batch
+    load_ms: float
+    points: int
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """The step time a decision uses, and where it came from."""
+
+    load_ms: float
+    source: StepTimeSource
+    why: str
+    fit: StepFit | None = None
+
+
+def _robust(x: F64, y: F64) -> F64:
+    """M-estimate of y ~ x (x [n, k] with its constant column) by IRLS from the least-squares start: Huber
+    weights first (a convex start), then Tukey's bisquare, which gives a stalled step no weight at all."""
+    beta = np.asarray(np.linalg.lstsq(x, y, rcond=None)[0], dtype=np.float64)
+    for k in range(2 * ROUNDS):
+        r = y - x @ beta
+        s = 1.4826 * float(np.median(np.abs(r - np.median(r))))
+        if s <= 0:
+            break
+        if k < ROUNDS:
+            u = np.abs(r) / (HUBER_K * s)
+            w = np.where(u <= 1.0, 1.0, 1.0 / np.maximum(u, 1e-12))
+        else:
+            u = r / (TUKEY_C * s)
+            w = np.where(np.abs(u) < 1.0, (1.0 - u * u) ** 2, 0.0)
+        sw = np.sqrt(w)
+        beta = np.asarray(np.linalg.lstsq(x * sw[:, None], y * sw, rcond=None)[0], dtype=np.float64)
+    return beta
+
+
+def _spread(v: F64) -> float:
+    lo, hi = np.percentile(v, [10, 90])
+    mean = float(v.mean())
+    return float(hi - lo) / mean if mean > 0 else 0.0
+
+
+def fit_step_time(t_ms: npt.ArrayLike, busiest: npt.ArrayLike, tokens: npt.ArrayLike) -> StepFit | str:
+    """Fit from sampled steps: t_ms [S] their wall times, busiest [S] the sum over layers of the busiest rank's
+    load, tokens [S] the tokens of each step. Returns the fit, or why there is none."""
+    t = np.asarray(t_ms, dtype=np.float64).reshape(-1)[-MAX_POINTS:]
+    m = np.asarray(busiest, dtype=np.float64).reshape(-1)[-MAX_POINTS:]
+    n = np.asarray(tokens, dtype=np.float64).reshape(-1)[-MAX_POINTS:]
+    if not t.shape == m.shape == n.shape:
+        raise ValueError(f"t_ms {t.shape}, busiest {m.shape}, tokens {n.shape}: expected one figure a step each")
+    ok = np.isfinite(t) & (t > 0) & (m > 0)
+    t, m, n = t[ok], m[ok], n[ok]
+    if t.size < MIN_POINTS:
+        return f"{t.size} measured steps: a fit needs {MIN_POINTS}"
+    if _spread(m) < MIN_SPREAD:
+        return (f"the busiest rank's load hardly varies over {t.size} steps (interdecile range {_spread(m):.3f} of "
+                f"its mean, under {MIN_SPREAD}): its slope cannot be told from the rest of the step")
+    cols = [np.ones_like(m), m / m.mean()]
+    with_batch = _spread(n) >= MIN_SPREAD and abs(float(np.corrcoef(m, n)[0, 1])) < 0.99
+    if with_batch:
+        cols.append(n / n.mean())
+    beta = _robust(np.stack(cols, axis=1), t)
+    b = float(beta[1]) / float(m.mean())
+    c = float(beta[2]) / float(n.mean()) if with_batch else 0.0
+    if not b > 0:
+        return f"a slope of {b:.3g} ms per token of the busiest ranks' load over {t.size} steps: expected > 0"
+    return StepFit(float(beta[0]), b, c, b * float(m.mean()), int(t.size))
+
+
+def step_points(table: RoutingTable, rows: npt.NDArray[np.integer]) -> tuple[F64, F64]:
+    """Of sampled steps' counts rows [S, L, E] under the table that served them: the sum over layers of each
+    step's busiest rank's load [S], and its token-expert pairs over layers [S] (the batch, times layers x top_k)."""
+    st = replay_stats(table, rows)
+    return st.layer_max.sum(axis=1).astype(np.float64), st.totals.sum(axis=1).astype(np.float64)
+
+
+def resolve(override_ms: float | None, fit: StepFit | str | None, default_ms: float) -> StepTime:
+    """The step time to decide with: the operator's override, else the fit, else the configured default."""
+    if override_ms is not None:
+        return StepTime(override_ms, StepTimeSource.OVERRIDE, f"{override_ms:g} ms set by the operator "
+                                                              "(decision.load_ms)")
+    if isinstance(fit, StepFit):
+        return StepTime(fit.load_ms, StepTimeSource.FITTED, f"{fit.load_ms:.4g} ms fitted from {fit.points} measured "
+                                                            f"steps (t = {fit.a_ms:.3g} + {fit.b_ms:.3g} x busiest "
+                                                            f"load + {fit.c_ms:.3g} x batch)", fit)
+    why = fit if isinstance(fit, str) else "no measured step times"
+    return StepTime(default_ms, StepTimeSource.DEFAULT, f"{default_ms:g} ms, the configured default: {why}")
+
+
+def agrees(proposed_ms: float, own: StepTime, rel_tol: float = 0.25) -> bool:
+    """Whether a proposer's step time is one this voter would use: within `rel_tol` of its own (which comes from
+    the same gossiped windows, so it differs only where the two hold different windows of the buffer)."""
+    if not proposed_ms >= 0:
+        return False
+    return abs(proposed_ms - own.load_ms) <= rel_tol * max(own.load_ms, 1e-9)

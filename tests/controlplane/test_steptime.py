@@ -1,0 +1,86 @@
+"""controlplane.steptime: the step time fitted from measured steps, against synthetic steps of known a, b, c and
+jitter; where there is no fit, the configured figure and why; an operator's figure wins; voters bound a
+proposer's figure."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from controlplane.steptime import (
+    MIN_POINTS,
+    StepFit,
+    StepTimeSource,
+    agrees,
+    fit_step_time,
+    resolve,
+    step_points,
+)
+from controlplane.table import RoutingTable
+from controlplane.topology import Topology
+
+
+def synthetic(seed: int, steps: int = 800, a: float = 3.0, b: float = 0.002, c: float = 0.0005,
+              jitter: float = 0.10, batch_varies: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    rng = np.random.default_rng(seed)
+    n = rng.uniform(2000, 6000, steps) if batch_varies else np.full(steps, 4000.0)
+    m = n * rng.uniform(0.8, 1.6, steps)  # the busiest ranks' load: the batch times an imbalance that varies
+    t = (a + b * m + c * n) * (1 + jitter * rng.standard_normal(steps))
+    return t, m, n, b * float(m.mean())
+
+
+@pytest.mark.parametrize("batch_varies", [True, False])
+def test_the_fit_finds_the_load_part_of_a_jittered_step(batch_varies: bool) -> None:
+    errors = []
+    for seed in range(20):
+        t, m, n, truth = synthetic(seed, batch_varies=batch_varies)
+        got = fit_step_time(t, m, n)
+        assert isinstance(got, StepFit), got
+        assert got.points == 800 and (got.c_ms > 0) == batch_varies  # (a constant batch's term folds into a)
+        errors.append(abs(got.load_ms - truth) / truth)
+    assert float(np.median(errors)) <= 0.05 and max(errors) <= 0.15, np.round(errors, 3)
+
+
+def test_stalled_steps_do_not_move_the_fit() -> None:
+    t, m, n, truth = synthetic(7)
+    t[::20] *= 8.0  # one step in 20 stalled (a copy, a collection): least squares would follow them
+    plain = np.linalg.lstsq(np.stack([np.ones_like(m), m, n], axis=1), t, rcond=None)[0]
+    assert abs(plain[1] * m.mean() - truth) > 0.10 * truth  # (what the robust weights are for)
+    got = fit_step_time(t, m, n)
+    assert isinstance(got, StepFit) and abs(got.load_ms - truth) <= 0.10 * truth, got
+    assert fit_step_time(t, m, n) == got  # the same points, the same figure (every voter alike)
+
+
+def test_too_few_or_too_flat_steps_give_the_configured_figure_and_say_why() -> None:
+    t, m, n, _ = synthetic(1, steps=MIN_POINTS - 1)
+    why = fit_step_time(t, m, n)
+    assert isinstance(why, str) and f"{MIN_POINTS - 1} measured steps" in why
+    st = resolve(None, why, 12.0)
+    assert (st.load_ms, st.source) == (12.0, StepTimeSource.DEFAULT) and why in st.why
+    flat = fit_step_time(np.full(100, 5.0), np.full(100, 1000.0), np.full(100, 800.0))
+    assert isinstance(flat, str) and "hardly varies" in flat
+    falling = fit_step_time(np.linspace(10, 5, 100), np.linspace(1000, 2000, 100), np.full(100, 800.0))
+    assert isinstance(falling, str) and "expected > 0" in falling
+
+
+def test_the_operators_figure_wins_and_a_fit_says_its_points() -> None:
+    t, m, n, _ = synthetic(2)
+    fit = fit_step_time(t, m, n)
+    assert resolve(4.5, fit, 12.0).source is StepTimeSource.OVERRIDE and resolve(4.5, fit, 12.0).load_ms == 4.5
+    st = resolve(None, fit, 12.0)
+    assert isinstance(fit, StepFit) and st.source is StepTimeSource.FITTED and st.load_ms == fit.load_ms
+    assert "from 800 measured steps" in st.why
+
+
+def test_a_voter_bounds_the_proposers_figure_by_its_own() -> None:
+    own = resolve(None, fit_step_time(*synthetic(3)[:3]), 12.0)
+    assert agrees(own.load_ms, own) and agrees(own.load_ms * 1.2, own)
+    assert not agrees(own.load_ms * 2, own) and not agrees(own.load_ms * 0.5, own) and not agrees(float("nan"), own)
+
+
+def test_step_points_are_the_busiest_ranks_load_under_the_serving_table() -> None:
+    topo = Topology(1, 2, 2)  # 1 node x 2 ranks x 2 slots
+    table = RoutingTable(topo, 4, np.array([[0, 1, 2, 3]]), version=1, parent=0)
+    rows = np.array([[[10, 0, 0, 0]], [[5, 5, 5, 5]]])
+    busiest, pairs = step_points(table, rows)
+    assert busiest.tolist() == [10.0, 10.0] and pairs.tolist() == [10.0, 20.0]
