@@ -56,8 +56,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--top-k", type=int, default=8, help="--synthetic: top-k (default 8)")
     p.add_argument("--batch", type=int, default=None, help="tokens per step for imported traces (default 2048)")
     p.add_argument("--cold-start", action="store_true",
-                   help="esft: start every lane at token 0 (lockstep through the shared prompt template) "
-                        "instead of at staggered positions (steady-state continuous batching)")
+                   help="build the trace's steps from a cold start instead of steady state: esft lanes all start "
+                        "at token 0 (lockstep through the shared prompt template) instead of at staggered positions; "
+                        "olmoe and sglang (counts only, no token order) batches fill and drain in waves "
+                        "(bench.traces.burst_steps) instead of a constant batch. results.json's construction says "
+                        "which"),
     p.add_argument("--segment-steps", type=int, default=2000, help="steps per segment (default 2000)")
     p.add_argument("--nodes", type=int, default=None, help="nodes (default 2)")
     p.add_argument("--ranks-per-node", type=int, default=None, help="GPUs (EP ranks) a node (default 8)")
@@ -139,12 +142,37 @@ def trace_part(spec: str, args: argparse.Namespace, seed: int) -> Any:
         return traces.import_esft(rest, args.batch, args.segment_steps, seed, stagger=not args.cold_start)
     if kind == "olmoe" and "/" in rest:
         model, domain = rest.split("/", 1)
-        return traces.import_olmoe(model, domain, args.batch, args.segment_steps, seed)
+        return traces.import_olmoe(model, domain, args.batch, args.segment_steps, seed, burst=args.cold_start)
     if kind == "sglang" and rest:
-        return traces.import_sglang_logical_count(traces.sglang_path(rest), 8, args.batch, args.segment_steps, seed)
+        return traces.import_sglang_logical_count(traces.sglang_path(rest), 8, args.batch, args.segment_steps, seed,
+                                                  burst=args.cold_start)
     if spec.endswith(".npz"):
         return traces.load_trace(spec)
     raise ValueError(f"--trace {spec!r}: expected a .npz path, esft:TASK, olmoe:MODEL/DOMAIN or sglang:NAME")
+
+
+def construction(args: argparse.Namespace) -> dict[str, Any]:
+    """How the trace's steps were built, as results.json records it: steady state or a cold start, and per kind
+    of data the construction used (issue 49); raises ValueError for --cold-start on data it cannot apply to."""
+    from bench.traces import burst_parameters
+
+    cold = bool(args.cold_start)
+    kinds = {spec.partition(":")[0] for spec in args.trace}
+    out: dict[str, Any] = {"name": "cold-start" if cold else "steady", "seed": args.seed}
+    if args.synthetic:
+        if cold:
+            raise ValueError("--cold-start with --synthetic: the synthetic trace has no cold-start construction")
+        out["synthetic"] = "chaos.synthetic"
+        return out
+    if "esft" in kinds:
+        out["per_token"] = ("lockstep lanes: every lane starts at token 0 (bench.traces.pseudo_decode stagger=False)"
+                            if cold else "staggered lanes (bench.traces.pseudo_decode stagger=True)")
+    if kinds & {"olmoe", "sglang"}:
+        out["counts_only"] = ({"construction": "burst waves (bench.traces.burst_steps)", **burst_parameters()}
+                              if cold else {"construction": "constant batch (bench.traces.sample_steps)"})
+    if cold and not kinds & {"esft", "olmoe", "sglang"}:
+        raise ValueError("--cold-start: no --trace it applies to (esft:, olmoe:, sglang:); a .npz plays as recorded")
+    return out
 
 
 def initial_totals(args: argparse.Namespace) -> Any:
@@ -188,6 +216,7 @@ def bench_main(args: argparse.Namespace) -> int:
             return 2
         params[k] = _value(v)
     try:
+        built = construction(args)
         trace = load_traces(args)
         from bench.rankloss import parse_kills
 
@@ -203,7 +232,8 @@ def bench_main(args: argparse.Namespace) -> int:
                           args.craft_budget, args.commit_latency, args.copy_share, params, tuple(kills),
                           args.detect_s, args.detect_steps, args.initial, init,
                           load_profile(args.elastic_profile) if args.elastic_profile else None,
-                          live=args.live, live_step_s=args.live_step_ms / 1e3, agree_every=args.agree_every)
+                          live=args.live, live_step_s=args.live_step_ms / 1e3, agree_every=args.agree_every,
+                          construction=built)
         if args.agree_every is not None and args.agree_every < 1:
             raise ValueError(f"--agree-every {args.agree_every}: expected >= 1")
         if args.live and not args.live_step_ms > 0:

@@ -1,13 +1,21 @@
-"""Run the bench's five acceptance cases and ten runs they are not tuned on, then judge them all.
+"""Run the bench's five acceptance cases and ten runs they are not tuned on, each in both constructions, then
+judge them all in one table.
 
-    python -m bench.heldout --out DIR [--jobs 2] [--only NAME ...] [-- extra bench flags]
+    python -m bench.heldout --out DIR [--jobs 2] [--only NAME ...] [--construction steady|cold-start|both]
+                            [-- extra bench flags]
 
-Each run is `python -m agent.cli bench ... --no-plots --no-progress --out DIR/NAME` (the in-process bench,
-EPLB boot); the table at the end is `python -m bench.verdict` over all of them. The cases are the bench's
-`--case`s; the held-out runs reverse or re-order their segments, add a third segment, change the seed, the
-cluster or the slots, and bring models the cases do not have (OLMoE; Mixtral, added after the defaults were
-last changed): data the decision's defaults were not chosen on. A run takes 1 s to 2 min; all fifteen about 5 minutes
-on 2 cores with --jobs 2. Exit status: the verdict's (0 when every run passes).
+Each run is `python -m agent.cli bench ... --no-plots --no-progress --out DIR/CONSTRUCTION/NAME` (the in-process
+bench, EPLB boot); the table at the end is `python -m bench.verdict` over all of them, one row per run and
+construction. The cases are the bench's `--case`s; the held-out runs reverse or re-order their segments, add a
+third segment, change the seed, the cluster or the slots, and bring models the cases do not have (OLMoE;
+Mixtral, added after the defaults were last changed): data the decision's defaults were not chosen on.
+
+Constructions (issue 49): every run is played in steady state (ESFT lanes at staggered positions, counts-only
+data at a constant batch) and from a cold start (`emoe bench --cold-start`: ESFT lanes in lockstep from token
+0; counts-only data, which has no token order, in bench.traces' burst waves, the batch filling and draining as
+requests arrive and finish together). results.json's `construction` says which. A run takes 1 s to a few
+minutes; all thirty about 10-20 minutes on 2 cores with --jobs 2. Exit status: the verdict's (0 when every run
+passes).
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench import verdict
@@ -50,13 +59,37 @@ HELD_OUT: dict[str, str] = {
 }
 
 
-def run_one(name: str, flags: str, out: Path, extra: list[str]) -> tuple[str, int, float]:
+# the two ways each run's trace is built, and the bench flags that select them
+CONSTRUCTIONS: dict[str, str] = {"steady": "", "cold-start": "--cold-start"}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One bench run: a case or held-out run in one construction, written to OUT/construction/name."""
+
+    name: str
+    construction: str
+    flags: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.construction}/{self.name}"
+
+
+def plan(names: list[str], constructions: list[str]) -> list[Run]:
+    """Every named run in every construction, each run's constructions side by side."""
+    runs = {**CASES, **HELD_OUT}
+    return [Run(n, c, f"{runs[n]} {CONSTRUCTIONS[c]}".strip()) for n in names for c in constructions]
+
+
+def run_one(run: Run, out: Path, extra: list[str]) -> tuple[Run, int, float]:
     t0 = time.monotonic()
-    cmd = [sys.executable, "-m", "agent.cli", "bench", *flags.split(), *extra, "--no-plots", "--no-progress",
-           "--out", str(out / name)]
-    with open(out / f"{name}.log", "w") as log:
+    (out / run.construction).mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "agent.cli", "bench", *run.flags.split(), *extra, "--no-plots", "--no-progress",
+           "--out", str(out / run.label)]
+    with open(out / f"{run.label}.log", "w") as log:
         rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=False).returncode
-    return name, rc, time.monotonic() - t0
+    return run, rc, time.monotonic() - t0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, metavar="DIR")
     ap.add_argument("--jobs", type=int, default=2, help="bench runs side by side (default 2)")
     ap.add_argument("--only", action="append", default=[], metavar="NAME", help="run only these (repeatable)")
+    ap.add_argument("--construction", choices=[*CONSTRUCTIONS, "both"], default="both",
+                    help="steady state, a cold start, or both (default both: every run in each)")
     ap.add_argument("extra", nargs="*", help="flags passed to every bench run (after --)")
     args = ap.parse_args(argv)
     runs = {**CASES, **HELD_OUT}
@@ -72,13 +107,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--only {unknown}: expected names from {list(runs)}")
     if args.jobs < 1:
         ap.error(f"--jobs {args.jobs}: expected >= 1")
-    chosen = {n: f for n, f in runs.items() if not args.only or n in args.only}
+    names = [n for n in runs if not args.only or n in args.only]
+    chosen = plan(names, list(CONSTRUCTIONS) if args.construction == "both" else [args.construction])
     args.out.mkdir(parents=True, exist_ok=True)
     with ThreadPoolExecutor(args.jobs) as pool:
-        for name, rc, secs in pool.map(lambda nf: run_one(nf[0], nf[1], args.out, args.extra), chosen.items()):
-            print(f"{name}: {'ok' if rc == 0 else f'exit {rc}, see ' + str(args.out / (name + '.log'))} "
+        for run, rc, secs in pool.map(lambda r: run_one(r, args.out, args.extra), chosen):
+            print(f"{run.label}: {'ok' if rc == 0 else f'exit {rc}, see ' + str(args.out / (run.label + '.log'))} "
                   f"({secs:.0f} s)", file=sys.stderr, flush=True)
-    return verdict.main([str(args.out / n) for n in chosen])
+    return verdict.main([str(args.out / r.label) for r in chosen])
 
 
 if __name__ == "__main__":

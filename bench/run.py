@@ -267,6 +267,8 @@ class BenchConfig:
     agree_every: int | None = None  # the plugins' version agreement period (None: their default)
     live: bool = False  # the elastic policy as real agent processes fed by the plugins' core (bench.live)
     live_step_s: float = 0.01  # wall seconds a replayed step takes in a live run
+    # how the trace's steps were built (steady state or a cold start; bench.cli_bench.construction), for results.json
+    construction: dict[str, Any] | None = None
 
 
 def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress: bool = True,
@@ -355,6 +357,7 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
     results: dict[str, Any] = {
         "trace": {"source": trace.source, "model": trace.model, "shape": [T, L, E], "top_k": trace.top_k},
         "step_model": trace.step_model,
+        "construction": cfg.construction if cfg.construction is not None else {"name": "unrecorded"},
         "drift_steps": list(trace.drift_steps),
         "policies": {},
         "cluster": {"nodes": cfg.nodes, "ranks_per_node": cfg.ranks_per_node, "slots_per_rank": cfg.slots_per_rank,

@@ -225,11 +225,13 @@ def burst_parameters() -> dict[str, float]:
 
 
 def import_olmoe(model: str, domain: str, batch: int = 2048, steps: int = 2000, seed: int = 0,
-                 kind: str = "expert_counts", root: Path = OLMOE_DIR) -> Trace:
+                 kind: str = "expert_counts", root: Path = OLMOE_DIR, burst: bool = False) -> Trace:
+    """burst: a cold start (burst_steps: the batch fills and drains in waves) instead of a constant batch."""
     d = json.loads((root / model / kind / f"{domain}.json").read_text())
     totals = np.array(d["counts"], dtype=np.int64)
-    counts = sample_steps(totals, int(d["top_k"]), batch, steps, seed)
-    return Trace(counts, d["model"], int(d["top_k"]), f"olmoe:{model}/{domain} layers {d['layers']}", "sampled")
+    counts = (burst_steps if burst else sample_steps)(totals, int(d["top_k"]), batch, steps, seed)
+    return Trace(counts, d["model"], int(d["top_k"]), f"olmoe:{model}/{domain} layers {d['layers']}",
+                 "sampled" + (", burst waves (cold start)" if burst else ""))
 
 
 def read_sglang_logical_count(path: Path) -> npt.NDArray[np.int64]:
@@ -254,7 +256,8 @@ def read_sglang_logical_count(path: Path) -> npt.NDArray[np.int64]:
     arr = arr[arr.sum(axis=1) > 0]
     if arr.shape[0] == 0:
         raise ValueError(f"{path}: every layer's count is zero")
-    return arr
+    out: npt.NDArray[np.int64] = arr
+    return out
 
 
 def sglang_path(spec: str) -> Path:
@@ -265,12 +268,15 @@ def sglang_path(spec: str) -> Path:
     return SGLANG_DIR / (spec if spec.endswith(".json") else spec + ".json")
 
 
-def import_sglang_logical_count(path: Path, top_k: int, batch: int, steps: int, seed: int) -> Trace:
-    """A per-step series sampled from an SGLang dump's totals: batch x top_k multinomial draws per layer."""
+def import_sglang_logical_count(path: Path, top_k: int, batch: int, steps: int, seed: int,
+                                burst: bool = False) -> Trace:
+    """A per-step series sampled from an SGLang dump's totals: batch x top_k multinomial draws per layer
+    (burst: from a cold start, burst_steps, the batch filling and draining in waves up to `batch`)."""
     arr = read_sglang_logical_count(path)
-    counts = sample_steps(arr, top_k, batch, steps, seed)
+    counts = (burst_steps if burst else sample_steps)(arr, top_k, batch, steps, seed)
     model = "DeepSeek-V3" if arr.shape == (58, 256) else "unknown"
-    return Trace(counts, model, top_k, f"sglang:{path.stem}", f"sampled, batch {batch}")
+    return Trace(counts, model, top_k, f"sglang:{path.stem}",
+                 f"sampled, batch {batch}" + (", burst waves (cold start)" if burst else ""))
 
 
 def moving_average(x: npt.NDArray[np.float64], w: int) -> npt.NDArray[np.float64]:

@@ -5,7 +5,9 @@
 Per run: elastic's mean step imbalance below periodic EPLB's and CRAFT's (both variants); its excess over
 hindsight at most 1/3 of the best baseline's (eplb, craft, craft-periodic); recovery after every drift at
 most hindsight's own recovery plus 2W; bytes moved at most 1/5 of EPLB's; no regression. Also reported, not
-judged: elastic's modelled tokens per second over each baseline's (the step-time model's, bench.engine).
+judged: elastic's modelled tokens per second and its gain over each baseline's and hindsight's (the step-time
+model's, bench.engine), the regressions counted, hindsight's bytes, and the run's construction (steady state
+or a cold start: results.json's `construction`), one row per run.
 """
 
 from __future__ import annotations
@@ -35,7 +37,10 @@ def verdict(res: dict[str, Any]) -> dict[str, Any]:
     return {"elastic": el["mean_step_imbalance"], "hindsight": hs["mean_step_imbalance"], "best_baseline": best,
             "excess": excess, "allowed_excess": (best - hs["mean_step_imbalance"]) / 3,
             "recovery": el["recovery_steps"], "hindsight_recovery": hs["recovery_steps"],
-            "gb": el["bytes_moved"] / 1e9, "eplb_gb": p["eplb"]["bytes_moved"] / 1e9, **checks,
+            "gb": el["bytes_moved"] / 1e9, "eplb_gb": p["eplb"]["bytes_moved"] / 1e9,
+            "hindsight_gb": hs["bytes_moved"] / 1e9, "regressions": el["regressions"],
+            "construction": res.get("construction", {}).get("name", "unrecorded"),
+            "tokens_per_s": el.get("modelled_tokens_per_s", 0.0), **checks,
             # modelled throughput gain over each baseline (total tokens over total modelled time)
             "modelled_tokens_per_s_gain": {b: el["modelled_tokens_per_s"] / p[b]["modelled_tokens_per_s"] - 1.0
                                            for b in (*BASELINES, "static", "hindsight")
@@ -48,22 +53,24 @@ def main(argv: list[str] | None = None) -> int:
     if not dirs:
         print("usage: python -m bench.verdict OUT_DIR [OUT_DIR ...]", file=sys.stderr)
         return 2
-    print("| run | elastic | hindsight | best baseline | excess / allowed | recovery (hindsight) | GB (EPLB) "
-          "| regressions ok | modelled tokens/s vs each baseline | pass |\n|---|---|---|---|---|---|---|---|---|---|")
+    print("| run | construction | elastic imb | hindsight | best baseline | excess / allowed | recovery (hindsight) "
+          "| GB (EPLB, hindsight) | regressions | elastic tokens/s (modelled) | vs each baseline and hindsight | pass |"
+          "\n|---|---|---|---|---|---|---|---|---|---|---|---|")
     ok = True
     for d in dirs:
         try:
             v = verdict(json.loads((Path(d) / "results.json").read_text()))
         except (OSError, KeyError, ValueError) as e:
-            print(f"| {d} | unreadable: {e} |||||||||")
+            print(f"| {d} | unreadable: {e} ||||||||||")
             ok = False
             continue
         ok &= v["pass"]
         fails = [k for k in ("below_baselines", "excess_le_third", "recovery_le_hindsight_2w", "bytes_le_fifth_eplb",
                              "no_regressions") if not v[k]]
-        print(f"| {Path(d).name} | {v['elastic']:.4f} | {v['hindsight']:.4f} | {v['best_baseline']:.4f} "
-              f"| {v['excess']:.4f} / {v['allowed_excess']:.4f} | {v['recovery']} ({v['hindsight_recovery']}) "
-              f"| {v['gb']:.1f} ({v['eplb_gb']:.1f}) | {v['no_regressions']} | "
+        print(f"| {Path(d).name} | {v['construction']} | {v['elastic']:.4f} | {v['hindsight']:.4f} "
+              f"| {v['best_baseline']:.4f} | {v['excess']:.4f} / {v['allowed_excess']:.4f} "
+              f"| {v['recovery']} ({v['hindsight_recovery']}) | {v['gb']:.1f} ({v['eplb_gb']:.1f}, "
+              f"{v['hindsight_gb']:.1f}) | {v['regressions']} | {v['tokens_per_s']:,.0f} | "
               f"{', '.join(f'{b} {g:+.1%}' for b, g in v['modelled_tokens_per_s_gain'].items())} | "
               f"{'yes' if v['pass'] else 'no: ' + ', '.join(fails)} |")
     return 0 if ok else 1

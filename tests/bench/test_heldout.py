@@ -24,15 +24,28 @@ def test_every_run_names_its_trace_and_boot() -> None:
     assert len(set(heldout.CASES) | set(heldout.HELD_OUT)) == 15
 
 
+def test_every_case_and_held_out_run_is_played_in_both_constructions() -> None:
+    names = [*heldout.CASES, *heldout.HELD_OUT]
+    runs = heldout.plan(names, list(heldout.CONSTRUCTIONS))
+    assert {(r.name, r.construction) for r in runs} == {(n, c) for n in names for c in ("steady", "cold-start")}
+    for r in runs:
+        assert ("--cold-start" in r.flags.split()) == (r.construction == "cold-start"), r
+    assert len({r.label for r in runs}) == len(runs) == 30  # each written to its own OUT/construction/name
+
+
 @pytest.mark.skipif(not OLMOE_DIR.is_dir(), reason=f"needs the OLMoE traces in {OLMOE_DIR}")
 def test_a_short_held_out_run_is_benched_and_judged(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc = heldout.main(["--out", str(tmp_path), "--jobs", "1", "--only", "r5-olmoe-arxiv-github", "--",
                        "--segment-steps", "300", "--policies", "eplb,craft,craft-periodic,static,hindsight,elastic"])
-    res = json.loads((tmp_path / "r5-olmoe-arxiv-github" / "results.json").read_text())
-    assert res["policies"]["elastic"]["mean_step_imbalance"] >= 1.0
     table = capsys.readouterr().out
-    assert "| r5-olmoe-arxiv-github |" in table
-    assert rc == (0 if table.rstrip().endswith("| yes |") else 1)
+    rows = [line for line in table.splitlines() if line.startswith("| r5-olmoe-arxiv-github |")]
+    assert [row.split(" | ")[1] for row in rows] == ["steady", "cold-start"]  # one table, both constructions
+    for construction in ("steady", "cold-start"):
+        res = json.loads((tmp_path / construction / "r5-olmoe-arxiv-github" / "results.json").read_text())
+        assert res["policies"]["elastic"]["mean_step_imbalance"] >= 1.0
+        assert res["construction"]["name"] == construction  # results.json says how its steps were built
+        assert ("burst" in res["construction"]["counts_only"]["construction"]) == (construction == "cold-start")
+    assert rc == (0 if all(row.rstrip().endswith("| yes |") for row in rows) else 1)
 
 
 # ---- the cold-start constructions (issue 49: both constructions everywhere) ----------------------------------
