@@ -23,6 +23,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     imp.add_argument("--seed", type=int, default=0, help="seed of the step model's draws (default 0)")
     imp.add_argument("--stagger", action="store_true",
                      help="esft: lanes start at seeded positions of their first sample (steady state)")
+    imp.add_argument("--burst", action="store_true",
+                     help="olmoe, sglang: a cold start, the batch filling and draining in waves of requests that "
+                          "arrive and finish together (bench.traces.burst_steps), instead of a constant batch")
     imp.add_argument("--out", type=Path, required=True, help="the native .npz trace to write")
     imp.set_defaults(func=trace_import)
 
@@ -40,9 +43,10 @@ def trace_import(args: argparse.Namespace) -> int:
                 return 2
             tr = traces.import_esft(args.task, args.batch, args.steps, args.seed, stagger=args.stagger)
         elif args.format == "olmoe":
-            tr = traces.import_olmoe(args.model, args.domain, args.batch, args.steps, args.seed)
+            tr = traces.import_olmoe(args.model, args.domain, args.batch, args.steps, args.seed, burst=args.burst)
         else:
-            tr = traces.import_sglang_logical_count(args.path, args.top_k, args.batch, args.steps, args.seed)
+            tr = traces.import_sglang_logical_count(args.path, args.top_k, args.batch, args.steps, args.seed,
+                                                    burst=args.burst)
     except (OSError, ValueError, KeyError) as e:  # unreadable or malformed input (agent.cli.exits: 2)
         print(f"emoe trace import: {e}", file=sys.stderr)
         return 2

@@ -89,3 +89,16 @@ def test_lockstep_lanes_are_burstier_than_staggered_ones_on_the_same_esft_task()
     assert (cold == pseudo_decode(samples, 64, batch=32, steps=200, seed=0, stagger=False)).all()
     top = lambda c: c[:, 0, :].max(axis=1) / c[:, 0, :].sum(axis=1)  # noqa: E731
     assert _cv(top(cold)) > _cv(top(steady))  # lanes in step through the shared prompt template
+
+
+@pytest.mark.skipif(not OLMOE_DIR.is_dir(), reason=f"needs the OLMoE traces in {OLMOE_DIR}")
+def test_trace_import_writes_a_burst_cold_start_on_request(tmp_path: Path) -> None:
+    from agent.cli import main
+    from bench.traces import load_trace
+
+    for flags, name in (([], "steady.npz"), (["--burst"], "cold.npz")):
+        assert main(["trace", "import", "olmoe", "--domain", "arxiv", "--batch", "64", "--steps", "300", *flags,
+                     "--out", str(tmp_path / name)]) == 0
+    steady, cold = load_trace(tmp_path / "steady.npz"), load_trace(tmp_path / "cold.npz")
+    assert "burst" in cold.step_model and "burst" not in steady.step_model
+    assert _cv(steady.counts[:, 0, :].sum(axis=1)) == 0.0 and _cv(cold.counts[:, 0, :].sum(axis=1)) > 0.25
