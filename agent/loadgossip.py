@@ -31,6 +31,7 @@ from agent.claims import MAX_CERT_BYTES, MAX_SIGNATURE_BYTES
 from agent.clock import Clock
 from agent.config import GossipConfig
 from agent.membership import MAX_COUNTER, Member
+from agent.reportguard import MAX_STEP_US
 from agent.transport import InvalidArgument, Transport
 from agent.windowguard import WINDOW_SEQ_LEAD, Refusal, WindowGuard, WindowSigner, ahead, stale
 from elasticmoe.loadcodec import RowsError, pack_rows, sample_steps, unpack_rows
@@ -51,6 +52,7 @@ class NodeWindow:
     steps: int
     counts: npt.NDArray[np.uint32]  # [L, E], read-only
     samples: npt.NDArray[np.uint32] | None = None  # [S, L, E]: the sampled steps' counts (loadcodec), or None
+    step_us: npt.NDArray[np.uint32] | None = None  # [S]: the sampled steps' wall times (LoadWindow.step_us), or None
 
 
 @dataclass(frozen=True)
@@ -84,8 +86,9 @@ class Members(Protocol):
     def report_failure(self, node_id: str) -> None: ...
 
 
-# (node, window_seq, counts [L, E], first_step, steps, samples [S, L, E] or None)
-WindowCallback = Callable[[str, int, npt.NDArray[np.uint32], int, int, npt.NDArray[np.uint32] | None], None]
+# (node, window_seq, counts [L, E], first_step, steps, samples [S, L, E] or None, step_us [S] or None)
+WindowCallback = Callable[[str, int, npt.NDArray[np.uint32], int, int, npt.NDArray[np.uint32] | None,
+                           npt.NDArray[np.uint32] | None], None]
 
 
 def _key(w: pb.LoadWindow | pb.Digest) -> tuple[int, int]:
@@ -121,13 +124,24 @@ def check_windows(windows: Iterable[pb.LoadWindow], shape: tuple[int, int] | Non
                 window_samples(w)
             except RowsError as e:
                 raise InvalidArgument(f"window of {w.node_id!r}: {e}") from None
+        if w.step_us:
+            n = len(sample_steps(w.first_step, w.steps, w.sample_every)) if w.samples else 0
+            if len(w.step_us) != 4 * n:
+                raise InvalidArgument(f"window of {w.node_id!r}: step_us of {len(w.step_us)} bytes: expected one "
+                                      f"little-endian uint32 per sampled step its samples hold ({n} x 4)")
+            t = np.frombuffer(w.step_us, dtype="<u4")
+            if n and not (int(t.min()) >= 1 and int(t.max()) <= MAX_STEP_US):
+                i = int(np.flatnonzero((t < 1) | (t > MAX_STEP_US))[0])
+                raise InvalidArgument(f"window of {w.node_id!r}: step_us[{i}] = {int(t[i])}: expected a sampled step's "
+                                      f"wall time of 1 .. {MAX_STEP_US} microseconds")
 
 
 def make_window(node_id: str, incarnation: int, window_seq: int, first_step: int, steps: int,
                 counts: npt.NDArray[np.integer], learner: bool = False, samples: npt.NDArray[np.uint32] | None = None,
-                sample_every: int = 0) -> pb.LoadWindow:
+                sample_every: int = 0, step_us: npt.NDArray[np.uint32] | None = None) -> pb.LoadWindow:
     """A node's LoadWindow, unsigned: counts uint32 [L, E] and, with `sample_every`, its sampled steps' counts
-    [S, L, E] zlib-compressed; ValueError names what does not fit."""
+    [S, L, E] zlib-compressed and their wall times `step_us` [S] (microseconds; None: not measured); ValueError
+    names what does not fit."""
     c = np.asarray(counts)
     if c.ndim != 2 or c.size == 0:
         raise ValueError(f"counts shape {c.shape}: expected [layers, experts]")
@@ -142,13 +156,18 @@ def make_window(node_id: str, incarnation: int, window_seq: int, first_step: int
         if samples.shape != (n, *shape):
             raise ValueError(f"samples shape {samples.shape}: expected {(n, *shape)}")
         w.samples, w.sample_every = pack_rows(samples), sample_every
+        if step_us is not None:
+            if np.shape(step_us) != (n,):
+                raise ValueError(f"step_us shape {np.shape(step_us)}: expected {(n,)}")
+            w.step_us = np.ascontiguousarray(step_us, dtype="<u4").tobytes()
     return w
 
 
 def node_window(w: pb.LoadWindow) -> NodeWindow:
     """A checked LoadWindow (check_windows) decoded: counts [L, E] and sampled steps [S, L, E] read-only."""
     counts = np.frombuffer(w.counts, dtype="<u4").reshape(w.layers, w.experts)
-    return NodeWindow(w.node_id, w.incarnation, w.window_seq, w.first_step, w.steps, counts, window_samples(w))
+    times = np.frombuffer(w.step_us, dtype="<u4") if w.step_us and w.samples else None
+    return NodeWindow(w.node_id, w.incarnation, w.window_seq, w.first_step, w.steps, counts, window_samples(w), times)
 
 
 def window_samples(w: pb.LoadWindow) -> npt.NDArray[np.uint32] | None:
@@ -196,21 +215,23 @@ class LoadGossip:
 
     # ---- this node's windows ------------------------------------------------------------------
     def publish(self, window_seq: int, first_step: int, steps: int, counts: npt.NDArray[np.integer],
-                learner: bool = False, samples: npt.NDArray[np.uint32] | None = None, sample_every: int = 0) -> None:
+                learner: bool = False, samples: npt.NDArray[np.uint32] | None = None, sample_every: int = 0,
+                step_us: npt.NDArray[np.uint32] | None = None) -> None:
         """Publish this node's window; `learner`: this node abstains from consensus now (LoadWindow.learner);
-        `samples` [S, L, E]: the counts of its steps s with s % sample_every == 0 (sent zlib-compressed)."""
+        `samples` [S, L, E]: the counts of its steps s with s % sample_every == 0 (sent zlib-compressed);
+        `step_us` [S]: their wall times (LoadWindow.step_us)."""
         own = self._w.get(self.node_id)
         if own is not None and window_seq <= own.window_seq:
             raise ValueError(f"window_seq = {window_seq}: expected > {own.window_seq}, the last one published")
         w = make_window(self.node_id, self.members.incarnation, window_seq, first_step, steps, counts, learner,
-                        samples, sample_every)
+                        samples, sample_every, step_us)
         shape = (w.layers, w.experts)
         if self.shape is not None and shape != self.shape:
             raise ValueError(f"counts shape {shape}: expected {self.shape}")
         self.guard.sign(w)  # once, here: relays pass the signature on unchanged
         if w.samples and w.ByteSize() > self.cfg.max_message_bytes - _ENVELOPE:  # the totals alone, then
             self.samples_dropped += 1
-            w.samples, w.sample_every = b"", 0
+            w.samples, w.sample_every, w.step_us = b"", 0, b""
             self.guard.sign(w)
         if w.ByteSize() > self.cfg.max_message_bytes - _ENVELOPE:  # signature and certificate included
             raise ValueError(f"a {shape} window is {w.ByteSize()} bytes: more than gossip.max_message_bytes allows")
@@ -265,7 +286,7 @@ class LoadGossip:
             self.shape = (w.layers, w.experts)
         self._put(w, source)
         nw = self.node_window(n)
-        self.on_window(n, w.window_seq, nw.counts, w.first_step, w.steps, nw.samples)
+        self.on_window(n, w.window_seq, nw.counts, w.first_step, w.steps, nw.samples, nw.step_us)
         return True
 
     def node_window(self, node_id: str) -> NodeWindow:

@@ -31,17 +31,20 @@ class _Partial:
     steps: dict[str, int]  # shim id -> steps reported into this window
     rows: dict[int, npt.NDArray[np.uint64]]  # sampled step -> its counts, summed over the shims
     sampled: bool = True  # every report into this window came with its sampled steps
+    times: dict[int, int] | None = None  # sampled step -> its longest wall time over the shims (us); None: one unmeasured
 
 
 @dataclass(frozen=True)
 class ClosedWindow:
     """One node's closed window: its totals [L, E] and its sampled steps' counts [S, L, E] (None: some report
-    into it came without them)."""
+    into it came without them), and their wall times [S] in microseconds (the longest over the node's engine
+    ranks; None: some report into it came without them)."""
 
     seq: int
     first_step: int
     counts: U32
     samples: U32 | None
+    step_us: U32 | None = None
 
 
 class LocalWindows:
@@ -70,7 +73,7 @@ class LocalWindows:
         return (max([self._closed_upto, *self._open]) + 1) * self.W
 
     def add(self, shim_id: str, first_step: int, steps: int, counts: U32,
-            rows: npt.NDArray[np.uint32] | None = None) -> list[ClosedWindow]:
+            rows: npt.NDArray[np.uint32] | None = None, step_us: U32 | None = None) -> list[ClosedWindow]:
         """Add a report covering steps [first_step, first_step + steps); `rows`: the counts of its sampled steps
         (elasticmoe.loadcodec.sample_steps with this node's sample_every), None if it came without them.
 
@@ -86,24 +89,27 @@ class LocalWindows:
         if rows is not None and rows.shape != (len(sampled), self.L, self.E):
             raise LoadReportError(f"sampled rows shape {rows.shape}: expected {(len(sampled), self.L, self.E)}")
         by_step = dict(zip(sampled, rows, strict=True)) if rows is not None else None
+        took = dict(zip(sampled, (int(t) for t in step_us), strict=True)) if (
+            rows is not None and step_us is not None and len(step_us) == len(sampled)) else None
         closed: list[ClosedWindow] = []
         left, at, rest = steps, first_step, counts.astype(np.uint64)
         while left:
             n = min(left, self.W - at % self.W)  # this window's share of the report's steps
             part = rest if n == left else (counts.astype(np.uint64) * n) // steps
             mine = None if by_step is None else {s: r for s, r in by_step.items() if at <= s < at + n}
-            closed += self._add(shim_id, at, n, part, mine)
+            timed = None if took is None else {s: t for s, t in took.items() if at <= s < at + n}
+            closed += self._add(shim_id, at, n, part, mine, timed)
             rest = rest - part
             left, at = left - n, at + n
         return closed
 
     def _add(self, shim_id: str, first_step: int, steps: int, counts: npt.NDArray[np.uint64],
-             rows: dict[int, U32] | None) -> list[ClosedWindow]:
+             rows: dict[int, U32] | None, took: dict[int, int] | None = None) -> list[ClosedWindow]:
         seq = first_step // self.W
         self._shims.add(shim_id)
         if seq <= self._closed_upto:
             return []  # late report for a window already published: dropped, counted by the caller
-        part = self._open.setdefault(seq, _Partial(np.zeros((self.L, self.E), np.uint64), {}, {}))
+        part = self._open.setdefault(seq, _Partial(np.zeros((self.L, self.E), np.uint64), {}, {}, True, {}))
         part.counts += counts
         part.steps[shim_id] = part.steps.get(shim_id, 0) + steps
         if rows is None:
@@ -112,6 +118,11 @@ class LocalWindows:
             for s, r in rows.items():
                 have = part.rows.get(s)
                 part.rows[s] = r.astype(np.uint64) if have is None else have + r
+        if took is None or rows is None:
+            part.times = None
+        elif part.times is not None:
+            for s, t in took.items():
+                part.times[s] = max(part.times.get(s, 0), t)
         closed = []
         for k in sorted(self._open):
             p = self._open[k]
@@ -131,7 +142,10 @@ class LocalWindows:
         if p.sampled and self.every > 0 and all(s in p.rows for s in want):
             samples = (np.minimum(np.stack([p.rows[s] for s in want]), top).astype(np.uint32) if len(want)
                        else np.zeros((0, self.L, self.E), np.uint32))
-        return ClosedWindow(k, k * self.W, np.minimum(p.counts, top).astype(np.uint32), samples)
+        times = None
+        if samples is not None and p.times is not None and all(s in p.times for s in want):
+            times = np.array([p.times[s] for s in want], dtype=np.uint32)
+        return ClosedWindow(k, k * self.W, np.minimum(p.counts, top).astype(np.uint32), samples, times)
 
 
 class ClusterWindows:
@@ -152,10 +166,21 @@ class ClusterWindows:
         self.partial = 0
         self._count: dict[int, int] = {}  # window seq -> nodes holding it (any node, live or not)
         self._newest = -1  # the newest window seq added (an upper bound of the live nodes' newest)
+        self._times: dict[str, dict[int, U32]] = {}  # node -> window seq -> its sampled steps' wall times [S] (us)
+        self.step_us: dict[int, U32] = {}  # closed window seq -> its sampled steps' wall times [S], the longest over
+        #                                    the nodes summed (only where every one measured them), the newest `keep`
 
-    def add(self, node: str, window_seq: int, counts: U32, samples: U32 | None = None) -> None:
+    def add(self, node: str, window_seq: int, counts: U32, samples: U32 | None = None,
+            step_us: U32 | None = None) -> None:
         if window_seq <= self.last_closed:
             return
+        times = self._times.setdefault(node, {})
+        if step_us is not None and samples is not None and step_us.shape == samples.shape[:1]:
+            times[window_seq] = step_us
+        else:
+            times.pop(window_seq, None)
+        for k in [k for k in times if k <= self.last_closed]:
+            del times[k]
         w = self._by_node.setdefault(node, {})
         if window_seq not in w:
             self._count[window_seq] = self._count.get(window_seq, 0) + 1
@@ -210,6 +235,11 @@ class ClusterWindows:
                 summed = sum(r.astype(np.uint64) for r in rows if r is not None)
                 samples = np.minimum(summed, np.iinfo(np.uint32).max).astype(np.uint32)
             out.append((k, total, samples, missing))
+            took = [self._times.get(n, {}).get(k) for n in live_nodes if k in by.get(n, {})]
+            if samples is not None and took and all(t is not None and t.shape == samples.shape[:1] for t in took):
+                self.step_us[k] = np.max(np.stack([t for t in took if t is not None]), axis=0).astype(np.uint32)
+                for old in sorted(self.step_us)[:-self.keep]:
+                    del self.step_us[old]
             self.last_closed = k
         for w in held:
             for k in [k for k in w if k <= self.last_closed]:
@@ -227,7 +257,8 @@ class LoadGossip(Protocol):
     def suspect_ranks(self, ranks: Iterable[int]) -> list[str]: ...
 
     def publish_window(self, window_seq: int, first_step: int, steps: int, counts: npt.NDArray[np.integer],
-                       learner: bool = False, samples: U32 | None = None, sample_every: int = 0) -> None: ...
+                       learner: bool = False, samples: U32 | None = None, sample_every: int = 0,
+                       step_us: U32 | None = None) -> None: ...
 
     def live_nodes(self) -> list[str]: ...
 
@@ -291,7 +322,7 @@ class LoadPath:
             return go_on
         self.behind.discard(shim)
         counts = np.frombuffer(r.counts, dtype="<u4").reshape(self.layers, self.experts)
-        rows = None
+        rows, took = None, None
         if r.sample_every == self.sample_every > 0:
             n = len(sample_steps(r.first_step, r.steps, r.sample_every))
             rows = rows_from_bytes(r.samples, n, self.layers, self.experts)
@@ -302,18 +333,21 @@ class LoadPath:
                             " its totals are used, its sampled steps are not (set the engine plugin's "
                             "EMOE_SAMPLE_EVERY to %d)", r.shim_id or r.rank, r.sample_every, self.sample_every,
                             self.sample_every)
-        for w in self.local.add(shim, r.first_step, r.steps, counts, rows):
+        for w in self.local.add(shim, r.first_step, r.steps, counts, rows, took):
             self.gossip.publish_window(w.seq, w.first_step, self.window, w.counts, bool(self.abstains()),
-                                       w.samples, self.sample_every if w.samples is not None else 0)
-            self.on_window(self.node_id, w.seq, w.counts, w.first_step, self.window, w.samples)
+                                       w.samples, self.sample_every if w.samples is not None else 0, w.step_us)
+            self.on_window(self.node_id, w.seq, w.counts, w.first_step, self.window, w.samples, w.step_us)
         return None
 
     def on_window(self, node: str, window_seq: int, counts: npt.NDArray[np.integer], first_step: int = 0,
-                  steps: int = 0, samples: U32 | None = None) -> None:
-        """A node's window (gossip's callback, and this node's own as it publishes one)."""
-        self.cluster.add(node, window_seq, np.asarray(counts, dtype=np.uint32), samples)
+                  steps: int = 0, samples: U32 | None = None, step_us: U32 | None = None) -> None:
+        """A node's window (gossip's callback, and this node's own as it publishes one); `step_us` [S]: the wall
+        times of its sampled steps (ClusterWindows.step_us keeps the closed windows')."""
+        self.cluster.add(node, window_seq, np.asarray(counts, dtype=np.uint32), samples, step_us)
         live = self.gossip.live_nodes()
         if self.node_id not in live:  # we count ourselves live (a node declared dead still reports)
+            if r.step_us:  # (check_load_report: one per sampled step; the guard: each plausible)
+                took = np.frombuffer(r.step_us, dtype="<u4")
             live = sorted([*live, self.node_id])
         for seq, total, rows, missing in self.cluster.ready(live):
             self.close_window(seq, total, rows, missing)

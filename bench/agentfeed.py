@@ -69,8 +69,8 @@ class _Loopback:
 
     def publish_window(self, window_seq: int, first_step: int, steps: int, counts: npt.NDArray[np.integer],
                        learner: bool = False, samples: npt.NDArray[np.uint32] | None = None,
-                       sample_every: int = 0) -> None:
-        w = make_window(self.node, 1, window_seq, first_step, steps, counts, learner, samples, sample_every)
+                       sample_every: int = 0, step_us: npt.NDArray[np.uint32] | None = None) -> None:
+        w = make_window(self.node, 1, window_seq, first_step, steps, counts, learner, samples, sample_every, step_us)
         wire = w.SerializeToString()
         self.feed.window_bytes.append(len(wire))
         if self.node == self.feed.decider:
@@ -79,7 +79,7 @@ class _Loopback:
         check_windows([got], (w.layers, w.experts))
         nw = node_window(got)
         self.feed.paths[self.feed.decider].on_window(self.node, nw.window_seq, nw.counts, nw.first_step, nw.steps,
-                                                     nw.samples)
+                                                     nw.samples, nw.step_us)
 
     def live_nodes(self) -> list[str]:
         return self.feed.nodes

@@ -180,4 +180,4 @@ def test_a_report_sampled_at_another_rate_is_used_for_its_totals_and_named() -> 
     assert len(closed) == 1 and closed[0][2] is None and int(closed[0][1][0, 0]) == 1
     lp.on_report(make_load_report("s", 0, 10, 10, 1, one, samples=np.stack([one * 2] * 2), sample_every=5))
     assert closed[1][2] is not None and closed[1][2].shape == (2, L, E)
-    assert g.published[-1][-1] == 5  # gossiped with its sample_every
+    assert g.published[-1][6] == 5  # gossiped with its sample_every

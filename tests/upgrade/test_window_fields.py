@@ -21,8 +21,8 @@ def _newer_window_class() -> type[Message]:
     fdp.name = "newer/gossip.proto"  # (in a pool of its own)
     msg = next(m for m in fdp.message_type if m.name == "LoadWindow")
     F = descriptor_pb2.FieldDescriptorProto
-    msg.field.add(name="future", number=14, type=F.TYPE_UINT32, label=F.LABEL_OPTIONAL)
-    msg.field.add(name="future_blob", number=15, type=F.TYPE_BYTES, label=F.LABEL_OPTIONAL)
+    msg.field.add(name="future", number=900, type=F.TYPE_UINT32, label=F.LABEL_OPTIONAL)
+    msg.field.add(name="future_blob", number=901, type=F.TYPE_BYTES, label=F.LABEL_OPTIONAL)
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fdp)
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("elasticmoe.v1.LoadWindow"))  # type: ignore[no-any-return]
@@ -37,7 +37,7 @@ def test_a_window_with_fields_this_release_does_not_know_verifies_and_a_relay_ca
     new = Newer(**fields, future=7, future_blob=b"later")
     new.signature = signer.sign_window(window_payload(new))  # type: ignore[arg-type]  # as the newer release signs
     new.certificate = signer.cert_der
-    here = gpb.LoadWindow.FromString(new.SerializeToString())  # what this release receives: 14, 15 unknown
+    here = gpb.LoadWindow.FromString(new.SerializeToString())  # what this release receives: 900, 901 unknown
     assert later_fields(here) and window_payload(here) == window_payload(new)  # type: ignore[arg-type]
     relayed = gpb.PushRequest(from_node="n2", windows=[here])  # relayed by this release, then received again
     again = gpb.PushRequest.FromString(relayed.SerializeToString()).windows[0]
