@@ -326,6 +326,8 @@ class LoadPath:
         if r.sample_every == self.sample_every > 0:
             n = len(sample_steps(r.first_step, r.steps, r.sample_every))
             rows = rows_from_bytes(r.samples, n, self.layers, self.experts)
+            if r.step_us:  # (check_load_report: one per sampled step; the guard: each plausible)
+                took = np.frombuffer(r.step_us, dtype="<u4")
         else:
             self.unsampled += 1
             if r.sample_every and self.unsampled == 1:
@@ -346,8 +348,6 @@ class LoadPath:
         self.cluster.add(node, window_seq, np.asarray(counts, dtype=np.uint32), samples, step_us)
         live = self.gossip.live_nodes()
         if self.node_id not in live:  # we count ourselves live (a node declared dead still reports)
-            if r.step_us:  # (check_load_report: one per sampled step; the guard: each plausible)
-                took = np.frombuffer(r.step_us, dtype="<u4")
             live = sorted([*live, self.node_id])
         for seq, total, rows, missing in self.cluster.ready(live):
             self.close_window(seq, total, rows, missing)
