@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -247,7 +247,8 @@ class ClusterWindows:
         return out
 
 
-# a closed cluster window's consumer: (seq, total, sampled steps, the live nodes missing from it)
+# a closed cluster window's consumer: (seq, total, sampled steps, the nodes missing from it: live ones that lag, and
+# those holding active ranks whose load no window in the sum carries, LoadPath.absent)
 CloseWindow = Callable[[int, npt.NDArray[np.uint64], U32 | None, tuple[str, ...]], None]
 
 
@@ -263,6 +264,14 @@ class LoadGossip(Protocol):
     def live_nodes(self) -> list[str]: ...
 
 
+def _nobody(contributors: Sequence[str]) -> tuple[str, ...]:
+    return ()
+
+
+def _ignore(ranks: tuple[int, ...]) -> None:
+    return None
+
+
 class LoadPath:
     """One node's load path, whole: its engines' reports (the shim link's sink, `on_report`) -> this node's
     windows (LocalWindows) -> gossip (signed, with whether this node abstains from consensus) -> every node's
@@ -272,18 +281,27 @@ class LoadPath:
     `abstains()`: why this node may not vote now ("" when it may; agent.commit.CommitBackend.abstains);
     `guard`: what no engine of this node can say (agent.reportguard: another node's rank, a version past the
     head, counts past the engine's batch): such a report is refused before anything of it counts;
-    `engine_failed(rank, error)`: the fatal error a rank's plugin reported before it stopped (agent.installs)."""
+    `engine_failed(rank, error)`: the fatal error a rank's plugin reported before it stopped (agent.installs);
+    `absent(contributors)`: the nodes that hold ranks active in the committed head which none of the nodes whose
+    windows a cluster window sums holds (agent.reactions.MembershipReactions.absent): a closed window names them
+    among its missing nodes beside the live ones that lag, so that a node whose agent is dead, restarting or not
+    yet heard is not taken for a node whose ranks are idle (default: none);
+    `unreachable(ranks)`: the engine's evidence in an accepted report, the ranks its EP group could not reach
+    (agent.reactions.MembershipReactions.unreachable: whether they are lost), besides the suspicion it raises."""
 
     def __init__(self, node_id: str, topology: Topology, layers: int, experts: int, window: int,
                  gossip: LoadGossip, close_window: CloseWindow,
                  engine_ran: Callable[[int, int], None], abstains: Callable[[], str], guard: ReportGuard,
                  sample_every: int = 0,
-                 engine_failed: Callable[[int, str], None] = lambda rank, error: None) -> None:
+                 engine_failed: Callable[[int, str], None] = lambda rank, error: None,
+                 absent: Callable[[Sequence[str]], tuple[str, ...]] = _nobody,
+                 unreachable: Callable[[tuple[int, ...]], None] = _ignore) -> None:
         """`sample_every`: the sampled steps the engines' reports carry (decision.sample_every)."""
         self.node_id, self.topology, self.layers, self.experts, self.window = node_id, topology, layers, experts, window
         self.gossip, self.close_window, self.engine_ran, self.abstains = gossip, close_window, engine_ran, abstains
         self.guard = guard
         self.sample_every, self.engine_failed = sample_every, engine_failed
+        self.absent, self.unreachable = absent, unreachable
         self.local = LocalWindows(layers, experts, window, sample_every)
         self.cluster = ClusterWindows()
         self.unsampled = 0  # reports used for their totals only (no sampled steps, or another sample_every)
@@ -308,6 +326,7 @@ class LoadPath:
         if r.unreachable_ranks:  # the engine's own evidence (Lifeguard)
             who = self.gossip.suspect_ranks(r.unreachable_ranks)
             log.warning("rank %d could not reach ranks %s: suspecting %s", r.rank, list(r.unreachable_ranks), who)
+            self.unreachable(tuple(int(g) for g in r.unreachable_ranks))
         self.engine_ran(int(r.rank), int(r.version))
         shim = r.shim_id or f"rank{r.rank}"
         self.dropped[shim] = max(self.dropped.get(shim, 0), int(r.dropped_reports))
@@ -350,7 +369,8 @@ class LoadPath:
         if self.node_id not in live:  # we count ourselves live (a node declared dead still reports)
             live = sorted([*live, self.node_id])
         for seq, total, rows, missing in self.cluster.ready(live):
-            self.close_window(seq, total, rows, missing)
+            gone = self.absent([n for n in live if n not in missing])  # whose active ranks no window covers
+            self.close_window(seq, total, rows, missing + tuple(n for n in gone if n not in missing))
 
     def newest_reported(self) -> int:
         return self.cluster.newest_reported()

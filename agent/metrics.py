@@ -36,7 +36,7 @@ until peers suspected the agent; tests/agent/test_metrics_scrapers.py). Values a
     emoe_reports_dropped_total             load reports this node's engines dropped (agent slow or absent)
     emoe_reports_unsampled_total           load reports used for their totals only (no or mismatched samples)
     emoe_reports_refused_total{reason}     load reports refused by code (agent.reportguard: rank_not_here, ...)
-    emoe_partial_windows_total             cluster windows closed without a lagging node's load: not decided on
+    emoe_partial_windows_total             windows without a lagging or absent node's load: not decided on
     emoe_control_refused_total{code}       control records (pause/resume) this agent refused, by ControlRefusal code
 """
 
@@ -226,8 +226,8 @@ def families(s: Snapshot) -> Iterator[Any]:
     for code, count in sorted(s.control_refused.items()):
         cr.add_metric([code], count)
     yield cr
-    yield CounterMetricFamily("emoe_partial_windows", "Cluster windows closed without a lagging live node's load, "
-                              "not decided on", value=s.partial)
+    yield CounterMetricFamily("emoe_partial_windows", "Cluster windows closed without a lagging or absent node's "
+                              "load, not decided on", value=s.partial)
 
 
 def text_rows(parts: Sequence[bytes | npt.NDArray[np.integer]]) -> bytes:

@@ -122,10 +122,13 @@ class DecisionPipeline:
                    and over every live node (agent.loadpath.ClusterWindows);
             samples: uint32 [S, L, E], the counts of the window's sampled steps (every params.sample_every-th,
                    elasticmoe.loadcodec), summed over the same nodes; None where some engine sent none;
-            missing: the live nodes whose window is not in the sum (it closed without them: they lag). Such a
-                   window is not load evidence: the experts their ranks serve look cold in it, and a plan or a
-                   rollback judged on it would answer a load no engine has. It is counted, and this node's own
-                   duties run (`each_window`), but it is neither remembered for replay nor handed to the
+            missing: the nodes whose window is not in the sum: live ones that lag (it closed without them), and
+                   those holding ranks active in the head whose agent is dead, restarting or not yet heard
+                   (agent.loadpath.LoadPath's `absent`: their ranks are not idle). Such a window is not load
+                   evidence: the experts their ranks serve look cold in it, and a plan or a rollback judged on it
+                   would answer a load no engine has. It is counted, said once per streak (the log, and `emoe
+                   explain`: PARTIAL_WINDOW), and this node's own duties run (`each_window`: a repair of ranks the
+                   engines lost is proposed from there), but it is neither remembered for replay nor handed to the
                    controller. (DeepSeek-V3 8x8 under `emoe bench --live` on an overloaded machine: two runs of
                    five committed a 260 GB change before any drift and never rolled it back, 1.50 and 1.54 mean
                    step imbalance against 1.26; their logs were not kept, so the cause is inferred. With this,
@@ -173,7 +176,7 @@ class DecisionPipeline:
         self.bytes_moved = 0  # weight bytes the commits this node learned copy (those whose parent it held)
         self.plans = 0  # plans computed (run_plan answered), and their wall seconds: all, and the last
         self.plan_seconds = self.last_plan_seconds = 0.0
-        self.partial_windows = 0  # windows closed without some live node's load, not decided on
+        self.partial_windows = 0  # windows closed without some node's load (lagging or absent), not decided on
         self._lagging: tuple[str, ...] = ()  # the nodes missing from the last window (each streak logged once)
 
     def latest_window(self) -> npt.NDArray[np.uint64] | None:
@@ -192,10 +195,14 @@ class DecisionPipeline:
         self.window_seq = seq
         if missing != self._lagging:
             if missing:
-                log.warning("%s: window %d closed without the load of %s (lagging): windows without a live "
-                            "node's load are not decided on", self.node_id, seq, list(missing))
+                why = (f"window {seq} closed without the load of {list(missing)} (lagging, or absent: an agent dead, "
+                       f"restarting or not yet heard whose ranks are active in version {self.backend.head.version})")
+                log.warning("%s: %s: windows without a node's load are not decided on (its ranks are not idle)",
+                            self.node_id, why)
+                self.latest_explain = apb.ExplainReply(version=0, trigger=why,
+                                                       outcome=str(DecisionOutcome.PARTIAL_WINDOW))
             else:
-                log.info("%s: window %d closed with every live node's load again", self.node_id, seq)
+                log.info("%s: window %d closed with every node's load again", self.node_id, seq)
             self._lagging = missing
         if missing:  # not load evidence: counted, and this node's own duties run
             self.partial_windows += 1

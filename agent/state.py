@@ -118,8 +118,9 @@ class NodeState:
     - `consensus` (agent.commit.CommitBackend): the quorum node (agent.consensus.node) or etcd;
     - `load` (agent.loadpath.LoadPath): shim reports -> this node's windows -> gossip -> cluster windows;
     - `pipeline` (agent.pipeline.DecisionPipeline): closed windows -> controller -> planning turn -> proposals;
-    - `reactions` (agent.reactions.MembershipReactions): lost ranks repaired, repaired ranks restored (through
-      agent.rejoin), lagging engines named;
+    - `reactions` (agent.reactions.MembershipReactions): absent nodes' ranks not taken for idle ones (the load
+      path's cluster windows name them missing), ranks the engines lost repaired, repaired ranks restored
+      (through agent.rejoin), lagging engines named;
     - `view` (agent.adminview.AdminView): what the admin service reads;
     - `manual` (agent.manual.ManualPath): the operator's proposals, drains, restores and pause;
     - `pause` (agent.commit.PauseSwitch): the cluster's pause switch, committed apart from the tables (the quorum's
@@ -229,11 +230,13 @@ class NodeState:
                              self.pipeline.close_window,
                              lambda rank, version: self.installs.reported(rank, version, now()),
                              lambda: backend.abstains, guard, sample_every=self.params.sample_every,
-                             engine_failed=self.installs.failed)
+                             engine_failed=self.installs.failed,
+                             absent=lambda nodes: self.reactions.absent(nodes),
+                             unreachable=lambda gone: self.reactions.unreachable(gone))
         self.reactions = MembershipReactions(
             self.node_id, ranks, self.clock, backend, self.pipeline, self.gossip, self.installs, rejoin,
             lambda: self._health == "SERVING" and not backend.abstains
-            and 2 * len(self._live_voters()) > len(self._voters))
+            and 2 * len(self._live_voters()) > len(self._voters), hold_s=cfg.gossip.dead_reclaim_ms / 1000)
         self.view = AdminView(self.node_id, self.topology, backend, self.gossip, self.pipeline, self.load,
                               self.installs, self.clock, lambda: self._health, lambda: self.reactions.presence,
                               self.pause, self.fingerprint, genesis)

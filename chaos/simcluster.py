@@ -236,6 +236,13 @@ class SimCluster:
         q, r = np.divmod(counts, G)
         return q + (((g - k) % G) < r).astype(np.int64)
 
+    def engine_reaches(self, node: str, rank: int) -> bool:
+        """Whether a collective of `node`'s engine reaches `rank`: its process runs (not crashed, not stopped)
+        and the network carries messages between their nodes (no partition, no cut link)."""
+        other = self.node_of_rank[rank]
+        return (other not in self.down and other not in self.paused and self.net.reachable(node, other)
+                and (node, other) not in self.cuts and (other, node) not in self.cuts)
+
     def up(self) -> list[str]:
         return [n for n in self.ids if n not in self.down]
 

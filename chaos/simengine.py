@@ -8,6 +8,13 @@ that real plans are proposed and committed.
 
 Because the loop runs on the node's clock, a paused node's engine stops too (SIGSTOP), and a crashed one's
 never runs again (its ranks are lost with it).
+
+The engine's word on lost ranks, as the plugins give it (dataplane_shim.peers, PluginCore.peer_unreachable):
+the ranks of one EP group step together, so a step's collective involves every rank active in the table it
+runs; a rank whose process is gone or stopped, or whose node the network does not carry this node's messages
+to (a partition, a cut link), fails it. Each report names those ranks (LoadReport.unreachable_ranks); the
+agent suspects their nodes, and repairs them once membership no longer holds them live (agent.reactions).
+An agent that dies alone is not simulated here: a crash takes the node's engine with it.
 """
 
 from __future__ import annotations
@@ -50,6 +57,8 @@ class EngineWorld(Protocol):
 
     def share(self, k: int, g: int) -> I64: ...
 
+    def engine_reaches(self, node: str, rank: int) -> bool: ...
+
 
 class NodeEngine:
     """The engine loop of one node: its ranks' shims and expert memories."""
@@ -69,6 +78,7 @@ class NodeEngine:
         self.acc = {g: np.zeros((cluster.shape.layers, cluster.shape.experts), np.uint64) for g in ranks}
         self.every = state.params.sample_every  # the agent's decision.sample_every, as the plugins are set
         self.rows: dict[int, list[npt.NDArray[np.uint32]]] = {g: [] for g in ranks}
+        self.unreachable: set[int] = set()  # ranks this node's collectives failed to reach since its last report
         self.running = True
         state.gossip.on_member_change(self._member)
         self._arm(first=True)
@@ -103,6 +113,9 @@ class NodeEngine:
     def step(self, k: int) -> None:
         c = self.c
         head = self.state.head_version()
+        if self.shims:  # the step's collective: every rank active in the table the engine runs takes part
+            group = next(iter(self.shims.values())).store.active.active_ranks
+            self.unreachable.update(g for g in group if g not in self.shims and not c.engine_reaches(self.node_id, g))
         for g, shim in self.shims.items():
             commits = self.state.commits_since(shim.store.head) if head > shim.store.head else ()
             shim.begin_step(commits, stage_limit=self.rng.choice((1, 2, 4, None)))
@@ -123,11 +136,13 @@ class NodeEngine:
                 if len(rows) == want:
                     samples = np.stack(rows) if want else np.zeros((0, *counts.shape), np.uint32)
                 rep = make_load_report(f"{self.node_id}/r{g}", g, seq * W, W, self.shims[g].version, counts,
-                                       samples=samples, sample_every=self.every if samples is not None else 0)
+                                       samples=samples, sample_every=self.every if samples is not None else 0,
+                                       unreachable_ranks=self.unreachable)
                 try:
                     self.state.load.on_report(rep)
                 except Exception as e:  # a rejected report is a bug in this harness, not a fault to hide
                     raise RuntimeError(f"{self.node_id}: load report refused: {e}") from e
+            self.unreachable = set()
 
     def versions(self) -> Counter[int]:
         return Counter(s.version for s in self.shims.values())

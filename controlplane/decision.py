@@ -245,6 +245,7 @@ class DecisionOutcome(StrEnum):
     STALE_WINDOW = "STALE_WINDOW"
     STALE_FAILURE = "STALE_FAILURE"
     STALE_COMMIT = "STALE_COMMIT"
+    PARTIAL_WINDOW = "PARTIAL_WINDOW"  # a window without some node's load (lagging or absent agent): not decided on
 
 
 @dataclass

@@ -1,5 +1,6 @@
 """A rank's engine process leaving is known first-hand by its own agent: the local link closes (agent.ranklink);
-a node declared dead while its engine ran restores its ranks itself when it runs again (agent.rejoin).
+a host stopped past its suspicion (agent and engine), whose ranks the others repaired on their engines' word,
+restores its ranks itself when it runs again (agent.rejoin).
 
 Unit: RankPresence on a fake clock. End to end: 3 agent processes; a real shim process for rank 1 (node 0)
 holds its link open, is killed with SIGKILL, and the cluster commits a repair that drains rank 1, well before
@@ -8,6 +9,7 @@ the rank is restored."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -17,6 +19,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 
 from agent.clock import FakeClock
@@ -159,19 +162,38 @@ def test_a_killed_rank_process_is_repaired_and_restored_when_it_returns(cluster:
         _kill(back)
 
 
+def _unreachable(cluster: LocalCluster, node: int, rank: int, gone: list[int]) -> None:
+    """The engine's word: rank `rank` of node `node` reports `gone` unreachable (its EP collective failed), in an
+    evidence report of its own over its node's shim socket, as PluginCore.report_evidence sends it (a report
+    stream only: no table stream, so no presence of `rank` starts or ends here)."""
+    from dataplane_shim.link import ShimLink, make_load_report
+
+    async def send() -> None:
+        async with ShimLink(cluster.shim_socket(node), shim_id=f"rank{rank}", ranks=[rank]) as link:
+            await link.report_load(make_load_report(f"rank{rank}", rank, 0, 0, 0, np.zeros((4, 16), np.uint32),
+                                                    unreachable_ranks=gone))
+
+    asyncio.run(send())
+
+
 def test_a_node_stopped_past_its_suspicion_restores_its_ranks_itself_when_it_runs_again(cluster: LocalCluster) -> None:
-    """SIGSTOP of node 0's agent while its engine runs (the engine's link stays open and it reports load): the
-    others declare node 0 dead and repair its ranks; after SIGCONT node 0 restores them itself
-    (agent/rejoin.py; checked as load windows close, so an idle cluster restores when load resumes). Before,
-    they stayed drained until an operator ran `emoe restore`."""
+    """SIGSTOP of node 0's host (its agent and its engine ranks, as a paused VM; the engine's link stays open):
+    the others declare node 0 dead and, once their engines say its ranks are unreachable (the EP collective
+    failed), repair them; after SIGCONT node 0 restores them itself (agent/rejoin.py; checked as load windows
+    close, so an idle cluster restores when load resumes). Before, they stayed drained until an operator ran
+    `emoe restore`. (Its agent alone stopped, with its engine serving, repairs nothing:
+    tests/agent/test_absent_agent.py.)"""
     shim = _shim(cluster, "0,1", load=True)  # rank 1 back if the test before left it drained; windows close
     _wait(cluster, 2, lambda act: {0, 1} <= set(act))
     try:
         cluster.signal(0, signal.SIGSTOP)
+        shim.send_signal(signal.SIGSTOP)
         try:
+            _unreachable(cluster, 1, 2, [0, 1])
             took = _wait(cluster, 2, lambda act: not {0, 1} & set(act))
             print(f"\nnode 0 stopped: its ranks drained on node 2 after {took:.2f} s (polled)")
         finally:
+            shim.send_signal(signal.SIGCONT)
             cluster.signal(0, signal.SIGCONT)
         # rank 1 flapped in the test before (killed, restored, killed): its wait has doubled, to 12 s at most here
         took = _wait(cluster, 2, lambda act: {0, 1} <= set(act), limit_s=45.0)

@@ -103,9 +103,10 @@ def test_the_agent_suspects_the_nodes_its_engine_cannot_reach() -> None:
         def live_nodes(self) -> list[str]:
             return ["n1", "n2"]
 
+    told: list[tuple[int, ...]] = []  # the evidence handed on: agent.reactions judges whether they are lost
     load = LoadPath("n1", Topology(2, 2, 4), 2, 4, 100, Gossip(), lambda seq, total: None,
                     lambda rank, version: ran.append((rank, version)), lambda: "",
-                    ReportGuard([0, 1], 4, 2, DEFAULT_MAX_BATCH_TOKENS, lambda: 1))
+                    ReportGuard([0, 1], 4, 2, DEFAULT_MAX_BATCH_TOKENS, lambda: 1), unreachable=told.append)
     counts = np.zeros((2, 4), dtype=np.uint32)
     with pytest.raises(LoadReportError, match="unreachable_ranks"):
         load.on_report(make_load_report("s", 0, 0, 1, 1, counts, unreachable_ranks=[4]))
@@ -115,7 +116,43 @@ def test_the_agent_suspects_the_nodes_its_engine_cannot_reach() -> None:
     load.on_report(make_load_report("s", 0, 0, 1, 1, counts, unreachable_ranks=[2, 3]))
     assert accused == [[2, 3]]
     load.on_report(make_load_report("s", 0, 0, 0, 1, counts, unreachable_ranks=[3]))  # evidence only
-    assert accused == [[2, 3], [3]] and ran == [(0, 1), (0, 1)]
+    assert accused == [[2, 3], [3]] and ran == [(0, 1), (0, 1)] and told == [(2, 3), (3,)]
+
+
+def test_a_cluster_window_names_the_nodes_whose_active_ranks_it_lacks() -> None:
+    """LoadPath's `absent` (agent.reactions.MembershipReactions.absent): a window summed over every live node
+    still lacks a dead node's ranks while they are active; it names that node among its missing ones, after
+    the live ones that lag."""
+    from agent.loadpath import LoadPath
+    from agent.reportguard import DEFAULT_MAX_BATCH_TOKENS, ReportGuard
+    from controlplane.topology import Topology
+
+    closed: list[tuple[int, tuple[str, ...]]] = []
+    asked: list[list[str]] = []
+
+    class Gossip:
+        def suspect_ranks(self, ranks: object) -> list[str]:
+            return []
+
+        def publish_window(self, *a: object, **k: object) -> None: ...
+
+        def live_nodes(self) -> list[str]:
+            return ["n1", "n2"]  # n3 is dead
+
+    def absent(nodes: list[str]) -> tuple[str, ...]:
+        asked.append(list(nodes))
+        return ("n3",) if "n2" in nodes else ("n2", "n3")
+
+    load = LoadPath("n1", Topology(3, 1, 4), 2, 4, 10, Gossip(), lambda seq, total, rows, missing:
+                    closed.append((seq, missing)), lambda rank, version: None, lambda: "",
+                    ReportGuard([0], 3, 2, DEFAULT_MAX_BATCH_TOKENS, lambda: 1), absent=absent)
+    counts = np.ones((2, 4), np.uint32)
+    load.on_window("n1", 0, counts)
+    load.on_window("n2", 0, counts)
+    assert closed == [(0, ("n3",))] and asked == [["n1", "n2"]]
+    for seq in (1, 2, 3):  # n2 lags: window 1 closes without it, lag windows later
+        load.on_window("n1", seq, counts)
+    assert closed[1] == (1, ("n2", "n3"))
 
 
 def test_an_evidence_report_has_no_steps_and_no_load() -> None:
