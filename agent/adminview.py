@@ -111,6 +111,11 @@ class AdminView:
         head, counts past the engine's batch, ...)."""
         return {code.value: n for code, n in self.load.guard.refused.items()}
 
+    def windows_refused(self) -> dict[str, int]:
+        """Peers' load windows refused since start by code (agent.windowguard.Refusal: unsigned or badly signed
+        under mTLS, from an earlier incarnation of its node, from the future)."""
+        return {code.value: n for code, n in self.gossip.load.refused.items()}
+
     def control_refusals(self) -> dict[str, int]:
         """Control records (pause/resume) this node refused since start, by consensus.proto ControlRefusal name
         (agent.consensus.control: not from their writer, an unknown writer, a finish without the writer's

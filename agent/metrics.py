@@ -38,6 +38,8 @@ until peers suspected the agent; tests/agent/test_metrics_scrapers.py). Values a
     emoe_reports_refused_total{reason}     load reports refused by code (agent.reportguard: rank_not_here, ...)
     emoe_partial_windows_total             windows without a lagging or absent node's load: not decided on
     emoe_control_refused_total{code}       control records (pause/resume) this agent refused, by ControlRefusal code
+    emoe_windows_refused_total{reason}     peers' load windows refused by code (agent.windowguard: unsigned,
+                                           stale_incarnation, ...)
 """
 
 from __future__ import annotations
@@ -108,6 +110,8 @@ class MetricsView(Protocol):
 
     def control_refusals(self) -> dict[str, int]: ...
 
+    def windows_refused(self) -> dict[str, int]: ...
+
 
 @dataclass(frozen=True)
 class Window:
@@ -137,6 +141,7 @@ class Snapshot:
     partial: int = 0
     plans: tuple[int, float, float] = (0, 0.0, 0.0)  # planned, their seconds, the last one's
     control_refused: dict[str, int] = field(default_factory=dict)  # by ControlRefusal name
+    windows_refused: dict[str, int] = field(default_factory=dict)  # by windowguard.Refusal value
     window: Window | None = None  # a window or head other than the last page's (None: the same)
 
 
@@ -154,6 +159,7 @@ def snapshot(view: MetricsView, seen: tuple[object, object] | None = None) -> tu
                  bytes_moved=view.bytes_moved(), dropped=view.reports_dropped(), unsampled=view.reports_unsampled(),
                  plans=view.plan_stats(), partial=view.partial_windows(), refused=view.reports_refused())
     s.control_refused = view.control_refusals()
+    s.windows_refused = view.windows_refused()
     if seen is None or seen[0] is not load or seen[1] is not head:
         s.window = Window(None if load is None else np.array(load, dtype=np.int64), head)
     return s, (load, head)
@@ -226,6 +232,11 @@ def families(s: Snapshot) -> Iterator[Any]:
     for code, count in sorted(s.control_refused.items()):
         cr.add_metric([code], count)
     yield cr
+    wr = CounterMetricFamily("emoe_windows_refused", "Peers' load windows this agent refused, by code "
+                             "(agent.windowguard: unsigned, bad_signature, stale_incarnation, ...)", labels=["reason"])
+    for code, count in sorted(s.windows_refused.items()):
+        wr.add_metric([code], count)
+    yield wr
     yield CounterMetricFamily("emoe_partial_windows", "Cluster windows closed without a lagging or absent node's "
                               "load, not decided on", value=s.partial)
 

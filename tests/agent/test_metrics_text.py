@@ -85,6 +85,9 @@ class View:
     def control_refusals(self) -> dict[str, int]:
         return {"CONTROL_NOT_WRITER": 2, "CONTROL_WRITER_UNSIGNED": 1}
 
+    def windows_refused(self) -> dict[str, int]:
+        return {"stale_incarnation": 3, "unsigned": 0}
+
 
 @pytest.fixture
 def loop() -> Iterator[asyncio.AbstractEventLoop]:
@@ -127,6 +130,7 @@ def test_the_window_series_parse_to_the_counts_a_plain_loop_writes(loop: asyncio
     assert got["emoe_window_seq"] == {(): 7.0} and got["emoe_members"][(("status", "alive"),)] == 3.0
     assert got["emoe_control_refused_total"] == {(("code", "CONTROL_NOT_WRITER"),): 2.0,
                                                  (("code", "CONTROL_WRITER_UNSIGNED"),): 1.0}
+    assert got["emoe_windows_refused_total"] == {(("reason", "stale_incarnation"),): 3.0, (("reason", "unsigned"),): 0.0}
     # off by default, and before the first window: the layer and rank families, with no series
     assert "emoe_expert_tokens" not in _samples(metrics.Pages(View(counts), loop, per_expert=False).page())
     empty = _samples(metrics.Pages(View(None), loop, per_expert=True).page())

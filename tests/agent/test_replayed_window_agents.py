@@ -131,6 +131,8 @@ async def test_a_window_of_node2s_previous_incarnation_replayed_after_it_came_ba
             assert g is not None
             assert g.load.refused[Refusal.STALE_INCARNATION] >= 1, g.load.refused
             assert "incarnation 0" in g.load.refused_why and "'node2'" in g.load.refused_why, g.load.refused_why
+            # what /metrics counts (emoe_windows_refused_total{reason="stale_incarnation"})
+            assert a.state.view.windows_refused()[Refusal.STALE_INCARNATION.value] >= 1
 
         # node2's genuine windows at its new incarnation are taken (its engine reports again)
         inc = again.state.gossip.incarnation
