@@ -134,8 +134,10 @@ class DecisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # cost-benefit (controlplane.worth): the milliseconds of an engine step that grow with its busiest rank's
     # load (the step time minus a step with no routed tokens; 0: off, act only above theta). A plan is
     # proposed when its gain over horizon_windows windows repays its copies (1 + worth_margin) times, and under
-    # theta a window is planned on when a perfect plan would gain tau (a refused attempt backs off)
-    load_ms: float = DecisionParams.load_ms
+    # theta a window is planned on when a perfect plan would gain tau (a refused attempt backs off).
+    # Unset: the agents fit it from the engines' measured step times (controlplane.steptime), DecisionParams'
+    # figure until enough are in; set: an override, used as it is (`emoe explain` says which)
+    load_ms: float | None = None
     horizon_windows: int = DecisionParams.horizon_windows
     worth_margin: float = DecisionParams.worth_margin
     # where the planner's one-at-a-time moves are stuck short of tau, it may still re-pack or exchange layers
@@ -155,7 +157,8 @@ class DecisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                                     "budget_windows": (1, 10_000), "rollback_windows": (1, 10_000),
                                     "max_ops": (1, 65_536), "replay_windows": (1, 1000),
                                     "horizon_windows": (1, 1_000_000)})
-        _need(0.0 <= self.load_ms <= 1e6, "decision.load_ms", self.load_ms, "milliseconds >= 0 (0: no cost-benefit)")
+        _need(self.load_ms is None or 0.0 <= self.load_ms <= 1e6, "decision.load_ms", self.load_ms,
+              "milliseconds >= 0 (0: no cost-benefit; unset: fitted from the engines' step times)")
         _need(0.0 <= self.worth_margin <= 1e6, "decision.worth_margin", self.worth_margin, "a ratio >= 0")
         _need(self.polish_theta == 0.0 or 1.0 <= self.polish_theta <= 1e6, "decision.polish_theta", self.polish_theta,
               "a ratio >= 1.0 (0: off)")

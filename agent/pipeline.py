@@ -160,9 +160,13 @@ class DecisionPipeline:
         self.voters, self.live_voters, self.handover_windows = list(voters), live_voters, handover_windows
         self.clock, self.telemetry, self.each_window, self.wall_ms = clock, telemetry, each_window, wall_ms
         self.run_plan = run_plan
+        # a closed window's measured step times [S] (LoadPath's ClusterWindows.step_us), which the controller fits
+        # its step time from (controlplane.steptime); the agent wires it to its load path
+        self.step_times: Callable[[int], npt.NDArray[np.uint32] | None] = lambda seq: None
         self.hooks = hooks if hooks is not None else Hooks()
         # plans from the backend's (recovered) head; its rebalances go through run_plan
         self.controller = Controller(params, backend.head, profile, defer_plans=True)
+        self.voter.own_step_time = lambda: self.controller.step_time  # a proposer's step time is bounded by it
         self._paused = False  # as the controller was told (SetPaused)
         self.window_seq = -1  # the last closed window
         self.head_seq = -1  # the last closed window when the head was installed (the planner's turn)
@@ -214,7 +218,9 @@ class DecisionPipeline:
         imb = replay_stats(self.backend.head, rows).mean_imbalance()
         self.imbalance = (self.imbalance + [imb])[-600:]
         self.telemetry.record_imbalance(imb)
-        self.step(WindowClosed(seq, seq * self.params.window, rows, *self.turn(seq), span=self.params.window))
+        took = self.step_times(seq) if samples is not None and samples.shape[0] > 0 else None
+        self.step(WindowClosed(seq, seq * self.params.window, rows, *self.turn(seq), span=self.params.window,
+                               step_us=took))
 
     def on_commit(self, commit: cpb.Commit, table: RoutingTable, newest_window: int) -> None:
         """The backend committed `table` (this node's proposal or another's); `newest_window`: the newest window
@@ -351,7 +357,8 @@ class DecisionPipeline:
             ex = explains[-1]
             self.latest_explain = apb.ExplainReply(
                 version=0, trigger=f"{ex.trigger}: {ex.detail}" if ex.detail else ex.trigger, outcome=ex.outcome,
-                plan=cpb.Plan(estimated_gain=ex.estimated_gain, verified_gain=ex.verified_gain, cost=ex.cost))
+                plan=cpb.Plan(estimated_gain=ex.estimated_gain, verified_gain=ex.verified_gain, cost=ex.cost),
+                step_time=self.step_time_said())
         for e in events:
             if isinstance(e, OpTransition):
                 self.telemetry.record_transition(e.kind, e.state)
@@ -359,6 +366,11 @@ class DecisionPipeline:
             self.propose(decision)
         for req in plans:
             self._run(req)
+
+    def step_time_said(self) -> str:
+        """The step time the controller decides with and where it came from (ExplainReply.step_time)."""
+        st = self.controller.step_time
+        return f"{st.load_ms:.4g} ms, {st.why}"
 
     def _run(self, req: PlanRequest) -> None:
         started = self.clock.now()
@@ -377,7 +389,8 @@ class DecisionPipeline:
         to the controller, then set on `done` if given."""
         table = decision.table
         plan = make_plan(decision.ops, decision.estimated_gain, decision.verified_gain, decision.cost, decision.trigger,
-                         decision.replay_from_step, decision.replay_to_step, kind=str(decision.kind), forced=force)
+                         decision.replay_from_step, decision.replay_to_step, kind=str(decision.kind), forced=force,
+                         load_ms=decision.load_ms)
         if force:
             plan.trigger = f"manual --force: {plan.trigger}"
         plan.proposed_at_unix_ms = max(0, int(self.wall_ms()))
@@ -386,7 +399,8 @@ class DecisionPipeline:
         parent = self.controller.head
         copies = copied_slots(parent.phy2log, table.phy2log) if parent.version == table.parent else 0
         record = apb.ExplainReply(version=table.version, trigger=decision.trigger, plan=plan, refused=refused,
-                                  outcome="proposed", copy_bytes=copies * self.params.expert_bytes)
+                                  outcome="proposed", copy_bytes=copies * self.params.expert_bytes,
+                                  step_time=self.step_time_said())
         self.explains[table.version] = record
         self.latest_explain = record
         started = self.clock.now()

@@ -100,7 +100,8 @@ def decision_params(cfg: AgentConfig) -> DecisionParams:
     return DecisionParams(window=d.window, theta=d.theta, budget_windows=d.budget_windows, tau=d.tau,
                           rollback_windows=d.rollback_windows, max_ops=d.max_ops,
                           replay_windows=d.replay_windows, expert_bytes=cfg.cluster.expert_bytes, planner=d.planner,
-                          sample_every=d.sample_every, load_ms=d.load_ms,
+                          sample_every=d.sample_every, load_ms=DecisionParams.load_ms if d.load_ms is None else d.load_ms,
+                          load_ms_override=d.load_ms is not None,
                           horizon_windows=d.horizon_windows, worth_margin=d.worth_margin,
                           polish_theta=d.polish_theta, polish_lam=d.polish_lam,
                           # the fast path triggers on a big breach; never below the plain threshold
@@ -233,6 +234,7 @@ class NodeState:
                              engine_failed=self.installs.failed,
                              absent=lambda nodes: self.reactions.absent(nodes),
                              unreachable=lambda gone: self.reactions.unreachable(gone))
+        self.pipeline.step_times = self.load.cluster.step_us.get  # the engines' measured step times, per window
         self.reactions = MembershipReactions(
             self.node_id, ranks, self.clock, backend, self.pipeline, self.gossip, self.installs, rejoin,
             lambda: self._health == "SERVING" and not backend.abstains

@@ -2,9 +2,13 @@
 operator forced it or it repairs lost ranks, this node's own replay of the windows the proposer planned on
 agrees with the proposer's gain (within `verify_tolerance`). A rebalance must also pass the proposer's own
 significance rule on this node's replay: its gain's lower confidence bound over the replay rows
-(`verify.gain_bound` at `DecisionParams.gain_confidence`) above 0, else GAIN_NOT_SIGNIFICANT."""
+(`verify.gain_bound` at `DecisionParams.gain_confidence`) above 0, else GAIN_NOT_SIGNIFICANT. The step time a
+rebalance was judged with (Plan.load_ms) must be within STEP_TIME_TOLERANCE of the one this node fits from the
+same gossiped windows (controlplane.steptime.agrees), where both are fitted: the voters judge with one figure."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -12,14 +16,20 @@ import numpy.typing as npt
 from agent.wire import plan_forced, plan_kind
 from controlplane.decision import DecisionParams
 from controlplane.errors import ControlPlaneError
+from controlplane.steptime import StepTime, StepTimeSource, agrees
 from controlplane.table import RoutingTable
 from controlplane.verify import same_mix, verify_decision
 from elasticmoe.v1 import consensus_pb2 as cpb
+
+# how far a proposer's step time may be from this node's own fit (relative): both fit the same gossiped windows,
+# and differ only where one holds a window the other does not yet (a node that restarted, or lags a window)
+STEP_TIME_TOLERANCE = 0.25
 
 
 class Voter:
     def __init__(self, params: DecisionParams, tolerance: float) -> None:
         self.params, self.tolerance = params, tolerance
+        self.own_step_time: Callable[[], StepTime] | None = None  # this node's controller's (agent.pipeline)
         self.replay: list[npt.NDArray[np.uint64]] = []  # the last closed cluster windows' totals, uint64 [L, E]
         self.rows: list[npt.NDArray[np.uint32]] = []  # ... their per-step rows [S, L, E] (pipeline.window_rows)
         self.seqs: list[int] = []  # ... and their window numbers
@@ -42,6 +52,11 @@ class Voter:
             # forced by an operator, a repair, or nothing to replay yet: validity is the whole check, and the
             # proposer's figure stands (there is no own figure to compare it with)
             return True, plan.verified_gain, "validity only"
+        if plan_kind(plan) == "rebalance" and plan.load_ms > 0 and self.own_step_time is not None:
+            own = self.own_step_time()
+            if own.source is StepTimeSource.FITTED and not agrees(plan.load_ms, own, STEP_TIME_TOLERANCE):
+                return False, 0.0, (f"step time {plan.load_ms:.4g} ms: this node fits {own.load_ms:.4g} ms ({own.why}), "
+                                    f"more than {STEP_TIME_TOLERANCE:g} apart")
         replay = self.span(plan.replay_from_step, plan.replay_to_step)
         if replay is None:  # none of the windows the proposer replayed is here: validity is the whole check
             return True, plan.verified_gain, "validity only (replay span not held here)"

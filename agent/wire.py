@@ -92,13 +92,14 @@ _KIND_OF_PB = {v: k for k, v in PLAN_KINDS.items()}
 
 
 def make_plan(ops: Iterable[Operation], estimated_gain: float, verified_gain: float, cost: float, trigger: str,
-              replay_from_step: int = 0, replay_to_step: int = 0, *, kind: str, forced: bool = False) -> pb.Plan:
-    """A Plan message; `kind` is a Decision's kind (PLAN_KINDS)."""
+              replay_from_step: int = 0, replay_to_step: int = 0, *, kind: str, forced: bool = False,
+              load_ms: float = 0.0) -> pb.Plan:
+    """A Plan message; `kind` is a Decision's kind (PLAN_KINDS); `load_ms`: the step time it was judged with."""
     if kind not in PLAN_KINDS:
         raise WireError(f"plan kind {kind!r}: expected one of {sorted(PLAN_KINDS)}")
     return pb.Plan(ops=[op_to_pb(o) for o in ops], estimated_gain=estimated_gain, verified_gain=verified_gain,
                    cost=cost, trigger=trigger, replay_from_step=replay_from_step, replay_to_step=replay_to_step,
-                   kind=PLAN_KINDS[kind], forced=forced)
+                   kind=PLAN_KINDS[kind], forced=forced, load_ms=load_ms)
 
 
 def plan_kind(plan: pb.Plan) -> str:

@@ -31,6 +31,9 @@ from dataplane_shim.plugin import REPORT_EVERY
 from elasticmoe.loadcodec import sample_steps
 from elasticmoe.v1 import gossip_pb2 as gpb
 
+# the engine's wall time of steps [S] (ms) served under a table: counts [S, L, E] -> [S]
+StepModel = Callable[[RoutingTable, npt.NDArray[np.integer]], npt.NDArray[np.float64]]
+
 # what mTLS adds to a window: an ECDSA P-256 signature (<= 72 bytes) and the node's DER certificate (~520)
 SIGNATURE_BYTES = 600
 
@@ -89,10 +92,13 @@ class LoadFeed:
     """Every node's load path; `feed` plays a window of cluster counts through it."""
 
     def __init__(self, topo: Topology, layers: int, experts: int, window: int, sample_every: int,
-                 close_window: CloseWindow, report_every: int = REPORT_EVERY, top_k: int = 0) -> None:
+                 close_window: CloseWindow, report_every: int = REPORT_EVERY, top_k: int = 0,
+                 step_ms: StepModel | None = None) -> None:
         """`top_k`: the trace's, which bounds a layer's count per step with the batch (agent.reportguard); 0: the
-        experts (a token picks each at most once)."""
+        experts (a token picks each at most once). `step_ms(table, counts [S, L, E])`: the engine's wall time of
+        each sampled step in milliseconds [S], which the engines' reports carry (LoadReport.step_us; None: none)."""
         self.topo, self.window, self.sample_every, self.report_every = topo, window, sample_every, report_every
+        self.step_ms = step_ms
         self.nodes = [f"n{i}" for i in range(topo.nodes)]
         self.decider = self.nodes[0]
         self.window_bytes: list[int] = []  # each node's window as gossip sends it, unsigned
@@ -118,13 +124,16 @@ class LoadFeed:
             chunk = np.asarray(counts[at - first:nxt - first], dtype=np.int64)
             offs = [s - at for s in sample_steps(at, nxt - at, self.sample_every)]
             left = chunk.copy()
+            took = None
+            if self.step_ms is not None and self.sample_every and offs:  # the EP step's time: every rank waits for it
+                took = np.maximum(np.asarray(self.step_ms(table, chunk[offs]), dtype=np.float64) * 1e3, 1.0)
             for i, n in enumerate(self.nodes):
                 mine = left if i == len(self.nodes) - 1 else np.floor(chunk * shares[i]).astype(np.int64)
                 if i < len(self.nodes) - 1:
                     left -= mine
                 rows = mine[offs] if self.sample_every else None
                 r = make_load_report(f"{n}-engine", i * self.topo.ranks_per_node, at, nxt - at, table.version,
-                                     mine.sum(axis=0), samples=rows, sample_every=self.sample_every)
+                                     mine.sum(axis=0), samples=rows, sample_every=self.sample_every, step_us=took)
                 self.paths[n].on_report(r)
             at = nxt
 

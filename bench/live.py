@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bench.agentfeed import rank_shares
+from bench.agentfeed import StepModel, rank_shares
 from bench.policies import Change, Counts
 from chaos.localcluster import LocalCluster
 from controlplane.table import RoutingTable, initial_table
@@ -91,7 +91,8 @@ class ReplayEngine:
 
     def __init__(self, sockets: Mapping[int, str], topo: Topology, counts: Counts, base: RoutingTable, genesis: str,
                  sample_every: int, agree_every: int | None = None, window: int = 100,
-                 report_every: int | None = None, claim: bool = True, first_step: int = 0) -> None:
+                 report_every: int | None = None, claim: bool = True, first_step: int = 0,
+                 step_ms: StepModel | None = None) -> None:
         """The plugins report every `report_every` steps; by default EMOE_REPORT_EVERY (25), or, where that
         does not divide the agents' `window`, every largest divisor of it below that (as an operator sets
         EMOE_REPORT_EVERY then). `claim`: each link names its rank when it opens, as an engine's plugin does,
@@ -115,6 +116,7 @@ class ReplayEngine:
         self.insts = [Installer(c, agree_every=agree_every, stall_steps=1 << 30, rank=c.rank) for c in self.cores]
         self.table = base
         self._share, self._first = rank_shares(base)
+        self.step_ms = step_ms  # the engine's wall time of a step (ms) under its table, which the plugins report
         self._pending: npt.NDArray[np.int64] | None = None  # the agreement started at the previous step
         self.replay_s = 0.0  # wall seconds the last `run` took
 
@@ -142,9 +144,14 @@ class ReplayEngine:
         rem = c - per.sum(axis=0)
         li, ei = np.nonzero(rem)
         per[self._first[li, ei], li, ei] += rem[li, ei]
+        took = None
+        if self.step_ms is not None and self.cores[0].is_sampled(0):  # every rank's step takes the EP step's time
+            took = float(self.step_ms(self.table, c[None])[0]) * 1e3
         for core in self.cores:
             g = core.rank
             offs = core.sampled(1)
+            if took is not None:
+                core.step_took(0, took)
             core.add_load(per[g], 1, per[g][None] if offs else None)
             core.maybe_report()
         return installed
@@ -190,13 +197,14 @@ class ReplayEngine:
 
 
 def run_live(counts: Counts, top_k: int, base: RoutingTable, window: int, params: dict[str, Any],
-             step_s: float = 0.01, progress: bool = True, agree_every: int | None = None) -> LiveRun:
+             step_s: float = 0.01, progress: bool = True, agree_every: int | None = None,
+             step_ms: StepModel | None = None) -> LiveRun:
     """Replay `counts` [T, L, E] through real agents (one a node of base's topology) and the ranks' plugin
     cores; the installs, in order, and how long the replay took. `params`: the elastic policy's decision
-    settings (DECISION_KEYS) and `expert_bytes`."""
+    settings (DECISION_KEYS) and `expert_bytes`; `step_ms`: the engine's step time the plugins report."""
     topo = base.topology
     L, E = counts.shape[1:]
-    unknown = sorted(set(params) - set(DECISION_KEYS) - {"expert_bytes"})
+    unknown = sorted(set(params) - set(DECISION_KEYS) - {"expert_bytes", "load_ms_override"})
     if unknown:
         raise ValueError(f"--live: --elastic-param {unknown}: the agents' [decision] takes only {list(DECISION_KEYS)}")
     decision = {"window": window, **{k: v for k, v in params.items() if k in DECISION_KEYS}}
@@ -212,7 +220,7 @@ def run_live(counts: Counts, top_k: int, base: RoutingTable, window: int, params
             rpn = topo.ranks_per_node
             sockets = {g: cluster.shim_socket(g // rpn) for g in range(topo.ranks)}
             engine = ReplayEngine(sockets, topo, counts, base, genesis, sample_every, agree_every,
-                                  int(decision["window"]))
+                                  int(decision["window"]), step_ms=step_ms)
             try:
                 return LiveRun(engine.run(step_s, progress), engine.replay_s)
             finally:

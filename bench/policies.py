@@ -214,6 +214,10 @@ class Elastic:
     pipeline: Any = None
     seq: int = 0
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    # the engine's wall time of sampled steps under a table (bench.agentfeed.StepModel), which its plugins report
+    # (LoadReport.step_us) and the agents fit their step time from; None: none reported
+    step_ms: Any = None
+    fits: list[tuple[int, int, Any]] = field(default_factory=list)  # per decision: the steps its fit saw, the table
     explains: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -237,7 +241,8 @@ class Elastic:
             telemetry=Telemetry(enabled=False), profile=self.profile)
         self.pipeline.hooks.explained.append(self._explained)
         self.feed = LoadFeed(base.topology, base.layers, base.experts, self.window, params.sample_every,
-                             self.pipeline.close_window)
+                             self.pipeline.close_window, step_ms=self.step_ms)
+        self.pipeline.step_times = self.feed.paths[self.feed.decider].cluster.step_us.get
         self._step = 0
         return []
 
@@ -260,6 +265,15 @@ class Elastic:
         self.pipeline.step(RanksLost(tuple(ranks)))
         return self._commits(step)
 
+    def _step_time(self, step: int) -> dict[str, Any]:
+        """The step time the controller decided with, where it came from, and the steps its fit saw."""
+        ctl = self.pipeline.controller
+        st = ctl.step_time
+        lo, hi = _fit_span(ctl)
+        self.fits.append((lo, hi, self.backend.head))
+        return {"load_ms_estimated": round(float(st.load_ms), 4), "load_ms_source": str(st.source),
+                "load_ms_why": st.why, "fit_steps": [lo, hi]}
+
     def _commits(self, step: int) -> list[Change]:
         from agent.wire import ops_from_pb, plan_kind
 
@@ -274,9 +288,17 @@ class Elastic:
                 "refused_candidates": len(rec.refused) if rec is not None else 0,
                 "estimated_gain": float(plan.estimated_gain), "verified_gain": float(plan.verified_gain),
                 "cost_s": float(plan.cost), "version": table.version,
+                **self._step_time(step),
             })
             out.append(Change(table, install_step(step + self.commit_latency, self.agree_every), "overlapped", kind))
         return out
+
+
+def _fit_span(ctl: Any) -> tuple[int, int]:
+    """The steps [lo, hi) of the windows the controller's step-time fit holds (controlplane.steptime)."""
+    held = [w[0] for w in ctl.steptime._windows]
+    W = ctl.params.window
+    return (min(held) * W, (max(held) + 1) * W) if held else (0, 0)
 
 
 def install_step(arrival: int, agree_every: int) -> int:

@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bench.engine import H200, EPCluster, StepResult, lost_by_expert, shape_for
+from bench.measured import measured_steps, step_time_entry
 from bench.policies import Change, Elastic, Hindsight, Policy, controller_available, make_policy
 from bench.rankloss import Kill, Outage, masked, recovery_after
 from bench.traces import Trace, moving_average
@@ -313,12 +314,15 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
             ref_policy.kills = kills
         if "hindsight" not in names:
             ref_run = simulate(ref_policy, cluster, base, trace, cfg.window, cfg.copy_share, tick, kills, detect)
-        # the agents' cost-benefit reads the step time an operator sees on the engine: here the step model's,
-        # under the boot table over the first window (controlplane.worth; --elastic-param load_ms=... overrides).
+        # the agents fit their step time from the step times the engines' plugins report (controlplane.steptime;
+        # `measured` below); --elastic-param load_ms=... is an operator's override, used as it is.
         # The agents close windows of their own decision.window (the shipped default unless --elastic-param
         # window=N), whatever the bench's W, which is the metrics' window and the baselines' cadence
         elastic_params = {"window": DecisionParams.window, "expert_bytes": int(shape.expert_bytes),
-                          "load_ms": round(cluster.load_ms(base, trace.counts[:cfg.window]), 3), **cfg.elastic_params}
+                          **cfg.elastic_params}
+        if "load_ms" in cfg.elastic_params:
+            elastic_params["load_ms_override"] = True
+        measured = measured_steps(cluster, base, trace.counts[:cfg.window], cfg.seed)
         live: Any = None
         if cfg.live and "elastic" in names:
             from bench.live import LivePlayback, behind, behind_warning, run_live
@@ -327,7 +331,7 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
                 raise ValueError("--live with --kill-rank: a live run kills no rank (chaos/ does that)")
             t_live = time.perf_counter()
             lr = run_live(trace.counts, trace.top_k, base, cfg.window, elastic_params, cfg.live_step_s, progress,
-                          cfg.agree_every)
+                          cfg.agree_every, measured)
             installs = lr.installs
             T = int(trace.counts.shape[0])
             warn = behind_warning(T, cfg.live_step_s, lr.replay_s, topo.nodes, topo.ranks)
@@ -349,6 +353,7 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
                 pol.kills = kills
             if isinstance(pol, Elastic):
                 pol.profile = cfg.elastic_profile
+                pol.step_ms = measured
             policy_objs[name] = pol
             runs[name] = simulate(pol, cluster, base, trace, cfg.window, cfg.copy_share, tick, kills, detect)
         if "hindsight" in names:
@@ -393,6 +398,7 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
             entry["outcomes"] = dict(Counter(e["outcome"] for e in pol.explains))
             entry["explain"] = pol.explains
             entry["gossip_window_bytes"] = pol.feed.bytes_per_window()  # a node's window as gossip sends it
+            entry.update(step_time_entry(pol, cluster, trace.counts, int(pol.pipeline.params.sample_every)))
         if name == "elastic" and live is not None:
             entry["agent_window"] = int(elastic_params["window"])
             entry["live"] = live

@@ -31,7 +31,7 @@ RPC awaits it.)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -62,6 +62,7 @@ from controlplane.profile import StabilityProfile
 from controlplane.ready import Explain, OpTransition, ProposalRecord, Ready, Record, Resolution
 from controlplane.requests import PlanRequest, stale
 from controlplane.restore import FILL_TRIES
+from controlplane.steptime import StepTime, StepTimeEstimator, StepTimeSource
 from controlplane.table import RoutingTable
 from controlplane.verify import verify_decision
 from controlplane.worth import WorthTrigger
@@ -106,6 +107,11 @@ class Controller:
         self.monitor = LoadMonitor(head.layers, head.experts, params.replay_windows, params.theta, params.band,
                                    params.budget_windows, params.plan_block, params.fast_theta)
         self.worth = WorthTrigger(params.worth(), params.budget_windows, params.band)  # under theta
+        # the step time: fitted from the engines' measured steps (controlplane.steptime), params.load_ms until
+        # enough are in, or always where the operator set it (load_ms_override)
+        self._configured_ms = params.load_ms
+        self.steptime = StepTimeEstimator()
+        self.step_time: StepTime = self.steptime.current(params.load_ms, params.load_ms_override)
         self._ready = Ready()
         self._inflight: Decision | None = None
         self.defer_plans = defer_plans
@@ -175,6 +181,7 @@ class Controller:
         base = self.head if self._inflight else None
         rep = self.monitor.observe(ev.window_seq, ev.first_step, ev.steps, table, base, ev.span)
         self._imbalance = rep.imbalance
+        self._measured(ev)
         self._ready.events.append(rep)
         self._observe_window(ev.window_seq)
         if self._propose_pending(ev.planner, ev.backup):
@@ -425,6 +432,16 @@ class Controller:
             self._ready.events.append(OpTransition(o.version, "rebalance", o.life.state, o.life.reason))
         else:
             self._rollback_due = o
+
+    def _measured(self, ev: WindowClosed) -> None:
+        """Fit the step time anew with a window's measured steps (served under the head), and decide with it."""
+        self.steptime.observe(ev.window_seq, self.head, ev.steps, ev.step_us)
+        st = self.steptime.current(self._configured_ms, self.params.load_ms_override)
+        self.step_time = st
+        why = st.why if st.source is not StepTimeSource.DEFAULT or self.steptime.points else ""  # ("": nothing measured)
+        if (st.load_ms, why) != (self.params.load_ms, self.params.load_ms_source):
+            self.params = replace(self.params, load_ms=st.load_ms, load_ms_source=why)
+            self.worth.worth = self.params.worth()
 
     def _transition(self, d: Decision, state: OpState, reason: str) -> None:
         self._life = self._life.to(state, reason)

@@ -107,8 +107,11 @@ class DecisionParams:
     # cost-benefit (controlplane.worth): milliseconds of an engine step that scale with its busiest rank's
     # load (0: off, the theta trigger and the tau gate alone); a plan must repay its copies (1 + worth_margin)
     # times over horizon_windows windows, and under theta a window is planned on when a perfect plan would
-    # gain tau. 12 ms: DeepSeek-V3 decode on H200 at EP64 (bench.engine's model: ~12 of a ~30 ms step)
+    # gain tau. 12 ms: DeepSeek-V3 decode on H200 at EP64 (bench.engine's model: ~12 of a ~30 ms step).
+    # The agents fit it from the engines' measured step times (controlplane.steptime, LoadReport.step_us) once
+    # enough are in; load_ms is the figure until then, and always where load_ms_override (an operator set it)
     load_ms: float = 12.0
+    load_ms_override: bool = False
     horizon_windows: int = 20
     worth_margin: float = 1.0
     # A rebalance must also hold across the replay beyond its rows' own spread: the one-sided lower confidence
@@ -121,6 +124,8 @@ class DecisionParams:
     # refused). No plan the staggered runs committed (ESFT, OLMoE, Mixtral, DeepSeek-V3 8x8: 13 runs) has a bound
     # under +0.016 even at 0.95: those runs are unchanged
     gain_confidence: float = 0.9
+    # where load_ms came from, for explain (controlplane.steptime.StepTime.why; "": configured)
+    load_ms_source: str = ""
 
     def __post_init__(self) -> None:
         for f in ("window", "budget_windows", "rollback_windows", "max_ops", "replay_windows", "expert_bytes"):
@@ -159,7 +164,8 @@ class DecisionParams:
 
     def worth(self) -> Worth:
         """The cost-benefit test of a plan (controlplane.worth)."""
-        return Worth(self.load_ms, self.horizon_windows * self.window, self.worth_margin, self.tau)
+        return Worth(self.load_ms, self.horizon_windows * self.window, self.worth_margin, self.tau,
+                     self.load_ms_source)
 
     def knobs(self, head: RoutingTable) -> PlanKnobs:
         """What the planner sees of these knobs (controlplane.planners)."""
@@ -211,6 +217,7 @@ class Decision:
     kind: str  # "rebalance" | "rollback" | "manual" | "repair"
     replay_from_step: int = 0
     replay_to_step: int = 0
+    load_ms: float = 0.0  # the step time its cost-benefit test judged it with (0: none)
 
     def describe(self) -> str:
         head = (f"v{self.table.version} ({self.kind}) <- v{self.table.parent}: {len(self.ops)} ops, estimated gain "
@@ -319,7 +326,10 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
     lo, hi = buf.span(k)
     if pl.note:
         trigger = f"{trigger}; {pl.note}"
-    a.decision = Decision(table, tuple(ops), est, vg, cost, trigger, tuple(refused), "rebalance", lo, hi)
+    if w.enabled and w.source:  # which step time judged it, and where it came from (controlplane.steptime)
+        trigger = f"{trigger}; step time {w.load_ms:.4g} ms, {w.source}"
+    a.decision = Decision(table, tuple(ops), est, vg, cost, trigger, tuple(refused), "rebalance", lo, hi,
+                          w.load_ms if w.enabled else 0.0)
     a.outcome, a.refused = DecisionOutcome.PROPOSED, tuple(refused)
     return a
 

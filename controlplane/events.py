@@ -25,7 +25,10 @@ class WindowClosed:
     what the estimate, the replay and the rollback judge see of the per-step spread (tests may give every
     step). `planner`: the node that plans this window when it is another one (this controller observes, and
     keeps its budget spent for when the turn comes to it); empty: this controller plans. `backup`: this node's
-    place after the planner in the turn order, the windows a due rollback waits before it proposes it itself."""
+    place after the planner in the turn order, the windows a due rollback waits before it proposes it itself.
+    `step_us` [T]: the engines' wall time of each of `steps`' rows in microseconds (LoadWindow.step_us, the
+    longest over the nodes), from which the controller fits its step time (controlplane.steptime); None: not
+    measured (or `steps` is the mean row)."""
 
     window_seq: int
     first_step: int
@@ -33,6 +36,7 @@ class WindowClosed:
     planner: str = ""
     backup: int = 1
     span: int = 0
+    step_us: npt.NDArray[np.uint32] | None = None
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,9 @@ a step (controlplane.worth).
 The fit is a robust M-estimate (iteratively reweighted least squares, Huber then Tukey's bisquare weights, a
 fixed number of rounds, scale from the median absolute residual): one step stalled by a copy or a garbage collection does not move it, and the same
 points always give the same figure, so every voter that holds the same gossiped windows derives the same
-value. The batch term is left out when the batch does not vary (or varies in step with m, where b and c cannot
-be told apart). Too few points, a load that hardly varies, or a slope that is not positive give no fit: the
+value. The batch term is left out when the batch does not vary. Too few points, a slope that is not positive, or one
+whose standard error is past MAX_REL_SE of it (a load that varies too little, or only in step with the batch,
+where b and c cannot be told apart) give no fit: the
 configured figure applies and `StepTime.why` says so. A figure the operator sets (decision.load_ms) wins.
 
 No IO, no clock.
@@ -36,7 +37,10 @@ F64 = npt.NDArray[np.float64]
 
 MIN_POINTS = 20  # sampled steps a fit needs: 2 windows of 100 steps sampled every 10th
 MAX_POINTS = 2000  # the newest points a fit uses (the load path keeps a few windows' worth)
-MIN_SPREAD = 0.02  # the busiest-rank load must vary by this much (interdecile range over its mean) to fit b
+# the fitted load part's standard error must be within this fraction of it (so its 95% interval is about +-10%):
+# a load that varies too little within one table (a steady batch) cannot separate it; a change of table or of
+# the load's mix (an install, a drift: the natural experiments) does
+MAX_REL_SE = 0.05
 HUBER_K = 1.345  # the usual Huber constant: 95% efficiency at Gaussian noise
 TUKEY_C = 4.685  # the usual bisquare constant: 95% efficiency at Gaussian noise
 ROUNDS = 20  # IRLS rounds (fixed: the same points give the same figure on every voter)
@@ -69,10 +73,12 @@ class StepTime:
     fit: StepFit | None = None
 
 
-def _robust(x: F64, y: F64) -> F64:
+def _robust(x: F64, y: F64) -> tuple[F64, F64]:
     """M-estimate of y ~ x (x [n, k] with its constant column) by IRLS from the least-squares start: Huber
-    weights first (a convex start), then Tukey's bisquare, which gives a stalled step no weight at all."""
+    weights first (a convex start), then Tukey's bisquare, which gives a stalled step no weight at all.
+    Returns the coefficients [k] and their standard errors [k] (the residuals' robust scale, the final weights)."""
     beta = np.asarray(np.linalg.lstsq(x, y, rcond=None)[0], dtype=np.float64)
+    w = np.ones_like(y)
     for k in range(2 * ROUNDS):
         r = y - x @ beta
         s = 1.4826 * float(np.median(np.abs(r - np.median(r))))
@@ -86,7 +92,14 @@ def _robust(x: F64, y: F64) -> F64:
             w = np.where(np.abs(u) < 1.0, (1.0 - u * u) ** 2, 0.0)
         sw = np.sqrt(w)
         beta = np.asarray(np.linalg.lstsq(x * sw[:, None], y * sw, rcond=None)[0], dtype=np.float64)
-    return beta
+    r = y - x @ beta
+    s = 1.4826 * float(np.median(np.abs(r - np.median(r))))
+    xtwx = (x * w[:, None]).T @ x
+    try:
+        cov = s * s * np.linalg.inv(xtwx)
+    except np.linalg.LinAlgError:
+        return beta, np.full_like(beta, np.inf)
+    return beta, np.sqrt(np.maximum(np.diag(cov), 0.0))
 
 
 def _spread(v: F64) -> float:
@@ -107,19 +120,21 @@ def fit_step_time(t_ms: npt.ArrayLike, busiest: npt.ArrayLike, tokens: npt.Array
     t, m, n = t[ok], m[ok], n[ok]
     if t.size < MIN_POINTS:
         return f"{t.size} measured steps: a fit needs {MIN_POINTS}"
-    if _spread(m) < MIN_SPREAD:
-        return (f"the busiest rank's load hardly varies over {t.size} steps (interdecile range {_spread(m):.3f} of "
-                f"its mean, under {MIN_SPREAD}): its slope cannot be told from the rest of the step")
+    if float(m.std()) <= 1e-9 * float(m.mean()):
+        return f"the busiest rank's load is the same in all {t.size} steps: its slope cannot be told from the rest"
     cols = [np.ones_like(m), m / m.mean()]
-    with_batch = _spread(n) >= MIN_SPREAD and abs(float(np.corrcoef(m, n)[0, 1])) < 0.99
+    with_batch = float(n.std()) > 1e-3 * float(n.mean())
     if with_batch:
         cols.append(n / n.mean())
-    beta = _robust(np.stack(cols, axis=1), t)
-    b = float(beta[1]) / float(m.mean())
+    beta, se = _robust(np.stack(cols, axis=1), t)
+    load_ms = float(beta[1])  # (m scaled by its mean: its coefficient is b x mean(m))
+    if not load_ms > 0 or not se[1] <= MAX_REL_SE * load_ms:
+        return (f"the busiest rank's load varies too little over {t.size} steps (spread {_spread(m):.3f} of its mean) "
+                f"to tell its part of the step from the rest: {load_ms:.3g} +- {float(se[1]):.2g} ms, a fit needs its "
+                f"standard error within {MAX_REL_SE:g} of it")
+    b = load_ms / float(m.mean())
     c = float(beta[2]) / float(n.mean()) if with_batch else 0.0
-    if not b > 0:
-        return f"a slope of {b:.3g} ms per token of the busiest ranks' load over {t.size} steps: expected > 0"
-    return StepFit(float(beta[0]), b, c, b * float(m.mean()), int(t.size))
+    return StepFit(float(beta[0]), b, c, load_ms, int(t.size))
 
 
 def step_points(table: RoutingTable, rows: npt.NDArray[np.integer]) -> tuple[F64, F64]:
@@ -132,14 +147,11 @@ def step_points(table: RoutingTable, rows: npt.NDArray[np.integer]) -> tuple[F64
 def resolve(override_ms: float | None, fit: StepFit | str | None, default_ms: float) -> StepTime:
     """The step time to decide with: the operator's override, else the fit, else the configured default."""
     if override_ms is not None:
-        return StepTime(override_ms, StepTimeSource.OVERRIDE, f"{override_ms:g} ms set by the operator "
-                                                              "(decision.load_ms)")
+        return StepTime(override_ms, StepTimeSource.OVERRIDE, "set by the operator (decision.load_ms)")
     if isinstance(fit, StepFit):
-        return StepTime(fit.load_ms, StepTimeSource.FITTED, f"{fit.load_ms:.4g} ms fitted from {fit.points} measured "
-                                                            f"steps (t = {fit.a_ms:.3g} + {fit.b_ms:.3g} x busiest "
-                                                            f"load + {fit.c_ms:.3g} x batch)", fit)
+        return StepTime(fit.load_ms, StepTimeSource.FITTED, f"fitted from {fit.points} measured steps", fit)
     why = fit if isinstance(fit, str) else "no measured step times"
-    return StepTime(default_ms, StepTimeSource.DEFAULT, f"{default_ms:g} ms, the configured default: {why}")
+    return StepTime(default_ms, StepTimeSource.DEFAULT, f"the configured default: {why}")
 
 
 def agrees(proposed_ms: float, own: StepTime, rel_tol: float = 0.25) -> bool:
@@ -148,3 +160,42 @@ def agrees(proposed_ms: float, own: StepTime, rel_tol: float = 0.25) -> bool:
     if not proposed_ms >= 0:
         return False
     return abs(proposed_ms - own.load_ms) <= rel_tol * max(own.load_ms, 1e-9)
+
+
+class StepTimeEstimator:
+    """The measured steps of the last `keep` windows, each with the busiest-rank load and batch of its counts
+    under the table that served it; `current` fits them (the same windows give the same figure on every node)."""
+
+    def __init__(self, keep: int = 50) -> None:
+        self.keep = keep
+        self._windows: list[tuple[int, F64, F64, F64]] = []  # (window seq, t_ms [S], busiest [S], tokens [S])
+        self._version: int | None = None  # the table the last window was observed under
+
+    def observe(self, seq: int, table: RoutingTable, rows: npt.NDArray[np.integer],
+                step_us: npt.NDArray[np.integer] | None) -> None:
+        """A closed window's sampled steps rows [S, L, E] and their wall times step_us [S] (None: unmeasured)."""
+        changed = self._version is not None and table.version != self._version
+        self._version = table.version
+        if changed:  # the first window under a new table ran partly under the old one (the engines install it later)
+            return
+        if step_us is None or len(step_us) == 0 or np.shape(step_us) != np.shape(rows)[:1]:
+            return
+        busiest, tokens = step_points(table, rows)
+        t = np.asarray(step_us, dtype=np.float64) / 1e3
+        self._windows = (self._windows + [(seq, t, busiest, tokens)])[-self.keep:]
+
+    @property
+    def points(self) -> int:
+        return sum(len(w[1]) for w in self._windows)
+
+    def fit(self) -> StepFit | str | None:
+        """The fit of the windows held, why there is none, or None when no window was measured."""
+        if not self._windows:
+            return None
+        cat = [np.concatenate([w[i] for w in self._windows]) for i in (1, 2, 3)]
+        return fit_step_time(cat[0], cat[1], cat[2])
+
+    def current(self, configured_ms: float, override: bool) -> StepTime:
+        """The step time to decide with: `configured_ms` when the operator set it (`override`), else the fit,
+        else `configured_ms` as the default."""
+        return resolve(configured_ms if override else None, None if override else self.fit(), configured_ms)

@@ -36,6 +36,7 @@ class Worth:
     horizon_steps: int
     margin: float
     tau: float
+    source: str = ""  # where load_ms came from (controlplane.steptime: fitted from N steps, override, default)
 
     @property
     def enabled(self) -> bool:
@@ -49,7 +50,8 @@ class Worth:
         return self.gain_s(gain) >= (1.0 + self.margin) * cost_s / max(ranks, 1)
 
     def explain(self, gain: float, cost_s: float, ranks: int) -> str:
-        return (f"gain {gain:.4f} over {self.horizon_steps} steps at {self.load_ms:g} ms of load a step saves "
+        said = f" ({self.source})" if self.source else ""
+        return (f"gain {gain:.4f} over {self.horizon_steps} steps at {self.load_ms:.4g} ms of load a step{said} saves "
                 f"{self.gain_s(gain) * 1e3:.1f} ms of serving; its copies cost {cost_s / max(ranks, 1) * 1e3:.1f} ms "
                 f"({cost_s * 1e3:.1f} ms over {ranks} ranks side by side), x{1 + self.margin:g} needed")
 

@@ -274,6 +274,8 @@ def explain(r: apb.ExplainReply, verbose: bool = False) -> None:
     if not verbose and len(trigger) > TRIGGER_CHARS:
         trigger = trigger[:TRIGGER_CHARS] + f"... (--verbose: all {len(trigger)} characters)"
     c.print(f"trigger: {trigger}")
+    if r.step_time:
+        c.print(f"step time: {r.step_time}")
     p = r.plan
     c.print(f"estimated gain {p.estimated_gain:+.4f}, verified gain {p.verified_gain:+.4f}, cost {p.cost:.4f} s")
     lines = op_lines(p.ops, r.copy_bytes, verbose)

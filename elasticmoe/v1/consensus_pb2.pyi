@@ -115,7 +115,7 @@ class Operation(_message.Message):
     def __init__(self, kind: _Optional[_Union[OpKind, str]] = ..., layer: _Optional[int] = ..., experts: _Optional[_Iterable[int]] = ..., src: _Optional[int] = ..., dst: _Optional[int] = ..., rank: _Optional[int] = ..., source: _Optional[int] = ...) -> None: ...
 
 class Plan(_message.Message):
-    __slots__ = ("ops", "estimated_gain", "verified_gain", "cost", "trigger", "replay_from_step", "replay_to_step", "kind", "forced", "proposed_at_unix_ms")
+    __slots__ = ("ops", "estimated_gain", "verified_gain", "cost", "trigger", "replay_from_step", "replay_to_step", "kind", "forced", "proposed_at_unix_ms", "load_ms")
     OPS_FIELD_NUMBER: _ClassVar[int]
     ESTIMATED_GAIN_FIELD_NUMBER: _ClassVar[int]
     VERIFIED_GAIN_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +126,7 @@ class Plan(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     FORCED_FIELD_NUMBER: _ClassVar[int]
     PROPOSED_AT_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_MS_FIELD_NUMBER: _ClassVar[int]
     ops: _containers.RepeatedCompositeFieldContainer[Operation]
     estimated_gain: float
     verified_gain: float
@@ -136,7 +137,8 @@ class Plan(_message.Message):
     kind: PlanKind
     forced: bool
     proposed_at_unix_ms: int
-    def __init__(self, ops: _Optional[_Iterable[_Union[Operation, _Mapping]]] = ..., estimated_gain: _Optional[float] = ..., verified_gain: _Optional[float] = ..., cost: _Optional[float] = ..., trigger: _Optional[str] = ..., replay_from_step: _Optional[int] = ..., replay_to_step: _Optional[int] = ..., kind: _Optional[_Union[PlanKind, str]] = ..., forced: _Optional[bool] = ..., proposed_at_unix_ms: _Optional[int] = ...) -> None: ...
+    load_ms: float
+    def __init__(self, ops: _Optional[_Iterable[_Union[Operation, _Mapping]]] = ..., estimated_gain: _Optional[float] = ..., verified_gain: _Optional[float] = ..., cost: _Optional[float] = ..., trigger: _Optional[str] = ..., replay_from_step: _Optional[int] = ..., replay_to_step: _Optional[int] = ..., kind: _Optional[_Union[PlanKind, str]] = ..., forced: _Optional[bool] = ..., proposed_at_unix_ms: _Optional[int] = ..., load_ms: _Optional[float] = ...) -> None: ...
 
 class Proposal(_message.Message):
     __slots__ = ("version", "ballot", "table", "plan", "proposer")

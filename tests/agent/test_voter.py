@@ -124,3 +124,25 @@ def test_a_rebalance_whose_gain_is_one_burst_step_is_refused_a_steady_one_passes
         steady.remember(w, hot.sum(axis=0, dtype=np.uint64), hot)
     ok, gain, why = steady.verify(head, proposed, make_plan((), 0.5, 0.5, 0.0, "step imbalance", kind="rebalance"))
     assert ok and gain > 0.3, (gain, why)
+
+
+def test_a_rebalance_judged_with_a_step_time_far_from_this_nodes_fit_is_refused() -> None:
+    """The voters judge with one step time: a proposer's (Plan.load_ms) more than a quarter from this node's own
+    fit from the same windows is refused; within it, or where either has no fit, the replay decides as before."""
+    from controlplane.steptime import StepFit, StepTime, StepTimeSource
+
+    head, proposed = _tables()
+    v = Voter(DecisionParams(), tolerance=0.05)
+    for w in range(3):  # experts 0 and 1 hot on rank 0: the proposed table splits them
+        _remember(v, w, np.array([[100, 100, 10, 10, 10, 10, 10, 10]], np.uint64))
+    fitted = StepTime(4.0, StepTimeSource.FITTED, "fitted from 300 measured steps", StepFit(1.0, 0.01, 0.0, 4.0, 300))
+    v.own_step_time = lambda: fitted
+    plan = make_plan((), 0.2, 0.2, 0.0, "step imbalance", kind="rebalance", load_ms=12.0)
+    ok, _, why = v.verify(head, proposed, plan)
+    assert not ok and why.startswith("step time 12 ms: this node fits 4 ms (fitted from 300 measured steps)"), why
+    ok, _, why = v.verify(head, proposed, make_plan((), 0.2, 0.2, 0.0, "step imbalance", kind="rebalance",
+                                                     load_ms=4.8))
+    assert ok, why
+    v.own_step_time = lambda: StepTime(12.0, StepTimeSource.DEFAULT, "the configured default: 3 measured steps")
+    ok, _, why = v.verify(head, proposed, plan)
+    assert ok, why

@@ -56,11 +56,15 @@ def test_too_few_or_too_flat_steps_give_the_configured_figure_and_say_why() -> N
     why = fit_step_time(t, m, n)
     assert isinstance(why, str) and f"{MIN_POINTS - 1} measured steps" in why
     st = resolve(None, why, 12.0)
-    assert (st.load_ms, st.source) == (12.0, StepTimeSource.DEFAULT) and why in st.why
+    assert (st.load_ms, st.source) == (12.0, StepTimeSource.DEFAULT) and why in st.why and "default" in st.why
     flat = fit_step_time(np.full(100, 5.0), np.full(100, 1000.0), np.full(100, 800.0))
-    assert isinstance(flat, str) and "hardly varies" in flat
+    assert isinstance(flat, str) and "the same in all 100 steps" in flat
+    rng = np.random.default_rng(0)  # a load that varies by 1% under a 10% jitter: no fit can tell its part
+    m = 1000.0 * (1 + 0.01 * rng.standard_normal(100))
+    noisy = fit_step_time((2 + 0.004 * m) * (1 + 0.1 * rng.standard_normal(100)), m, np.full(100, 800.0))
+    assert isinstance(noisy, str) and "varies too little" in noisy
     falling = fit_step_time(np.linspace(10, 5, 100), np.linspace(1000, 2000, 100), np.full(100, 800.0))
-    assert isinstance(falling, str) and "expected > 0" in falling
+    assert isinstance(falling, str) and "varies too little" in falling
 
 
 def test_the_operators_figure_wins_and_a_fit_says_its_points() -> None:
@@ -84,3 +88,42 @@ def test_step_points_are_the_busiest_ranks_load_under_the_serving_table() -> Non
     rows = np.array([[[10, 0, 0, 0]], [[5, 5, 5, 5]]])
     busiest, pairs = step_points(table, rows)
     assert busiest.tolist() == [10.0, 10.0] and pairs.tolist() == [10.0, 20.0]
+
+
+def _windows_with_measured_steps(ctl: object, seed: int, windows: int, a: float, b: float, jitter: float) -> float:
+    """Feed `windows` windows of 10 sampled steps whose skew varies (the busiest rank's load by +-30%), each
+    step's time a + b x its busiest-rank load (under the head) with a seeded jitter; returns b x mean load."""
+    from controlplane.controller import WindowClosed
+
+    rng = np.random.default_rng(seed)
+    head = ctl.head  # type: ignore[attr-defined]
+    ms = []
+    for seq in range(windows):
+        rows = np.zeros((10, head.layers, head.experts), np.uint32)
+        for s in range(10):
+            p = rng.dirichlet(np.full(head.experts, rng.uniform(0.5, 20.0)), size=head.layers)
+            rows[s] = rng.multinomial(512, p[0], size=head.layers).astype(np.uint32)
+        busiest, _ = step_points(head, rows)
+        ms.append(busiest)
+        t = (a + b * busiest) * (1 + jitter * rng.standard_normal(10))
+        ctl.step(WindowClosed(seq, seq * 100, rows, span=100, step_us=np.rint(t * 1e3).astype(np.uint32)))  # type: ignore[attr-defined]
+        ctl.advance()  # type: ignore[attr-defined]
+    return b * float(np.concatenate(ms[-50:]).mean())
+
+
+def test_the_controller_decides_with_the_step_time_it_fits_and_an_operators_figure_wins() -> None:
+    from controlplane.controller import Controller, DecisionParams
+    from controlplane.table import initial_table
+
+    head = initial_table(Topology(2, 2, 3), 4, 8)
+    params = DecisionParams(window=100, theta=1e6, fast_theta=1e6, load_ms=12.0)
+    ctl = Controller(params, head)
+    assert ctl.step_time.source is StepTimeSource.DEFAULT and ctl.params.worth().load_ms == 12.0
+    truth = _windows_with_measured_steps(ctl, 3, 30, a=2.0, b=0.01, jitter=0.10)
+    st = ctl.step_time
+    assert st.source is StepTimeSource.FITTED and abs(st.load_ms - truth) <= 0.10 * truth, (st, truth)
+    assert ctl.params.worth().load_ms == st.load_ms and ctl.worth.worth.load_ms == st.load_ms  # the trigger's too
+    assert "fitted from 300 measured steps" in ctl.params.worth().source
+    fixed = Controller(DecisionParams(window=100, theta=1e6, fast_theta=1e6, load_ms=12.0, load_ms_override=True), head)
+    _windows_with_measured_steps(fixed, 3, 30, a=2.0, b=0.01, jitter=0.10)
+    assert fixed.step_time.source is StepTimeSource.OVERRIDE and fixed.params.worth().load_ms == 12.0
