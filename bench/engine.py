@@ -311,7 +311,8 @@ class EPCluster:
     def load_ms(self, table: RoutingTable, counts: npt.NDArray[np.integer]) -> float:
         """Milliseconds of a step that scale with its busiest rank's load under `table`, mean over `counts`' steps:
         the MoE part of the step minus the same step with no routed tokens (weight reads that do not scale).
-        What an operator reads off the engine for the agents' `decision.load_ms` (controlplane.worth)."""
+        The reference figure results.json sets beside the agents' own fit of it (bench.measured.step_time_entry;
+        controlplane.steptime), which they make from the step times this engine's plugins report."""
         S = self.topo.slots_per_rank
 
         def moe_ms(c: npt.NDArray[np.integer]) -> F64:
