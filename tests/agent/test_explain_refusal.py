@@ -4,35 +4,17 @@ verified gain and the lower bound that refused it. Driven through the agent's de
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
 import numpy as np
 
-from agent.consensus.core import Outcome
 from agent.pipeline import DecisionPipeline
 from agent.telemetry import Telemetry
 from agent.voter import Voter
 from controlplane.controller import DecisionParams
-from controlplane.table import RoutingTable, initial_table
+from controlplane.table import initial_table
 from controlplane.topology import Topology
-from elasticmoe.v1 import consensus_pb2 as cpb
+from tests.agent.test_pipeline import Backend, Clock  # the pipeline tests' stand-ins
 
 W = 20
-
-
-@dataclass
-class Backend:
-    head: RoutingTable
-    proposed: list[tuple[RoutingTable, cpb.Plan, Callable[[Outcome], None]]] = field(default_factory=list)
-
-    def propose(self, table: RoutingTable, plan: cpb.Plan, on_done: Callable[[Outcome], None]) -> None:
-        self.proposed.append((table, plan, on_done))
-
-
-class Clock:
-    def now(self) -> float:
-        return 0.0
 
 
 def test_explain_names_the_refusal_and_its_bound() -> None:

@@ -7,11 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controlplane.controller import Controller, DecisionParams, Ready, WindowClosed
+from controlplane.controller import Controller, DecisionParams, Ready
 from controlplane.table import initial_table
 from controlplane.topology import Topology
-
-W = 20
+from tests.controlplane.test_worth import W, run  # windows of W steps, stepped through a controller
 
 
 def windows(n: int, burst_every: int = 0, hot: int = 0, seed: int = 0) -> list[np.ndarray]:
@@ -27,14 +26,6 @@ def windows(n: int, burst_every: int = 0, hot: int = 0, seed: int = 0) -> list[n
             if burst_every and (w * W + t) % burst_every == burst_every - 1:
                 c[t, :, 0] = 30000
         out.append(c)
-    return out
-
-
-def run(c: Controller, ws: list[np.ndarray]) -> list[Ready]:
-    out = []
-    for seq, counts in enumerate(ws):
-        out.append(c.step(WindowClosed(seq, seq * W, counts)))
-        c.advance()
     return out
 
 
