@@ -18,7 +18,7 @@ from controlplane.decision import DecisionParams
 from controlplane.errors import ControlPlaneError
 from controlplane.steptime import StepTime, StepTimeSource, agrees
 from controlplane.table import RoutingTable
-from controlplane.verify import same_mix, verify_decision
+from controlplane.verify import STEP_TIME_DISAGREES, same_mix, verify_decision
 from elasticmoe.v1 import consensus_pb2 as cpb
 
 # how far a proposer's step time may be from this node's own fit (relative): both fit the same gossiped windows,
@@ -55,7 +55,7 @@ class Voter:
         if plan_kind(plan) == "rebalance" and plan.load_ms > 0 and self.own_step_time is not None:
             own = self.own_step_time()
             if own.source is StepTimeSource.FITTED and not agrees(plan.load_ms, own, STEP_TIME_TOLERANCE):
-                return False, 0.0, (f"step time {plan.load_ms:.4g} ms: this node fits {own.load_ms:.4g} ms ({own.why}), "
+                return False, 0.0, (f"{STEP_TIME_DISAGREES}: step time {plan.load_ms:.4g} ms: this node fits {own.load_ms:.4g} ms ({own.why}), "
                                     f"more than {STEP_TIME_TOLERANCE:g} apart")
         replay = self.span(plan.replay_from_step, plan.replay_to_step)
         if replay is None:  # none of the windows the proposer replayed is here: validity is the whole check

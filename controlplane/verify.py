@@ -43,6 +43,8 @@ INVALID_TABLE = "INVALID_TABLE"
 SHAPE_MISMATCH = "SHAPE_MISMATCH"
 EMPTY_REPLAY = "EMPTY_REPLAY"
 GAIN_NOT_SIGNIFICANT = "GAIN_NOT_SIGNIFICANT"  # a gain >= tau whose lower confidence bound is not above 0
+# a voter's own (agent.voter): the step time a rebalance was judged with is not the one this node fits
+STEP_TIME_DISAGREES = "STEP_TIME_DISAGREES"
 
 
 class RankLoadKernel:

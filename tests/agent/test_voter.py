@@ -139,7 +139,7 @@ def test_a_rebalance_judged_with_a_step_time_far_from_this_nodes_fit_is_refused(
     v.own_step_time = lambda: fitted
     plan = make_plan((), 0.2, 0.2, 0.0, "step imbalance", kind="rebalance", load_ms=12.0)
     ok, _, why = v.verify(head, proposed, plan)
-    assert not ok and why.startswith("step time 12 ms: this node fits 4 ms (fitted from 300 measured steps)"), why
+    assert not ok and why.startswith("STEP_TIME_DISAGREES: step time 12 ms: this node fits 4 ms (fitted from 300 measured steps)"), why
     ok, _, why = v.verify(head, proposed, make_plan((), 0.2, 0.2, 0.0, "step imbalance", kind="rebalance",
                                                      load_ms=4.8))
     assert ok, why
