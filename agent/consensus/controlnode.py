@@ -269,11 +269,15 @@ class ControlNode:
         return None
 
     def _accept(self, src: str, req: pb.ControlAcceptRequest) -> pb.ControlAck:
+        writer = req.writer if req.HasField("writer") else None
+        code, denied = self.acceptor.admits(req.record, src, writer)  # who may send it, first: a forged record is
+        if denied:  # refused as such by a learner or a failed disk too, not answered "try again later"
+            return pb.ControlAck(ok=False, from_node=self.node_id, reason=f"PERMISSION_DENIED: {denied}", code=code)
         why = self.abstains()
         if why:
             return pb.ControlAck(ok=False, from_node=self.node_id, reason=f"UNAVAILABLE: {why}",
                                  code=pb.CONTROL_UNAVAILABLE)
-        reply, st = self.acceptor.on_accept(req.record, src, req.writer if req.HasField("writer") else None)
+        reply, st = self.acceptor.on_accept(req.record, src, writer)
         if st is not None:
             if not self._persist(st):
                 return pb.ControlAck(ok=False, from_node=self.node_id, reason=f"UNAVAILABLE: {self.store.failure}",

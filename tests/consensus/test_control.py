@@ -186,3 +186,21 @@ def test_the_control_state_is_kept_by_compaction() -> None:
     s.close()
     again = Store(disk=disk)
     assert again.open().control == st and again.control == st
+
+
+def test_a_voter_that_abstains_still_refuses_a_forged_record_as_forged() -> None:
+    """A learner (or a failed disk) answers a record from its writer "try again" (UNAVAILABLE), but a record sent
+    under another's name is refused as PERMISSION_DENIED whatever the receiver's state: the sender learns nothing
+    from the timing of the receiver's recovery, and the refusal is counted as one."""
+    c = cluster()
+    a, b, other = c.voters[0], c.voters[1], c.voters[2]
+    c.nodes[b].gate = lambda: "node is a learner (empty store)"
+    node = c.nodes[b].control
+    honest = node.handle(a, pb.ControlAcceptRequest(record=rec(1, a)))
+    assert isinstance(honest, pb.ControlAck) and not honest.ok and honest.code == pb.CONTROL_UNAVAILABLE, honest
+    for src, forged, code in (("outsider", rec(1, other), pb.CONTROL_NOT_WRITER),
+                              (a, rec(1, "admin"), pb.CONTROL_UNKNOWN_WRITER)):
+        no = node.handle(src, pb.ControlAcceptRequest(record=forged))
+        assert isinstance(no, pb.ControlAck) and not no.ok and no.code == code, no
+        assert no.reason.startswith("PERMISSION_DENIED") and f"record.node_id = {forged.node_id!r}" in no.reason
+    assert node.acceptor.accepted is None and node.refused["CONTROL_UNKNOWN_WRITER"] == 1
