@@ -148,7 +148,7 @@ def test_deploy_configs_serve_the_one_socket(name: str) -> None:
     assert config(name).shim_socket_path == SOCKET
 
 
-@pytest.mark.parametrize("path", ["README.md", "deploy/OPERATIONS.md", "deploy/k8s/daemonset.yaml",
+@pytest.mark.parametrize("path", ["README.md", "docs/engines.md", "deploy/OPERATIONS.md", "deploy/k8s/daemonset.yaml",
                                   "deploy/k8s/configmap.yaml", "deploy/k8s/examples/vllm-pod.yaml",
                                   "deploy/configs/k8s.toml", "deploy/configs/lan.toml",
                                   "deploy/systemd/emoe.sysusers.conf"])
