@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from agent.consensus.paxos import quorum_size
+from agent.consensus.refusal import control_refusal
 from elasticmoe.v1 import consensus_pb2 as pb
 
 Key = tuple[int, str]
@@ -237,8 +238,7 @@ class ControlWrite:
         if self.done or src not in self.voters or src in self.acks or src in self.refusals:
             return ""
         if not a.ok:
-            unavailable = (a.code == pb.CONTROL_UNAVAILABLE if a.code != pb.CONTROL_REFUSAL_UNSPECIFIED
-                           else a.reason.startswith("UNAVAILABLE"))  # (no code: a release before codes)
+            unavailable = control_refusal(a) == pb.CONTROL_UNAVAILABLE
             transient = unavailable and not a.HasField("accepted") and not a.HasField("certified")
             if transient:  # a voter enrolling or catching up: asked again next round (unless a retry goes higher)
                 self.unavailable[src] = a.reason

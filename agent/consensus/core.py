@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING
 
 from agent.clock import Clock, Timer
 from agent.config import ConsensusConfig
-from agent.consensus.paxos import Acceptor, BallotAttempt
+from agent.consensus.paxos import Acceptor, BallotAttempt, Verdict
+from agent.consensus.refusal import Refusal
 from agent.store import Store
 from agent.transport import Transport
 from controlplane.table import RoutingTable
@@ -89,12 +90,13 @@ class NodeCore(ABC):
         """Fetch and install the commits `peer` has beyond our head."""
 
     @abstractmethod
-    def _check(self, p: pb.Proposal) -> tuple[bool, float, str]:
-        """This node's verdict on a proposal as a voter: (ok, gain, reason)."""
+    def _check(self, p: pb.Proposal) -> Verdict:
+        """This node's verdict on a proposal as a voter: (ok, gain, reason, code)."""
 
     @abstractmethod
-    def _learned(self, c: pb.Commit, src: str | None, broadcast: bool, attempt: BallotAttempt | None = None) -> str:
-        """Learn a commit (validate, persist, install); "" or why it was refused."""
+    def _learned(self, c: pb.Commit, src: str | None, broadcast: bool,
+                 attempt: BallotAttempt | None = None) -> tuple[Refusal, str]:
+        """Learn a commit (validate, persist, install); (REFUSAL_UNSPECIFIED, "") or why it was refused."""
 
     # ---- recovery.py ----------------------------------------------------------------------------
     @abstractmethod

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable
 
 from agent.consensus.paxos import check_certificate
+from agent.consensus.refusal import Refusal
 from agent.store import Recovered, Store
 from controlplane.errors import ControlPlaneError
 from controlplane.table import RoutingTable
@@ -20,6 +21,7 @@ from elasticmoe.v1 import consensus_pb2 as pb
 log = logging.getLogger(__name__)
 
 InstallHook = Callable[[pb.Commit, RoutingTable], None]
+BAD = pb.REFUSAL_INVALID_ARGUMENT  # a commit that is not certified, decodes to no valid table, or has another parent
 
 
 def shape_mismatch(table: RoutingTable, head: RoutingTable) -> str:
@@ -100,10 +102,12 @@ class CommittedLog:
                 why = f"invalid table: {e}"
         return (None, f"INVALID_ARGUMENT: {why}") if why else (table, "")
 
-    def offer(self, c: pb.Commit, before_install: Callable[[pb.Commit], None] | None = None) -> tuple[str, bool]:
+    def offer(self, c: pb.Commit, before_install: Callable[[pb.Commit], None] | None = None
+              ) -> tuple[Refusal, str, bool]:
         """Validate `c` and install it (and any buffered successors) if it extends the head.
 
-        Returns (why it was refused, or "", whether we are behind: the caller should catch up).
+        Returns (why it was refused as a code, and in words, or REFUSAL_UNSPECIFIED and "", whether we are
+        behind: the caller should catch up).
         `before_install` runs after the commit is durable and before it is installed (the proposer's send).
         """
         v = int(c.table.version)
@@ -113,37 +117,38 @@ class CommittedLog:
                 # only a whole certified rival (valid table, right parent) is a broken invariant; anything
                 # less is bad input, refused without a trace in our state
                 why = self._certified(c)
-                if not why:
-                    table, why = self._decode(c)
-                    if table is not None and table.parent != v - 1:
-                        why = f"INVALID_ARGUMENT: version {v} has parent {table.parent}: expected {v - 1}"
                 if why:
-                    return why if why.startswith("INVALID_ARGUMENT") else f"INVALID_ARGUMENT: {why}", False
+                    return BAD, f"INVALID_ARGUMENT: {why}", False
+                table, why = self._decode(c)
+                if table is not None and table.parent != v - 1:
+                    why = f"INVALID_ARGUMENT: version {v} has parent {table.parent}: expected {v - 1}"
+                if why:
+                    return BAD, why, False
                 msg = (f"version {v}: certified table {c.qc.table_hash.hex()[:12]} differs from ours "
                        f"{mine.qc.table_hash.hex()[:12]}")
-                return self._conflict(msg), False
-            return "", False
+                return pb.REFUSAL_CONFLICT, self._conflict(msg), False
+            return pb.REFUSAL_UNSPECIFIED, "", False
         why = self._certified(c)
         if why:
-            return f"INVALID_ARGUMENT: {why}", False
+            return BAD, f"INVALID_ARGUMENT: {why}", False
         table, why = self._decode(c)  # decoded and validated before it is buffered or installed
         if table is None:
-            return why, False
+            return BAD, why, False
         if v > self.head.version + 1:
             if len(self.future) < self.max_buffered:
                 self.future[v] = c
-            return "", True
+            return pb.REFUSAL_UNSPECIFIED, "", True
         if table.parent != self.head.version:
-            return f"INVALID_ARGUMENT: version {v} has parent {table.parent}: expected {self.head.version}", False
+            return BAD, f"INVALID_ARGUMENT: version {v} has parent {table.parent}: expected {self.head.version}", False
         chain = parent_hash_mismatch(table, self.head)
         if chain:  # a certified table built on another table at our head's version: our histories diverged
-            return self._conflict(f"certified version {v} does not build on ours: {chain}"), False
+            return pb.REFUSAL_CONFLICT, self._conflict(f"certified version {v} does not build on ours: {chain}"), False
         self.store.append_commit(c, self.ride_along(v) if self.ride_along else None)  # 1. persist
         self.commits[v] = c
         if before_install is not None:
             before_install(c)  # 2. send
         self._install(c, table)  # 3. install
-        return "", False
+        return pb.REFUSAL_UNSPECIFIED, "", False
 
     def _conflict(self, msg: str) -> str:
         """A certified table that disagrees with one we hold: I1 is broken somewhere. Said loudly (ERROR, and

@@ -26,10 +26,11 @@ from agent.config import ConsensusConfig
 from agent.consensus.controlnode import ControlNode
 from agent.consensus.core import Outcome
 from agent.consensus.log import CommittedLog, parent_hash_mismatch, shape_mismatch
-from agent.consensus.paxos import Acceptor, BallotAttempt, quorum_size, round0_owner
+from agent.consensus.paxos import Acceptor, BallotAttempt, Verdict, quorum_size, round0_owner
 from agent.consensus.proposer import Pending, ProposerMixin
 from agent.consensus.rebuild import Rebuild
 from agent.consensus.recovery import RecoveryMixin
+from agent.consensus.refusal import Refusal
 from agent.consensus.signing import VoteSigner
 from agent.store import Store, StoreFailed
 from agent.transport import Transport
@@ -254,19 +255,21 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
             # fail-stop (a vote that cannot be made durable is never given), or rebuilding after store loss
             why = f"UNAVAILABLE: {abstains}"
             if isinstance(req, pb.PrepareRequest):
-                return pb.Promise(ok=False, from_node=self.node_id, committed_head=head, reason=why)
+                return pb.Promise(ok=False, from_node=self.node_id, committed_head=head, reason=why,
+                                  code=pb.REFUSAL_UNAVAILABLE)
             if isinstance(req, pb.AcceptRequest):
                 return pb.Accepted(ok=False, from_node=self.node_id, committed_head=head,
-                                   ballot=req.proposal.ballot, reason=why)
+                                   ballot=req.proposal.ballot, reason=why, code=pb.REFUSAL_UNAVAILABLE)
         if method == "Consensus/Prepare" and isinstance(req, pb.PrepareRequest):
             if req.ballot.node_id != src:  # a proposer only ever uses its own ballots
                 return pb.Promise(ok=False, from_node=self.node_id, committed_head=head,
-                                  reason=f"ballot.node_id = {req.ballot.node_id!r}: expected the sender {src!r}")
+                                  reason=f"ballot.node_id = {req.ballot.node_id!r}: expected the sender {src!r}",
+                                  code=pb.REFUSAL_INVALID_ARGUMENT)
             promise, st = self.acceptor.on_prepare(req, self.log.head.version)
             if st is not None:
                 if not self._persist(st):  # persist before the reply leaves
                     return pb.Promise(ok=False, from_node=self.node_id, committed_head=head,
-                                      reason=f"UNAVAILABLE: {self.failure}")
+                                      reason=f"UNAVAILABLE: {self.failure}", code=pb.REFUSAL_UNAVAILABLE)
                 self.acceptor.apply(st)
             elif req.version > self.log.head.version + 1:
                 self.catch_up(src)
@@ -275,13 +278,14 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
             if req.proposal.ballot.node_id != src:  # else a member could spend another's round 0 (I1)
                 return pb.Accepted(ok=False, from_node=self.node_id, committed_head=head, ballot=req.proposal.ballot,
                                    reason=f"ballot.node_id = {req.proposal.ballot.node_id!r}: expected the sender "
-                                          f"{src!r}")
+                                          f"{src!r}", code=pb.REFUSAL_INVALID_ARGUMENT)
             reply, st = self.acceptor.on_accept(req, self.log.head.version, self._check)
             v = int(req.proposal.version)
             if st is not None:
                 if not self._persist(st):
                     return pb.Accepted(ok=False, from_node=self.node_id, committed_head=head,
-                                       ballot=req.proposal.ballot, reason=f"UNAVAILABLE: {self.failure}")
+                                       ballot=req.proposal.ballot, reason=f"UNAVAILABLE: {self.failure}",
+                                       code=pb.REFUSAL_UNAVAILABLE)
                 self.acceptor.apply(st)
                 self._sign(reply, req.proposal)
                 self._recoveries.pop(v, None)
@@ -291,8 +295,9 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
                 self.catch_up(src)
             return reply
         if method == "Consensus/Learn" and isinstance(req, pb.Commit):
-            why = self._learned(req, src, broadcast=False)
-            return pb.CommitAck(ok=not why, from_node=self.node_id, committed_head=self.log.head.version, reason=why)
+            code, why = self._learned(req, src, broadcast=False)
+            return pb.CommitAck(ok=not why, from_node=self.node_id, committed_head=self.log.head.version, reason=why,
+                                code=code)
         if method == "Consensus/CatchUp" and isinstance(req, pb.CatchUpRequest):
             knew = self._enrol(src, int(req.enrolment))
             if knew is None:
@@ -307,41 +312,44 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
             return reply
         return None
 
-    def _check(self, p: pb.Proposal) -> tuple[bool, float, str]:
+    def _check(self, p: pb.Proposal) -> Verdict:
         """A voter's own verification of a proposal whose version and parent already match its head."""
+        bad = pb.REFUSAL_INVALID_ARGUMENT
         for name in ("estimated_gain", "verified_gain", "cost"):
             x = getattr(p.plan, name)
             if not math.isfinite(x):
-                return False, 0.0, f"INVALID_ARGUMENT: plan.{name} = {x}: expected a finite number"
+                return Verdict(False, 0.0, f"INVALID_ARGUMENT: plan.{name} = {x}: expected a finite number", bad)
         try:
             table = table_from_pb(p.table, self.log.head.topology)
         except TableWireError as e:
-            return False, 0.0, f"INVALID_ARGUMENT: {e}"
+            return Verdict(False, 0.0, f"INVALID_ARGUMENT: {e}", bad)
         why = shape_mismatch(table, self.log.head)
         if why:
-            return False, 0.0, f"INVALID_ARGUMENT: {why}"
+            return Verdict(False, 0.0, f"INVALID_ARGUMENT: {why}", bad)
         if table.version != p.version or table.parent != self.log.head.version:
-            return False, 0.0, f"table version {table.version} parent {table.parent}: expected {p.version} on {self.log.head.version}"
+            return Verdict(False, 0.0, f"table version {table.version} parent {table.parent}: expected {p.version} on "
+                           f"{self.log.head.version}", pb.REFUSAL_PARENT_MISMATCH)
         if table.parent_hash != self.log.head.digest:  # built on another table for our head's version
-            return False, 0.0, parent_hash_mismatch(table, self.log.head)
+            return Verdict(False, 0.0, parent_hash_mismatch(table, self.log.head), pb.REFUSAL_PARENT_MISMATCH)
         try:  # what the plan must show on this node's replay is the verifier's to say (agent.voter.Voter)
-            return self.verifier(self.log.head, table, p.plan)
+            return Verdict(*self.verifier(self.log.head, table, p.plan))
         except Exception as e:  # a verifier bug must not take the acceptor down; it votes no and says why
             log.exception("verifier raised on version %d", p.version)
-            return False, 0.0, f"verifier raised {type(e).__name__}: {e}"
+            return Verdict(False, 0.0, f"verifier raised {type(e).__name__}: {e}")
 
     # ---- learner ------------------------------------------------------------------------------------
-    def _learned(self, c: pb.Commit, src: str | None, broadcast: bool, attempt: BallotAttempt | None = None) -> str:
+    def _learned(self, c: pb.Commit, src: str | None, broadcast: bool,
+                 attempt: BallotAttempt | None = None) -> tuple[Refusal, str]:
         """Offer a certified commit to the log; as its proposer, send it on between persist and install."""
         self._last_attempt = attempt
         try:
-            why, behind = self.log.offer(c, self._broadcast_commit if broadcast else None)
+            code, why, behind = self.log.offer(c, self._broadcast_commit if broadcast else None)
         except StoreFailed:
             self._store_failed()
-            return f"UNAVAILABLE: {self.failure}"
+            return pb.REFUSAL_UNAVAILABLE, f"UNAVAILABLE: {self.failure}"
         if behind and src is not None:
             self.catch_up(src)
-        return why
+        return code, why
 
     def _broadcast_commit(self, c: pb.Commit) -> None:
         for dst in sorted((set(self.voters) | set(self.members())) - {self.node_id}):

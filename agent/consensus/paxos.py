@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
+from agent.consensus.refusal import Refusal, refusal
 from elasticmoe.v1 import consensus_pb2 as pb
 
 Ballot = tuple[int, str]
@@ -28,8 +30,19 @@ MAX_ROUND = 2**62
 # would leave the version unproposable, durably) is refused, and pushing rounds up takes 2^46 messages.
 MAX_ROUND_STEP = 2**16
 
-# (proposal) -> (accept?, the voter's own verified gain, reason when not)
-ProposalCheck = Callable[[pb.Proposal], tuple[bool, float, str]]
+
+
+class Verdict(NamedTuple):
+    """A voter's own check of a proposal: accept?, its verified gain, and when not, why in words and as a code
+    (REFUSAL_REJECTED: the plan's verifier said no; agent.consensus.node's own table checks say otherwise)."""
+
+    ok: bool
+    gain: float
+    reason: str
+    code: Refusal = pb.REFUSAL_REJECTED
+
+
+ProposalCheck = Callable[[pb.Proposal], Verdict]
 
 
 def ballot_of(m: pb.Ballot) -> Ballot:
@@ -119,22 +132,23 @@ class Acceptor:
         v, b = int(req.version), ballot_of(req.ballot)
         no = pb.Promise(ok=False, from_node=self.node_id, committed_head=head)
         if v <= head:
-            no.reason = f"version {v} already committed here (head {head})"
+            no.reason, no.code = f"version {v} already committed here (head {head})", pb.REFUSAL_COMMITTED
             return no, None
         if b[0] == 0:
-            no.reason = "round 0 is phase-2-only: a prepare needs round >= 1"
+            no.reason, no.code = "round 0 is phase-2-only: a prepare needs round >= 1", pb.REFUSAL_INVALID_ARGUMENT
             return no, None
         if b[0] > MAX_ROUND:
-            no.reason = f"ballot.round = {b[0]}: expected <= {MAX_ROUND}"
+            no.reason, no.code = f"ballot.round = {b[0]}: expected <= {MAX_ROUND}", pb.REFUSAL_INVALID_ARGUMENT
             return no, None
         st = self.state(v)
         promised = _state_ballot(st, "promised")
         ceiling = _round_ceiling(st)
         if b[0] > ceiling:
             no.reason = f"ballot.round = {b[0]}: expected <= {ceiling} (the highest round seen here + {MAX_ROUND_STEP})"
+            no.code = pb.REFUSAL_INVALID_ARGUMENT
             return no, None
         if b <= promised:
-            no.reason = f"promised {promised} >= {b}"
+            no.reason, no.code = f"promised {promised} >= {b}", pb.REFUSAL_PROMISED
             no.promised.CopyFrom(ballot_pb(promised))
             return no, None
         new = pb.AcceptorState()
@@ -154,35 +168,39 @@ class Acceptor:
         no = pb.Accepted(ok=False, from_node=self.node_id, committed_head=head)
         no.ballot.CopyFrom(p.ballot)
         if v <= head:
-            no.reason = f"version {v} already committed here (head {head})"
+            no.reason, no.code = f"version {v} already committed here (head {head})", pb.REFUSAL_COMMITTED
             return no, None
         if b[0] > MAX_ROUND:
-            no.reason = f"ballot.round = {b[0]}: expected <= {MAX_ROUND}"
+            no.reason, no.code = f"ballot.round = {b[0]}: expected <= {MAX_ROUND}", pb.REFUSAL_INVALID_ARGUMENT
             return no, None
         if b[0] == 0 and b[1] != round0_owner(v, self.voters):
             no.reason = f"round 0 of version {v} belongs to {round0_owner(v, self.voters)}, not {b[1]}"
+            no.code = pb.REFUSAL_INVALID_ARGUMENT
             return no, None
         st = self.state(v)
         promised = _state_ballot(st, "promised")
         ceiling = _round_ceiling(st)
         if b[0] > ceiling:
             no.reason = f"ballot.round = {b[0]}: expected <= {ceiling} (the highest round seen here + {MAX_ROUND_STEP})"
+            no.code = pb.REFUSAL_INVALID_ARGUMENT
             return no, None
         if b < promised:
-            no.reason = f"promised {promised} > {b}"
+            no.reason, no.code = f"promised {promised} > {b}", pb.REFUSAL_PROMISED
             return no, None
         if v != head + 1 or p.table.parent != head:
             no.reason = f"parent mismatch: proposal for version {v} on parent {p.table.parent}, committed head here {head}"
+            no.code = pb.REFUSAL_PARENT_MISMATCH
             return no, None
         same = st.HasField("accepted") and st.accepted.table.content_hash == p.table.content_hash
         if same:
             gain = st.accepted.plan.verified_gain
         else:
-            ok, gain, why = check(p)
-            if not ok:
-                no.reason = why
-                no.verified_gain = gain
+            verdict = check(p)
+            if not verdict.ok:
+                no.reason, no.code = verdict.reason, verdict.code
+                no.verified_gain = verdict.gain
                 return no, None
+            gain = verdict.gain
         new = pb.AcceptorState()
         new.CopyFrom(st)
         new.promised.CopyFrom(p.ballot)
@@ -210,7 +228,8 @@ class BallotAttempt:
     phase: int = 1
     promises: dict[str, pb.Promise] = field(default_factory=dict)
     accepts: dict[str, pb.Accepted] = field(default_factory=dict)
-    rejects: dict[str, str] = field(default_factory=dict)
+    rejects: dict[str, str] = field(default_factory=dict)  # voter -> why it refused, in words
+    reject_codes: dict[str, Refusal] = field(default_factory=dict)  # ... and as a code (agent.consensus.refusal)
     max_round_seen: int = 0
     max_head_seen: tuple[int, str] = (0, "")
     recovered_from: str = ""  # set when phase 1 adopted a value another proposer had got accepted
@@ -237,11 +256,16 @@ class BallotAttempt:
         p.ballot.CopyFrom(ballot_pb(self.ballot))
         return pb.AcceptRequest(proposal=p, from_node=self.node_id)
 
-    def _note(self, src: str, head: int, ok: bool, reason: str, promised: Ballot) -> None:
+    def refused(self, src: str, reason: str, code: Refusal) -> None:
+        """Record `src`'s refusal of this ballot (its words, and its code)."""
+        self.rejects[src] = reason
+        self.reject_codes[src] = code
+
+    def _note(self, src: str, head: int, m: pb.Promise | pb.Accepted, promised: Ballot) -> None:
         if head > self.max_head_seen[0]:
             self.max_head_seen = (head, src)
-        if not ok:
-            self.rejects[src] = reason
+        if not m.ok:
+            self.refused(src, m.reason, refusal(m))
             self.max_round_seen = max(self.max_round_seen, promised[0])
 
     def _fail_if_hopeless(self) -> str:
@@ -256,7 +280,7 @@ class BallotAttempt:
             return ""
         if ballot_of(m.promised) != self.ballot and m.ok:
             return ""  # a reply to another ballot of ours
-        self._note(src, int(m.committed_head), m.ok, m.reason, ballot_of(m.promised))
+        self._note(src, int(m.committed_head), m, ballot_of(m.promised))
         if not m.ok:
             return self._fail_if_hopeless()
         self.promises[src] = m
@@ -286,9 +310,9 @@ class BallotAttempt:
             return ""
         if ballot_of(m.ballot) != self.ballot:
             return ""
-        self._note(src, int(m.committed_head), m.ok, m.reason, NO_BALLOT)
+        self._note(src, int(m.committed_head), m, NO_BALLOT)
         if not m.ok:
-            if "promised" in m.reason:
+            if self.reject_codes[src] == pb.REFUSAL_PROMISED:
                 self.max_round_seen = max(self.max_round_seen, self.ballot[0] + 1)
             return self._fail_if_hopeless()
         self.accepts[src] = m

@@ -12,6 +12,7 @@ from google.protobuf.message import Message
 
 from agent.consensus.core import NodeCore, Outcome
 from agent.consensus.paxos import BallotAttempt, ballot_of, round0_owner
+from agent.consensus.refusal import CONTESTED
 from elasticmoe.v1 import consensus_pb2 as pb
 
 VOTER_REASON_MAX = 200  # characters of one voter's reason in an outcome: a peer's reply cannot make it unbounded
@@ -107,11 +108,11 @@ class ProposerMixin(NodeCore):
             reply, new_st = self.acceptor.on_accept(req0, self.log.head.version, self._check)
             self._sign(reply, req0.proposal)
             if new_st is None:
-                if "promised" in reply.reason:  # a higher ballot got here first: prepare above it at once
+                if reply.code == pb.REFUSAL_PROMISED:  # a higher ballot got here first: prepare above it at once
                     del self._attempts[v]
                     self._start_attempt(v, fast=False)
                     return
-                att.rejects[self.node_id] = reply.reason
+                att.refused(self.node_id, reply.reason, reply.code)
                 self._attempt_failed(v, att, f"own check: {reply.reason}", retry=False)
                 return
             new.CopyFrom(new_st)
@@ -232,10 +233,10 @@ class ProposerMixin(NodeCore):
                         self._attempt_failed(v, att, f"UNAVAILABLE: {self.store.failed}", retry=False)
                         return
                     self.acceptor.apply(st)
-                elif not att.recovered_from and "promised" not in reply.reason:
+                elif not att.recovered_from and reply.code != pb.REFUSAL_PROMISED:
                     # our own fresh value fails our own check: send nothing (a value phase 1 adopted from
                     # another proposer is still carried to its end, with our vote against it)
-                    att.rejects[self.node_id] = reply.reason
+                    att.refused(self.node_id, reply.reason, reply.code)
                     self._attempt_failed(v, att, f"own check: {reply.reason}", retry=False)
                     return
                 self._broadcast_accept(v, att)
@@ -275,8 +276,7 @@ class ProposerMixin(NodeCore):
         pend.votes = att.votes()
         pend.reasons.append(f"ballot {att.ballot}: {reason}")
         # a voter that is busy (rebuilding, deciding whether it may vote, on a failed disk) may take the next ballot
-        contested = any("promised" in r or "parent" in r or "committed" in r or r.startswith("UNAVAILABLE")
-                        for r in att.rejects.values())
+        contested = any(code in CONTESTED for code in att.reject_codes.values())
         verify_rejected = bool(att.rejects) and not contested
         if not retry or verify_rejected or pend.attempts >= self.cfg.max_attempts:
             self._finish(v, Outcome(False, v, "; ".join(pend.reasons), pend.votes, self.clock.now() - pend.t0))

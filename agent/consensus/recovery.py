@@ -131,7 +131,7 @@ class RecoveryMixin(NodeCore):
     def _learn_in_order(self, commits: Iterable[pb.Commit]) -> None:
         """Learn a reply's commits from the one after our head on, stopping at the first that is refused."""
         for c in commits:
-            if c.table.version == self.log.head.version + 1 and self._learned(c, None, broadcast=False):
+            if c.table.version == self.log.head.version + 1 and self._learned(c, None, broadcast=False)[1]:
                 break
 
     def _snapshot(self, peer: str, r: pb.CatchUpReply) -> bool:

@@ -28,6 +28,17 @@ class PlanKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PLAN_MANUAL: _ClassVar[PlanKind]
     PLAN_REPAIR: _ClassVar[PlanKind]
 
+class Refusal(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REFUSAL_UNSPECIFIED: _ClassVar[Refusal]
+    REFUSAL_COMMITTED: _ClassVar[Refusal]
+    REFUSAL_PROMISED: _ClassVar[Refusal]
+    REFUSAL_PARENT_MISMATCH: _ClassVar[Refusal]
+    REFUSAL_UNAVAILABLE: _ClassVar[Refusal]
+    REFUSAL_INVALID_ARGUMENT: _ClassVar[Refusal]
+    REFUSAL_REJECTED: _ClassVar[Refusal]
+    REFUSAL_CONFLICT: _ClassVar[Refusal]
+
 class ControlRefusal(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     CONTROL_REFUSAL_UNSPECIFIED: _ClassVar[ControlRefusal]
@@ -54,6 +65,14 @@ PLAN_REBALANCE: PlanKind
 PLAN_ROLLBACK: PlanKind
 PLAN_MANUAL: PlanKind
 PLAN_REPAIR: PlanKind
+REFUSAL_UNSPECIFIED: Refusal
+REFUSAL_COMMITTED: Refusal
+REFUSAL_PROMISED: Refusal
+REFUSAL_PARENT_MISMATCH: Refusal
+REFUSAL_UNAVAILABLE: Refusal
+REFUSAL_INVALID_ARGUMENT: Refusal
+REFUSAL_REJECTED: Refusal
+REFUSAL_CONFLICT: Refusal
 CONTROL_REFUSAL_UNSPECIFIED: ControlRefusal
 CONTROL_MALFORMED: ControlRefusal
 CONTROL_SUPERSEDED: ControlRefusal
@@ -165,7 +184,7 @@ class PrepareRequest(_message.Message):
     def __init__(self, version: _Optional[int] = ..., ballot: _Optional[_Union[Ballot, _Mapping]] = ..., from_node: _Optional[str] = ...) -> None: ...
 
 class Promise(_message.Message):
-    __slots__ = ("ok", "from_node", "promised", "accepted_ballot", "accepted", "reason", "committed_head")
+    __slots__ = ("ok", "from_node", "promised", "accepted_ballot", "accepted", "reason", "committed_head", "code")
     OK_FIELD_NUMBER: _ClassVar[int]
     FROM_NODE_FIELD_NUMBER: _ClassVar[int]
     PROMISED_FIELD_NUMBER: _ClassVar[int]
@@ -173,6 +192,7 @@ class Promise(_message.Message):
     ACCEPTED_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_HEAD_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     from_node: str
     promised: Ballot
@@ -180,7 +200,8 @@ class Promise(_message.Message):
     accepted: Proposal
     reason: str
     committed_head: int
-    def __init__(self, ok: _Optional[bool] = ..., from_node: _Optional[str] = ..., promised: _Optional[_Union[Ballot, _Mapping]] = ..., accepted_ballot: _Optional[_Union[Ballot, _Mapping]] = ..., accepted: _Optional[_Union[Proposal, _Mapping]] = ..., reason: _Optional[str] = ..., committed_head: _Optional[int] = ...) -> None: ...
+    code: Refusal
+    def __init__(self, ok: _Optional[bool] = ..., from_node: _Optional[str] = ..., promised: _Optional[_Union[Ballot, _Mapping]] = ..., accepted_ballot: _Optional[_Union[Ballot, _Mapping]] = ..., accepted: _Optional[_Union[Proposal, _Mapping]] = ..., reason: _Optional[str] = ..., committed_head: _Optional[int] = ..., code: _Optional[_Union[Refusal, str]] = ...) -> None: ...
 
 class AcceptRequest(_message.Message):
     __slots__ = ("proposal", "from_node")
@@ -191,7 +212,7 @@ class AcceptRequest(_message.Message):
     def __init__(self, proposal: _Optional[_Union[Proposal, _Mapping]] = ..., from_node: _Optional[str] = ...) -> None: ...
 
 class Accepted(_message.Message):
-    __slots__ = ("ok", "from_node", "ballot", "reason", "committed_head", "verified_gain", "signature", "certificate")
+    __slots__ = ("ok", "from_node", "ballot", "reason", "committed_head", "verified_gain", "signature", "certificate", "code")
     OK_FIELD_NUMBER: _ClassVar[int]
     FROM_NODE_FIELD_NUMBER: _ClassVar[int]
     BALLOT_FIELD_NUMBER: _ClassVar[int]
@@ -200,6 +221,7 @@ class Accepted(_message.Message):
     VERIFIED_GAIN_FIELD_NUMBER: _ClassVar[int]
     SIGNATURE_FIELD_NUMBER: _ClassVar[int]
     CERTIFICATE_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     from_node: str
     ballot: Ballot
@@ -208,7 +230,8 @@ class Accepted(_message.Message):
     verified_gain: float
     signature: bytes
     certificate: bytes
-    def __init__(self, ok: _Optional[bool] = ..., from_node: _Optional[str] = ..., ballot: _Optional[_Union[Ballot, _Mapping]] = ..., reason: _Optional[str] = ..., committed_head: _Optional[int] = ..., verified_gain: _Optional[float] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ...) -> None: ...
+    code: Refusal
+    def __init__(self, ok: _Optional[bool] = ..., from_node: _Optional[str] = ..., ballot: _Optional[_Union[Ballot, _Mapping]] = ..., reason: _Optional[str] = ..., committed_head: _Optional[int] = ..., verified_gain: _Optional[float] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ..., code: _Optional[_Union[Refusal, str]] = ...) -> None: ...
 
 class VoteSignature(_message.Message):
     __slots__ = ("voter", "certificate", "signature")
@@ -265,16 +288,18 @@ class Commit(_message.Message):
     def __init__(self, table: _Optional[_Union[RoutingTable, _Mapping]] = ..., qc: _Optional[_Union[QuorumCertificate, _Mapping]] = ..., plan: _Optional[_Union[Plan, _Mapping]] = ..., votes: _Optional[_Iterable[_Union[Vote, _Mapping]]] = ..., proposer: _Optional[str] = ..., committed_at_ms: _Optional[int] = ...) -> None: ...
 
 class CommitAck(_message.Message):
-    __slots__ = ("ok", "from_node", "committed_head", "reason")
+    __slots__ = ("ok", "from_node", "committed_head", "reason", "code")
     OK_FIELD_NUMBER: _ClassVar[int]
     FROM_NODE_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_HEAD_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
     ok: bool
     from_node: str
     committed_head: int
     reason: str
-    def __init__(self, ok: _Optional[bool] = ..., from_node: _Optional[str] = ..., committed_head: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
+    code: Refusal
+    def __init__(self, ok: _Optional[bool] = ..., from_node: _Optional[str] = ..., committed_head: _Optional[int] = ..., reason: _Optional[str] = ..., code: _Optional[_Union[Refusal, str]] = ...) -> None: ...
 
 class CatchUpRequest(_message.Message):
     __slots__ = ("from_version", "from_node", "limit", "enrolment")

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from agent.consensus.paxos import (
     Acceptor,
     BallotAttempt,
+    Verdict,
     ballot_pb,
     check_certificate,
     quorum_size,
@@ -20,8 +21,8 @@ from elasticmoe.v1 import consensus_pb2 as pb
 VOTERS = ["a", "b", "c", "d", "e"]
 
 
-def ok(p: pb.Proposal) -> tuple[bool, float, str]:
-    return True, 0.1, ""
+def ok(p: pb.Proposal) -> Verdict:
+    return Verdict(True, 0.1, "")
 
 
 def value(name: str, version: int = 2, parent: int = 1) -> pb.Proposal:
@@ -63,7 +64,7 @@ def test_acceptor_rejections_name_their_reason() -> None:
     assert not reply.ok and "parent mismatch" in reply.reason
     good = value("x")
     good.ballot.CopyFrom(ballot_pb((4, "c")))
-    reply, _ = acc.on_accept(pb.AcceptRequest(proposal=good), 1, lambda p: (False, 0.01, "replay worse: 0.01 < 0.1"))
+    reply, _ = acc.on_accept(pb.AcceptRequest(proposal=good), 1, lambda p: Verdict(False, 0.01, "replay worse: 0.01 < 0.1"))
     assert not reply.ok and reply.reason == "replay worse: 0.01 < 0.1"
     reply, _ = acc.on_accept(pb.AcceptRequest(proposal=good), 2, ok)
     assert not reply.ok and "already committed" in reply.reason
