@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from controlplane.controller import kind_of_trigger
 from controlplane.ops import (
     Consolidate,
     Drain,
@@ -102,6 +101,20 @@ def make_plan(ops: Iterable[Operation], estimated_gain: float, verified_gain: fl
                    kind=PLAN_KINDS[kind], forced=forced, load_ms=load_ms)
 
 
+def legacy_plan(trigger: str) -> tuple[str, bool]:
+    """The kind and whether an operator forced it of a plan written before Plan.kind and Plan.forced existed
+    (PLAN_KIND_UNSPECIFIED), from its trigger's prefix as the release that wrote it meant them: "rollback:",
+    "manual:", "repair:", anything else a rebalance; an operator's forced plan reads "manual --force: ...", still
+    manual (observed as a rebalance it could be rolled back). The one place that reads a trigger's words."""
+    head = trigger.split(":", 1)[0].split(" ", 1)[0]
+    return head if head in ("rollback", "manual", "repair") else "rebalance", trigger.startswith("manual --force")
+
+
+def kind_of_trigger(trigger: str) -> str:
+    """A plan's kind from its trigger alone, as a release before Plan.kind read it (legacy_plan)."""
+    return legacy_plan(trigger)[0]
+
+
 def plan_kind(plan: pb.Plan) -> str:
     """A committed plan's kind ("rebalance", "rollback", "manual", "repair") from its `kind` field; a plan
     written before the field existed (UNSPECIFIED) is read from its trigger's prefix."""
@@ -112,4 +125,4 @@ def plan_kind(plan: pb.Plan) -> str:
 def plan_forced(plan: pb.Plan) -> bool:
     """Whether an operator forced the plan (past tau and the cost budget: drains and restores are); for a plan
     written before the field existed, its trigger's "manual --force" prefix."""
-    return plan.forced or (plan.kind == pb.PLAN_KIND_UNSPECIFIED and plan.trigger.startswith("manual --force"))
+    return plan.forced or (plan.kind == pb.PLAN_KIND_UNSPECIFIED and legacy_plan(plan.trigger)[1])

@@ -74,13 +74,6 @@ __all__ = [
 ]
 
 
-def kind_of_trigger(trigger: str) -> str:
-    """A committed plan's kind from its trigger text (rollback:, manual:, repair: prefixes; an operator's
-    forced plan reads "manual --force: ...", still manual: observed as a rebalance it could be rolled back)."""
-    head = trigger.split(":", 1)[0].split(" ", 1)[0]
-    return head if head in ("rollback", "manual", "repair") else "rebalance"
-
-
 @dataclass
 class _Observation:
     """A committed change under watch: realised vs counterfactual (its parent) over the next N windows."""

@@ -42,7 +42,7 @@ class WindowClosed:
 @dataclass(frozen=True)
 class TableCommitted:
     """A table committed by quorum. kind: the committed plan's kind when known ("rebalance", "rollback",
-    "manual", "repair"); `kind_of_trigger(plan.trigger)` gives it for a plan from another proposer."""
+    "manual", "repair"); agent.wire.plan_kind(plan) gives it for a plan from another proposer."""
 
     table: RoutingTable
     kind: str = "rebalance"

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from agent.wire import kind_of_trigger
 from chaos.invariants import INVARIANTS, check_cluster, check_consensus
 from chaos.schedules import load
 from chaos.simcluster import Shape, SimCluster
 from chaos.simrun import run_schedule
-from controlplane.controller import kind_of_trigger
 from controlplane.table import initial_table
 from controlplane.topology import Topology
 from dataplane_shim.counters import DeviceCounters

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from agent.wire import kind_of_trigger
 from controlplane.controller import (
     Controller,
     DecisionParams,
@@ -24,7 +25,6 @@ from controlplane.controller import (
     SetPaused,
     TableCommitted,
     WindowClosed,
-    kind_of_trigger,
     verify_decision,
 )
 from controlplane.decision import same_ranks
