@@ -308,20 +308,29 @@ class EPCluster:
         lost = None if dead is None or not dead.any() else lost_by_expert(table, slots, dead)
         return StepResult(step_ms, imb, lost)
 
-    def load_ms(self, table: RoutingTable, counts: npt.NDArray[np.integer]) -> float:
-        """Milliseconds of a step that scale with its busiest rank's load under `table`, mean over `counts`' steps:
-        the MoE part of the step minus the same step with no routed tokens (weight reads that do not scale).
-        The reference figure results.json sets beside the agents' own fit of it (bench.measured.step_time_entry;
-        controlplane.steptime), which they make from the step times this engine's plugins report."""
+    def moe_ms(self, table: RoutingTable, counts: npt.NDArray[np.integer]) -> F64:
+        """The MoE part of each step of `counts` [T, L, E] under `table` (every layer waits for its slowest rank),
+        without copies in flight: [T] milliseconds."""
         S = self.topo.slots_per_rank
+        per_rank = self.router(table, counts).reshape(counts.shape[0], counts.shape[1], self.topo.ranks, S)
+        times = np.stack([eng.layer_ms(per_rank[:, :, g, :], (1.0, 1.0)) for g, eng in enumerate(self.ranks)], axis=2)
+        out: F64 = times[:, :, table.active_mask].max(axis=2).sum(axis=1)
+        return out
 
-        def moe_ms(c: npt.NDArray[np.integer]) -> F64:
-            per_rank = self.router(table, c).reshape(c.shape[0], c.shape[1], self.topo.ranks, S)
-            times = np.stack([eng.layer_ms(per_rank[:, :, g, :], (1.0, 1.0)) for g, eng in enumerate(self.ranks)], axis=2)
-            out: F64 = times[:, :, table.active_mask].max(axis=2).sum(axis=1)
-            return out
-
-        return float(moe_ms(counts).mean() - moe_ms(np.zeros_like(counts[:1])).mean())
+    def load_ms(self, table: RoutingTable, counts: npt.NDArray[np.integer], rel: float = 0.1) -> float:
+        """Milliseconds of a step that scale with its busiest rank's load under `table`, mean over `counts`' steps:
+        the change of the MoE part when every expert's load changes by +-`rel`, over 2 x `rel` (a central
+        difference: the load's elasticity times the step). This is what a plan that lowers the busiest rank's
+        load by a fraction g saves, g x load_ms, the figure controlplane.worth decides with; the weight reads of
+        the experts a rank serves do not scale with the load and are left out (the MoE part minus the step with no
+        routed tokens, `moe_ms(counts) - moe_ms(0)`, counts them: results.json sets it beside as
+        `moe_ms_engine`). The reference figure results.json sets beside the agents' own fit of it
+        (bench.measured.step_time_entry; controlplane.steptime), which they make from the step times this
+        engine's plugins report."""
+        c = np.asarray(counts, dtype=np.int64)
+        up = self.moe_ms(table, np.rint(c * (1.0 + rel)).astype(np.int64))
+        down = self.moe_ms(table, np.rint(c * (1.0 - rel)).astype(np.int64))
+        return float((up.mean() - down.mean()) / (2.0 * rel))
 
     def moves(self, old: RoutingTable, new: RoutingTable, dead: npt.NDArray[np.bool_] | None = None) -> Moves:
         """Copies into every slot whose expert changes, each from the nearest live holder in `old`

@@ -51,26 +51,39 @@ def measured_steps(cluster: EPCluster, base: RoutingTable, first: npt.NDArray[np
 def step_time_entry(pol: Elastic, cluster: EPCluster, counts: npt.NDArray[np.integer],
                     sample_every: int) -> dict[str, Any]:
     """The agents' fitted step time at each decision beside the reference engine's figure over the same steps
-    (the sampled steps the fit held) and table (EPCluster.load_ms), and their median relative error."""
-    est, eng = [], []
-    for d, (lo, hi, table) in zip(pol.decisions, pol.fits, strict=True):
-        steps = np.arange(lo, min(hi, counts.shape[0]))
-        steps = steps[steps % max(sample_every, 1) == 0]
-        if not steps.size:
+    and tables (the sampled steps of the windows the fit held, each under the table that served it;
+    EPCluster.load_ms: what the step saves per fraction of load taken off), and their median relative error;
+    beside them the whole MoE part (`moe_ms_engine`, weight reads included) and the error against it."""
+    est, eng, moe = [], [], []
+    for d, held in zip(pol.decisions, pol.fits, strict=True):
+        by_table: dict[int, tuple[RoutingTable, list[int]]] = {}  # the sampled steps of the held windows, by table
+        for lo, hi, table in held:
+            if table is None:
+                continue
+            steps = [s for s in range(lo, min(hi, counts.shape[0])) if s % max(sample_every, 1) == 0]
+            by_table.setdefault(table.version, (table, []))[1].extend(steps)
+        n = sum(len(steps) for _, steps in by_table.values())
+        if not n:
             continue
-        d["load_ms_engine"] = round(cluster.load_ms(table, counts[steps]), 4)
-        # the model's marginal figure: what 10% more load on every rank adds to a step, over 0.1
-        c = np.asarray(counts[steps], dtype=np.int64)
-        d["load_ms_engine_marginal"] = round((cluster.load_ms(table, np.rint(c * 1.1).astype(np.int64))
-                                              - cluster.load_ms(table, c)) / 0.1, 4)
+        load = moe_ms = 0.0
+        for table, steps in by_table.values():  # each step under the table that served it: means weighted by steps
+            c = np.asarray(counts[steps], dtype=np.int64)
+            load += cluster.load_ms(table, c) * len(steps) / n
+            # the whole MoE part of the step, weight reads included (what does not scale with the load, too)
+            moe_ms += float(cluster.moe_ms(table, c).mean() - cluster.moe_ms(table, 0 * c[:1]).mean()) * len(steps) / n
+        d["load_ms_engine"], d["moe_ms_engine"] = round(load, 4), round(moe_ms, 4)
         est.append(float(d["load_ms_estimated"]))
         eng.append(float(d["load_ms_engine"]))
+        moe.append(float(d["moe_ms_engine"]))
     ctl = pol.pipeline.controller
     out: dict[str, Any] = {"load_ms_source": str(ctl.step_time.source), "load_ms_why": ctl.step_time.why}
     if est:
         err = [abs(a - b) / b for a, b in zip(est, eng, strict=True) if b > 0]
+        err_moe = [abs(a - b) / b for a, b in zip(est, moe, strict=True) if b > 0]
         out.update(load_ms_estimated=round(float(np.median(est)), 4), load_ms_engine=round(float(np.median(eng)), 4),
-                   load_ms_median_rel_error=round(float(np.median(err)), 4) if err else None)
+                   load_ms_median_rel_error=round(float(np.median(err)), 4) if err else None,
+                   moe_ms_engine=round(float(np.median(moe)), 4),
+                   moe_ms_median_rel_error=round(float(np.median(err_moe)), 4) if err_moe else None)
     else:  # no decision: the fit at the end of the run
         out.update(load_ms_estimated=round(float(ctl.step_time.load_ms), 4))
     return out

@@ -217,7 +217,9 @@ class Elastic:
     # the engine's wall time of sampled steps under a table (bench.agentfeed.StepModel), which its plugins report
     # (LoadReport.step_us) and the agents fit their step time from; None: none reported
     step_ms: Any = None
-    fits: list[tuple[int, int, Any]] = field(default_factory=list)  # per decision: the steps its fit saw, the table
+    # per decision: the steps [start, end) of each window its step-time fit held, and the table that served them
+    fits: list[list[tuple[int, int, Any]]] = field(default_factory=list)
+    served: list[tuple[int, int, Any]] = field(default_factory=list)  # (first, end, table) of every window fed
     explains: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -252,6 +254,7 @@ class Elastic:
 
     def on_window(self, first: int, end: int, seen: Counts) -> list[Change]:
         self._step = self.clock.step = end
+        self.served.append((first, end, self.backend.head))
         self.feed.feed(first, seen[first:end], self.backend.head)  # closes the window at the pipeline
         out = self._commits(end)
         self.seq += 1
@@ -270,7 +273,9 @@ class Elastic:
         ctl = self.pipeline.controller
         st = ctl.step_time
         lo, hi = _fit_span(ctl)
-        self.fits.append((lo, hi, self.backend.head))
+        W = ctl.params.window
+        tables = {first: table for first, _, table in self.served}
+        self.fits.append([(w * W, (w + 1) * W, tables.get(w * W)) for w in sorted(w[0] for w in ctl.steptime._windows)])
         return {"load_ms_estimated": round(float(st.load_ms), 4), "load_ms_source": str(st.source),
                 "load_ms_why": st.why, "fit_steps": [lo, hi]}
 

@@ -55,3 +55,34 @@ def test_the_deciding_node_fits_the_step_time_the_engines_measured_and_explain_s
     monkeypatch.setattr(render, "_console", lambda: Console(file=out, width=200))
     render.explain(pol.pipeline.latest_explain)
     assert f"step time: {said}" in out.getvalue()
+
+
+def test_the_reference_figure_is_taken_under_the_tables_that_served_the_fitted_steps() -> None:
+    """results.json's `load_ms_engine` for a decision is the engine's figure over the sampled steps of the
+    windows the fit held, each under the table that served it, not under the table the decision committed."""
+    from types import SimpleNamespace
+
+    from bench.engine import H200, EPCluster, shape_for
+    from bench.measured import step_time_entry
+
+    topo = Topology(2, 2, 3)
+    served = initial_table(topo, 4, 8)
+    spread = served.phy2log.copy()
+    spread[:, [5, 8, 11]] = 0  # replicas of expert 0 in the free slot of every other rank
+    committed = served.successor(spread)
+    counts = _trace(2, 4 * W, served.layers, served.experts)
+    counts[:, :, 0] *= 8  # one hot expert: where it sits decides the busiest rank
+    cluster = EPCluster(topo, shape_for(4, 8, 2), H200)
+    pol = Elastic(W)
+    pol.pipeline = SimpleNamespace(controller=SimpleNamespace(step_time=SimpleNamespace(source="fitted", why="")))
+    pol.backend = SimpleNamespace(head=committed)  # the head once the decision committed
+    pol.decisions = [{"load_ms_estimated": 1.0}]
+    pol.fits = [[(k * W, (k + 1) * W, served) for k in range(4)]]
+    step_time_entry(pol, cluster, counts, 5)
+    sampled = counts[::5]
+    want, other = cluster.load_ms(served, sampled), cluster.load_ms(committed, sampled)
+    assert abs(want - other) > 0.05 * want  # the two tables give the engine different figures
+    assert pol.decisions[0]["load_ms_engine"] == round(want, 4), (pol.decisions[0], want, other)
+    # the figure scales with the load: what 10% more load on every expert adds to the MoE part, per 10%
+    up = cluster.moe_ms(served, np.rint(sampled * 1.1).astype(np.int64)).mean()
+    assert abs((up - cluster.moe_ms(served, sampled).mean()) / 0.1 - want) <= 0.1 * want
