@@ -12,7 +12,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from controlplane.errors import InvalidOperation
+from controlplane.errors import InvalidOperation, InvalidReason
 from controlplane.table import I64, RoutingTable
 
 
@@ -166,30 +166,30 @@ class _Work:
 
     def check_layer(self, layer: int) -> None:
         if not 0 <= layer < self.t.layers:
-            raise InvalidOperation("UNKNOWN_LAYER", f"layer {layer} not in 0..{self.t.layers - 1}")
+            raise InvalidOperation(InvalidReason.UNKNOWN_LAYER, f"layer {layer} not in 0..{self.t.layers - 1}")
 
     def check_expert(self, expert: int) -> None:
         if not 0 <= expert < self.t.experts:
-            raise InvalidOperation("UNKNOWN_EXPERT", f"expert {expert} not in 0..{self.t.experts - 1}")
+            raise InvalidOperation(InvalidReason.UNKNOWN_EXPERT, f"expert {expert} not in 0..{self.t.experts - 1}")
 
     def check_rank(self, rank: int, *, active: bool = True) -> None:
         if not 0 <= rank < self.G:
-            raise InvalidOperation("UNKNOWN_RANK", f"rank {rank} not in 0..{self.G - 1}")
+            raise InvalidOperation(InvalidReason.UNKNOWN_RANK, f"rank {rank} not in 0..{self.G - 1}")
         if active and rank not in self.active:
-            raise InvalidOperation("RANK_INACTIVE", f"rank {rank} is not active")
+            raise InvalidOperation(InvalidReason.RANK_INACTIVE, f"rank {rank} is not active")
 
     def place(self, layer: int, expert: int, dst: int) -> None:
         row = self.rows(layer)[dst]
         if expert in row:
-            raise InvalidOperation("ALREADY_ON_RANK", f"layer {layer} expert {expert} already on rank {dst}")
+            raise InvalidOperation(InvalidReason.ALREADY_ON_RANK, f"layer {layer} expert {expert} already on rank {dst}")
         if -1 not in row:
-            raise InvalidOperation("NO_FREE_SLOT", f"layer {layer} rank {dst} has no free slot")
+            raise InvalidOperation(InvalidReason.NO_FREE_SLOT, f"layer {layer} rank {dst} has no free slot")
         row[row.index(-1)] = expert
 
     def remove(self, layer: int, expert: int, src: int) -> None:
         row = self.rows(layer)[src]
         if expert not in row:
-            raise InvalidOperation("NOT_ON_RANK", f"layer {layer} expert {expert} is not on rank {src}")
+            raise InvalidOperation(InvalidReason.NOT_ON_RANK, f"layer {layer} expert {expert} is not on rank {src}")
         row[row.index(expert)] = -1
 
 
@@ -240,12 +240,12 @@ def _apply_one(w: _Work, op: Operation) -> None:
         rows = w.rows(op.layer)
         a, b = rows[op.src], rows[op.dst]
         if op.src == op.dst or op.expert == op.other:
-            raise InvalidOperation("SAME_RANK", f"layer {op.layer}: a swap needs two ranks and two experts")
+            raise InvalidOperation(InvalidReason.SAME_RANK, f"layer {op.layer}: a swap needs two ranks and two experts")
         if op.expert not in a or op.other not in b:
             missing = (op.expert, op.src) if op.expert not in a else (op.other, op.dst)
-            raise InvalidOperation("NOT_ON_RANK", f"layer {op.layer} expert {missing[0]} is not on rank {missing[1]}")
+            raise InvalidOperation(InvalidReason.NOT_ON_RANK, f"layer {op.layer} expert {missing[0]} is not on rank {missing[1]}")
         if op.other in a or op.expert in b:
-            raise InvalidOperation("ALREADY_ON_RANK", f"layer {op.layer}: swapping E{op.expert} r{op.src} with "
+            raise InvalidOperation(InvalidReason.ALREADY_ON_RANK, f"layer {op.layer}: swapping E{op.expert} r{op.src} with "
                                                       f"E{op.other} r{op.dst} would put a second replica on a rank")
         a[a.index(op.expert)], b[b.index(op.other)] = op.other, op.expert
     elif isinstance(op, Drop):
@@ -253,7 +253,7 @@ def _apply_one(w: _Work, op: Operation) -> None:
         w.check_expert(op.expert)
         w.check_rank(op.src, active=False)
         if sum(r.count(op.expert) for r in w.rows(op.layer)) < 2:
-            raise InvalidOperation("LAST_REPLICA", f"layer {op.layer} expert {op.expert}: dropping its only replica")
+            raise InvalidOperation(InvalidReason.LAST_REPLICA, f"layer {op.layer} expert {op.expert}: dropping its only replica")
         w.remove(op.layer, op.expert, op.src)
     elif isinstance(op, Drain):
         w.check_rank(op.rank)
@@ -262,11 +262,11 @@ def _apply_one(w: _Work, op: Operation) -> None:
     elif isinstance(op, Restore):
         w.check_rank(op.rank, active=False)
         if op.rank in w.active:
-            raise InvalidOperation("RANK_ACTIVE", f"rank {op.rank} is already active")
+            raise InvalidOperation(InvalidReason.RANK_ACTIVE, f"rank {op.rank} is already active")
         w.active.add(op.rank)
         w.clear_rank(op.rank)
     else:  # pragma: no cover - exhaustive over Operation
-        raise InvalidOperation("UNKNOWN_KIND", f"unknown operation {op!r}")
+        raise InvalidOperation(InvalidReason.UNKNOWN_KIND, f"unknown operation {op!r}")
 
 
 # ---- lifecycle: an operation (or the plan carrying it) from proposal to its end --------------------
@@ -315,9 +315,9 @@ class Lifecycle:
     def to(self, state: OpState, reason: str = "") -> Lifecycle:
         """The next state; raises InvalidOperation(BAD_TRANSITION) if the table does not allow it."""
         if state not in TRANSITIONS.get(self.state, frozenset()):
-            raise InvalidOperation("BAD_TRANSITION", f"{self.state} -> {state} is not allowed")
+            raise InvalidOperation(InvalidReason.BAD_TRANSITION, f"{self.state} -> {state} is not allowed")
         if state in TERMINAL and not reason:
-            raise InvalidOperation("BAD_TRANSITION", f"{self.state} -> {state} needs a reason")
+            raise InvalidOperation(InvalidReason.BAD_TRANSITION, f"{self.state} -> {state} needs a reason")
         return Lifecycle(state, reason)
 
     @property

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from controlplane.decision import Decision
+from controlplane.decision import Decision, DecisionOutcome
+from controlplane.errors import InvalidReason, InvalidTable
 from controlplane.monitor import WindowReport
-from controlplane.planner import Refused
+from controlplane.planner import Reason, Refused
 from controlplane.requests import PlanRequest
 from controlplane.table import RoutingTable
 
@@ -41,13 +42,16 @@ class OpTransition:
     reason: str
 
 
+# Every code an Explain's outcome may hold, from the enums that define them (each code is listed once, there):
+# the decision's own (decision.DecisionOutcome: PROPOSED, BELOW_THETA, NOT_DESIGNATED, ...), a refused plan's
+# planner Reason (GAIN_BELOW_TAU, OVER_BUDGET, ...), an operator's operation that does not apply
+# (errors.InvalidReason) and a table that is not valid (errors.InvalidTable.code).
+OUTCOMES: frozenset[str] = frozenset({*DecisionOutcome, *Reason, *InvalidReason, InvalidTable.code})
+
+
 @dataclass(frozen=True)
 class Explain:
-    """Why the controller did or did not act. outcome is a stable code: PROPOSED, BELOW_THETA,
-    BUDGET_NOT_SPENT, PROPOSAL_IN_FLIGHT, OBSERVING, PAUSED, NO_PLAN, GAIN_BELOW_TAU, GAIN_NOT_SIGNIFICANT,
-    OVER_BUDGET, VERIFY_NO_GAIN, NOT_WORTH, KEPT, ROLLBACK_NOT_BETTER, COMMITTED, LOST, FAILED, STALE_WINDOW,
-    STALE_COMMIT, STALE_FAILURE, NO_FREE_SLOT, PLANNING, STALE_PLAN, PLANNER_ERROR, an InvalidOperation reason,
-    INVALID_TABLE, PAUSED/RESUMED."""
+    """Why the controller did or did not act. outcome is a stable code, one of OUTCOMES."""
 
     window_seq: int
     head_version: int

@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 
 import numpy as np
 import numpy.typing as npt
@@ -36,15 +37,31 @@ from controlplane.table import RoutingTable, layer_views
 F64 = npt.NDArray[np.float64]
 I64 = npt.NDArray[np.int64]
 
-OK = "OK"
-GAIN_BELOW_TAU = "GAIN_BELOW_TAU"
-PARENT_MISMATCH = "PARENT_MISMATCH"
-INVALID_TABLE = "INVALID_TABLE"
-SHAPE_MISMATCH = "SHAPE_MISMATCH"
-EMPTY_REPLAY = "EMPTY_REPLAY"
-GAIN_NOT_SIGNIFICANT = "GAIN_NOT_SIGNIFICANT"  # a gain >= tau whose lower confidence bound is not above 0
-# a voter's own (agent.voter): the step time a rebalance was judged with is not the one this node fits
-STEP_TIME_DISAGREES = "STEP_TIME_DISAGREES"
+
+
+class VoterCode(StrEnum):
+    """A voter's verdict on a proposal (verify_decision's reason; agent.voter's refusals lead with it)."""
+
+    OK = "OK"
+    GAIN_BELOW_TAU = "GAIN_BELOW_TAU"
+    PARENT_MISMATCH = "PARENT_MISMATCH"
+    INVALID_TABLE = "INVALID_TABLE"
+    SHAPE_MISMATCH = "SHAPE_MISMATCH"
+    EMPTY_REPLAY = "EMPTY_REPLAY"
+    GAIN_NOT_SIGNIFICANT = "GAIN_NOT_SIGNIFICANT"  # a gain >= tau whose lower confidence bound is not above 0
+    # a voter's own (agent.voter): the step time a rebalance was judged with is not the one this node fits
+    STEP_TIME_DISAGREES = "STEP_TIME_DISAGREES"
+
+
+# the module's names for them, as callers import them
+OK = VoterCode.OK
+GAIN_BELOW_TAU = VoterCode.GAIN_BELOW_TAU
+PARENT_MISMATCH = VoterCode.PARENT_MISMATCH
+INVALID_TABLE = VoterCode.INVALID_TABLE
+SHAPE_MISMATCH = VoterCode.SHAPE_MISMATCH
+EMPTY_REPLAY = VoterCode.EMPTY_REPLAY
+GAIN_NOT_SIGNIFICANT = VoterCode.GAIN_NOT_SIGNIFICANT
+STEP_TIME_DISAGREES = VoterCode.STEP_TIME_DISAGREES
 
 
 class RankLoadKernel:
