@@ -14,7 +14,7 @@ from typing import Protocol
 
 from elasticmoe.v1 import gossip_pb2 as pb
 
-log = logging.getLogger("agent.membership")
+log = logging.getLogger(__name__)
 
 # A member's signed word about itself, as relayed: (claim, signature, certificate DER).
 Proof = tuple[bytes, bytes, bytes]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from agent.disk import fsync_dir, write_atomic
 
-log = logging.getLogger("emoe.agent")
+log = logging.getLogger(__name__)
 
 LOCK_NAME = "LOCK"
 LOG_NAME = "consensus"

@@ -18,7 +18,7 @@ import aetcd
 
 from elasticmoe.v1 import consensus_pb2 as pb
 
-log = logging.getLogger("agent.etcd_backend")
+log = logging.getLogger(__name__)
 
 
 class EtcdDiverged(Exception):

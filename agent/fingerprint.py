@@ -39,7 +39,7 @@ from agent.disk import write_atomic
 from controlplane.table import RoutingTable
 from elasticmoe.v1 import gossip_pb2 as pb
 
-log = logging.getLogger("emoe.agent")
+log = logging.getLogger(__name__)
 SHAPE = ("nodes", "ranks_per_node", "slots_per_rank", "layers", "experts", "top_k")
 
 

@@ -16,7 +16,7 @@ from dataplane_shim.link import check_load_report
 from elasticmoe.loadcodec import rows_from_bytes, sample_steps
 from elasticmoe.v1 import dataplane_pb2 as dpb
 
-log = logging.getLogger("emoe.agent")
+log = logging.getLogger(__name__)
 
 U32 = npt.NDArray[np.uint32]
 

@@ -25,7 +25,7 @@ from agent.store import StoreCorrupt, StoreNewer
 from agent.transport.grpc import GrpcTransport
 from elasticmoe.v1 import admin_pb2, admin_pb2_grpc, consensus_pb2, gossip_pb2
 
-log = logging.getLogger("emoe.agent")
+log = logging.getLogger(__name__)
 
 SERVICE_NAMES = (
     admin_pb2.DESCRIPTOR.services_by_name["Admin"].full_name,

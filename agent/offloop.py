@@ -21,7 +21,7 @@ from agent.pipeline import failed_plan
 from controlplane.decision import Attempt
 from controlplane.requests import PlanRequest
 
-log = logging.getLogger("emoe.agent")
+log = logging.getLogger(__name__)
 
 
 class OffLoopPlanner:

@@ -45,7 +45,7 @@ from controlplane.verify import replay_stats
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import consensus_pb2 as cpb
 
-log = logging.getLogger("emoe.agent")
+log = logging.getLogger(__name__)
 
 
 class Proposals(Protocol):

@@ -48,7 +48,7 @@ from controlplane.controller import RanksLost
 from controlplane.table import RoutingTable
 from elasticmoe.v1 import consensus_pb2 as cpb
 
-log = logging.getLogger("emoe.agent")
+log = logging.getLogger(__name__)
 
 # A node whose engines lost ranks that another node's turn is to repair waits for that node's repair one window
 # or this long, whichever ends first: the planner's engines see the same collective fail and it proposes at

@@ -40,7 +40,7 @@ import numpy.typing as npt
 from elasticmoe.loadcodec import sample_steps
 from elasticmoe.v1 import dataplane_pb2 as dpb
 
-log = logging.getLogger("emoe.agent")
+log = logging.getLogger(__name__)
 
 # The largest batch an engine may declare (tokens in one step, LoadReport.max_batch_tokens): 4x the default
 # bound below. A larger one is no engine's: 2^26 tokens of DeepSeek-V3's hidden state (7168 bf16) are 0.9 TiB.

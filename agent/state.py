@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from agent.telemetry import Telemetry
     from agent.transport import Transport
 
-log = logging.getLogger("emoe.agent")
+log = logging.getLogger(__name__)
 
 
 def _epoch_ms(wall: Callable[[], float] | None) -> Callable[[], int]:

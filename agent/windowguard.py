@@ -31,7 +31,7 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 
 from elasticmoe.v1 import gossip_pb2 as pb
 
-log = logging.getLogger("agent.loadgossip")
+log = logging.getLogger(__name__)
 
 # A window's incarnation may not exceed the incarnation this node holds for the window's member (lead 0).
 # A node stamps its windows with its own incarnation, which it raises only to refute (by one, announced at

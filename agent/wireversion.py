@@ -19,7 +19,7 @@ import grpc.aio
 from agent.security import _guarded
 from elasticmoe.versions import CONTROL_SIGNED_KEY, WIRE_KEY, WIRE_VERSION, wire_of, wire_refusal
 
-log = logging.getLogger("emoe.wire")
+log = logging.getLogger(__name__)
 
 # services whose callers are agents or engine plugins: a call without a version comes from a release before
 # versions

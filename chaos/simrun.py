@@ -77,7 +77,7 @@ def run_job(args: tuple[int, int, list[str] | None, dict[str, Any]]) -> dict[str
 
     import torch
 
-    for name in ("emoe.agent", "agent"):  # each agent logs every fault it sees
+    for name in ("agent",):  # each agent logs every fault it sees
         logging.getLogger(name).setLevel(logging.ERROR)
     torch.set_num_threads(1)  # tiny tensors: threads only contend
     nodes, seed, lines, config = args

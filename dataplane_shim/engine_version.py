@@ -32,7 +32,7 @@ from pathlib import Path
 
 from dataplane_shim.errors import BadInput, ShimError
 
-log = logging.getLogger("elasticmoe.engine")
+log = logging.getLogger(__name__)
 
 ALLOW_ENV = "EMOE_ALLOW_UNTESTED_ENGINE"
 PROJECT = "elasticmoe"

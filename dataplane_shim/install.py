@@ -34,7 +34,7 @@ from controlplane.table import RoutingTable
 from dataplane_shim.errors import BadInput, ShimError
 from dataplane_shim.plugin import PluginCore
 
-log = logging.getLogger("elasticmoe.install")
+log = logging.getLogger(__name__)
 
 MAX_BACKOFF = 1024  # steps between re-arms of a version the engine did not install (about 30 s of decode)
 

@@ -25,7 +25,7 @@ from elasticmoe.v1 import dataplane_pb2 as dpb
 from elasticmoe.v1 import dataplane_pb2_grpc as dgrpc
 from elasticmoe.versions import WIRE_KEY, WIRE_VERSION
 
-log = logging.getLogger("elasticmoe.shim.link")
+log = logging.getLogger(__name__)
 
 
 def _quiet_shared_poller(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:

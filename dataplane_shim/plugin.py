@@ -37,7 +37,7 @@ from elasticmoe.loadcodec import sample_steps
 from elasticmoe.v1 import consensus_pb2 as cpb
 from elasticmoe.v1 import dataplane_pb2 as dpb
 
-log = logging.getLogger("elasticmoe.plugin")
+log = logging.getLogger(__name__)
 
 I64 = npt.NDArray[np.int64]
 

@@ -58,7 +58,7 @@ from dataplane_shim.plugin import PluginCore, Settings
 if TYPE_CHECKING:
     from dataplane_shim.link import LinkThread
 
-log = logging.getLogger("elasticmoe.sglang")
+log = logging.getLogger(__name__)
 
 
 def manager_class() -> type:

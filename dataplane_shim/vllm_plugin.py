@@ -57,7 +57,7 @@ from dataplane_shim.install import Installer, check_agree_every
 from dataplane_shim.peers import PeerWatch, default_store
 from dataplane_shim.plugin import Link, PluginCore, Settings
 
-log = logging.getLogger("elasticmoe.vllm")
+log = logging.getLogger(__name__)
 TIMINGS_KEPT = 4096  # steps of per-step timings kept for the medians
 
 

@@ -43,7 +43,7 @@ from agent.store import Store, StoreFailed
 from agent.transport import Transport
 from elasticmoe.v1 import consensus_pb2 as pb
 
-log = logging.getLogger("agent.consensus.node")
+log = logging.getLogger(__name__)
 
 ControlCallback = Callable[[pb.ControlCommit], None]
 

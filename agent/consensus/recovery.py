@@ -16,7 +16,7 @@ from agent.store import StoreFailed
 from controlplane.table import RoutingTable
 from elasticmoe.v1 import consensus_pb2 as pb
 
-log = logging.getLogger("agent.consensus.node")
+log = logging.getLogger(__name__)
 
 
 class RecoveryMixin(NodeCore):

@@ -31,7 +31,7 @@ from agent.transport.methods import METHODS, SERVICE_FULL_NAMES, grpc_path, look
 from agent.wireversion import metadata_value
 from elasticmoe.versions import CONTROL_SIGNED_KEY, WIRE_KEY, WIRE_VERSION, wire_of, wire_refusal
 
-log = logging.getLogger("emoe.transport")
+log = logging.getLogger(__name__)
 
 FROM_KEY = "x-emoe-from"
 

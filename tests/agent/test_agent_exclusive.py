@@ -93,7 +93,7 @@ def test_a_lock_left_by_a_killed_holder_is_taken_over_with_a_log_line(tmp_path: 
         p.send_signal(signal.SIGKILL)
         p.wait(timeout=10)
     assert (tmp_path / "LOCK").read_text() == f"{p.pid}\n"  # kill -9 leaves the file (not the flock)
-    with caplog.at_level(logging.WARNING, logger="emoe.agent"):
+    with caplog.at_level(logging.WARNING, logger="agent"):
         lock = DataDirLock(tmp_path).acquire()
     assert [r.getMessage() for r in caplog.records] == [
         f"data_dir {tmp_path}: took over the LOCK file left by pid {p.pid}, which no longer holds it (it was "

@@ -22,7 +22,7 @@ from controlplane.topology import Topology
 from dataplane_shim.counters import DeviceCounters
 from dataplane_shim.shim import Shim
 
-logging.getLogger("emoe.agent").setLevel(logging.ERROR)
+logging.getLogger("agent").setLevel(logging.ERROR)
 
 
 def test_shim_masks_dead_ranks_and_counts_tokens_without_a_live_replica() -> None:

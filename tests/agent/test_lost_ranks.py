@@ -69,7 +69,7 @@ def _lost(pipe: Pipeline) -> list[tuple[tuple[int, ...], str]]:
 
 def test_a_node_declared_dead_without_the_engines_word_repairs_nothing(caplog: pytest.LogCaptureFixture) -> None:
     _, r, pipe, g = _reactions()
-    with caplog.at_level(logging.WARNING, "emoe.agent"):
+    with caplog.at_level(logging.WARNING, "agent"):
         _change(r, g, "n2", MemberStatus.DEAD)
         _change(r, g, "n2", MemberStatus.DEAD)  # an echo of the verdict
     assert _lost(pipe) == []

@@ -54,7 +54,7 @@ async def test_a_planner_that_raises_is_answered_planner_error_and_logged(caplog
 
     answered: asyncio.Future[Attempt] = asyncio.get_running_loop().create_future()
     p = OffLoopPlanner("n1")
-    with caplog.at_level(logging.ERROR, logger="emoe.agent"):
+    with caplog.at_level(logging.ERROR, logger="agent"):
         _plan(p, _Request(run), answered.set_result)
         a = await asyncio.wait_for(answered, 10)
     assert a.decision is None and a.outcome == "PLANNER_ERROR" and "ValueError: bad shape" in a.detail

@@ -107,7 +107,7 @@ def test_a_window_that_closed_without_a_lagging_nodes_load_is_not_decided_on(cap
     p, backend = _pipeline(head, params, ["a"], "a", 2, telemetry)
     duties: list[int] = []
     p.each_window = lambda: duties.append(p.window_seq)
-    caplog.set_level(logging.INFO, logger="emoe.agent")
+    caplog.set_level(logging.INFO, logger="agent")
     for seq in range(4):  # skewed enough to plan on twice over, were they whole
         p.close_window(seq, _skewed(4, 8, seq), None, ("b",))
     assert not backend.proposed and p.partial_windows == 4 and not p.voter.replay and not telemetry.imbalance
@@ -150,7 +150,7 @@ def test_a_commit_is_logged_and_its_span_carries_the_proposal_latency() -> None:
     said: list[str] = []
     handler = logging.Handler(logging.INFO)
     handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
-    logger = logging.getLogger("emoe.agent")  # (the agent's CLI tests may have set its level and propagation)
+    logger = logging.getLogger("agent.pipeline")  # (the agent's CLI tests may have set its level and propagation)
     level, disabled = logger.level, logger.disabled
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)

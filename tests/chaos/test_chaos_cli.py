@@ -12,7 +12,7 @@ import pytest
 
 from chaos.__main__ import main
 
-logging.getLogger("emoe.agent").setLevel(logging.ERROR)
+logging.getLogger("agent").setLevel(logging.ERROR)
 
 
 def test_resume_keeps_the_reports_of_an_interrupted_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

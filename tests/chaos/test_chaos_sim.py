@@ -26,7 +26,7 @@ from chaos.simrun import run_schedule
 from controlplane.table import initial_table
 from controlplane.topology import Topology
 
-logging.getLogger("emoe.agent").setLevel(logging.ERROR)
+logging.getLogger("agent").setLevel(logging.ERROR)
 TOPO = Topology(4, 1, 4)
 GEN = initial_table(TOPO, 2, 8)
 

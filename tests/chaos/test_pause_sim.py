@@ -11,7 +11,7 @@ import logging
 from chaos.simcluster import Shape, SimCluster
 from controlplane.decision import DecisionOutcome
 
-logging.getLogger("emoe.agent").setLevel(logging.ERROR)
+logging.getLogger("agent").setLevel(logging.ERROR)
 
 
 def _switch(c: SimCluster) -> dict[str, tuple[int, str, bool] | None]:

@@ -7,7 +7,7 @@ import logging
 
 from chaos.simcluster import Shape, SimCluster
 
-logging.getLogger("emoe.agent").setLevel(logging.ERROR)
+logging.getLogger("agent").setLevel(logging.ERROR)
 
 
 def _drain_restore(c: SimCluster, via: str, rank: int) -> tuple[bool, str]:

@@ -8,7 +8,7 @@ tests/engines/test_engine_version.py with the engine virtualenv; prints one JSON
   with EMOE_ALLOW_UNTESTED_ENGINE=1 it patches `EplbState.add_model`;
 - SGLang's `load_plugins()`, its version faked the same way: SGLang logs our refusal and goes on, and the
   `EPLBManager` its `ModelRunner` would build raises the refusal.
-Warnings logged by `elasticmoe.engine` are counted (one per process and engine under the override).
+Warnings logged by `dataplane_shim.engine_version` are counted (one per process and engine under the override).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def refusal(fn: Any) -> str:
 def main() -> None:
     stub_torchvision()
     warned = Count()
-    logging.getLogger("elasticmoe.engine").addHandler(warned)
+    logging.getLogger("dataplane_shim.engine_version").addHandler(warned)
     from dataplane_shim import engine_version as ev
 
     doc: dict[str, Any] = {e: {"running": ev.running_version(e), "tested": ev.tested_version(e),

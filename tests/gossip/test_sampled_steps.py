@@ -167,7 +167,7 @@ def test_a_report_sampled_at_another_rate_is_used_for_its_totals_and_named() -> 
     said: list[str] = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
-    logger = logging.getLogger("emoe.agent")  # (the agent's CLI tests may have set its level and propagation)
+    logger = logging.getLogger("agent.loadpath")  # (the agent's CLI tests may have set its level and propagation)
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.WARNING)

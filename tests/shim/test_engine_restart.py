@@ -133,7 +133,7 @@ def test_an_engine_restarted_under_running_agents_reports_into_their_windows_aga
             time.sleep(0.1)
         before = newest_window()
         assert before >= 8, before
-        with caplog.at_level(logging.WARNING, logger="elasticmoe.plugin"):
+        with caplog.at_level(logging.WARNING, logger="dataplane_shim.plugin"):
             run(ReplayEngine(sockets, topo, counts, base, "static", 10, 4, 20))  # restarted: from step 0
         deadline = time.monotonic() + 10
         while newest_window() < before + 5 and time.monotonic() < deadline:

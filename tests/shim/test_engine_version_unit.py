@@ -65,7 +65,7 @@ def test_the_example_engine_pod_runs_the_tested_vllm() -> None:
 def test_the_tested_version_runs_without_a_word(monkeypatch: pytest.MonkeyPatch,
                                                 caplog: pytest.LogCaptureFixture) -> None:
     _fake_running(monkeypatch, vllm=ev.tested_version("vllm"), sglang=ev.tested_version("sglang"))
-    with caplog.at_level(logging.WARNING, logger="elasticmoe.engine"):
+    with caplog.at_level(logging.WARNING, logger="dataplane_shim.engine_version"):
         assert ev.check("vllm", {}) is ev.EngineCheck.TESTED
         assert ev.check("sglang", {ev.ALLOW_ENV: "1"}) is ev.EngineCheck.TESTED
     assert not caplog.records
@@ -87,7 +87,7 @@ def test_another_version_is_refused_naming_both_and_the_override(monkeypatch: py
 def test_the_override_runs_an_untested_version_with_one_warning(monkeypatch: pytest.MonkeyPatch,
                                                                 caplog: pytest.LogCaptureFixture) -> None:
     _fake_running(monkeypatch, vllm="0.33.0")
-    with caplog.at_level(logging.WARNING, logger="elasticmoe.engine"):
+    with caplog.at_level(logging.WARNING, logger="dataplane_shim.engine_version"):
         for _ in range(3):
             assert ev.check("vllm", {ev.ALLOW_ENV: "1"}) is ev.EngineCheck.UNTESTED_ALLOWED
     (rec,) = caplog.records

@@ -118,7 +118,7 @@ def test_a_long_move_is_logged_and_counted_as_a_stall_at_the_bound_and_each_doub
     rk.deliver(v2)
     for e in rk.eng:  # an engine whose worker does not progress
         e.step = lambda: True  # type: ignore[method-assign]
-    with caplog.at_level(logging.WARNING, "elasticmoe.install"):
+    with caplog.at_level(logging.WARNING, "dataplane_shim.install"):
         for _ in range(13):
             rk.step()
     assert [i.stats.stalls for i in rk.inst] == [3, 3]  # at 3, 6 and 12 steps

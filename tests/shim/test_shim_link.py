@@ -233,7 +233,7 @@ def test_the_shared_grpc_poller_noise_goes_to_debug_and_other_errors_to_the_defa
                                         "handle": "<Handle my_callback()>"})
     finally:
         loop.close()
-    quiet = [r for r in caplog.records if r.name == "elasticmoe.shim.link"]
+    quiet = [r for r in caplog.records if r.name == "dataplane_shim.link"]
     assert [r.levelno for r in quiet] == [logging.DEBUG, logging.DEBUG], quiet
     loud = [r for r in caplog.records if r.name == "asyncio"]
     assert len(loud) == 1 and loud[0].levelno == logging.ERROR and "mine" in str(loud[0].exc_info[1])

@@ -78,9 +78,9 @@ def test_an_agent_serves_callers_within_one_version_and_refuses_the_others_by_na
             await t.close()
             await server.stop(None)
 
-    with caplog.at_level(logging.ERROR, logger="emoe.wire"):
+    with caplog.at_level(logging.ERROR, logger="agent.wireversion"):
         uvloop.run(main())
-    refused = [r.getMessage() for r in caplog.records if r.name == "emoe.wire"]
+    refused = [r.getMessage() for r in caplog.records if r.name == "agent.wireversion"]
     assert len(refused) == 2, refused
     assert f"speaks wire version {WIRE_VERSION + 2}, this agent {WIRE_VERSION}" in refused[0]
 
@@ -111,7 +111,7 @@ def test_a_reply_from_a_server_two_versions_newer_is_dropped(caplog: pytest.LogC
             await server.stop(None)
         return got
 
-    with caplog.at_level(logging.ERROR, logger="emoe.transport"):
+    with caplog.at_level(logging.ERROR, logger="agent.transport.grpc"):
         assert uvloop.run(main()) == [None, None]
     dropped = [r.getMessage() for r in caplog.records if "dropped a reply" in r.getMessage()]
     assert len(dropped) == 1 and f"peer b speaks wire version {WIRE_VERSION + 2}" in dropped[0], dropped
