@@ -155,8 +155,14 @@ def spawn(args: argparse.Namespace) -> tuple[int, int] | None:
     for p in procs:
         p.start()
     failed = None
-    while failed is None and any(p.exitcode is None for p in procs):
-        multiprocessing.connection.wait([p.sentinel for p in procs if p.exitcode is None])
+    while failed is None:
+        # the ranks still running, taken once: a rank that exits between a check and a second look must not
+        # leave an empty list here, which connection.wait() waits on for ever (every rank done, the harness
+        # hung: CI at 195b612)
+        running = [p for p in procs if p.exitcode is None]
+        if not running:
+            break
+        multiprocessing.connection.wait([p.sentinel for p in running])
         failed = next(((r, p.exitcode) for r, p in enumerate(procs) if p.exitcode not in (None, 0)), None)
     for p in procs:
         if p.exitcode is None:
