@@ -200,7 +200,7 @@ async def test_a_wiped_etcd_gets_the_committed_versions_back_before_a_new_node_c
     await _wipe(etcd, "wiped")
     a = EtcdBackend([etcd], "a", genesis(), cluster="wiped", store=Store(tmp_path / "a.log"))
     fresh = EtcdBackend([etcd], "fresh", genesis(), cluster="wiped")
-    with caplog.at_level(logging.WARNING, logger="agent.etcd_backend"):
+    with caplog.at_level(logging.WARNING, logger="agent"):  # agent.etcd_backend and agent.etcd_seed
         a.start()
         try:
             await a.ready()
