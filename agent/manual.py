@@ -1,6 +1,7 @@
 """The operator's path into the decision core (Admin Propose, Drain, Restore, Pause; a rank back on the local
 link or after its repair is restored the same way): the operations go through the controller's manual event,
-so that what it refuses is refused with its own reason (agent.pipeline.DecisionPipeline.manual), and the
+so that what it refuses is refused with its own reason (agent.pipeline.DecisionPipeline.manual: its Ready is
+consumed, counted and proposed by the pipeline's one consumer, `perform`, as an automatic one is), and the
 node's proposal is awaited. Pause and Resume write the cluster's pause switch (agent.commit.PauseSwitch: a
 record committed by a quorum apart from the tables), which every node's pipeline follows. A restore that
 commits is followed at once by the controller's proposal of experts for the rank (controlplane.restore), which
@@ -77,11 +78,10 @@ class ManualPath:
             await fut
 
     async def _submit(self, ops: tuple[Operation, ...], trigger: str, force: bool) -> Any:
-        d, why = self.pipeline.manual(ops, trigger, force)
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        d, why = self.pipeline.manual(ops, trigger, force, done=fut)  # proposed there, its outcome set on fut
         if d is None:
             return None, why
-        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self.pipeline.propose(d, force=force, done=fut)
         return await asyncio.wait_for(fut, timeout=20.0), ""
 
     def restore_now(self, rank: int) -> str:
@@ -91,10 +91,7 @@ class ManualPath:
             ops = plan_restore(self.head(), rank)
         except DrainRefused as e:
             return str(e)
-        d, why = self.pipeline.manual(ops, f"restore r{rank}", True, f"rank {rank} is back after its repair (rejoin)")
-        if d is not None:
-            self.pipeline.propose(d, force=True)
-        return why
+        return self.pipeline.manual(ops, f"restore r{rank}", True, f"rank {rank} is back after its repair (rejoin)")[1]
 
     async def propose_manual(self, ops: tuple[Operation, ...], force: bool) -> apb.ProposeReply:
         await self._settled()

@@ -11,7 +11,7 @@ import asyncio
 import logging
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -81,6 +81,14 @@ class DecisionTelemetry(Protocol):
     def commit_span(self, version: int, parent: int, votes: int, latency_ms: float) -> None: ...
 
 
+class Performed(NamedTuple):
+    """What `DecisionPipeline.perform` did with one Ready: the proposals it sent to the commit backend, in the
+    Ready's order, and the Ready's last Explain (None where it had none)."""
+
+    sent: tuple[Decision, ...]
+    explain: Explain | None
+
+
 def _nothing() -> None:
     return None
 
@@ -137,8 +145,10 @@ class DecisionPipeline:
     fed in increasing `seq`, and, as the backend learns them, the commits: `on_commit(commit, table,
     newest_window)`. Each window is remembered for the voter's replay, judged against the committed head, and
     handed to the controller as WindowClosed (its rows: the sampled steps, or else one row of the window's mean
-    step, `window_rows`) with this node's planning turn; the controller's Ready is then performed in its contract's order (`perform`), and each
-    proposal goes to `backend.propose`. Operator and repair events enter through `step` and `manual`.
+    step, `window_rows`) with this node's planning turn; the controller's Ready is then performed in its
+    contract's order by `perform`, the one consumer of every Ready, whatever event produced it (a window, a
+    commit, a failure, a plan's answer, a pause, the operator's `manual`), and each proposal goes to
+    `backend.propose`. Operator and repair events enter through `step` and `manual`.
 
     Collaborators, all passed in whole: `backend` (the committed head and propose), `voter` (the replay
     windows; the backend's verifier is its `verify`), `voters` and `live_voters()` (the turn order and who is
@@ -255,26 +265,18 @@ class DecisionPipeline:
         """Hand the controller one event and perform its Ready."""
         self.perform(self.controller.step(event))
 
-    def manual(self, ops: tuple[Operation, ...], trigger: str, force: bool,
-               why: str = "") -> tuple[Decision | None, str]:
-        """The controller's manual event: the decision it made of `ops` (not yet proposed: the caller proposes
-        it, and may await its outcome; any other proposal it made, proposed), or None and why it refused."""
-        ready = self.controller.step(ManualProposal(ops, force, why))
-        proposals, plans = list(ready.proposals), list(ready.plans)
-        explains = [e for e in ready.events if isinstance(e, Explain)]
-        self.journal.extend(ready.persist)
-        self.controller.advance()
-        mine = [d for d in proposals if d.kind == "manual"]
-        for d in proposals:
-            if d not in mine:
-                self.propose(d)
-        for req in plans:
-            self._run(req)
-        if not mine:
-            ex = explains[-1] if explains else None
-            refused = f"{ex.outcome if ex else 'REFUSED'}: {ex.detail if ex else ''}".rstrip(": ")
-            return None, f"{trigger} not proposed by the decision core: {refused}"
-        return mine[0], ""
+    def manual(self, ops: tuple[Operation, ...], trigger: str, force: bool, why: str = "",
+               done: asyncio.Future[Outcome] | None = None) -> tuple[Decision | None, str]:
+        """The controller's manual event (the operator's operations; with `why`, the agent's own on the operator's
+        path), its Ready performed by `perform` like any other: the decision it made of `ops`, proposed (forced
+        if `force`; its outcome set on `done`), or None and why the controller refused it."""
+        did = self.perform(self.controller.step(ManualProposal(ops, force, why)), force, done)
+        mine = [d for d in did.sent if d.kind == "manual"]
+        if mine:
+            return mine[0], ""
+        ex = did.explain
+        refused = f"{ex.outcome if ex else 'REFUSED'}: {ex.detail if ex else ''}".rstrip(": ")
+        return None, f"{trigger} not proposed by the decision core: {refused}"
 
     @property
     def paused(self) -> bool:
@@ -330,17 +332,23 @@ class DecisionPipeline:
         return self.turn(self.window_seq + 1)[0] or self.node_id
 
     # ---- the Ready loop -------------------------------------------------------------------------
-    def perform(self, ready: Ready) -> None:
-        """Consume the controller's whole Ready in its contract's order (etcd-raft's): persist, advance, install,
-        report, send.
-        - persist: its proposal records and resolutions go to the decision journal. The controller's state is
-          soft (after a restart it starts from the committed head), so the journal is in memory; the acceptor
-          state that safety needs is persisted by the commit backend before any reply leaves;
-        - advance before sending: a re-entrant step (a proposal that fails at once) does not see these again;
-        - install: what the controller took as its new head must be the backend's (they learn commits together);
-        - report: its last Explain is what `emoe explain` shows for version 0; lifecycle moves are counted;
-        - send: each proposal goes to the commit backend;
-        - plan: each rebalance the controller asked for goes to `run_plan`, whose answer comes back as PlanReady."""
+    def perform(self, ready: Ready, force: bool = False,
+                done: asyncio.Future[Outcome] | None = None) -> Performed:
+        """Consume one of the controller's Readys, whole, whatever event produced it (automatic or the operator's:
+        `step` and `manual` both come here, and nothing else consumes one), in its contract's order (etcd-raft's):
+        1. persist: its proposal records and resolutions go to the decision journal. The controller's state is
+           soft (after a restart it starts from the committed head), so the journal is in memory; the acceptor
+           state that safety needs is persisted by the commit backend before any reply leaves;
+        2. advance, before sending: a re-entrant step (a proposal that fails at once) does not see these again;
+        3. install check: what the controller took as its new head must be the backend's (they learn commits
+           together); one beyond it is logged as an error;
+        4. report: every Explain is counted by outcome (`outcomes`: `emoe_decisions`) and handed to the
+           `explained` hooks; where nothing was proposed, the last one is what `emoe explain` shows for version
+           0; every lifecycle move (OpTransition) goes to the transition telemetry;
+        5. send: each proposal goes to the commit backend (`propose`): the operator's own (kind "manual", from
+           `manual`) with `force` and `done` (its RPC awaits the outcome), any other with neither;
+        6. plan: each plan the controller asked for goes to `run_plan`, whose answer comes back as PlanReady.
+        Returns what it sent and the Ready's last Explain (`manual` answers the operator from them)."""
         self.journal.extend(ready.persist)
         proposals, installs, events = list(ready.proposals), list(ready.install), list(ready.events)
         plans = list(ready.plans)
@@ -363,9 +371,13 @@ class DecisionPipeline:
             if isinstance(e, OpTransition):
                 self.telemetry.record_transition(e.kind, e.state)
         for decision in proposals:
-            self.propose(decision)
+            if decision.kind == "manual":
+                self.propose(decision, force, done)
+            else:
+                self.propose(decision)
         for req in plans:
             self._run(req)
+        return Performed(tuple(proposals), explains[-1] if explains else None)
 
     def step_time_said(self) -> str:
         """The step time the controller decides with and where it came from (ExplainReply.step_time)."""
