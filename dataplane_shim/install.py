@@ -1,12 +1,21 @@
 """The install lifecycle of a collective engine's plugin, engine-independent (no torch, no engine imports).
 
-Per EP rank the engine glue calls, at every step, in this order:
+Per EP rank the engine's glue (dataplane_shim.vllm_plugin, dataplane_shim.sglang_plugin, and bench.live's replay
+engine) calls, at every step, in this order:
 
-    agree = inst.agreement_due()            # on the shared schedule: step % agree_every == 0, alike on all ranks
-    if agree: inst.agreed(core.decide(<all-reduce MIN of inst.agreement_vector()>))
-    table = inst.to_arm()                   # the table to hand the engine's own rearrangement now, or None
-    ... the engine's step (it may start, continue or finish moving weights) ...
+    table = inst.begin_step(collective)     # 1. take the agreement in flight, 2. start the one due, 3. to_arm
+    if table is not None: <hand table.phy2log to the engine's own rearrangement>
+    ... the engine's step (it may start, continue or finish moving weights; the load goes to inst.core) ...
     inst.after_step(moving=<engine still moving>, matched=<engine's map == inst.inflight's>)
+
+`begin_step` holds the order: the agreement started at an earlier step is taken first (`collective`, the
+engine's MIN all-reduce over the EP CPU group, `dataplane_shim.agreement.Collective`; vLLM overlaps it with its
+step and takes it at the next one, SGLang's is synchronous and taken at once); at an agreement step
+(`step % agree_every == 0`, alike on every rank) this rank's `Agreement` (its core's versions, its step, its
+agent's go-on step: `dataplane_shim.agreement`) is started; `agreed` decodes the reduced one on every rank alike:
+it checks the ranks are at the same step, renumbers the load steps when every rank's agent said to go on from a
+later one (`renumber`), and queues the version every rank holds (`PluginCore.decide`); `to_arm` then hands
+out the queued table when nothing is in flight.
 
 An install is done only when the engine says every layer moved (`moving` false after it started), never when
 the maps merely look equal mid-move. A version agreed while a move is in flight is queued and armed the step
@@ -24,30 +33,19 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
 from controlplane.table import RoutingTable
+from dataplane_shim.agreement import Agreement, Collective
 from dataplane_shim.errors import BadInput, ShimError
 from dataplane_shim.plugin import PluginCore
 
 log = logging.getLogger(__name__)
 
 MAX_BACKOFF = 1024  # steps between re-arms of a version the engine did not install (about 30 s of decode)
-
-
-def check_agree_every(every: int, reduce_min: Callable[[npt.NDArray[np.int64]], npt.ArrayLike], rank: int) -> None:
-    """One collective at attach, on every EP rank: the agreement period must be equal everywhere (the agreement
-    is a collective: a rank that enters it at other steps than its peers hangs them). `reduce_min`: the engine's
-    all-reduce MIN over the EP group."""
-    red = np.asarray(reduce_min(np.array([every, -every], dtype=np.int64)), dtype=np.int64).reshape(-1)
-    lo, hi = int(red[0]), int(-red[1])
-    if lo != hi:
-        raise BadInput(f"EMOE_AGREE_EVERY differs across the EP ranks ({lo} .. {hi}; rank {rank} has {every}): "
-                       "set the same value on every rank")
 
 
 class Phase(enum.Enum):
@@ -86,27 +84,45 @@ class Installer:
         self._go_on_since: int | None = None
         self.go_on_wait = 2 * core.report_every + agree_every
 
+    # ---- the step boundary -------------------------------------------------------------------------
+    def begin_step(self, collective: Collective) -> RoutingTable | None:
+        """The glue's first call at every step, before the engine's step (every engine's glue runs this order,
+        one place for it): take the agreement `collective` has in flight from an earlier step, start the one due
+        at this step (and take it now if it completed at once), then the table to hand the engine's own
+        rearrangement at this step, or None. `after_step` closes the step."""
+        reduced = collective.take_agreement()
+        if reduced is not None:
+            self.agreed(reduced)
+        if self.agreement_due():
+            reduced = collective.start_agreement(self.agreement_vector())
+            if reduced is not None:
+                self.agreed(reduced)
+        return self.to_arm()
+
     # ---- schedule ----------------------------------------------------------------------------------
     def agreement_due(self) -> bool:
         return self.step % self.agree_every == 0
 
-    def agreement_vector(self) -> npt.NDArray[np.int64]:
-        """int64 [6]: the core's (newest, -oldest), (step, -step): the MIN-reduction also proves every rank is at
-        the same step of the schedule, -(the step its agent said to go on from) and whether it said one (0 or
-        1): every rank learns the largest, and whether every rank's agent has answered, and renumbers its load
-        steps from it at the same step (`renumber`)."""
-        ns = self.core.link.next_step
-        return np.concatenate([self.core.agreement_vector(),
-                               np.array([self.step, -self.step, -ns, int(ns > 0)], np.int64)])
+    def agreement(self) -> Agreement:
+        """This rank's agreement (`dataplane_shim.agreement`): what its core holds, its step (the MIN then proves
+        every rank is at the same step of the schedule), and the step its agent said to go on from (every rank
+        learns the largest, and whether every rank's agent has answered, and renumbers its load steps from it at
+        the same step: `renumber`)."""
+        return Agreement.of_rank(self.core.held(), self.step, self.core.link.next_step)
 
-    def agreed(self, reduced: npt.ArrayLike) -> RoutingTable | None:
-        """From the MIN-reduced agreement vector: queue the agreed table (if newer than what is in flight)."""
-        red = np.asarray(reduced, dtype=np.int64).reshape(-1)
-        if int(red[2]) != int(-red[3]):  # a broken invariant: the ranks are not in lockstep; fail loudly
-            raise ShimError(f"rank {self.rank}: the EP ranks disagree on the plugin's step ({int(red[2])}.."
-                            f"{int(-red[3])}): the agreement schedule is not shared")
-        self.renumber(int(-red[4]), int(red[5]) > 0)
-        table = self.core.decide(red[:2])
+    def agreement_vector(self) -> npt.NDArray[np.int64]:
+        """int64 [6]: `agreement()` encoded (`Agreement.encode`), this rank's input to the MIN all-reduce."""
+        return self.agreement().encode()
+
+    def agreed(self, reduced: npt.ArrayLike | Agreement) -> RoutingTable | None:
+        """From the MIN-reduced agreement (int64 [6], or decoded): queue the agreed table (if newer than what is
+        in flight)."""
+        red = reduced if isinstance(reduced, Agreement) else Agreement.decode(reduced)
+        if red.step_lo != red.step_hi:  # a broken invariant: the ranks are not in lockstep; fail loudly
+            raise ShimError(f"rank {self.rank}: the EP ranks disagree on the plugin's step ({red.step_lo}.."
+                            f"{red.step_hi}): the agreement schedule is not shared")
+        self.renumber(red.go_on, red.go_on_said)
+        table = self.core.decide(red.versions)
         if table is None:
             return None
         newest = max((t.version for t in (self.inflight, self.queued) if t is not None), default=0)

@@ -1,19 +1,26 @@
 """Engine-independent core of the plugin that runs in every EP rank of a collective engine (vLLM, SGLang).
 
-Per rank, at each step boundary the engine glue calls, in this order:
+Each rank's `PluginCore` holds the certified tables its agent sent (`receive`, verified by
+`dataplane_shim.certify`), the version the engine runs (`current`), and the load not yet reported. The engine's
+glue drives it through two doors:
 
-    core.step_took(offset, us)       # the wall time of a step the glue has not added yet (sampled ones kept)
-    core.add_load(counts, steps)     # int [L, E] logical load of the last `steps` steps (folded by the glue)
-    core.maybe_report()              # every `report_every` steps: one LoadReport offered to the link
-    vec = core.agreement_vector()    # int64 [2] (newest certified version held, -oldest held)
-    red = <all-reduce MIN of vec over the EP CPU group>
-    target = core.decide(red)        # the table every rank holds and should install now, or None
-    ... the engine's own path moves weights and installs target.phy2log on every rank ...
-    core.installed(target.version)   # once the engine's maps equal it
+- tables in, through `dataplane_shim.install.Installer` (the glue calls `inst.begin_step(collective)` and
+  `inst.after_step(...)` at every step, in the order install.py gives): at an agreement step the Installer
+  sends `held()` (this rank's `Versions`, slots 0-1 of the `dataplane_shim.agreement.Agreement` the EP ranks
+  MIN-reduce), hands the reduced versions to `decide` (the table every rank holds and installs now, alike on
+  every rank, or None), renumbers the load steps by `go_on_from` when the agents asked, and calls `installed`
+  once the engine's own path has moved the weights and its map equals the table;
+- load out, from the glue at its own points of the step:
 
-`decide` is the collective form of the version counters: one MIN all-reduce gives the newest version every
-rank has received (`-MIN(-oldest)` the newest base any rank started from); a version is installed only
-when every rank holds it, and all ranks decide the same thing from the same reduced vector. numpy only.
+    core.step_took(offset, us)           # the wall time of a step not added yet (kept when it is sampled)
+    core.add_load(counts, steps, rows)   # int [L, E] logical load of `steps` steps; rows: the sampled ones
+    core.maybe_report()                  # every `report_every` steps: one LoadReport offered to the link
+    core.flush()                         # before an install empties the engine's counters: report them now
+    core.peer_unreachable(rank); core.report_evidence()   # a collective failed: name the lost peers at once
+
+`decide` is the collective form of the version counters: the MIN all-reduce gives the newest version every rank
+has received and the largest of the ranks' oldest versions held (the floor); a version is installed only when every rank holds it,
+and all ranks decide the same thing from the same reduced vector. numpy only.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import numpy.typing as npt
 
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
+from dataplane_shim.agreement import Versions
 from dataplane_shim.certify import table_from_commit
 from dataplane_shim.errors import BadInput, ShimError
 from dataplane_shim.genesis import content_hex, genesis_table
@@ -205,21 +213,24 @@ class PluginCore:
         """Steps of load added since the last report."""
         return self._steps
 
-    def agreement_vector(self) -> I64:
-        """int64 [2]: (newest version held, -oldest version held newer than the installed one); a rank that
-        holds nothing newer contributes (installed, -installed)."""
+    def held(self) -> Versions:
+        """What this rank holds, for the agreement (after taking the link's commits in): the newest version and
+        the oldest newer than the installed one; a rank that holds nothing newer holds (installed, installed)."""
         self.receive()
-        newest = max(self.tables, default=self.version)
-        oldest = min(self.tables, default=self.version)
-        return np.array([newest, -oldest], dtype=np.int64)
+        return Versions(max(self.tables, default=self.version), min(self.tables, default=self.version))
 
-    def decide(self, reduced: npt.ArrayLike) -> RoutingTable | None:
-        """From the MIN-reduced agreement vector: the table to install now, the same on every rank, or None.
+    def agreement_vector(self) -> I64:
+        """int64 [2]: `held()` encoded (`Versions.encode`: newest, -oldest), this rank's input to the MIN."""
+        return self.held().encode()
+
+    def decide(self, reduced: npt.ArrayLike | Versions) -> RoutingTable | None:
+        """From the MIN-reduced agreement (int64 [2], or decoded): the table to install now, the same on every
+        rank, or None.
 
         agreed = min over ranks of the newest held; floor = max over ranks of the oldest held. Streams
         deliver versions in order, so every rank holds every version in [floor, agreed] when agreed >= floor."""
-        red = np.asarray(reduced, dtype=np.int64).reshape(-1)
-        agreed, floor = int(red[0]), int(-red[1])
+        red = reduced if isinstance(reduced, Versions) else Versions.decode(reduced)
+        agreed, floor = red.newest, red.oldest
         self.stats.agreed = agreed
         mine = max(self.tables, default=self.version)
         if mine > agreed:

@@ -51,7 +51,8 @@ import numpy as np
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
 from dataplane_shim import engine_version
-from dataplane_shim.install import Installer, check_agree_every
+from dataplane_shim.agreement import check_agree_every
+from dataplane_shim.install import Installer
 from dataplane_shim.peers import PeerWatch, default_store
 from dataplane_shim.plugin import PluginCore, Settings
 
