@@ -45,12 +45,16 @@ class ClosedWindow:
     counts: U32
     samples: U32 | None
     step_us: U32 | None = None
+    # shims that reported some of its steps but not all (a link that came back mid-window after its agent
+    # restarted, or an engine that stopped mid-window): the window holds part of their ranks' load
+    short: tuple[str, ...] = ()
 
 
 class LocalWindows:
     """Sums the reports of this node's shims into windows of `window` steps.
 
-    A window closes once every shim seen so far has reported all of its steps (or a later window). A report
+    A window closes once every shim seen so far has reported all of its steps (or a later window; a shim that
+    reported only some of them is named in its `short`: the window lacks part of its load). A report
     that crosses a window boundary (an engine plugin reports every EMOE_REPORT_EVERY steps, 25 by default, which
     an operator may set to one that does not divide the window) is split between the windows by its steps, its
     counts in proportion (rounded down, the remainder to the last part, so nothing is lost or counted twice).
@@ -145,7 +149,8 @@ class LocalWindows:
         times = None
         if samples is not None and p.times is not None and all(s in p.times for s in want):
             times = np.array([p.times[s] for s in want], dtype=np.uint32)
-        return ClosedWindow(k, k * self.W, np.minimum(p.counts, top).astype(np.uint32), samples, times)
+        short = tuple(sorted(s for s, n in p.steps.items() if n < self.W))
+        return ClosedWindow(k, k * self.W, np.minimum(p.counts, top).astype(np.uint32), samples, times, short)
 
 
 class ClusterWindows:
@@ -307,6 +312,7 @@ class LoadPath:
         self.unsampled = 0  # reports used for their totals only (no sampled steps, or another sample_every)
         self.dropped: dict[str, int] = {}  # reports each shim dropped before they left it (its own count)
         self.behind: set[str] = set()  # shims told to go on at a later step (each said once in the log)
+        self.withheld = 0  # own windows not published: some shim reported only part of their steps
 
     def on_report(self, r: dpb.LoadReport) -> int | None:
         """One engine rank's report; LoadReportError names the field of one this node cannot use (before
@@ -355,6 +361,11 @@ class LoadPath:
                             "EMOE_SAMPLE_EVERY to %d)", r.shim_id or r.rank, r.sample_every, self.sample_every,
                             self.sample_every)
         for w in self.local.add(shim, r.first_step, r.steps, counts, rows, took):
+            if w.short:  # part of some ranks' load: published, it would read as those ranks idle (issue 49, finding 5)
+                self.withheld += 1
+                log.info("window %d not published: %s reported only part of its steps (a link back mid-window, or "
+                         "an engine stopped in it); the cluster's window lacks this node's load", w.seq, list(w.short))
+                continue
             self.gossip.publish_window(w.seq, w.first_step, self.window, w.counts, bool(self.abstains()),
                                        w.samples, self.sample_every if w.samples is not None else 0, w.step_us)
             self.on_window(self.node_id, w.seq, w.counts, w.first_step, self.window, w.samples, w.step_us)
