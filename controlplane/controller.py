@@ -202,6 +202,9 @@ class Controller:
             self._note(trig, DecisionOutcome.PLANNING, f"the plan of window {self._planning.seq} is being computed")
         elif ev.planner:
             self._note(trig, DecisionOutcome.NOT_DESIGNATED, f"{ev.planner} plans this window")
+        elif self.step_time.source is StepTimeSource.WARMING_UP:  # not judged on a figure nothing measured
+            self._note(trig, DecisionOutcome.STEP_TIME_WARMING_UP, f"step time {self.step_time.why}; the error "
+                       f"budget holds ({count}/{p.budget_windows})")
         else:
             self.monitor.budget.reset()  # an attempt spends the budget, whatever its outcome
             self._ask(seq, trig, low=low)

@@ -26,7 +26,7 @@ from controlplane.planners import PLANNERS, PlanInput, PlanKnobs
 from controlplane.profile import StabilityProfile
 from controlplane.table import RoutingTable, check_no_new_rank_duplicates
 from controlplane.topology import Tier
-from controlplane.verify import gain, gain_bound, layer_gains, row_gains
+from controlplane.verify import gain, gain_bound, layer_gains, row_gains, verify_windows
 from controlplane.worth import Worth
 
 # where the per-copy charges were tuned (DecisionParams.copy_charge_scale): DeepSeek-V3 decode at EP64
@@ -253,6 +253,8 @@ class DecisionOutcome(StrEnum):
     STALE_FAILURE = "STALE_FAILURE"
     STALE_COMMIT = "STALE_COMMIT"
     PARTIAL_WINDOW = "PARTIAL_WINDOW"  # a window without some node's load (lagging or absent agent): not decided on
+    STEP_TIME_WARMING_UP = "STEP_TIME_WARMING_UP"  # the engines measure their steps, too few yet to fit the step
+    #                                                time a rebalance is judged with: held (repairs are not)
 
 
 @dataclass
@@ -269,24 +271,26 @@ class Attempt:
 def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile: StabilityProfile | None,
               cooldown: npt.NDArray[np.bool_], trigger: str, floor: float | None = None) -> Attempt:
     """Plan on the block totals of the windows that share the latest expert mix (`ReplayBuffer.same_mix`:
-    after a drift, only the windows since), verify on every step of those windows, drop layers that replay
+    after a drift, only the windows since), verify on every step of those windows (of the last two while the mix
+    is still moving: `verify.verify_windows`), drop layers that replay
     shows not to gain, gate the rest by tau (or `floor`, the gain a restored rank's fill needs), the cost
     budget and (but for a fill) the cost-benefit test (controlplane.worth)."""
     need = p.tau if floor is None else floor
     cm = p.cost_model(len(head.active_ranks))
     k = buf.same_mix(p.drift_tv)
+    kv = verify_windows(buf.window_totals(), p.drift_tv)  # k, or 2 while the mix is still moving
     inp = PlanInput(buf.block_totals(k), buf.steps_of(k), cooldown, profile, buf.tokens_per_step())
     pl = PLANNERS[p.planner](head, inp, cm, p.knobs(head))
     refused = list(pl.refused)
     if not pl.ops:
         why = "no move gains at least min_op_gain" + (f"; {pl.note}" if pl.note else "")
         return Attempt(None, DecisionOutcome.NO_PLAN, why, tuple(refused))
-    base = buf.stats(head, last=k)
+    base = buf.stats(head, last=kv)
     ops, op_layers = list(pl.ops), np.asarray(pl.op_layers, dtype=np.int64)
     table = pl.table if pl.table is not None else apply_ops(head, ops)
     table.validate()  # a planner that builds an invalid table is a bug: fail loudly
     check_no_new_rank_duplicates(head, table)  # ... and so is one that stacks replicas on one rank
-    new = buf.stats(table, base=head, last=k)
+    new = buf.stats(table, base=head, last=kv)
     ls = np.unique(op_layers)
     lg = layer_gains(base, new, ls)
     by_layer = {int(lay): float(g) for lay, g in zip(ls.tolist(), lg.tolist(), strict=True)}
@@ -301,11 +305,11 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
             return Attempt(None, Reason.VERIFY_NO_GAIN.value, "no planned layer gained on replay", tuple(refused))
         ls = np.array(sorted(set(ls.tolist()) - drop), dtype=np.int64)
         table = apply_ops(head, ops)
-        new = buf.stats(table, base=head, last=k)
+        new = buf.stats(table, base=head, last=kv)
     vg = gain(base, new)
     rows = row_gains(base, new)
     # a restored rank's fill (floor) asks only that replay shows it no worse: no bound beyond the mean
-    bound = gain_bound(rows, p.gain_confidence) if floor is None else vg
+    bound = gain_bound(rows, p.gain_confidence, buf.rows_per_window(kv)) if floor is None else vg
     est = sum(g for lay, g in pl.layer_gain if lay in set(ls.tolist()))
     cost = change_cost(cm, head, table, buf.tokens_per_step())
     a = Attempt(None, "", "", (), est, vg, cost)
@@ -323,7 +327,7 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
         refused.append(Refused(None, reason.value, vg, cost, detail))
         a.outcome, a.detail, a.refused = reason.value, refused[-1].detail, tuple(refused)
         return a
-    lo, hi = buf.span(k)
+    lo, hi = buf.span(kv)
     if pl.note:
         trigger = f"{trigger}; {pl.note}"
     if w.enabled and w.source:  # which step time judged it, and where it came from (controlplane.steptime)

@@ -161,6 +161,10 @@ class ReplayBuffer:
             return np.zeros((0, self.layers, self.experts), dtype=np.int64)
         return np.concatenate([w.block_totals for w in ws], axis=0)
 
+    def rows_per_window(self, last: int | None = None) -> list[int]:
+        """The rows each of the last `last` windows (default all) holds, oldest first."""
+        return [int(w.counts.shape[0]) for w in self._recent(last)]
+
     def span(self, last: int | None = None) -> tuple[int, int]:
         """[first, end) steps of the last `last` windows (default all); (0, 0) when empty."""
         ws = self._recent(last)

@@ -53,7 +53,9 @@ ROUNDS = 20  # IRLS rounds (fixed: the same points give the same figure on every
 class StepTimeSource(StrEnum):
     FITTED = "fitted"      # from the engines' measured step times
     OVERRIDE = "override"  # decision.load_ms, set by the operator
-    DEFAULT = "default"    # the configured figure: too few or too flat measurements to fit
+    DEFAULT = "default"    # the configured figure: nothing measured, or too flat measurements to fit
+    WARMING_UP = "warming up"  # the engines measure their steps, too few so far to fit: the configured figure
+    #                            stands in, and the controller holds rebalances until the fit (controller.py)
 
 
 @dataclass(frozen=True)
@@ -201,5 +203,9 @@ class StepTimeEstimator:
 
     def current(self, configured_ms: float, override: bool) -> StepTime:
         """The step time to decide with: `configured_ms` when the operator set it (`override`), else the fit,
-        else `configured_ms` as the default."""
-        return resolve(configured_ms if override else None, None if override else self.fit(), configured_ms)
+        else `configured_ms` as the default; WARMING_UP while the windows held are measured but fewer than
+        MIN_POINTS steps."""
+        fit = None if override else self.fit()
+        if isinstance(fit, str) and 0 < self.points < MIN_POINTS:
+            return StepTime(configured_ms, StepTimeSource.WARMING_UP, f"the configured default until the fit: {fit}")
+        return resolve(configured_ms if override else None, fit, configured_ms)

@@ -18,13 +18,17 @@ a sampled step, standing for the `sample_every` steps it was drawn from; or a wi
 own contribution, so the rows are disjoint blocks of the replay, and their spread says how far the mean can be
 trusted: the one-sided lower confidence bound of that mean (Student's t over the rows) must be above 0. A
 change that gains on a burst and loses elsewhere has a large spread and a bound at or below 0; a steady gain
-has almost none.
+has almost none. The rows of one window are steps a few apart, alike where the load moves in waves, so over two
+windows or more the bound is also taken over the windows' mean gains, and the lower one counts; and while the
+expert mix is still moving (into each of the last two windows) a rebalance is verified on both
+(`verify_windows`), not on the newest alone.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -251,11 +255,9 @@ def t_quantile(p: float, df: int) -> float:
     return hi
 
 
-def gain_bound(rows: F64, confidence: float) -> float:
-    """The one-sided `confidence` lower bound of the mean of `rows` [T] (`row_gains`): mean - t x sd / sqrt(T),
-    t Student's `confidence` quantile with T - 1 degrees of freedom. With fewer than 2 rows there is no spread to
-    judge by: the mean itself (0.0 for none); with confidence 0.5, the mean."""
-    r = np.asarray(rows, dtype=np.float64)
+def _t_bound(r: F64, confidence: float) -> float:
+    """mean - t x sd / sqrt(n) of `r` [n], t Student's `confidence` quantile with n - 1 degrees of freedom; the mean
+    with fewer than 2 values or confidence 0.5; 0.0 for none."""
     n = int(r.size)
     if n == 0:
         return 0.0
@@ -263,6 +265,24 @@ def gain_bound(rows: F64, confidence: float) -> float:
     if n < 2 or confidence <= 0.5:
         return m
     return m - t_quantile(confidence, n - 1) * float(r.std(ddof=1)) / math.sqrt(n)
+
+
+def gain_bound(rows: F64, confidence: float, blocks: Sequence[int] = ()) -> float:
+    """The one-sided `confidence` lower bound of the gain over `rows` [T] (`row_gains`): mean - t x sd / sqrt(T), t
+    Student's `confidence` quantile with T - 1 degrees of freedom; with fewer than 2 rows there is no spread to
+    judge by: the mean itself (0.0 for none); with confidence 0.5, the mean.
+
+    `blocks`: the rows each replayed window holds, in order (summing to T). The rows of one window are steps a few
+    apart, alike when the load moves in waves (lanes in lockstep after a cold start), so their spread understates
+    how the gain varies from window to window: with 2 windows or more, the bound is also taken over the windows'
+    mean gains (df: windows - 1), and the lower of the two is the bound. A gain must hold across steps and
+    across windows."""
+    r = np.asarray(rows, dtype=np.float64)
+    bound = _t_bound(r, confidence)
+    if len(blocks) >= 2 and sum(blocks) == r.size and min(blocks) > 0 and confidence > 0.5:
+        means = np.array([b.mean() for b in np.split(r, np.cumsum(blocks)[:-1])], dtype=np.float64)
+        bound = min(bound, _t_bound(means, confidence))
+    return bound
 
 
 def layer_gains(head: ReplayStats, new: ReplayStats, layers: I64) -> F64:
@@ -289,9 +309,25 @@ def same_mix(totals: npt.NDArray[np.integer], tv: float) -> int:
     return int(t.shape[0] - (over[-1] + 1)) if over.size else int(t.shape[0])
 
 
+def verify_windows(totals: npt.NDArray[np.integer], tv: float) -> int:
+    """How many trailing windows of `totals [n, L, E]` (tokens per window) a rebalance is verified on: those that
+    share the newest window's mix (`same_mix`), but at least the last two while the mix moved by more than `tv`
+    into each of them. A drift moves the mix once, and the windows since are what the cluster now serves; load
+    still in transit (lanes started together run through their prompts in waves after a cold start) moves it
+    window after window, and a plan the newest window alone verifies chases a phase of it: it must also hold on
+    the window before (and across the two: `gain_bound`'s blocks)."""
+    k = same_mix(totals, tv)
+    t = np.asarray(totals, dtype=np.float64)
+    if k >= 2 or t.shape[0] < 3:
+        return k
+    share = t[-3:] / np.maximum(t[-3:].sum(axis=2, keepdims=True), 1.0)
+    d = 0.5 * np.abs(share[1:] - share[:-1]).sum(axis=2).mean(axis=1)
+    return 2 if bool((d > tv).all()) else k
+
+
 def verify_decision(
     head: RoutingTable, proposed: RoutingTable, replay: npt.NDArray[np.integer], tau: float,
-    drift_tv: float | None = None, confidence: float = 0.5,
+    drift_tv: float | None = None, confidence: float = 0.5, blocks: Sequence[int] = (),
 ) -> tuple[bool, float, str]:
     """A voter's independent re-verification of a proposed successor of `head`.
 
@@ -299,9 +335,9 @@ def verify_decision(
     reason one of OK, GAIN_BELOW_TAU, GAIN_NOT_SIGNIFICANT, PARENT_MISMATCH, INVALID_TABLE, SHAPE_MISMATCH,
     EMPTY_REPLAY. ok iff the proposal is a valid table whose parent is head's version, whose gain on the buffer
     is >= tau and, with `confidence` above 0.5 (DecisionParams.gain_confidence), whose gain's lower confidence
-    bound over the rows (`gain_bound`) is above 0. A rollback or a repair is checked with tau = 0.0 and no
-    bound (it must not make things worse). drift_tv: with rows that
-    are window totals, replay only the trailing rows that share the newest row's mix (`same_mix`), as the
+    bound (`gain_bound`; `blocks`: the rows of each replayed window) is above 0. A rollback or a repair is
+    checked with tau = 0.0 and no bound (it must not make things worse). drift_tv: with rows that are window
+    totals, replay only the trailing rows that share the newest row's mix (`same_mix`), as the
     proposer planned and verified on the windows since a drift (DecisionParams.drift_tv).
     """
     if proposed.parent != head.version or proposed.version != head.version + 1:
@@ -324,6 +360,6 @@ def verify_decision(
     g = gain(base, new)
     if g < tau:
         return False, g, GAIN_BELOW_TAU
-    if confidence > 0.5 and gain_bound(row_gains(base, new), confidence) <= 0.0:
+    if confidence > 0.5 and gain_bound(row_gains(base, new), confidence, blocks) <= 0.0:
         return False, g, GAIN_NOT_SIGNIFICANT
     return True, g, OK

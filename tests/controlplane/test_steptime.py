@@ -127,3 +127,35 @@ def test_the_controller_decides_with_the_step_time_it_fits_and_an_operators_figu
     fixed = Controller(DecisionParams(window=100, theta=1e6, fast_theta=1e6, load_ms=12.0, load_ms_override=True), head)
     _windows_with_measured_steps(fixed, 3, 30, a=2.0, b=0.01, jitter=0.10)
     assert fixed.step_time.source is StepTimeSource.OVERRIDE and fixed.params.worth().load_ms == 12.0
+
+
+def test_while_the_engines_measure_too_few_steps_a_rebalance_waits_for_the_fit() -> None:
+    """The engines report their step times but too few yet to fit (MIN_POINTS): a skewed window is not judged
+    on the configured figure (12 ms, up to 100x off a shape's own) but held, STEP_TIME_WARMING_UP, with the error
+    budget kept; the window that completes the fit is decided on at once. Engines that measure nothing (an
+    older plugin) are decided on with the configured figure, as before."""
+    from controlplane.controller import Controller, DecisionParams, WindowClosed
+    from controlplane.table import initial_table
+
+    head = initial_table(Topology(2, 2, 3), 4, 8)
+    rng = np.random.default_rng(5)
+    wins = []
+    for _ in range(2):  # 10 sampled steps a window, expert 0 hot by a varying amount (the busiest load varies)
+        rows = np.full((10, head.layers, head.experts), 40, np.uint32)
+        rows[:, :, 0] = rng.integers(200, 400, size=(10, 1))
+        busiest, _ = step_points(head, rows)
+        wins.append((rows, np.rint((2.0 + 0.01 * busiest) * 1e3).astype(np.uint32)))
+
+    def run(measured: bool) -> list[tuple[str, int]]:
+        ctl = Controller(DecisionParams(window=100, load_ms=12.0), head)
+        out = []
+        for seq, (rows, us) in enumerate(wins):
+            r = ctl.step(WindowClosed(seq, seq * 100, rows, span=100, step_us=us if measured else None))
+            out.append(([str(e.outcome) for e in r.events if type(e).__name__ == "Explain"][-1], len(r.proposals)))
+            ctl.advance()
+        return out
+
+    held, proposed = run(measured=True)
+    assert held == ("STEP_TIME_WARMING_UP", 0), held
+    assert proposed == ("PROPOSED", 1), proposed
+    assert run(measured=False)[0] == ("PROPOSED", 1)  # nothing measured: the configured figure, at once
