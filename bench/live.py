@@ -84,6 +84,41 @@ def genesis_spec(base: RoutingTable, directory: Path) -> str:
     return str(path)
 
 
+class MemoryGroup:
+    """The EP ranks' MIN all-reduce over the cores in memory, overlapped as vLLM's: each rank's side
+    (`ranks[g]`, a `dataplane_shim.agreement.Collective`) starts an agreement at an agreement step and takes, at
+    the next step, the MIN of the vectors every rank started with it."""
+
+    def __init__(self, n: int) -> None:
+        self.ranks = [_MemoryRank(self) for _ in range(n)]
+        self.rounds: dict[int, list[npt.NDArray[np.int64]]] = {}  # agreement round -> the vectors started in it
+        self.taken: dict[int, int] = {}  # agreement round -> how many ranks took its result
+
+
+class _MemoryRank:
+    def __init__(self, group: MemoryGroup) -> None:
+        self.group = group
+        self.started = 0  # agreements this rank started
+        self.in_flight: int | None = None  # the round it started and has not taken
+
+    def start_agreement(self, vector: npt.NDArray[np.int64]) -> npt.NDArray[np.int64] | None:
+        self.in_flight, self.started = self.started, self.started + 1
+        self.group.rounds.setdefault(self.in_flight, []).append(np.array(vector, dtype=np.int64))
+        return None
+
+    def take_agreement(self) -> npt.NDArray[np.int64] | None:
+        r, self.in_flight = self.in_flight, None
+        if r is None:
+            return None
+        vectors = self.group.rounds[r]
+        if len(vectors) != len(self.group.ranks):  # a rank that skipped a collective: the replay's own bug
+            raise RuntimeError(f"agreement round {r}: {len(vectors)} of {len(self.group.ranks)} ranks started it")
+        self.group.taken[r] = self.group.taken.get(r, 0) + 1
+        if self.group.taken[r] == len(vectors):  # every rank took it
+            del self.group.rounds[r], self.group.taken[r]
+        return np.asarray(np.min(vectors, axis=0), dtype=np.int64)
+
+
 class ReplayEngine:
     """EP ranks' plugin cores and installers (one per rank in `sockets`, each linked to its node's agent at
     that unix socket), stepped in lockstep on this thread. `emoe bench --live` feeds every rank of its own
@@ -117,22 +152,16 @@ class ReplayEngine:
         self.table = base
         self._share, self._first = rank_shares(base)
         self.step_ms = step_ms  # the engine's wall time of a step (ms) under its table, which the plugins report
-        self._pending: npt.NDArray[np.int64] | None = None  # the agreement started at the previous step
+        self.group = MemoryGroup(len(self.cores))  # the ranks' agreement collective
         self.replay_s = 0.0  # wall seconds the last `run` took
 
     def step(self, counts: npt.NDArray[np.integer]) -> RoutingTable | None:
         """One decode step of `counts` [L, E] tokens: the plugins' agreement and install at its boundary, then
         each rank serves its share under the table it runs and reports on its schedule. Returns the table
         installed at this step, if any."""
-        # the plugins' overlapped MIN all-reduce (over the cores in memory here): started at an agreement
-        # step, taken at the next step (vllm_plugin._agree_step, _take_agreement)
-        if self._pending is not None:
-            for i in self.insts:
-                i.agreed(self._pending)
-            self._pending = None
-        if self.insts[0].agreement_due():
-            self._pending = np.min([i.agreement_vector() for i in self.insts], axis=0)
-        armed = [i.to_arm() for i in self.insts]
+        # the plugins' step order (Installer.begin_step), their MIN all-reduce over the cores in memory here,
+        # overlapped as in vLLM: started at an agreement step, taken at the next (vllm_plugin.start_agreement)
+        armed = [i.begin_step(c) for i, c in zip(self.insts, self.group.ranks, strict=True)]
         for i in self.insts:
             i.after_step(moving=False, matched=True)  # the replay engine installs at once
         installed = armed[0]

@@ -16,9 +16,10 @@ Then it replaces the `EPLBManager` that `ModelRunner` builds under `--enable-epl
 `ElasticMoeEplbManager`, which keeps SGLang's `rebalance()` (recorder dump, layer chunks, weight moves
 with recovery) and changes three things:
 - when: instead of every `eplb_rebalance_num_iterations` passes, when the EP ranks agree on a newer
-  certified version (one all-reduce MIN of an int64 [4] over the MoE EP CPU group every EMOE_AGREE_EVERY
-  forward passes of the shared pass count, default 32, checked equal on every rank at setup; it also proves
-  the ranks are at the same pass; `dataplane_shim/install.py`'s `Installer`:
+  certified version (one all-reduce MIN of an int64 [6], `dataplane_shim.agreement.Agreement`, over the MoE
+  EP CPU group every EMOE_AGREE_EVERY forward passes of the shared pass count, default 32, checked equal on
+  every rank at setup; it also proves the ranks are at the same pass; synchronous, taken in the pass it is
+  started; `dataplane_shim/install.py`'s `Installer` (`begin_step`, `after_step`):
   the version counts as installed only once rebalance() returned on its map, one that raised or returned on
   another map is counted in `install_failures`, the latter re-armed with backoff);
 - what: `_compute_expert_location_metadata` returns that version's placement (its MoE rows at the MoE
@@ -47,6 +48,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
@@ -115,6 +117,21 @@ def manager_class() -> type:
             torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN, group=self._group)
             return t.numpy()
 
+        # ---- the agreement's collective (dataplane_shim.agreement.Collective): synchronous, taken at once
+        def start_agreement(self, vector: npt.NDArray[np.int64]) -> npt.NDArray[np.int64] | None:
+            try:
+                return np.asarray(self._reduce_min(vector), dtype=np.int64)
+            except RuntimeError:  # a peer is gone: name it to the agent, then let SGLang fail as it does
+                core = self._core
+                if core is not None:
+                    for r in self._watch.unreachable() if self._watch is not None else []:
+                        core.peer_unreachable(r)
+                    core.report_evidence()
+                raise
+
+        def take_agreement(self) -> npt.NDArray[np.int64] | None:
+            return None  # nothing in flight: start_agreement returns the reduced vector
+
         def close(self) -> None:
             """Stop the agent link's and the peer watch's threads; idempotent. SGLang 0.5.23 has no teardown
             hook for its EPLB manager (a scheduler process ends by exit or signal): both are daemon threads,
@@ -151,15 +168,7 @@ def manager_class() -> type:
                 if self._passes % core.report_every == 0:  # the recorder holds at most K passes of them
                     self._take_load(core)
                     core.flush()
-                if inst.agreement_due():
-                    try:
-                        inst.agreed(self._reduce_min(inst.agreement_vector()))
-                    except RuntimeError:  # a peer is gone: name it to the agent, then let SGLang fail as it does
-                        for r in self._watch.unreachable() if self._watch is not None else []:
-                            core.peer_unreachable(r)
-                        core.report_evidence()
-                        raise
-                table = inst.to_arm()
+                table = inst.begin_step(self)  # the agreement when due (this manager is the Collective), to_arm
                 if table is None:
                     inst.after_step(moving=False, matched=False)
                 else:

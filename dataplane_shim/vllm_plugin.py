@@ -19,7 +19,8 @@ creates one per worker when `enable_eplb` is on) attaches a `VllmPlugin` to that
   drops counted).
   Every `EMOE_AGREE_EVERY` steps of the plugin's own step counter (the same on every rank: every rank calls
   `step()` once per forward, dummy ones included), an all-reduce MIN over the EP CPU group agrees on the
-  newest version every rank holds (`dataplane_shim.install.Installer`). It is overlapped with the engine:
+  newest version every rank holds (`dataplane_shim.agreement`, in the step order of
+  `dataplane_shim.install.Installer.begin_step`, this plugin its `Collective`). It is overlapped with the engine:
   started at one agreement step in gloo's thread, its result is taken at the next (every rank alike, so the
   schedule stays in lockstep; a failed one names the lost peers to the agent from gloo's thread at once).
   When one is agreed and vLLM is not moving weights, vLLM's step counter is set so that this very `step()`
@@ -47,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from controlplane.table import RoutingTable
@@ -180,11 +182,8 @@ class VllmPlugin:
             return
         inst = self.inst
         t0 = time.perf_counter()
-        self._take_agreement(inst)
-        if inst.agreement_due():
-            self._agree_step(inst)
+        table = inst.begin_step(self)  # the agreements (this plugin is the Collective), then the table to arm
         t1 = time.perf_counter()
-        table = inst.to_arm()
         if table is not None:
             self._arm(table)
         remap = inst.inflight is not None  # the map may change in this step: what it records folds under the old
@@ -309,16 +308,16 @@ class VllmPlugin:
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MIN, group=self.group)
         return t.numpy()
 
-    def _agree_step(self, inst: Installer) -> None:
+    # ---- the agreement's collective (dataplane_shim.agreement.Collective) -------------------------
+    def start_agreement(self, vector: npt.NDArray[np.int64]) -> npt.NDArray[np.int64] | None:
         """Start one agreement of the schedule, overlapped with the engine's step: the MIN all-reduce runs in
         gloo's worker thread during this step (the forward passes' collectives use the device group, not this
-        one), and `_take_agreement` takes its result at the next step. Every rank takes the same result at the
+        one), and `take_agreement` takes its result at the next step. Every rank takes the same result at the
         same step, so the schedule stays in lockstep; a version waits at most K steps for its agreement (from
-        its arrival just after one agreement step to the step after the next)."""
-        vec = torch.from_numpy(np.ascontiguousarray(inst.agreement_vector(), dtype=np.int64))
+        its arrival just after one agreement step to the step after the next). A group of one: done at once."""
+        vec = torch.from_numpy(np.ascontiguousarray(vector, dtype=np.int64))
         if self.topo.ranks < 2:
-            inst.agreed(vec.numpy())
-            return
+            return _ints(vec)
         try:
             work = torch.distributed.all_reduce(vec, op=torch.distributed.ReduceOp.MIN, group=self.group,
                                                 async_op=True)
@@ -327,12 +326,13 @@ class VllmPlugin:
             raise  # the EP group is broken: vLLM's own failure handling takes it from here
         work.get_future().add_done_callback(self._agreement_done)
         self._agreeing = (work, vec)
+        return None
 
-    def _take_agreement(self, inst: Installer) -> None:
+    def take_agreement(self) -> npt.NDArray[np.int64] | None:
         """The agreement started at the previous step: done by now (a few int64 over gloo, against a whole
         engine step), taken on every rank at this same step."""
         if self._agreeing is None:
-            return
+            return None
         work, buf = self._agreeing
         self._agreeing = None
         try:
@@ -340,7 +340,7 @@ class VllmPlugin:
         except RuntimeError:
             self.peer_failure()
             raise
-        inst.agreed(buf.numpy())
+        return _ints(buf)
 
     def _agreement_done(self, fut: Any) -> None:
         """In gloo's thread, as an agreement completes: a failed one names the lost peers to the agent at once,
@@ -376,6 +376,10 @@ class VllmPlugin:
         close = getattr(self.link, "close", None)
         if close is not None:
             close()
+
+
+def _ints(t: torch.Tensor) -> npt.NDArray[np.int64]:
+    return np.asarray(t.numpy(), dtype=np.int64)
 
 
 def batch_tokens(eplb_state: Any) -> int:
