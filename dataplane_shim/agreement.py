@@ -16,8 +16,9 @@ whose "every rank" is wanted is sent as 0/1. So the MIN of the ranks' encodings 
     5     go_on_said      go_on_said       whether its agent said one             whether EVERY rank's agent said one
 
 Slots 0-1 are the plugin core's own part (`Versions`, int64 [2]: `PluginCore.agreement_vector`, what a
-harness that runs cores without an Installer reduces). The layout is the wire format of the all-reduce: the slots and their order are fixed (every rank of an EP
-group must run the same layout; a new field takes a new slot at the end, in every rank at once).
+harness that runs cores without an Installer reduces). The layout is the wire format of the all-reduce: the
+slots and their order are fixed (every rank of an EP group must run the same layout; a new field takes a new
+slot at the end, in every rank at once).
 
 `Collective` is what the engine's glue provides for one rank: the MIN all-reduce of a vector, started at an
 agreement step and taken at once (synchronous, or a group of one) or at a later step (overlapped). numpy only.
