@@ -19,8 +19,8 @@ glue drives it through two doors:
     core.peer_unreachable(rank); core.report_evidence()   # a collective failed: name the lost peers at once
 
 `decide` is the collective form of the version counters: the MIN all-reduce gives the newest version every rank
-has received and the largest of the ranks' oldest versions held (the floor); a version is installed only when every rank holds it,
-and all ranks decide the same thing from the same reduced vector. numpy only.
+has received and the largest of the ranks' oldest versions held (the floor); a version is installed only when
+every rank holds it, and all ranks decide the same thing from the same reduced vector. numpy only.
 """
 
 from __future__ import annotations
