@@ -18,7 +18,7 @@ from controlplane.decision import DecisionParams
 from controlplane.errors import ControlPlaneError
 from controlplane.steptime import StepTime, StepTimeSource, agrees
 from controlplane.table import RoutingTable
-from controlplane.verify import STEP_TIME_DISAGREES, verify_decision, verify_windows
+from controlplane.verify import STEP_TIME_DISAGREES, same_mix, verify_decision, verify_windows
 from elasticmoe.v1 import consensus_pb2 as cpb
 
 # how far a proposer's step time may be from this node's own fit (relative): both fit the same gossiped windows,
@@ -68,18 +68,22 @@ class Voter:
         floor = -self.tolerance if rollback else max(0.0, min(self.params.tau, plan.verified_gain) - self.tolerance)
         # a rollback is judged on exactly the windows observed since its change, as the controller judged it
         # (decision.rollback): cut at the newest drift, they may be the one window the change was right on
+        moving = False
         if not rollback:  # the windows since the newest drift (the last two while the mix still moves), as the
             # proposer verified on them: judged on the windows held here up to the span's end, for the context
             W, hi = self.params.window, plan.replay_to_step
             upto = [r for q, r in zip(self.seqs, self.rows, strict=True) if hi <= plan.replay_from_step or q * W < hi]
-            keep = verify_windows(np.stack([r.sum(axis=0, dtype=np.int64) for r in upto]), self.params.drift_tv)
+            totals = np.stack([r.sum(axis=0, dtype=np.int64) for r in upto])
+            keep = verify_windows(totals, self.params.drift_tv)
+            moving = keep > same_mix(totals, self.params.drift_tv)  # then the gain must hold across the windows
             replay = replay[max(0, len(replay) - keep):]
         # a rebalance must hold beyond the spread of the replay rows, as its proposer's gate asks
         # (decision.rebalance); an operator's proposal or a restored rank's fill (kind manual) and a rollback
         # are not held to it
         confidence = self.params.gain_confidence if plan_kind(plan) == "rebalance" else 0.5
         ok, gain, reason = verify_decision(head, proposed, np.concatenate(replay, axis=0), floor,
-                                           confidence=confidence, blocks=[len(r) for r in replay])
+                                           confidence=confidence,
+                                           blocks=[len(r) for r in replay] if not rollback and moving else ())
         # a rebalance's gain here must also agree with the proposer's (a rollback's need not: above)
         if ok and not rollback and plan.verified_gain - gain > self.tolerance:
             return False, gain, (f"replay gain {gain:.4f} is below the proposer's {plan.verified_gain:.4f} by more "

@@ -309,7 +309,9 @@ def rebalance(head: RoutingTable, buf: ReplayBuffer, p: DecisionParams, profile:
     vg = gain(base, new)
     rows = row_gains(base, new)
     # a restored rank's fill (floor) asks only that replay shows it no worse: no bound beyond the mean
-    bound = gain_bound(rows, p.gain_confidence, buf.rows_per_window(kv)) if floor is None else vg
+    # while the mix moves (kv > k), the gain must hold across the windows too, not only across the rows
+    blocks = buf.rows_per_window(kv) if kv > k else []
+    bound = gain_bound(rows, p.gain_confidence, blocks) if floor is None else vg
     est = sum(g for lay, g in pl.layer_gain if lay in set(ls.tolist()))
     cost = change_cost(cm, head, table, buf.tokens_per_step())
     a = Attempt(None, "", "", (), est, vg, cost)

@@ -18,10 +18,10 @@ a sampled step, standing for the `sample_every` steps it was drawn from; or a wi
 own contribution, so the rows are disjoint blocks of the replay, and their spread says how far the mean can be
 trusted: the one-sided lower confidence bound of that mean (Student's t over the rows) must be above 0. A
 change that gains on a burst and loses elsewhere has a large spread and a bound at or below 0; a steady gain
-has almost none. The rows of one window are steps a few apart, alike where the load moves in waves, so over two
-windows or more the bound is also taken over the windows' mean gains, and the lower one counts; and while the
-expert mix is still moving (into each of the last two windows) a rebalance is verified on both
-(`verify_windows`), not on the newest alone.
+has almost none. While the expert mix is still moving (into each of the last two windows: lanes started
+together run through their prompts in waves) a rebalance is verified on both (`verify_windows`), not on the
+newest alone, and since the rows of one window are steps a few apart, alike in a wave, the bound is then also
+taken over the two windows' mean gains (`gain_bound`'s blocks), and the lower one counts.
 """
 
 from __future__ import annotations
@@ -272,11 +272,11 @@ def gain_bound(rows: F64, confidence: float, blocks: Sequence[int] = ()) -> floa
     Student's `confidence` quantile with T - 1 degrees of freedom; with fewer than 2 rows there is no spread to
     judge by: the mean itself (0.0 for none); with confidence 0.5, the mean.
 
-    `blocks`: the rows each replayed window holds, in order (summing to T). The rows of one window are steps a few
-    apart, alike when the load moves in waves (lanes in lockstep after a cold start), so their spread understates
-    how the gain varies from window to window: with 2 windows or more, the bound is also taken over the windows'
-    mean gains (df: windows - 1), and the lower of the two is the bound. A gain must hold across steps and
-    across windows."""
+    `blocks`: the rows each replayed window holds, in order (summing to T), given while the mix is still moving
+    (`verify_windows`). The rows of one window are steps a few apart, alike when the load moves in waves (lanes in
+    lockstep after a cold start), so their spread understates how the gain varies from window to window: with 2
+    windows or more, the bound is also taken over the windows' mean gains (df: windows - 1), and the lower of the
+    two is the bound: the gain must hold across steps and across windows."""
     r = np.asarray(rows, dtype=np.float64)
     bound = _t_bound(r, confidence)
     if len(blocks) >= 2 and sum(blocks) == r.size and min(blocks) > 0 and confidence > 0.5:

@@ -442,8 +442,13 @@ def test_a_learner_leaves_the_planning_turn_until_it_votes_again() -> None:
     assert {p for _, _, p in planners} == set(c.ids) - {wiped}  # the others take its turns meanwhile
     for node in c.states.values():
         node.pipeline.paused = False
-    ack = c.admin(lambda: c.states[sorted(c.ids)[0]].manual.drain(c.ranks_of[sorted(c.ids)[2]][0]), tries=3)
-    assert ack.ok, ack  # a commit past what the learner may have voted on: it votes again ...
+    # commits past what the learner may have voted on (it may have promised the version after the head it was
+    # wiped at, so two: v3 and v4; until 1b397b0 the second came from an automatic rebalance, which now verifies
+    # a mix that moves window after window, as this sim's does, on its last two windows): it votes again ...
+    rank, manual = c.ranks_of[sorted(c.ids)[2]][0], c.states[sorted(c.ids)[0]].manual
+    for act in (manual.drain, manual.restore):  # a rank drained, then back in service
+        ack = c.admin(lambda act=act: act(rank), tries=3)  # type: ignore[misc]
+        assert ack.ok, ack
     c.run(6.0)
     assert c.states[wiped].consensus.role == "voter"
     assert all(wiped not in c.states[n].gossip.learners() for n in c.up())  # ... and plans again
