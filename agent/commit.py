@@ -1,7 +1,7 @@
 """What the agent needs of a commit backend: the quorum consensus (agent.consensus.node.ConsensusNode) and
-etcd (agent.etcd_backend.EtcdBackend) both provide it, so NodeState holds one typed `CommitBackend` and
+etcd (agent.etcd.etcd_backend.EtcdBackend) both provide it, so NodeState holds one typed `CommitBackend` and
 never asks which one it has; and of the cluster's pause switch beside it (`PauseSwitch`: the quorum's control
-records, ConsensusNode.control, or etcd's key, agent.etcd_pause.EtcdPause)."""
+records, ConsensusNode.control, or etcd's key, agent.etcd.etcd_pause.EtcdPause)."""
 
 from __future__ import annotations
 

@@ -16,12 +16,12 @@ from typing import Any, Literal
 
 import msgspec
 
-from agent.claims import MAX_CERT_BYTES, MAX_SIGNATURE_BYTES
 from agent.configcheck import DAY_MS, ConfigError
 from agent.configcheck import bounded as _bounded
 from agent.configcheck import need as _need
-from agent.gossipconfig import GossipConfig
-from agent.reportguard import DEFAULT_MAX_BATCH_TOKENS, MAX_BATCH_TOKENS
+from agent.gossip.claims import MAX_CERT_BYTES, MAX_SIGNATURE_BYTES
+from agent.gossip.gossipconfig import GossipConfig
+from agent.link.reportguard import DEFAULT_MAX_BATCH_TOKENS, MAX_BATCH_TOKENS
 from controlplane.decision import DecisionParams
 from controlplane.planners import PLANNERS
 
@@ -229,7 +229,7 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     install_lag_s: float = 10.0
     # The largest batch (tokens in one step) a load report's counts may cover where the engine's plugin declares
     # none (LoadReport.max_batch_tokens; an older plugin): each expert's count per step at most this, a layer's at
-    # most this x cluster.top_k (agent/reportguard.py). Why 2^24: SGLang's rank 0 reports its EP group's sum,
+    # most this x cluster.top_k (agent/link/reportguard.py). Why 2^24: SGLang's rank 0 reports its EP group's sum,
     # and 1024 ranks (128 nodes x 8) x 16,384 tokens a step is the most the design's largest group carries; a
     # count of 2^32 - 1 in a report of up to 255 steps is refused.
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
@@ -246,7 +246,7 @@ class TelemetryConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class MetricsConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """Prometheus metrics (agent/metrics.py): `listen` HOST:PORT serves them at /metrics, plaintext (bind it
+    """Prometheus metrics (agent/admin/metrics.py): `listen` HOST:PORT serves them at /metrics, plaintext (bind it
     to an address only the scraper reaches); empty, the default: off. `per_expert`: also the newest window's
     tokens per (layer, expert), layers x experts series (14,848 for DeepSeek-V3)."""
 
@@ -330,7 +330,7 @@ class AgentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             _need(0 <= r < G, f"ranks[{i}]", r, f"a rank in 0..{G - 1}")
             _need(r not in self.ranks[:i], f"ranks[{i}]", r, "a rank listed once")
         c = self.cluster
-        # under mTLS a window also carries its node's signature and certificate (agent/windowguard.py)
+        # under mTLS a window also carries its node's signature and certificate (agent/gossip/windowguard.py)
         proof = MAX_SIGNATURE_BYTES + MAX_CERT_BYTES if self.tls.cert_dir else 0
         window = c.layers * c.experts * 4 + WINDOW_ENVELOPE_BYTES + proof
         _need(window <= self.gossip.max_message_bytes, "gossip.max_message_bytes", self.gossip.max_message_bytes,

@@ -34,8 +34,8 @@ from pathlib import Path
 
 from agent.config import ClusterConfig
 from agent.consensus.paxos import quorum_size
-from agent.datadir import DataDirError
-from agent.disk import write_atomic
+from agent.storage.datadir import DataDirError
+from agent.storage.disk import write_atomic
 from controlplane.table import RoutingTable
 from elasticmoe.v1 import gossip_pb2 as pb
 
@@ -90,7 +90,7 @@ class FingerprintCheck:
 
     def __init__(self, node_id: str, mine: pb.Fingerprint, voters: Iterable[str],
                  heard: Callable[[], dict[str, pb.Fingerprint]], keep: Path | None = None) -> None:
-        """Raises agent.datadir.DataDirError when `keep` holds something else than a fingerprint."""
+        """Raises agent.storage.datadir.DataDirError when `keep` holds something else than a fingerprint."""
         self.node_id, self.mine, self.voters, self.heard = node_id, mine, sorted(set(voters)), heard
         self.keep = keep
         self.cluster = load_cluster(keep) if keep is not None else None  # the quorum's, last heard (sticky)

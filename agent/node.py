@@ -15,13 +15,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from agent.admin import AdminService, local_callers_only
+from agent.admin.admin import AdminService, local_callers_only
+from agent.admin.metrics import MetricsServer
 from agent.config import AgentConfig
 from agent.credentials import channel_credentials, interceptors, server_credentials
-from agent.datadir import DataDirError, DataDirLock
-from agent.metrics import MetricsServer
 from agent.state import NodeState
-from agent.store import StoreCorrupt, StoreNewer
+from agent.storage.datadir import DataDirError, DataDirLock
+from agent.storage.store import StoreCorrupt, StoreNewer
 from agent.transport.grpc import GrpcTransport
 from elasticmoe.v1 import admin_pb2, admin_pb2_grpc, consensus_pb2, gossip_pb2
 

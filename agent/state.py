@@ -1,7 +1,7 @@
 """NodeState: one node's live state and the glue between its parts.
 
 Load path: shim reports -> LoadPath (LocalWindows -> gossip -> ClusterWindows) -> DecisionPipeline.close_window.
-Decision path: DecisionPipeline (agent.pipeline: controller, planning turn, Ready loop) -> (the window's planner
+Decision path: DecisionPipeline (agent.decision.pipeline: controller, planning turn, Ready loop) -> (the window's planner
 only) the commit backend's propose -> commit.
 Commit path: backend.on_commit -> DecisionPipeline.on_commit (controller: TableCommitted) -> MembershipReactions
 (rejoin, installs) -> shims (WatchTables stream).
@@ -20,30 +20,30 @@ from typing import TYPE_CHECKING
 
 import grpc
 
-from agent.adminview import AdminView
+from agent.admin.adminview import AdminView
 from agent.commit import CommitBackend, PauseSwitch
 from agent.config import AgentConfig
+from agent.decision.manual import ManualPath
+from agent.decision.offloop import OffLoopPlanner
+from agent.decision.pipeline import DecisionPipeline, PlanRunner, plan_here
+from agent.decision.reactions import MembershipReactions
+from agent.decision.rejoin import Rejoin
+from agent.decision.voter import Voter
 from agent.fingerprint import FingerprintCheck, fingerprint
-from agent.installs import Installs
-from agent.loadpath import LoadPath
-from agent.manual import ManualPath
-from agent.offloop import OffLoopPlanner
-from agent.pipeline import DecisionPipeline, PlanRunner, plan_here
-from agent.reactions import MembershipReactions
-from agent.rejoin import Rejoin
-from agent.reportguard import ReportGuard
-from agent.voter import Voter
+from agent.link.installs import Installs
+from agent.link.loadpath import LoadPath
+from agent.link.reportguard import ReportGuard
 from controlplane.controller import DecisionParams
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
 from elasticmoe.v1 import consensus_pb2 as cpb
 
 if TYPE_CHECKING:
+    from agent.admin.telemetry import Telemetry
     from agent.clock import Clock
-    from agent.gossip_node import GossipNode
-    from agent.ranklink import RankPresence
-    from agent.store import Store
-    from agent.telemetry import Telemetry
+    from agent.gossip.gossip_node import GossipNode
+    from agent.link.ranklink import RankPresence
+    from agent.storage.store import Store
     from agent.transport import Transport
 
 log = logging.getLogger(__name__)
@@ -115,15 +115,15 @@ class NodeState:
     simulator (chaos.simcluster) injects a FakeClock-driven clock, a SimTransport and an in-memory Store.
 
     Its parts, each complete, none optional:
-    - `gossip` (agent.gossip_node.GossipNode): membership and the load windows' dissemination;
+    - `gossip` (agent.gossip.gossip_node.GossipNode): membership and the load windows' dissemination;
     - `consensus` (agent.commit.CommitBackend): the quorum node (agent.consensus.node) or etcd;
-    - `load` (agent.loadpath.LoadPath): shim reports -> this node's windows -> gossip -> cluster windows;
-    - `pipeline` (agent.pipeline.DecisionPipeline): closed windows -> controller -> planning turn -> proposals;
-    - `reactions` (agent.reactions.MembershipReactions): absent nodes' ranks not taken for idle ones (the load
+    - `load` (agent.link.loadpath.LoadPath): shim reports -> this node's windows -> gossip -> cluster windows;
+    - `pipeline` (agent.decision.pipeline.DecisionPipeline): closed windows -> controller -> planning turn -> proposals;
+    - `reactions` (agent.decision.reactions.MembershipReactions): absent nodes' ranks not taken for idle ones (the load
       path's cluster windows name them missing), ranks the engines lost repaired, repaired ranks restored
-      (through agent.rejoin), lagging engines named;
-    - `view` (agent.adminview.AdminView): what the admin service reads;
-    - `manual` (agent.manual.ManualPath): the operator's proposals, drains, restores and pause;
+      (through agent.decision.rejoin), lagging engines named;
+    - `view` (agent.admin.adminview.AdminView): what the admin service reads;
+    - `manual` (agent.decision.manual.ManualPath): the operator's proposals, drains, restores and pause;
     - `pause` (agent.commit.PauseSwitch): the cluster's pause switch, committed apart from the tables (the quorum's
       control records, or etcd's key); the pipeline plans no rebalance while it says paused;
     - `fingerprint` (agent.fingerprint.FingerprintCheck): this node's cluster fingerprint against its members'; on
@@ -137,15 +137,15 @@ class NodeState:
         data_dir's marker). `wall`: the time of day (seconds since the epoch) each proposed plan carries for
         the operator (`emoe history`); default: the system's with the real clock, none (0) with an injected
         clock, so that a simulated cluster stays reproducible from its seed. Likewise, with the real clock the
-        node computes its plans on a worker thread (agent.offloop), with an injected one at once. Raises
-        agent.store.StoreCorrupt, StoreNewer or agent.datadir.DataDirError when the store cannot be recovered."""
+        node computes its plans on a worker thread (agent.decision.offloop), with an injected one at once. Raises
+        agent.storage.store.StoreCorrupt, StoreNewer or agent.storage.datadir.DataDirError when the store cannot be recovered."""
+        from agent.admin.telemetry import Telemetry
         from agent.clock import RealClock
         from agent.consensus.node import ConsensusNode
         from agent.credentials import vote_signer
-        from agent.datadir import FINGERPRINT_NAME, LOG_NAME, mark_owner, owner
-        from agent.gossip_node import GossipNode
-        from agent.store import Store
-        from agent.telemetry import Telemetry
+        from agent.gossip.gossip_node import GossipNode
+        from agent.storage.datadir import FINGERPRINT_NAME, LOG_NAME, mark_owner, owner
+        from agent.storage.store import Store
         from dataplane_shim.genesis import genesis_table
 
         self.cfg = cfg
@@ -191,8 +191,8 @@ class NodeState:
         self.pause: PauseSwitch
         if cfg.consensus.backend == "etcd":
             # commit by etcd transaction compare(version == v) -> put(v + 1); the same interface as quorum
-            from agent.etcd_backend import EtcdBackend
-            from agent.etcd_pause import EtcdPause
+            from agent.etcd.etcd_backend import EtcdBackend
+            from agent.etcd.etcd_pause import EtcdPause
 
             etcd = EtcdBackend(list(cfg.consensus.etcd_endpoints), self.node_id, genesis, store=self.store,
                                verifier=voter.verify, gate=self.fingerprint.verdict)
@@ -288,9 +288,9 @@ class NodeState:
 
     async def serve_shim(self, path: str) -> grpc.aio.Server:
         """The local link for this node's engine ranks (once built): a rank whose process leaves (its link
-        closes) is lost first-hand, in milliseconds, and restored when it attaches again (agent.reactions).
+        closes) is lost first-hand, in milliseconds, and restored when it attaches again (agent.decision.reactions).
         The socket is group-writable, in the data_dir's group: engines of that group may connect."""
-        from agent.shim_link import serve_unix
+        from agent.link.shim_link import serve_unix
 
         self._presence = self.reactions.serve_presence()
         return await serve_unix(path, self, self.load.on_report, presence=self._presence,

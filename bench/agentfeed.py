@@ -2,10 +2,10 @@
 decision path sees it.
 
 Each node's engines report their load every `report_every` steps (dataplane_shim.link.make_load_report, with
-the counts of the sampled steps, elasticmoe.loadcodec); the node's LoadPath (agent.loadpath) sums them into
-its windows; each window goes out as gossip sends it (agent.loadgossip.make_window: serialized, parsed back,
+the counts of the sampled steps, elasticmoe.loadcodec); the node's LoadPath (agent.link.loadpath) sums them into
+its windows; each window goes out as gossip sends it (agent.gossip.loadgossip.make_window: serialized, parsed back,
 checked and decoded as a receiving node does) to the deciding node, whose cluster windows (ClusterWindows)
-sum the nodes' windows and hand each closed one to `close_window` (agent.pipeline.DecisionPipeline). A node's
+sum the nodes' windows and hand each closed one to `close_window` (agent.decision.pipeline.DecisionPipeline). A node's
 share of an expert's tokens is its share of the expert's replicas on active ranks (the engines split an
 expert's tokens evenly over its replicas).
 
@@ -21,9 +21,9 @@ from statistics import median
 import numpy as np
 import numpy.typing as npt
 
-from agent.loadgossip import check_windows, make_window, node_window
-from agent.loadpath import LoadPath
-from agent.reportguard import DEFAULT_MAX_BATCH_TOKENS, ReportGuard
+from agent.gossip.loadgossip import check_windows, make_window, node_window
+from agent.link.loadpath import LoadPath
+from agent.link.reportguard import DEFAULT_MAX_BATCH_TOKENS, ReportGuard
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
 from dataplane_shim.link import make_load_report
@@ -94,7 +94,7 @@ class LoadFeed:
     def __init__(self, topo: Topology, layers: int, experts: int, window: int, sample_every: int,
                  close_window: CloseWindow, report_every: int = REPORT_EVERY, top_k: int = 0,
                  step_ms: StepModel | None = None) -> None:
-        """`top_k`: the trace's, which bounds a layer's count per step with the batch (agent.reportguard); 0: the
+        """`top_k`: the trace's, which bounds a layer's count per step with the batch (agent.link.reportguard); 0: the
         experts (a token picks each at most once). `step_ms(table, counts [S, L, E])`: the engine's wall time of
         each sampled step in milliseconds [S], which the engines' reports carry (LoadReport.step_us; None: none)."""
         self.topo, self.window, self.sample_every, self.report_every = topo, window, sample_every, report_every

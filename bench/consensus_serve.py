@@ -29,7 +29,7 @@ from agent.clock import RealClock
 from agent.config import ClusterConfig, ConsensusConfig
 from agent.consensus.node import ConsensusNode, Outcome
 from agent.consensus.paxos import round0_owner
-from agent.store import Store
+from agent.storage.store import Store
 from chaos.quorumsim import successor_table
 from controlplane.table import RoutingTable, initial_table
 from controlplane.topology import Topology
@@ -129,7 +129,7 @@ async def run(a: argparse.Namespace) -> int:
     data.mkdir(parents=True, exist_ok=True)
     backend: Any
     if a.backend == "etcd":
-        from agent.etcd_backend import EtcdBackend
+        from agent.etcd.etcd_backend import EtcdBackend
 
         backend = EtcdBackend(a.etcd.split(","), a.node_id, g, cluster=a.cluster, store=Store(data / "consensus.log"))
         backend.start()

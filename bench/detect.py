@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from agent.membership import MemberStatus
+from agent.gossip.membership import MemberStatus
 from agent.transport.sim import LinkSpec
 from chaos.gossipsim import GossipSim, profile_gossip
 

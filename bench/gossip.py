@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from agent.gossip_node import GossipSigner
+from agent.gossip.gossip_node import GossipSigner
 from agent.transport.sim import LinkSpec
 from chaos.gossipsim import GossipSim, profile_gossip
 

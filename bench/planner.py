@@ -22,7 +22,7 @@ load on the machine); `from_scratch_median_ms` times the same decision with them
 and `voter_verify_ms` a voter's independent `verify_decision` (full replay of the head + changed layers).
 `loop_stall_ms` is the longest an asyncio event loop went without running (a 1 ms heartbeat) while the same
 decision was computed on the loop (`on_loop`: what every agent did before its plans moved to a worker thread) and
-through the agent's `agent.offloop.OffLoopPlanner` (`off_loop`: what the agent does), with each one's wall time.
+through the agent's `agent.decision.offloop.OffLoopPlanner` (`off_loop`: what the agent does), with each one's wall time.
 `stage_share`: each stage's share of one decision's time under cProfile (STAGES: greedy search, exchange search,
 recount, re-pack, ...; "other" the rest), a guide to where a faster planner must start.
 `repair`: the repair after losing one rank and after losing a whole node (8 ranks) on the incremental case's
@@ -109,7 +109,7 @@ def setup(window: int, seed: int, case: str = "large") -> tuple[RoutingTable, np
 
 def agent_rows(counts: npt.NDArray[np.uint32], params: DecisionParams) -> npt.NDArray[np.uint32]:
     """What the agent's controller sees of the window: its sampled steps (every sample_every-th, the load path's
-    rows: agent.pipeline.window_rows)."""
+    rows: agent.decision.pipeline.window_rows)."""
     return counts[::params.sample_every] if params.sample_every else counts.sum(axis=0, dtype=np.uint32)[None]
 
 
@@ -139,7 +139,7 @@ def request(head: RoutingTable, counts: npt.NDArray[np.uint32], params: Decision
 def loop_stall(req: PlanRequest, off_loop: bool) -> tuple[float, float]:
     """(the longest gap of a 1 ms heartbeat on an event loop, the decision's wall time), both in ms, while one
     decision is computed on that loop or through the agent's OffLoopPlanner."""
-    from agent.offloop import OffLoopPlanner
+    from agent.decision.offloop import OffLoopPlanner
     from controlplane.decision import Attempt
 
     async def run() -> tuple[float, float]:

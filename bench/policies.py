@@ -146,7 +146,7 @@ def controller_available() -> str | None:
 
 
 class _CommitAtOnce:
-    """The bench's commit backend for one in-process node (agent.pipeline.Proposals): every proposal is chosen
+    """The bench's commit backend for one in-process node (agent.decision.pipeline.Proposals): every proposal is chosen
     (one accept round trip of the real consensus takes `commit_latency` steps, charged when the table reaches
     serving), and its outcome and commit reach the pipeline when the bench delivers them (`deliver`), after the
     window that proposed it, as a real backend's would."""
@@ -194,7 +194,7 @@ class _StepClock:
 
 @dataclass
 class Elastic:
-    """This project's decision path as every agent runs it: agent.pipeline.DecisionPipeline (the controller,
+    """This project's decision path as every agent runs it: agent.decision.pipeline.DecisionPipeline (the controller,
     the planning turn, the voter's replay windows, the Ready loop) of one deciding node, fed by the agents' load
     path (bench.agentfeed: every node's engine reports with their sampled steps -> its LoadPath -> its window
     as gossip sends it -> the deciding node's cluster windows). Every proposal commits (`_CommitAtOnce`) and
@@ -228,10 +228,10 @@ class Elastic:
         return self.window
 
     def start(self, base: RoutingTable, counts: Counts, drift_steps: list[int]) -> list[Change]:
+        from agent.admin.telemetry import Telemetry
         from agent.config import ConsensusConfig, DecisionConfig
-        from agent.pipeline import DecisionPipeline
-        from agent.telemetry import Telemetry
-        from agent.voter import Voter
+        from agent.decision.pipeline import DecisionPipeline
+        from agent.decision.voter import Voter
         from controlplane.decision import DecisionParams
 
         params = DecisionParams(**{"window": self.window, **self.params})

@@ -1,5 +1,5 @@
 """How soon an agent knows that one of its engine ranks' processes left: kill -9 a real shim process holding
-its local link open (agent.ranklink), and time the kill to the agent's lost-rank callback.
+its local link open (agent.link.ranklink), and time the kill to the agent's lost-rank callback.
 
     python -m bench.rankexit [--kills 20] [--json]
 
@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from agent.clock import RealClock
-from agent.ranklink import GRACE_S, RankPresence
-from agent.shim_link import serve_unix
+from agent.link.ranklink import GRACE_S, RankPresence
+from agent.link.shim_link import serve_unix
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIM = """

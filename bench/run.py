@@ -255,7 +255,7 @@ class BenchConfig:
     elastic_params: dict[str, Any] = field(default_factory=dict)
     kills: tuple[Kill, ...] = ()
     # the time until the killed rank is known lost: a rank's process dies while its node's agent lives, and
-    # that agent sees the rank's local link close (agent.ranklink): detect_p99_ms of `python -m bench.rankexit
+    # that agent sees the rank's local link close (agent.link.ranklink): detect_p99_ms of `python -m bench.rankexit
     # --json`, 0.26 s (0.25 s of it the reconnect grace). A whole node's death is found by membership instead:
     # detect_p99_s of `python -m bench.detect --nodes 64 --json` (SWIM + Lifeguard, lan, 5% loss), 2.477 s.
     # Converted to steps with the step-time model (the trailing-W mean step time at the kill) unless

@@ -1,5 +1,5 @@
 """A throwaway single-member etcd server for tests and benchmarks (not the product: the agent's etcd client is
-agent.etcd_backend)."""
+agent.etcd.etcd_backend)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import socket
 import subprocess
 import time
 
-from agent.etcd_backend import parse_endpoint
+from agent.etcd.etcd_backend import parse_endpoint
 from chaos.localcluster import free_ports
 
 

@@ -128,7 +128,7 @@ def fuzz(target: Target, examples: int, *, raise_on_failure: bool = False, seed:
 
 
 def factories() -> dict[str, Callable[[asyncio.AbstractEventLoop], Target]]:
-    """RPC name -> how to build its target (gossip's once agent/gossip_node.py serves them)."""
+    """RPC name -> how to build its target (gossip's once agent/gossip/gossip_node.py serves them)."""
     out: dict[str, Callable[[asyncio.AbstractEventLoop], Target]] = {}
     for m in ("Prepare", "Accept", "Learn", "CatchUp", "ControlAccept", "ControlLearn"):
         out[f"Consensus/{m}"] = lambda loop, m=m: ConsensusTarget(m)

@@ -1,4 +1,4 @@
-"""Fuzz targets for the Gossip service (agent/gossip_node.py): Probe, IndirectProbe, PushPull, Broadcast,
+"""Fuzz targets for the Gossip service (agent/gossip/gossip_node.py): Probe, IndirectProbe, PushPull, Broadcast,
 Pull, Push. Node "a" knows members b and c and a load window from b; requests arrive from "b".
 
 A refusal is `InvalidArgument` (the transport answers INVALID_ARGUMENT); the snapshot covers the member
@@ -16,7 +16,7 @@ from google.protobuf.message import Message
 
 from agent.clock import FakeClock
 from agent.config import GossipConfig
-from agent.gossip_node import GossipNode
+from agent.gossip.gossip_node import GossipNode
 from agent.transport import Deferred, InvalidArgument
 from chaos.fuzz_targets import EXPERTS, LAYERS, NullTransport, Target, Verdict
 from elasticmoe.v1 import gossip_pb2 as pb

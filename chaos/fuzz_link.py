@@ -52,7 +52,7 @@ RANKS = (0, 1)  # the target node's ranks (TOPO's first node)
 
 class LinkTarget(Target):
     """The agent's DataplaneLink servicer: ReportLoad into LocalWindows past the node's ReportGuard (as NodeState
-    does: agent.loadpath), WatchTables."""
+    does: agent.link.loadpath), WatchTables."""
 
     def __init__(self, method: str, loop: asyncio.AbstractEventLoop) -> None:
         self.method, self.loop = method, loop
@@ -62,9 +62,9 @@ class LinkTarget(Target):
         self.fresh()
 
     def fresh(self) -> None:
-        from agent.loadpath import LoadReportError, LocalWindows
-        from agent.reportguard import DEFAULT_MAX_BATCH_TOKENS, ReportGuard
-        from agent.shim_link import DataplaneLinkServicer
+        from agent.link.loadpath import LoadReportError, LocalWindows
+        from agent.link.reportguard import DEFAULT_MAX_BATCH_TOKENS, ReportGuard
+        from agent.link.shim_link import DataplaneLinkServicer
 
         self.windows = LocalWindows(LAYERS, EXPERTS, window=10)
         self.delivered: list[bytes] = []

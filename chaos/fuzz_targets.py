@@ -25,7 +25,7 @@ from agent.config import ConsensusConfig
 from agent.consensus.control import MAX_SEQ_STEP, check_commit, check_record
 from agent.consensus.node import ConsensusNode
 from agent.consensus.paxos import round0_owner
-from agent.store import MemoryDisk, Store
+from agent.storage.store import MemoryDisk, Store
 from agent.transport import InvalidArgument
 from chaos.quorumsim import successor_table
 from controlplane.table import RoutingTable, initial_table
@@ -255,7 +255,7 @@ class FakeContext:
 
 
 class FakeAdminBackend:
-    """The admin service's reads and steering (agent.admin.AdminReads, AdminSteering) in one object; records every mutation the service passes on (and changes nothing else)."""
+    """The admin service's reads and steering (agent.admin.admin.AdminReads, AdminSteering) in one object; records every mutation the service passes on (and changes nothing else)."""
 
     def __init__(self, tables: list[RoutingTable] | None = None) -> None:
         self.tables = tables or chain(3)
@@ -363,7 +363,7 @@ _ADMIN_SEEDS: dict[str, Callable[[], list[Message]]] = {
 class AdminTarget(Target):
     def __init__(self, method: str, loop: asyncio.AbstractEventLoop, identity: str | None = None,
                  authorize: Any = None) -> None:
-        from agent.admin import AdminService
+        from agent.admin.admin import AdminService
 
         self.method, self.loop, self.identity = method, loop, identity
         self.name = f"Admin/{method}"

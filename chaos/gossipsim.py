@@ -16,8 +16,8 @@ import numpy.typing as npt
 
 from agent.clock import FakeClock
 from agent.config import GossipConfig, from_dict
-from agent.gossip_node import GossipNode, GossipSigner
-from agent.membership import Member, MemberStatus
+from agent.gossip.gossip_node import GossipNode, GossipSigner
+from agent.gossip.membership import Member, MemberStatus
 from agent.transport.sim import LinkSpec, SimNetwork
 
 

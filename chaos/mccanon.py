@@ -31,7 +31,7 @@ from typing import Any
 from google.protobuf.message import Message
 
 from agent.consensus.node import ConsensusNode
-from agent.store import MemoryDisk, Store, parse
+from agent.storage.store import MemoryDisk, Store, parse
 from chaos.mcworld import World
 from controlplane.table import RoutingTable
 

@@ -30,7 +30,7 @@ from google.protobuf.message import Message
 from agent.config import ConsensusConfig
 from agent.consensus.node import ConsensusNode, Outcome
 from agent.consensus.paxos import quorum_size
-from agent.store import MemoryDisk, Store
+from agent.storage.store import MemoryDisk, Store
 from agent.transport import HandlerTable, InvalidArgument, ReplyCallback, RequestHandler
 from agent.transport.methods import lookup
 from agent.transport.sim import PendingCall

@@ -1,6 +1,6 @@
 """Invariant checks and the engine client of the real-process chaos runner (chaos.procrunner).
 
-Histories come from the agents' own store files (`data/consensus`, agent.store framing; read-only, a torn
+Histories come from the agents' own store files (`data/consensus`, agent.storage.store framing; read-only, a torn
 tail is ignored exactly as recovery ignores it) and from what each engine's shim was streamed.
 """
 
@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import grpc
 import numpy as np
 
-from agent.store import parse
+from agent.storage.store import parse
 from agent.wire import plan_kind
 from chaos.realised import realised_worse
 from controlplane.table import RoutingTable

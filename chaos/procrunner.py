@@ -46,7 +46,7 @@ from typing import Any
 import grpc
 import numpy as np
 
-from agent.datadir import LOG_NAME
+from agent.storage.datadir import LOG_NAME
 from chaos import procfaults
 from chaos.episodes import Episode, make_schedule
 from chaos.faults import write_faults

@@ -16,7 +16,7 @@ from typing import Any
 from agent.clock import FakeClock
 from agent.config import ConsensusConfig
 from agent.consensus.node import ConsensusNode, Outcome
-from agent.store import MemoryDisk, Store, parse
+from agent.storage.store import MemoryDisk, Store, parse
 from agent.transport.sim import SimNetwork
 from controlplane.table import RoutingTable, initial_table
 from controlplane.topology import Topology

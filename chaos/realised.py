@@ -31,7 +31,7 @@ class Realised:
 
 def _mean(table: RoutingTable, windows: Sequence[npt.NDArray[np.integer]]) -> float:
     """Mean step imbalance over the windows' rows: each window a total [L, E] (one row) or the rows the
-    controller saw of it [S, L, E] (its sampled steps: agent.pipeline.window_rows)."""
+    controller saw of it [S, L, E] (its sampled steps: agent.decision.pipeline.window_rows)."""
     rows = [np.atleast_1d(table_step_imbalance(table, np.asarray(w).astype(np.int64))) for w in windows]
     return float(np.mean(np.concatenate(rows)))
 

@@ -24,14 +24,14 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from agent.admin.telemetry import Telemetry
 from agent.clock import FakeClock
 from agent.config import from_dict
 from agent.consensus.core import Outcome
-from agent.membership import Member, MemberStatus
-from agent.pipeline import window_rows
+from agent.decision.pipeline import window_rows
+from agent.gossip.membership import Member, MemberStatus
 from agent.state import NodeState
-from agent.store import MemoryDisk
-from agent.telemetry import Telemetry
+from agent.storage.store import MemoryDisk
 from agent.transport.sim import LinkSpec, SimNetwork
 from agent.wire import plan_kind
 from chaos.quorumsim import HistoryEvent, RecordingStore
@@ -64,7 +64,7 @@ class WindowRecord:
     total: npt.NDArray[np.uint64]
     head: int
     clean: bool  # no fault active at its close (a node that crashed and restarted inside the window is not seen)
-    rows: npt.NDArray[np.uint32] | None = None  # what the controller saw of it (agent.pipeline.window_rows)
+    rows: npt.NDArray[np.uint32] | None = None  # what the controller saw of it (agent.decision.pipeline.window_rows)
 
 
 @dataclass

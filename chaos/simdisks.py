@@ -9,7 +9,7 @@ import random
 from collections.abc import Callable
 
 from agent.consensus.node import ConsensusNode
-from agent.store import MemoryDisk, Store, StoreCorrupt
+from agent.storage.store import MemoryDisk, Store, StoreCorrupt
 from chaos.quorumsim import cut_log as cut_records
 from chaos.simcluster import SimCluster
 

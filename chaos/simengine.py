@@ -13,7 +13,7 @@ The engine's word on lost ranks, as the plugins give it (dataplane_shim.peers, P
 the ranks of one EP group step together, so a step's collective involves every rank active in the table it
 runs; a rank whose process is gone or stopped, or whose node the network does not carry this node's messages
 to (a partition, a cut link), fails it. Each report names those ranks (LoadReport.unreachable_ranks); the
-agent suspects their nodes, and repairs them once membership no longer holds them live (agent.reactions).
+agent suspects their nodes, and repairs them once membership no longer holds them live (agent.decision.reactions).
 An agent that dies alone is not simulated here: a crash takes the node's engine with it.
 """
 
@@ -27,7 +27,7 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.clock import FakeClock
-from agent.membership import Member, MemberStatus
+from agent.gossip.membership import Member, MemberStatus
 from chaos.tokens import Fabric, Retries, TokenStats, rank_shim, route_step
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology

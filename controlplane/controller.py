@@ -6,7 +6,7 @@
 
 A Ready holds everything produced since the last `advance()`. The caller performs it whole, in that order (persist
 before send; advance before send, so that a proposal that fails at once re-enters on a fresh Ready): in the
-agent, agent.pipeline.DecisionPipeline.perform, the one consumer of every Ready, automatic or manual. Invariants: at most one of this controller's proposals
+agent, agent.decision.pipeline.DecisionPipeline.perform, the one consumer of every Ready, automatic or manual. Invariants: at most one of this controller's proposals
 is in flight; nothing is proposed again before the in-flight one is answered by TableCommitted (any table
 for its version or later) or ProposalFailed (its version). Priorities when free to propose: repair of lost
 ranks, then a due rollback, then a rebalance when the error budget is spent (or, under theta, when a plan

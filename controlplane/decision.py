@@ -116,7 +116,7 @@ class DecisionParams:
     worth_margin: float = 1.0
     # A rebalance must also hold across the replay beyond its rows' own spread: the one-sided lower confidence
     # bound of its gain over the replayed rows (verify.gain_bound: Student's t at this level) must be above 0,
-    # or it is refused as GAIN_NOT_SIGNIFICANT; every voter applies the same bound (agent.voter), so it is not
+    # or it is refused as GAIN_NOT_SIGNIFICANT; every voter applies the same bound (agent.decision.voter), so it is not
     # an operator's knob. 0.5: off (the bound is the mean). 0.9: in the bench (EPLB boot), four runs whose lanes
     # start in lockstep (--cold-start: ESFT intent->law at 2x8 and 4x8, at 4x8 with seed 1, law->intent) each
     # regressed on its first plan: replayed gain 0.13-0.20 on 5 rows spread 0.27-0.37, realised -0.05 to -0.17

@@ -49,7 +49,7 @@ def _rehome(
     expert_load = None if load is None else np.asarray(load, dtype=np.int64)
     node = [topo.node_of(g) for g in range(G)]
     # Plain lists per layer: one numpy call per candidate rank costs more than the work, and a long run of tiny
-    # numpy calls on the planner's thread keeps the agent's event loop from the GIL (agent.offloop).
+    # numpy calls on the planner's thread keeps the agent's event loop from the GIL (agent.decision.offloop).
     for layer in sorted(by_layer):
         need = by_layer[layer]
         room = int(free[layer, survivors].sum())

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class WindowClosed:
     """Cluster-wide counts of one window of `span` steps (0: as many as rows): steps uint32 [T, L, E], each row
-    one step's counts. Its one caller, agent.pipeline.DecisionPipeline (which the agents and `emoe bench` both
+    one step's counts. Its one caller, agent.decision.pipeline.DecisionPipeline (which the agents and `emoe bench` both
     run), gives the window's sampled steps (elasticmoe.loadcodec: every `sample_every`-th step, summed over the
     nodes as gossip carries them), or, where an engine sends no samples, one row of the window's mean step:
     what the estimate, the replay and the rollback judge see of the per-step spread (tests may give every

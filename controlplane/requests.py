@@ -1,7 +1,7 @@
 """PlanRequest: a decision for someone else to compute (a controller with `defer_plans`, controlplane.controller).
 
 The controller hands one out in its Ready, the caller runs `run()` where it likes (the agent: on a worker
-thread, agent.offloop) and hands the Attempt back as PlanReady(request, attempt). `run()` is a pure function
+thread, agent.decision.offloop) and hands the Attempt back as PlanReady(request, attempt). `run()` is a pure function
 of the request: the head, a snapshot of the replay windows, the knobs and what the kind needs.
 """
 

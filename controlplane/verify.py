@@ -44,7 +44,7 @@ I64 = npt.NDArray[np.int64]
 
 
 class VoterCode(StrEnum):
-    """A voter's verdict on a proposal (verify_decision's reason; agent.voter's refusals lead with it)."""
+    """A voter's verdict on a proposal (verify_decision's reason; agent.decision.voter's refusals lead with it)."""
 
     OK = "OK"
     GAIN_BELOW_TAU = "GAIN_BELOW_TAU"
@@ -53,7 +53,7 @@ class VoterCode(StrEnum):
     SHAPE_MISMATCH = "SHAPE_MISMATCH"
     EMPTY_REPLAY = "EMPTY_REPLAY"
     GAIN_NOT_SIGNIFICANT = "GAIN_NOT_SIGNIFICANT"  # a gain >= tau whose lower confidence bound is not above 0
-    # a voter's own (agent.voter): the step time a rebalance was judged with is not the one this node fits
+    # a voter's own (agent.decision.voter): the step time a rebalance was judged with is not the one this node fits
     STEP_TIME_DISAGREES = "STEP_TIME_DISAGREES"
 
 

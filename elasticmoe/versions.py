@@ -18,11 +18,11 @@ Formats and how each is versioned:
 - Capabilities within a wire version: an agent answers with `CONTROL_SIGNED_KEY` when it signs the control
   records it accepts (agent/consensus/controlnode.py); a peer's answer without it says the peer runs a release
   before that, whose voter name may then stand unsigned in a certified control record (a rolling upgrade).
-- The signed load window (agent/windowguard.py `window_payload`): fields 1 to 13 are signed one by one, as
+- The signed load window (agent/gossip/windowguard.py `window_payload`): fields 1 to 13 are signed one by one, as
   they always were; any later field, known to the signer or not, is signed as the bytes of its encoding, so
   an agent verifies the windows of a release that added fields it does not know (and a relay cannot add
   any). Such a field must be a scalar, bytes or a repeated scalar (a map has no canonical encoding).
-- The consensus log (agent/store.py, `STORE_FORMAT`): framed records of a kind each. A log of format 1 holds
+- The consensus log (agent/storage/store.py, `STORE_FORMAT`): framed records of a kind each. A log of format 1 holds
   kinds 1 to 4 and no format record; a later format is announced by a format record before any record of
   it. A log with a format record above `STORE_FORMAT`, or a whole record (its crc checks) of a kind this
   release does not know, was written by a newer release: the store refuses to open it (StoreNewer, naming
@@ -30,7 +30,7 @@ Formats and how each is versioned:
   refuses the log at its first record of that kind, and reads it while there is none: a downgrade works
   until the new kind is used); a new format is for records of an existing kind that change meaning, and it
   makes every log the newer release opens unreadable to older ones.
-- The data_dir (agent/datadir.py, `DATADIR_FORMAT`): its layout (LOCK, IDENTITY, the log and its mark) is
+- The data_dir (agent/storage/datadir.py, `DATADIR_FORMAT`): its layout (LOCK, IDENTITY, the log and its mark) is
   named by the `FORMAT` file (absent: 1). An agent refuses a data_dir of a newer format naming both.
 - The log's high-water mark carries its own magic (`EMK1`); a mark of another magic is not read (a warning;
   the cut-log check is skipped once), never misread.

@@ -331,7 +331,7 @@ def admin_metadata() -> tuple[tuple[str, str], ...]:
     the CN of the admin certificate it verified instead."""
     import getpass
 
-    from agent.admin import ADMIN_KEY
+    from agent.admin.admin import ADMIN_KEY
     from agent.consensus.control import MAX_ADMIN
 
     name = os.environ.get("EMOE_IDENTITY", "")

@@ -1,7 +1,7 @@
 """After a commit, wait until the engines run it: `emoe drain`, `emoe restore` and `emoe propose --wait`.
 
 A commit is the agents' decision; an engine rank installs it at a step boundary once every EP rank holds it,
-and says which version it runs in every load report to its own node's agent (agent/installs.py). So the
+and says which version it runs in every load report to its own node's agent (agent/link/installs.py). So the
 CLI asks each alive member's agent for its Status (the asked agent's own reply, then every other alive
 member at its gossip address) and waits until each rank that is active in that agent's committed table and
 whose engine has reported a version runs `version` or newer. A rank with no engine attached (no report of a

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from agent.config import ConfigError, load
-from agent.datadir import LOG_NAME
+from agent.storage.datadir import LOG_NAME
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,7 +35,7 @@ def _data_dir(path: str) -> Path | None:
 
 
 def check(args: argparse.Namespace) -> int:
-    from agent.store import corrupt_where, high_water, parse, torn_tail
+    from agent.storage.store import corrupt_where, high_water, parse, torn_tail
 
     d = _data_dir(args.config)
     if d is None:
@@ -75,8 +75,8 @@ def check(args: argparse.Namespace) -> int:
 
 
 def repair(args: argparse.Namespace) -> int:
-    from agent.datadir import DataDirError
-    from agent.datadir import repair as move_aside
+    from agent.storage.datadir import DataDirError
+    from agent.storage.datadir import repair as move_aside
 
     d = _data_dir(args.config)
     if d is None:

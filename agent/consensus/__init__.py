@@ -9,4 +9,7 @@
 Tables go on the wire through dataplane_shim.certify (one encoder, one decoder, shared with the shim). The
 harnesses live outside the product: chaos/quorumsim.py (a simulated cluster that records histories for
 chaos/checkers.py) and bench/consensus_serve.py (a consensus-only process, bench/commit.py's worker).
+
+May import: agent.clock, agent.config, agent.security, agent.storage, agent.transport; never gossip, decision,
+link, etcd or admin (tests/project/test_layering.py).
 """

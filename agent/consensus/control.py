@@ -28,7 +28,7 @@ record, admin included, and a certified record that names an admin carries that 
   the writer's signature it kept, to the voters and certifies it on a quorum of acks. So a record certified just before a partition, whose learn
   did not get out, still reaches every voter on the majority side (the ones that accepted it tell the rest).
 
-The driver is agent/consensus/controlnode.py; the etcd backend's counterpart is agent/etcd_pause.py.
+The driver is agent/consensus/controlnode.py; the etcd backend's counterpart is agent/etcd/etcd_pause.py.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from google.protobuf.message import Message
 from agent.clock import Clock, Timer
 from agent.consensus.control import ControlAcceptor, ControlWrite, Refusal, check_commit, describe, key
 from agent.consensus.signing import VoteSigner
-from agent.store import Store, StoreFailed
+from agent.storage.store import Store, StoreFailed
 from agent.transport import Transport
 from elasticmoe.v1 import consensus_pb2 as pb
 

@@ -20,7 +20,7 @@ from agent.clock import Clock, Timer
 from agent.config import ConsensusConfig
 from agent.consensus.paxos import Acceptor, BallotAttempt, Verdict
 from agent.consensus.refusal import Refusal
-from agent.store import Store
+from agent.storage.store import Store
 from agent.transport import Transport
 from controlplane.table import RoutingTable
 from elasticmoe.v1 import consensus_pb2 as pb

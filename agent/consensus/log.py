@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from agent.consensus.paxos import check_certificate
 from agent.consensus.refusal import Refusal
-from agent.store import Recovered, Store
+from agent.storage.store import Recovered, Store
 from controlplane.errors import ControlPlaneError
 from controlplane.table import RoutingTable
 from elasticmoe.codec import TableWireError, table_from_pb

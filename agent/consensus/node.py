@@ -32,7 +32,7 @@ from agent.consensus.rebuild import Rebuild
 from agent.consensus.recovery import RecoveryMixin
 from agent.consensus.refusal import Refusal
 from agent.consensus.signing import VoteSigner
-from agent.store import Store, StoreFailed
+from agent.storage.store import Store, StoreFailed
 from agent.transport import Transport
 from controlplane.errors import InvalidTable
 from controlplane.table import RoutingTable
@@ -331,7 +331,7 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
                            f"{self.log.head.version}", pb.REFUSAL_PARENT_MISMATCH)
         if table.parent_hash != self.log.head.digest:  # built on another table for our head's version
             return Verdict(False, 0.0, parent_hash_mismatch(table, self.log.head), pb.REFUSAL_PARENT_MISMATCH)
-        try:  # what the plan must show on this node's replay is the verifier's to say (agent.voter.Voter)
+        try:  # what the plan must show on this node's replay is the verifier's to say (agent.decision.voter.Voter)
             return Verdict(*self.verifier(self.log.head, table, p.plan))
         except Exception as e:  # a verifier bug must not take the acceptor down; it votes no and says why
             log.exception("verifier raised on version %d", p.version)

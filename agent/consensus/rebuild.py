@@ -21,7 +21,7 @@ outlives the node's old promises.
 Whether it may have voted before is not the data_dir's to say, since a wiped data_dir looks new. So every
 node that starts from an empty store enrols: its CatchUp requests carry `enrol` and an enrolment id drawn
 afresh at each start, and each voter that answers records (voter, enrolment id) durably before it replies
-(agent/store.py KIND_KNOWN), and says `knew_you` when it has recorded this voter under another id (it keeps
+(agent/storage/store.py KIND_KNOWN), and says `knew_you` when it has recorded this voter under another id (it keeps
 the first id it saw, never replaced: a voter seen under two ids is never new again). A node writes a rebuild mark (its id and
 whether it is strict) before its first request and marks it done before its first vote; a restart in between
 resumes the same rebuild under the same id (it has not voted since), so a founding member restarted before the

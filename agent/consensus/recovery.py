@@ -12,7 +12,7 @@ from google.protobuf.message import Message
 from agent.consensus.core import NodeCore, Outcome
 from agent.consensus.rebuild import Rebuild
 from agent.consensus.signing import VoteSigner
-from agent.store import StoreFailed
+from agent.storage.store import StoreFailed
 from controlplane.table import RoutingTable
 from elasticmoe.v1 import consensus_pb2 as pb
 

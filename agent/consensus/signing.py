@@ -35,8 +35,8 @@ from cryptography.x509.oid import NameOID
 from elasticmoe.v1 import consensus_pb2 as pb
 
 _DOMAIN = b"elasticmoe/v1 accept\x00"
-_CLAIM_DOMAIN = b"elasticmoe/v1 member\x00"  # a member's signed word about itself (agent/membership.py)
-_WINDOW_DOMAIN = b"elasticmoe/v1 window\x00"  # a node's own load window (agent/windowguard.py)
+_CLAIM_DOMAIN = b"elasticmoe/v1 member\x00"  # a member's signed word about itself (agent/gossip/membership.py)
+_WINDOW_DOMAIN = b"elasticmoe/v1 window\x00"  # a node's own load window (agent/gossip/windowguard.py)
 _CONTROL_DOMAIN = b"elasticmoe/v1 control\x00"  # a voter's accept of a control record (agent/consensus/control.py)
 _WRITER_DOMAIN = b"elasticmoe/v1 control writer\x00"  # a control record's writer vouching for it
 
@@ -105,11 +105,11 @@ class VoteSigner:
         return self._check(member, cert_der, signature, _CLAIM_DOMAIN + claim, "claim signature")
 
     def sign_window(self, payload: bytes) -> bytes:
-        """Sign this node's load window (`payload`: agent.windowguard.window_payload of it)."""
+        """Sign this node's load window (`payload`: agent.gossip.windowguard.window_payload of it)."""
         return self._key.sign(_WINDOW_DOMAIN + payload, ec.ECDSA(hashes.SHA256()))
 
     def check_window(self, node: str, payload: bytes, cert_der: bytes, signature: bytes) -> str:
-        """Why `payload` (agent.windowguard.window_payload of a window) is not `node`'s own signed word, or ""."""
+        """Why `payload` (agent.gossip.windowguard.window_payload of a window) is not `node`'s own signed word, or ""."""
         return self._check(node, cert_der, signature, _WINDOW_DOMAIN + payload, "window signature")
 
     def _check(self, name: str, cert_der: bytes, signature: bytes, signed: bytes, what: str) -> str:

@@ -11,6 +11,9 @@ Three small additions keep that shape while letting several protocols share one 
   calls `Deferred.reply(message)` (or `reply(None)`: no reply) when it can.
 - A handler that rejects its input raises `InvalidArgument(reason)`: gRPC answers INVALID_ARGUMENT with the
   reason, the simulated network answers with a failure; either way the caller's `on_reply` gets None.
+
+May import: agent.clock, agent.security, agent.wireversion; nothing of the subsystems that stand on it
+(tests/project/test_layering.py).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.store import parse
+from agent.storage.store import parse
 from chaos.localcluster import ROOT, LocalCluster
 from tests.conftest import until as _until
 

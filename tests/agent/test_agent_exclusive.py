@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from agent.config import AgentConfig, from_dict
-from agent.datadir import DataDirError, DataDirLock
 from agent.node import AgentProcess, StartupError
+from agent.storage.datadir import DataDirError, DataDirLock
 from chaos.localcluster import ROOT, LocalCluster, free_ports, write_config
 
 pytestmark = pytest.mark.slow
@@ -76,7 +76,7 @@ def test_release_removes_the_lock_file(tmp_path: Path) -> None:
 
 _HOLD = """
 import sys, time
-from agent.datadir import DataDirLock
+from agent.storage.datadir import DataDirLock
 DataDirLock(sys.argv[1]).acquire()
 print("locked", flush=True)
 time.sleep(60)
@@ -106,7 +106,7 @@ def test_a_lock_file_removed_between_open_and_flock_is_not_taken(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """A opens LOCK; its holder releases (removes it) and C takes a new LOCK; A's flock on the removed file
     succeeds, and must not count: A checks the path still names its file, opens the new one, and is refused."""
-    import agent.datadir as datadir
+    import agent.storage.datadir as datadir
 
     first = DataDirLock(tmp_path).acquire()
     stale = os.open(tmp_path / "LOCK", os.O_RDWR)  # A's open, before the holder lets go

@@ -8,7 +8,7 @@ import datetime as dt
 import numpy as np
 import pytest
 
-from agent.admin import copy_bytes, rank_nodes
+from agent.admin.admin import copy_bytes, rank_nodes
 from agent.cli import render
 from controlplane.table import copied_slots, diff, initial_table
 from controlplane.topology import Topology

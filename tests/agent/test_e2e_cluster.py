@@ -222,7 +222,7 @@ def test_drain_then_restore(cluster: LocalCluster, tmp_path: Path) -> None:
 def test_million_op_propose_is_refused_at_once_and_the_agent_keeps_answering(cluster: LocalCluster) -> None:
     """Issue 17 item 7: one Admin Propose of 1,000,000 operations (~42 MB) held the agent's event loop for
     7.3 s. Now it is refused with INVALID_ARGUMENT naming the bound, and Status keeps answering meanwhile."""
-    from agent.admin import MAX_PROPOSE_OPS
+    from agent.admin.admin import MAX_PROPOSE_OPS
     from elasticmoe.v1 import admin_pb2 as apb
     from elasticmoe.v1 import admin_pb2_grpc
     from elasticmoe.v1 import consensus_pb2 as cpb

@@ -33,7 +33,7 @@ def test_etcd_backend_commit_reaches_every_shim(etcd_cluster: LocalCluster) -> N
 
 
 def test_etcd_backend_pause_is_cluster_state(etcd_cluster: LocalCluster) -> None:
-    """`emoe pause` on one agent writes etcd's switch key (agent/etcd_pause.py); every agent reads it."""
+    """`emoe pause` on one agent writes etcd's switch key (agent/etcd/etcd_pause.py); every agent reads it."""
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "agent.cli", *args], cwd=ROOT, capture_output=True, text=True,
                               timeout=60)

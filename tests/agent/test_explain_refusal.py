@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent.pipeline import DecisionPipeline
-from agent.telemetry import Telemetry
-from agent.voter import Voter
+from agent.admin.telemetry import Telemetry
+from agent.decision.pipeline import DecisionPipeline
+from agent.decision.voter import Voter
 from controlplane.controller import DecisionParams
 from controlplane.table import initial_table
 from controlplane.topology import Topology

@@ -13,7 +13,7 @@ import grpc.aio
 import pytest
 import pytest_asyncio
 
-from agent.admin import MAX_PROPOSE_OPS, OFFLOAD_OPS, AdminService, is_local_peer, local_callers_only
+from agent.admin.admin import MAX_PROPOSE_OPS, OFFLOAD_OPS, AdminService, is_local_peer, local_callers_only
 from agent.decode_guard import DecodeGuardInterceptor
 from agent.security import AuthzPolicy
 from chaos.fuzz_targets import Aborted, AdminTarget, FakeAdminBackend, FakeContext
@@ -128,7 +128,7 @@ def test_pause_by_an_admin_is_accepted(loop: asyncio.AbstractEventLoop) -> None:
 ])
 def test_pause_and_resume_name_the_admin_who_asked(loop: asyncio.AbstractEventLoop, identity: str | None,
                                                    said: str | None, named: str) -> None:
-    from agent.admin import ADMIN_KEY
+    from agent.admin.admin import ADMIN_KEY
 
     for method in ("Pause", "Resume"):
         t = AdminTarget(method, loop)
@@ -139,7 +139,7 @@ def test_pause_and_resume_name_the_admin_who_asked(loop: asyncio.AbstractEventLo
 
 @pytest.mark.parametrize("said", ["x" * 254, "bob\x1b[31m", "line\nbreak"])
 def test_a_plaintext_admin_name_out_of_bounds_is_refused(loop: asyncio.AbstractEventLoop, said: str) -> None:
-    from agent.admin import ADMIN_KEY
+    from agent.admin.admin import ADMIN_KEY
 
     t = AdminTarget("Pause", loop)
     with pytest.raises(Aborted) as e:

@@ -1,10 +1,10 @@
-"""agent.installs: each rank's installed version from its reports, and the lag watchdog at its bound."""
+"""agent.link.installs: each rank's installed version from its reports, and the lag watchdog at its bound."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent.installs import Installs
+from agent.link.installs import Installs
 
 BOUND = 5.0
 

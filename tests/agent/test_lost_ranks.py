@@ -1,4 +1,4 @@
-"""Whether ranks are lost is the engine's word (agent.reactions.MembershipReactions), on a fake clock: a node
+"""Whether ranks are lost is the engine's word (agent.decision.reactions.MembershipReactions), on a fake clock: a node
 declared dead repairs nothing unless this node's engines reported its ranks unreachable (before the verdict,
 within hold_s, or after it); evidence about a node that is alive again is dropped; a node that is not the
 planner proposes the repair a window, or REPAIR_WAIT_S, later; and `absent` names the nodes whose active ranks
@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from agent.clock import FakeClock
-from agent.installs import Installs
-from agent.membership import Member, MemberStatus
-from agent.reactions import REPAIR_WAIT_S, MembershipReactions
+from agent.decision.reactions import REPAIR_WAIT_S, MembershipReactions
+from agent.gossip.membership import Member, MemberStatus
+from agent.link.installs import Installs
 from controlplane.controller import RanksLost
 from controlplane.table import initial_table
 from controlplane.topology import Topology

@@ -1,4 +1,4 @@
-"""An operator's proposal (agent/manual.py ManualPath: `emoe propose`, drain, restore, and rejoin's restore) is
+"""An operator's proposal (agent/decision/manual.py ManualPath: `emoe propose`, drain, restore, and rejoin's restore) is
 consumed by the pipeline like an automatic one (issue 50, finding 3: one consumer of the controller's Ready):
 its Explain is counted (the `emoe_decisions` counter, the `explained` hook, `emoe explain` for version 0 where
 nothing was proposed) and its lifecycle moves reach the transition telemetry. Before, the manual path had its
@@ -13,11 +13,11 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent import metrics
+from agent.admin import metrics
 from agent.consensus.core import Outcome
-from agent.manual import ManualPath
-from agent.pipeline import DecisionPipeline
-from agent.voter import Voter
+from agent.decision.manual import ManualPath
+from agent.decision.pipeline import DecisionPipeline
+from agent.decision.voter import Voter
 from controlplane.controller import DecisionParams, Explain
 from controlplane.decision import DecisionOutcome
 from controlplane.elastic import plan_drain

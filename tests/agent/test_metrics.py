@@ -1,4 +1,4 @@
-"""Prometheus metrics (`[metrics] listen`, agent/metrics.py): 3 agent processes, one engine plugin core per EP
+"""Prometheus metrics (`[metrics] listen`, agent/admin/metrics.py): 3 agent processes, one engine plugin core per EP
 rank reporting skewed load and installing what the agents commit; each agent's /metrics, parsed with
 prometheus-client's own parser, agrees with its `emoe status --json` taken at the same moment."""
 

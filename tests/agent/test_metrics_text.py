@@ -1,4 +1,4 @@
-"""agent/metrics.py's page, without agents: the vectorised text of the window's series parses (prometheus-client's
+"""agent/admin/metrics.py's page, without agents: the vectorised text of the window's series parses (prometheus-client's
 parser) to exactly the counts a plain loop writes; concurrent scrapers share one render; the window's series are
 rendered again only for a new window or head."""
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent import metrics
+from agent.admin import metrics
 from controlplane.load import rank_load
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology

@@ -1,5 +1,5 @@
 """The agent's plans run on a worker thread: its event loop keeps running meanwhile, and each answer comes
-back on the loop (agent.offloop.OffLoopPlanner)."""
+back on the loop (agent.decision.offloop.OffLoopPlanner)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agent.offloop import OffLoopPlanner
+from agent.decision.offloop import OffLoopPlanner
 from controlplane.decision import Attempt
 
 

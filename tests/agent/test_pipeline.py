@@ -1,4 +1,4 @@
-"""The decision pipeline (agent/pipeline.py) driven alone: closed cluster windows in, proposals to a stand-in
+"""The decision pipeline (agent/decision/pipeline.py) driven alone: closed cluster windows in, proposals to a stand-in
 commit backend out; no NodeState, no asyncio, no network. And a node's own pipeline, fed the windows and
 commits it saw in the simulated cluster, is matched proposal for proposal by a standalone one."""
 
@@ -12,10 +12,10 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from agent.admin.telemetry import Telemetry as AgentTelemetry
 from agent.consensus.core import Outcome
-from agent.pipeline import DecisionPipeline
-from agent.telemetry import Telemetry as AgentTelemetry
-from agent.voter import Voter
+from agent.decision.pipeline import DecisionPipeline
+from agent.decision.voter import Voter
 from controlplane.controller import DecisionParams, ProposalRecord, Resolution
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
@@ -150,7 +150,7 @@ def test_a_commit_is_logged_and_its_span_carries_the_proposal_latency() -> None:
     said: list[str] = []
     handler = logging.Handler(logging.INFO)
     handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
-    logger = logging.getLogger("agent.pipeline")  # (the agent's CLI tests may have set its level and propagation)
+    logger = logging.getLogger("agent.decision.pipeline")  # (the agent's CLI tests may have set its level and propagation)
     level, disabled = logger.level, logger.disabled
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)

@@ -1,6 +1,6 @@
-"""A rank's engine process leaving is known first-hand by its own agent: the local link closes (agent.ranklink);
+"""A rank's engine process leaving is known first-hand by its own agent: the local link closes (agent.link.ranklink);
 a host stopped past its suspicion (agent and engine), whose ranks the others repaired on their engines' word,
-restores its ranks itself when it runs again (agent.rejoin).
+restores its ranks itself when it runs again (agent.decision.rejoin).
 
 Unit: RankPresence on a fake clock. End to end: 3 agent processes; a real shim process for rank 1 (node 0)
 holds its link open, is killed with SIGKILL, and the cluster commits a repair that drains rank 1, well before
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from agent.clock import FakeClock
-from agent.ranklink import RankPresence
+from agent.link.ranklink import RankPresence
 from chaos.localcluster import ROOT, LocalCluster
 
 
@@ -179,7 +179,7 @@ def _unreachable(cluster: LocalCluster, node: int, rank: int, gone: list[int]) -
 def test_a_node_stopped_past_its_suspicion_restores_its_ranks_itself_when_it_runs_again(cluster: LocalCluster) -> None:
     """SIGSTOP of node 0's host (its agent and its engine ranks, as a paused VM; the engine's link stays open):
     the others declare node 0 dead and, once their engines say its ranks are unreachable (the EP collective
-    failed), repair them; after SIGCONT node 0 restores them itself (agent/rejoin.py; checked as load windows
+    failed), repair them; after SIGCONT node 0 restores them itself (agent/decision/rejoin.py; checked as load windows
     close, so an idle cluster restores when load resumes). Before, they stayed drained until an operator ran
     `emoe restore`. (Its agent alone stopped, with its engine serving, repairs nothing:
     tests/agent/test_absent_agent.py.)"""

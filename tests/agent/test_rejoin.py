@@ -1,11 +1,11 @@
-"""A rank a repair drained is restored by its own node once it is back (agent/rejoin.py): on a fake clock, then
+"""A rank a repair drained is restored by its own node once it is back (agent/decision/rejoin.py): on a fake clock, then
 in the simulated 8-node cluster, where a node cut off long enough to be declared dead gets its rank back after
 the partition heals (before: drained for good, its GPUs idle until an operator ran `emoe restore`)."""
 
 from __future__ import annotations
 
 from agent.clock import FakeClock
-from agent.rejoin import FLAP_S, RETRY_S, Rejoin
+from agent.decision.rejoin import FLAP_S, RETRY_S, Rejoin
 from chaos.simcluster import Shape, SimCluster
 from elasticmoe.v1 import consensus_pb2 as cpb
 

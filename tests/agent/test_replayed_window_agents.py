@@ -124,7 +124,7 @@ async def test_a_window_of_node2s_previous_incarnation_replayed_after_it_came_ba
         assert all(h != (0, 2) for h in held.values()), \
             f"the replayed incarnation-0 window is held as node2's newest: {held}"
 
-        from agent.windowguard import Refusal  # (STALE_INCARNATION: a name this change adds)
+        from agent.gossip.windowguard import Refusal  # (STALE_INCARNATION: a name this change adds)
 
         for a in (node1, node3):
             g = a.state.gossip

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from agent.config import from_dict
+from agent.gossip.windowguard import Refusal, window_payload
 from agent.node import AgentProcess
 from agent.security import secure_channel, write_dev_certs
-from agent.windowguard import Refusal, window_payload
 from chaos.localcluster import free_ports
 from elasticmoe.v1 import dataplane_pb2 as dpb
 from elasticmoe.v1 import gossip_pb2 as gpb

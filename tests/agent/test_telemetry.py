@@ -1,4 +1,4 @@
-"""agent/telemetry: spans per decision and commit, metrics, OTEL_* configuration, off by default."""
+"""agent/admin/telemetry: spans per decision and commit, metrics, OTEL_* configuration, off by default."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from agent.telemetry import Telemetry
+from agent.admin.telemetry import Telemetry
 
 
 def _decide(tel: Telemetry) -> None:
@@ -88,7 +88,7 @@ def test_from_env_console_exporters(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_unavailable_or_unknown_exporter_warns(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="agent.telemetry")
+    caplog.set_level(logging.WARNING, logger="agent.admin.telemetry")
     tel = Telemetry.from_env(True, env={"OTEL_TRACES_EXPORTER": "zipkin", "OTEL_METRICS_EXPORTER": "otlp"})
     text = caplog.text
     assert "OTEL_TRACES_EXPORTER: 'zipkin' is not supported" in text

@@ -1,11 +1,11 @@
-"""The voter's own check (agent/voter.py): a rebalance must show the gain tau asks for on this node's replay;
+"""The voter's own check (agent/decision/voter.py): a rebalance must show the gain tau asks for on this node's replay;
 a rollback, back to a parent the cluster committed before, is refused only when clearly worse here."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from agent.voter import Voter
+from agent.decision.voter import Voter
 from agent.wire import make_plan
 from controlplane.decision import DecisionParams
 from controlplane.table import RoutingTable

@@ -48,7 +48,7 @@ def test_disk_schedules_wipe_one_data_dir_and_keep_the_episodes_drawn_before(tmp
     that episode touches), drawn apart: the episodes are otherwise the ones the seed gave before, and the
     runner's generator is left where it was. The wipe takes the IDENTITY marker with the log."""
     import chaos.episodes
-    from agent.datadir import mark_owner, owner
+    from agent.storage.datadir import mark_owner, owner
     from chaos.procfaults import wipe_data_dir
 
     def draw(seed: int) -> tuple[list[dict[str, object]], float]:

@@ -14,7 +14,7 @@ from agent.clock import RealClock
 from agent.config import ConsensusConfig
 from agent.consensus.node import ConsensusNode, Outcome
 from agent.consensus.paxos import round0_owner
-from agent.store import Store
+from agent.storage.store import Store
 from agent.transport.grpc import GrpcTransport
 from bench.consensus_serve import parse_peers
 from chaos.quorumsim import successor_table

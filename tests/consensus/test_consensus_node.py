@@ -8,7 +8,7 @@ import pytest
 from agent.config import ConsensusConfig
 from agent.consensus.node import ConsensusNode, Outcome
 from agent.consensus.paxos import round0_owner
-from agent.store import MemoryDisk, Store, parse
+from agent.storage.store import MemoryDisk, Store, parse
 from chaos.checkers import check
 from chaos.quorumsim import QuorumSim, successor_table
 from controlplane.table import RoutingTable
@@ -98,7 +98,7 @@ def test_own_check_failure_sends_nothing() -> None:
 
 
 def test_a_verifiers_refusal_reaches_the_outcome_with_its_reason() -> None:
-    """What a plan must show on a voter's own replay is the verifier's to say (agent.voter.Voter: a rebalance's
+    """What a plan must show on a voter's own replay is the verifier's to say (agent.decision.voter.Voter: a rebalance's
     gain within verify_tolerance of the proposer's, a rollback's not held to it); the acceptor passes its
     verdict and reason on, for any plan."""
     c = cluster(seed=6)
@@ -340,7 +340,7 @@ def test_a_log_cut_at_a_record_boundary_rebuilds_as_a_learner() -> None:
 def test_without_the_mark_a_cut_log_chooses_two_tables(monkeypatch: pytest.MonkeyPatch) -> None:
     """The cut above is a real hazard: without the high-water mark the node votes again at once, and the
     checker reports I1."""
-    from agent.store import Store
+    from agent.storage.store import Store
 
     monkeypatch.setattr(Store, "_read_high", lambda self: None)
     c = cluster(voters=3, nodes=3, sync_interval_ms=200)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from agent.config import ConsensusConfig
 from agent.consensus.control import MAX_SEQ_STEP, ControlAcceptor, ControlWrite, check_commit, key
 from agent.consensus.controlnode import ControlOutcome
-from agent.store import MemoryDisk, Store
+from agent.storage.store import MemoryDisk, Store
 from chaos.quorumsim import QuorumSim
 from elasticmoe.v1 import consensus_pb2 as pb
 

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from agent.consensus.node import Outcome
-from agent.etcd_backend import EtcdBackend, parse_endpoint
-from agent.store import Store
+from agent.etcd.etcd_backend import EtcdBackend, parse_endpoint
+from agent.storage.store import Store
 from chaos.etcdserver import EtcdProcess
 from chaos.quorumsim import successor_table
 from controlplane.table import RoutingTable, initial_table
@@ -127,7 +127,7 @@ async def test_waits_for_etcd_and_reconnects(tmp_path: Path, caplog: pytest.LogC
         pytest.skip("etcd binary not found (Debian: apt-get install etcd-server, or `make etcd`)")
     client, peer = stable_ports(2)  # below the ephemeral range: no outgoing connection takes them while it is down
     server = EtcdProcess(binary, str(tmp_path / "etcd"), ports=(client, peer), start=False)
-    caplog.set_level(logging.WARNING, logger="agent.etcd_backend")
+    caplog.set_level(logging.WARNING, logger="agent.etcd.etcd_backend")
     a = EtcdBackend([server.endpoint], "a", genesis(), cluster="later", timeout=2.0)
     a.start()
     rng = random.Random(3)
@@ -200,7 +200,7 @@ async def test_a_wiped_etcd_gets_the_committed_versions_back_before_a_new_node_c
     await _wipe(etcd, "wiped")
     a = EtcdBackend([etcd], "a", genesis(), cluster="wiped", store=Store(tmp_path / "a.log"))
     fresh = EtcdBackend([etcd], "fresh", genesis(), cluster="wiped")
-    with caplog.at_level(logging.WARNING, logger="agent"):  # agent.etcd_backend and agent.etcd_seed
+    with caplog.at_level(logging.WARNING, logger="agent"):  # agent.etcd.etcd_backend and agent.etcd.etcd_seed
         a.start()
         try:
             await a.ready()
@@ -235,7 +235,7 @@ async def test_a_node_refuses_an_etcd_that_committed_another_table_over_its_hist
     try:
         await fresh.ready()
         assert (await fresh.propose_async(successor_table(fresh.head, random.Random(11)), pb.Plan())).committed
-        with caplog.at_level(logging.ERROR, logger="agent.etcd_backend"):
+        with caplog.at_level(logging.ERROR, logger="agent.etcd.etcd_backend"):
             a.start()
             await until("the fork is named", lambda: "another table for version 2" in a.failure)
         assert a.head.version == 3 and a.abstains and "wipe this node's data_dir" in a.failure

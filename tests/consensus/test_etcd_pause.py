@@ -1,4 +1,4 @@
-"""The pause switch on the etcd backend (agent/etcd_pause.py) against a real etcd server (skipped without the
+"""The pause switch on the etcd backend (agent/etcd/etcd_pause.py) against a real etcd server (skipped without the
 binary): a write is learned by every node, concurrent writes are ordered by etcd's transaction (one after the
 other, each seq one above the record it replaced), the record outlives a restart in the local store, and a
 node without etcd says so."""
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from agent.consensus.controlnode import ControlOutcome
-from agent.etcd_backend import EtcdBackend
-from agent.etcd_pause import EtcdPause
-from agent.store import Store
+from agent.etcd.etcd_backend import EtcdBackend
+from agent.etcd.etcd_pause import EtcdPause
+from agent.storage.store import Store
 from chaos.etcdserver import EtcdProcess
 from controlplane.table import initial_table
 from controlplane.topology import Topology

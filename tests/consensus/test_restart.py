@@ -90,7 +90,7 @@ def test_the_node_consumes_the_whole_ready_in_order() -> None:
 
 
 def test_lifecycle_moves_are_counted() -> None:
-    from agent.telemetry import Telemetry
+    from agent.admin.telemetry import Telemetry
 
     tel = Telemetry.for_tests()
     tel.record_transition("manual", "PROPOSED")

@@ -6,7 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from agent.store import FileDisk, MemoryDisk, Store, StoreCorrupt, StoreError, StoreFailed, frame, parse
+from agent.storage.store import (
+    FileDisk,
+    MemoryDisk,
+    Store,
+    StoreCorrupt,
+    StoreError,
+    StoreFailed,
+    frame,
+    parse,
+)
 from elasticmoe.v1 import consensus_pb2 as pb
 
 

@@ -9,13 +9,13 @@ import sys
 import time
 from pathlib import Path
 
-from agent.store import Store
+from agent.storage.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
 
 WRITER = r"""
 import sys
-from agent.store import Store
+from agent.storage.store import Store
 from elasticmoe.v1 import consensus_pb2 as pb
 s = Store(sys.argv[1]); rec = s.open()
 v = rec.commits[-1].table.version if rec.commits else 1

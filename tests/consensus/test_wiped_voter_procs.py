@@ -28,8 +28,8 @@ import grpc
 import pytest
 
 from agent.consensus.paxos import round0_owner
-from agent.datadir import LOG_NAME
-from agent.store import parse
+from agent.storage.datadir import LOG_NAME
+from agent.storage.store import parse
 from chaos.faults import write_faults
 from chaos.localcluster import ROOT, LocalCluster, stable_ports
 from elasticmoe.v1 import admin_pb2 as apb

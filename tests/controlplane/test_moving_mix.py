@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent.voter import Voter
+from agent.decision.voter import Voter
 from agent.wire import make_plan
 from controlplane.decision import DecisionParams
 from controlplane.table import RoutingTable

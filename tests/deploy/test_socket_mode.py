@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.shim_link import SOCKET_MODE, serve_unix, share_socket
+from agent.link.shim_link import SOCKET_MODE, serve_unix, share_socket
 from elasticmoe.v1 import consensus_pb2 as cpb
 
 
@@ -114,8 +114,8 @@ def test_a_group_it_cannot_give_is_logged(tmp_path: Path, caplog: pytest.LogCapt
 
     monkeypatch.setattr(os, "chown", refuse)
     # (earlier tests in the same process may have configured logging: take this logger's warnings as they come)
-    monkeypatch.setattr(logging.getLogger("agent.shim_link"), "disabled", False)
-    caplog.set_level(logging.WARNING, logger="agent.shim_link")
+    monkeypatch.setattr(logging.getLogger("agent.link.shim_link"), "disabled", False)
+    caplog.set_level(logging.WARNING, logger="agent.link.shim_link")
     share_socket(str(sock), os.stat(sock).st_gid + 1)
     assert _mode(sock) == 0o660
     assert "cannot give it group" in caplog.text

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from agent.clock import FakeClock
-from agent.datadir import DataDirError
 from agent.fingerprint import FingerprintCheck, describe, differences, load_cluster
-from agent.gossip_node import GossipNode
+from agent.gossip.gossip_node import GossipNode
+from agent.storage.datadir import DataDirError
 from agent.transport.sim import SimNetwork
 from chaos.gossipsim import profile_gossip
 from elasticmoe.v1 import gossip_pb2 as pb

@@ -13,8 +13,8 @@ import numpy as np
 import uvloop
 
 from agent.clock import RealClock
-from agent.gossip_node import GossipNode
-from agent.membership import MemberStatus
+from agent.gossip.gossip_node import GossipNode
+from agent.gossip.membership import MemberStatus
 from agent.transport.grpc import GrpcTransport
 from chaos.gossipsim import profile_gossip
 

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.broadcasts import RumourQueue, retransmit_limit
 from agent.clock import FakeClock
-from agent.gossip_node import GossipNode
-from agent.membership import MemberStatus, Suspicion
+from agent.gossip.broadcasts import RumourQueue, retransmit_limit
+from agent.gossip.gossip_node import GossipNode
+from agent.gossip.membership import MemberStatus, Suspicion
 from agent.transport import InvalidArgument
 from agent.transport.sim import SimNetwork
 from chaos.gossipsim import GossipSim, profile_gossip

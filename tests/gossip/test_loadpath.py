@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.loadpath import ClusterWindows, LoadReportError, LocalWindows
+from agent.link.loadpath import ClusterWindows, LoadReportError, LocalWindows
 
 
 def test_local_window_closes_when_every_shim_reported() -> None:

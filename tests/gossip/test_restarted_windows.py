@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from agent.loadpath import LoadPath, LocalWindows
-from agent.reportguard import DEFAULT_MAX_BATCH_TOKENS, ReportGuard
+from agent.link.loadpath import LoadPath, LocalWindows
+from agent.link.reportguard import DEFAULT_MAX_BATCH_TOKENS, ReportGuard
 from controlplane.topology import Topology
 from dataplane_shim.link import make_load_report
 

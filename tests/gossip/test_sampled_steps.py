@@ -11,9 +11,9 @@ import zlib
 import numpy as np
 import pytest
 
-from agent.loadgossip import check_windows, window_samples
-from agent.loadpath import ClusterWindows, LoadPath, LocalWindows
-from agent.reportguard import DEFAULT_MAX_BATCH_TOKENS, ReportGuard
+from agent.gossip.loadgossip import check_windows, window_samples
+from agent.link.loadpath import ClusterWindows, LoadPath, LocalWindows
+from agent.link.reportguard import DEFAULT_MAX_BATCH_TOKENS, ReportGuard
 from agent.transport import InvalidArgument
 from controlplane.topology import Topology
 from dataplane_shim.errors import BadInput
@@ -167,7 +167,7 @@ def test_a_report_sampled_at_another_rate_is_used_for_its_totals_and_named() -> 
     said: list[str] = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = lambda record: said.append(record.getMessage())  # type: ignore[method-assign]
-    logger = logging.getLogger("agent.loadpath")  # (the agent's CLI tests may have set its level and propagation)
+    logger = logging.getLogger("agent.link.loadpath")  # (the agent's CLI tests may have set its level and propagation)
     level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.WARNING)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent.consensus.signing import VoteSigner
-from agent.membership import MemberStatus
+from agent.gossip.membership import MemberStatus
 from agent.security import write_dev_certs
 from chaos.gossipsim import GossipSim
 from elasticmoe.v1 import gossip_pb2 as gpb
@@ -203,7 +203,7 @@ def test_a_signed_leave_spreads(cert_dir: Path) -> None:
 
 
 def test_oversized_claims_are_invalid_input() -> None:
-    from agent.membership import check_states
+    from agent.gossip.membership import check_states
     from agent.transport import InvalidArgument
 
     with pytest.raises(InvalidArgument, match="certificate of 9000"):

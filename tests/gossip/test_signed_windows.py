@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from agent.consensus.signing import VoteSigner
-from agent.gossip_node import GossipNode
-from agent.windowguard import WINDOW_SEQ_LEAD, Refusal
+from agent.gossip.gossip_node import GossipNode
+from agent.gossip.windowguard import WINDOW_SEQ_LEAD, Refusal
 from chaos.gossipsim import GossipSim
 from elasticmoe.v1 import gossip_pb2 as gpb
 
@@ -60,7 +60,7 @@ def _push(sim: GossipSim, src: str, dst: str, w: gpb.LoadWindow) -> None:
 
 
 def _sign_as(signer: VoteSigner, w: gpb.LoadWindow) -> gpb.LoadWindow:
-    from agent.windowguard import window_payload
+    from agent.gossip.windowguard import window_payload
 
     w.signature = signer.sign_window(window_payload(w))
     w.certificate = signer.cert_der

@@ -8,11 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.loadgossip import check_windows, make_window, node_window
-from agent.loadpath import ClusterWindows, LoadPath, LocalWindows
-from agent.reportguard import DEFAULT_MAX_BATCH_TOKENS, MAX_STEP_US, ReportGuard
+from agent.gossip.loadgossip import check_windows, make_window, node_window
+from agent.gossip.windowguard import window_payload
+from agent.link.loadpath import ClusterWindows, LoadPath, LocalWindows
+from agent.link.reportguard import DEFAULT_MAX_BATCH_TOKENS, MAX_STEP_US, ReportGuard
 from agent.transport import InvalidArgument
-from agent.windowguard import window_payload
 from controlplane.topology import Topology
 from dataplane_shim.link import make_load_report
 

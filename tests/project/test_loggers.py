@@ -1,5 +1,5 @@
 """One logger naming scheme in the product: every module logs under its own module path,
-`logging.getLogger(__name__)` (agent.pipeline, agent.consensus.node, dataplane_shim.install, ...), so a logger's
+`logging.getLogger(__name__)` (agent.decision.pipeline, agent.consensus.node, dataplane_shim.install, ...), so a logger's
 name says which file wrote a line, and `agent` or `dataplane_shim` sets a whole side's level. The schemes it
 replaces (emoe.agent, elasticmoe.plugin, a module borrowing another's name) hid where a line came from."""
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.membership import MemberStatus
+from agent.gossip.membership import MemberStatus
 from agent.transport.sim import LinkSpec
 from chaos.gossipsim import GossipSim, profile_gossip
 from dataplane_shim.errors import BadInput
@@ -84,10 +84,10 @@ def test_load_reports_bound_and_check_the_unreachable_ranks() -> None:
 
 
 def test_the_agent_suspects_the_nodes_its_engine_cannot_reach() -> None:
-    """The agent's load path (agent.loadpath.LoadPath, the shim link's sink) hands a report's unreachable ranks
+    """The agent's load path (agent.link.loadpath.LoadPath, the shim link's sink) hands a report's unreachable ranks
     to gossip, and refuses ranks outside the cluster (naming the field) before anything is counted."""
-    from agent.loadpath import LoadPath, LoadReportError
-    from agent.reportguard import DEFAULT_MAX_BATCH_TOKENS, ReportGuard
+    from agent.link.loadpath import LoadPath, LoadReportError
+    from agent.link.reportguard import DEFAULT_MAX_BATCH_TOKENS, ReportGuard
     from controlplane.topology import Topology
 
     accused: list[list[int]] = []
@@ -103,7 +103,7 @@ def test_the_agent_suspects_the_nodes_its_engine_cannot_reach() -> None:
         def live_nodes(self) -> list[str]:
             return ["n1", "n2"]
 
-    told: list[tuple[int, ...]] = []  # the evidence handed on: agent.reactions judges whether they are lost
+    told: list[tuple[int, ...]] = []  # the evidence handed on: agent.decision.reactions judges whether they are lost
     load = LoadPath("n1", Topology(2, 2, 4), 2, 4, 100, Gossip(), lambda seq, total: None,
                     lambda rank, version: ran.append((rank, version)), lambda: "",
                     ReportGuard([0, 1], 4, 2, DEFAULT_MAX_BATCH_TOKENS, lambda: 1), unreachable=told.append)
@@ -120,11 +120,11 @@ def test_the_agent_suspects_the_nodes_its_engine_cannot_reach() -> None:
 
 
 def test_a_cluster_window_names_the_nodes_whose_active_ranks_it_lacks() -> None:
-    """LoadPath's `absent` (agent.reactions.MembershipReactions.absent): a window summed over every live node
+    """LoadPath's `absent` (agent.decision.reactions.MembershipReactions.absent): a window summed over every live node
     still lacks a dead node's ranks while they are active; it names that node among its missing ones, after
     the live ones that lag."""
-    from agent.loadpath import LoadPath
-    from agent.reportguard import DEFAULT_MAX_BATCH_TOKENS, ReportGuard
+    from agent.link.loadpath import LoadPath
+    from agent.link.reportguard import DEFAULT_MAX_BATCH_TOKENS, ReportGuard
     from controlplane.topology import Topology
 
     closed: list[tuple[int, tuple[str, ...]]] = []

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.loadpath import LocalWindows
+from agent.link.loadpath import LocalWindows
 from controlplane.table import initial_table
 from controlplane.topology import Topology
 from dataplane_shim.genesis import genesis_table

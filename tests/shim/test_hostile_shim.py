@@ -13,7 +13,7 @@ import grpc.aio
 import numpy as np
 import pytest
 
-from agent.shim_link import serve_unix
+from agent.link.shim_link import serve_unix
 from chaos.fuzz_link import LinkTarget, ShimStoreTarget
 from chaos.fuzz_targets import LAYERS, TOPO, VOTERS, Aborted, FakeContext, certify, chain
 from controlplane.table import RoutingTable
@@ -152,7 +152,7 @@ def test_report_load_refusals(loop: asyncio.AbstractEventLoop, kw: dict[str, obj
 
 
 def test_report_load_saturated_counts_are_refused_and_windows_sum_wide(loop: asyncio.AbstractEventLoop) -> None:
-    """0xFFFFFFFF counts are legal uint32 but no engine's batch: the agent refuses them (agent.reportguard).
+    """0xFFFFFFFF counts are legal uint32 but no engine's batch: the agent refuses them (agent.link.reportguard).
     The windows themselves sum two of them in uint64 and clip to uint32 when the window closes."""
     t = LinkTarget("ReportLoad", loop)
     big = np.full(LAYERS * 8, 2**32 - 1, dtype="<u4").tobytes()

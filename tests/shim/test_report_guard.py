@@ -1,4 +1,4 @@
-"""agent.reportguard, pure: each bound of a shim report by its code, at and past its edge; the plugin's own reports
+"""agent.link.reportguard, pure: each bound of a shim report by its code, at and past its edge; the plugin's own reports
 (dataplane_shim.plugin.PluginCore, declaring its batch or not) within them. The same bounds on a real agent's
 socket: tests/shim/test_implausible_reports.py."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.reportguard import DEFAULT_MAX_BATCH_TOKENS, MAX_BATCH_TOKENS, Refusal, ReportGuard
+from agent.link.reportguard import DEFAULT_MAX_BATCH_TOKENS, MAX_BATCH_TOKENS, Refusal, ReportGuard
 from controlplane.topology import Topology
 from dataplane_shim.genesis import genesis_table
 from dataplane_shim.link import make_load_report

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import pytest_asyncio
 
-from agent.shim_link import serve_unix
+from agent.link.shim_link import serve_unix
 from controlplane.table import initial_table
 from controlplane.topology import Topology
 from dataplane_shim.certify import certified_commit, table_from_commit
@@ -202,7 +202,7 @@ def test_what_the_agent_imports_needs_no_torch() -> None:
         "        if name == 'torch' or name.startswith('torch.'):\n"
         "            raise ImportError('torch blocked for this test')\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import agent.shim_link, dataplane_shim, dataplane_shim.link, dataplane_shim.certify\n"
+        "import agent.link.shim_link, dataplane_shim, dataplane_shim.link, dataplane_shim.certify\n"
         "import dataplane_shim.counters, dataplane_shim.adapters, dataplane_shim.errors\n"
         "print('ok')\n"
     )

@@ -11,9 +11,9 @@ import pytest
 import uvloop
 
 from agent.config import from_dict
-from agent.datadir import DataDirError, data_dir_format, mark_owner, owner
 from agent.node import AgentProcess, StartupError
-from agent.store import _KINDS, KIND_FORMAT, Store, StoreCorrupt, StoreNewer, frame, parse
+from agent.storage.datadir import DataDirError, data_dir_format, mark_owner, owner
+from agent.storage.store import _KINDS, KIND_FORMAT, Store, StoreCorrupt, StoreNewer, frame, parse
 from chaos.localcluster import free_ports
 from elasticmoe.v1 import consensus_pb2 as cpb
 from elasticmoe.versions import STORE_FORMAT

@@ -1,5 +1,5 @@
 """A signed load window of a newer release, carrying fields this one does not know, verifies here (they are
-signed as the bytes of their encoding, agent/windowguard.py), survives relaying, and a relay cannot add one."""
+signed as the bytes of their encoding, agent/gossip/windowguard.py), survives relaying, and a relay cannot add one."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import Message
 
 from agent.consensus.signing import VoteSigner
+from agent.gossip.windowguard import WindowGuard, later_fields, window_payload
 from agent.security import write_dev_certs
-from agent.windowguard import WindowGuard, later_fields, window_payload
 from elasticmoe.v1 import gossip_pb2 as gpb
 
 

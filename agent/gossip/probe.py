@@ -19,7 +19,7 @@ from functools import partial
 
 from agent.clock import Clock, Timer
 from agent.config import GossipConfig
-from agent.membership import LIVE, Membership, MemberStatus, Piggyback, check_states
+from agent.gossip.membership import LIVE, Membership, MemberStatus, Piggyback, check_states
 from agent.transport import Deferred, InvalidArgument, Transport
 from elasticmoe.v1 import gossip_pb2 as pb
 

@@ -10,7 +10,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from agent.reportguard import ReportGuard
+from agent.link.reportguard import ReportGuard
 from controlplane.topology import Topology
 from dataplane_shim.link import check_load_report
 from elasticmoe.loadcodec import rows_from_bytes, sample_steps
@@ -258,7 +258,7 @@ CloseWindow = Callable[[int, npt.NDArray[np.uint64], U32 | None, tuple[str, ...]
 
 
 class LoadGossip(Protocol):
-    """What the load path needs of gossip (agent.gossip_node.GossipNode)."""
+    """What the load path needs of gossip (agent.gossip.gossip_node.GossipNode)."""
 
     def suspect_ranks(self, ranks: Iterable[int]) -> list[str]: ...
 
@@ -281,18 +281,18 @@ class LoadPath:
     """One node's load path, whole: its engines' reports (the shim link's sink, `on_report`) -> this node's
     windows (LocalWindows) -> gossip (signed, with whether this node abstains from consensus) -> every node's
     windows (`on_window`, gossip's callback; this node's own included) -> the cluster windows (ClusterWindows),
-    each closed one handed to `close_window` (agent.pipeline.DecisionPipeline.close_window).
-    `engine_ran(rank, version)`: the version a rank's engine reported it runs (agent.installs);
+    each closed one handed to `close_window` (agent.decision.pipeline.DecisionPipeline.close_window).
+    `engine_ran(rank, version)`: the version a rank's engine reported it runs (agent.link.installs);
     `abstains()`: why this node may not vote now ("" when it may; agent.commit.CommitBackend.abstains);
-    `guard`: what no engine of this node can say (agent.reportguard: another node's rank, a version past the
+    `guard`: what no engine of this node can say (agent.link.reportguard: another node's rank, a version past the
     head, counts past the engine's batch): such a report is refused before anything of it counts;
-    `engine_failed(rank, error)`: the fatal error a rank's plugin reported before it stopped (agent.installs);
+    `engine_failed(rank, error)`: the fatal error a rank's plugin reported before it stopped (agent.link.installs);
     `absent(contributors)`: the nodes that hold ranks active in the committed head which none of the nodes whose
-    windows a cluster window sums holds (agent.reactions.MembershipReactions.absent): a closed window names them
+    windows a cluster window sums holds (agent.decision.reactions.MembershipReactions.absent): a closed window names them
     among its missing nodes beside the live ones that lag, so that a node whose agent is dead, restarting or not
     yet heard is not taken for a node whose ranks are idle (default: none);
     `unreachable(ranks)`: the engine's evidence in an accepted report, the ranks its EP group could not reach
-    (agent.reactions.MembershipReactions.unreachable: whether they are lost), besides the suspicion it raises."""
+    (agent.decision.reactions.MembershipReactions.unreachable: whether they are lost), besides the suspicion it raises."""
 
     def __init__(self, node_id: str, topology: Topology, layers: int, experts: int, window: int,
                  gossip: LoadGossip, close_window: CloseWindow,

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from agent.pipeline import failed_plan
+from agent.decision.pipeline import failed_plan
 from controlplane.decision import Attempt
 from controlplane.requests import PlanRequest
 

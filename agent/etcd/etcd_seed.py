@@ -1,4 +1,4 @@
-"""The etcd backend's head at the start of each session (agent/etcd_backend.py): brought up to this node's.
+"""The etcd backend's head at the start of each session (agent/etcd/etcd_backend.py): brought up to this node's.
 
 On a new cluster's etcd, `head` is created at the genesis version. On an etcd that lost versions this node
 committed (wiped, or restored from an older backup), those versions go back from this node's commits, in the

@@ -7,16 +7,16 @@ from collections.abc import Callable
 
 import numpy as np
 
-from agent.admin import copy_bytes
+from agent.admin.admin import copy_bytes
 from agent.clock import Clock
 from agent.commit import CommitBackend, PauseSwitch
+from agent.decision.pipeline import DecisionPipeline
 from agent.fingerprint import FingerprintCheck
-from agent.gossip_node import GossipNode
-from agent.installs import Installs
-from agent.loadpath import LoadPath
-from agent.membership import TO_PB
-from agent.pipeline import DecisionPipeline
-from agent.ranklink import RankPresence
+from agent.gossip.gossip_node import GossipNode
+from agent.gossip.membership import TO_PB
+from agent.link.installs import Installs
+from agent.link.loadpath import LoadPath
+from agent.link.ranklink import RankPresence
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
 from elasticmoe.codec import table_from_pb
@@ -107,12 +107,12 @@ class AdminView:
         return self.load.unsampled
 
     def reports_refused(self) -> dict[str, int]:
-        """Load reports refused since start by code (agent.reportguard: another node's rank, a version past the
+        """Load reports refused since start by code (agent.link.reportguard: another node's rank, a version past the
         head, counts past the engine's batch, ...)."""
         return {code.value: n for code, n in self.load.guard.refused.items()}
 
     def windows_refused(self) -> dict[str, int]:
-        """Peers' load windows refused since start by code (agent.windowguard.Refusal: unsigned or badly signed
+        """Peers' load windows refused since start by code (agent.gossip.windowguard.Refusal: unsigned or badly signed
         under mTLS, from an earlier incarnation of its node, from the future)."""
         return {code.value: n for code, n in self.gossip.load.refused.items()}
 
@@ -167,7 +167,7 @@ class AdminView:
 
     def rank_installs(self) -> list[apb.RankInstall]:
         """This node's engine ranks, ascending: the version each runs against the committed head, how long it has
-        run it, since when it is behind, and whether its link is open (agent.installs)."""
+        run it, since when it is behind, and whether its link is open (agent.link.installs)."""
         head = self.head()
         presence = self.presence()
         active, links = set(head.active_ranks), presence.open if presence is not None else None

@@ -4,7 +4,7 @@ Keys under `/emoe/<cluster>/`:
 - `head`              the committed table version, decimal;
 - `tables/<v:020d>`   the consensus_pb2.Commit of version v (its table, plan, proposer);
 - `members/<node>`    the node's address, attached to a lease: seed discovery that forgets dead nodes;
-- `control`           the pause switch's newest record, a consensus_pb2.ControlCommit (agent/etcd_pause.py).
+- `control`           the pause switch's newest record, a consensus_pb2.ControlCommit (agent/etcd/etcd_pause.py).
 
 A commit is one transaction `compare(value(head) == v) -> put(head, v + 1), put(tables/v+1, commit)`, so at
 most one table is ever written for a version (I1) and versions follow their parents (I2). Every node
@@ -12,7 +12,7 @@ watches `tables/` and installs commits in version order, writing each to its loc
 one (commit before install). The certificate of an etcd commit names the etcd cluster as its only voter:
 its quorum is etcd's own.
 
-Each session starts by bringing etcd's `head` up to this node's (agent/etcd_seed.py): an etcd that lost versions
+Each session starts by bringing etcd's `head` up to this node's (agent/etcd/etcd_seed.py): an etcd that lost versions
 this node committed gets them back, and one that committed another table over them is refused by name.
 
 etcd may be down when the agent starts, or go away while it runs: the backend connects in the background and
@@ -33,8 +33,8 @@ import aetcd
 from aetcd.utils import prefix_range_end
 
 from agent.consensus.node import CommitCallback, Outcome, Verifier, validity_verifier
-from agent.etcd_seed import EtcdDiverged, seed_head
-from agent.store import Store, StoreFailed
+from agent.etcd.etcd_seed import EtcdDiverged, seed_head
+from agent.storage.store import Store, StoreFailed
 from controlplane.table import RoutingTable
 from elasticmoe.codec import TableWireError, table_from_pb, table_to_pb
 from elasticmoe.v1 import consensus_pb2 as pb
@@ -349,7 +349,7 @@ class EtcdBackend:
         if nxt is not None:
             self._adopt(nxt)
 
-    # ---- the pause switch's key beside the tables (agent/etcd_pause.py) -----------------------------------
+    # ---- the pause switch's key beside the tables (agent/etcd/etcd_pause.py) -----------------------------------
     @property
     def client(self) -> aetcd.Client | None:
         """The connected etcd client (None while not connected)."""

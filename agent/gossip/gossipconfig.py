@@ -67,7 +67,7 @@ class GossipConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     awareness_max_mult: int = 8
     # a rank a repair drained (its node declared dead, its engine process gone) is restored by its own node
     # this long after the repair once the node serves and sees a quorum and the rank's engine is attached;
-    # doubling each time it is repaired again within a minute (agent/rejoin.py). 0: only `emoe restore`.
+    # doubling each time it is repaired again within a minute (agent/decision/rejoin.py). 0: only `emoe restore`.
     rejoin_ms: int = 3000
 
     def validate(self) -> None:

@@ -4,7 +4,7 @@ A repair drains the ranks of a node declared dead or of an engine process that l
 judgement from afar: a partition that healed, a network slow for longer than the suspicion timeout, an agent
 restarted while its engine kept running all leave a healthy rank drained, its GPUs idle until an operator
 notices and runs `emoe restore`. Only the rank's own node knows first-hand that it is back: its engine
-process holds the local link open (agent.ranklink) or its load reports arrive, and the node itself is
+process holds the local link open (agent.link.ranklink) or its load reports arrive, and the node itself is
 serving and sees a quorum. That node proposes the restore, `wait` after the repair committed; a rank
 repaired again within `FLAP_S` of coming back waits twice as long the next time (up to `MAX_MULT` x
 `wait`), so that a flapping node costs a table change per `wait` at most, not one per suspicion. A rank an

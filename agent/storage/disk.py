@@ -1,4 +1,4 @@
-"""Where the consensus log's bytes live (agent.store frames and recovers them): `FileDisk`, a real file with
+"""Where the consensus log's bytes live (agent.storage.store frames and recovers them): `FileDisk`, a real file with
 write + fsync, and `MemoryDisk`, the simulator's disk, which outlives a simulated crash as a file outlives
 `kill -9`; and the durable-write helpers the data_dir uses."""
 
@@ -64,7 +64,7 @@ def write_atomic(path: Path, data: bytes, tmp_suffix: str = ".tmp", sync: bool =
 
 
 def mark_path(log: Path) -> Path:
-    """Where the high-water mark of the log at `log` lives (agent.store)."""
+    """Where the high-water mark of the log at `log` lives (agent.storage.store)."""
     return log.with_name(log.name + ".mark")
 
 

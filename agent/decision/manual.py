@@ -1,6 +1,6 @@
 """The operator's path into the decision core (Admin Propose, Drain, Restore, Pause; a rank back on the local
 link or after its repair is restored the same way): the operations go through the controller's manual event,
-so that what it refuses is refused with its own reason (agent.pipeline.DecisionPipeline.manual: its Ready is
+so that what it refuses is refused with its own reason (agent.decision.pipeline.DecisionPipeline.manual: its Ready is
 consumed, counted and proposed by the pipeline's one consumer, `perform`, as an automatic one is), and the
 node's proposal is awaited. Pause and Resume write the cluster's pause switch (agent.commit.PauseSwitch: a
 record committed by a quorum apart from the tables), which every node's pipeline follows. A restore that
@@ -16,7 +16,7 @@ from typing import Any
 from agent.clock import Clock
 from agent.commit import CommitBackend, PauseSwitch
 from agent.consensus.controlnode import ControlOutcome
-from agent.pipeline import DecisionPipeline
+from agent.decision.pipeline import DecisionPipeline
 from controlplane.elastic import DrainRefused, plan_drain, plan_restore
 from controlplane.errors import ControlPlaneError
 from controlplane.ops import Operation, apply_ops
@@ -85,7 +85,7 @@ class ManualPath:
         return await asyncio.wait_for(fut, timeout=20.0), ""
 
     def restore_now(self, rank: int) -> str:
-        """Propose the restore of `rank` without waiting for its outcome (agent.rejoin watches the commits);
+        """Propose the restore of `rank` without waiting for its outcome (agent.decision.rejoin watches the commits);
         "" or why it was refused."""
         try:
             ops = plan_restore(self.head(), rank)

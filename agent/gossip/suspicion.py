@@ -1,4 +1,4 @@
-"""Lifeguard's suspicion timer (agent/membership.py): a member suspected by this node is declared dead when it
+"""Lifeguard's suspicion timer (agent/gossip/membership.py): a member suspected by this node is declared dead when it
 expires; its timeout starts at the maximum and shrinks (log) to the minimum as independent confirmations of the
 suspicion arrive, and a timer that fell due while this node was not running waits one grace period first."""
 

@@ -27,8 +27,8 @@ import aetcd
 
 from agent.consensus.control import MAX_ADMIN, MAX_NOTE, check_commit, describe, key
 from agent.consensus.controlnode import ControlCallback, ControlOutcome
-from agent.etcd_backend import ETCD_VOTER
-from agent.store import Store, StoreFailed
+from agent.etcd.etcd_backend import ETCD_VOTER
+from agent.storage.store import Store, StoreFailed
 from elasticmoe.v1 import consensus_pb2 as pb
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 signed with its node key and relayed unchanged (gossip MemberState.claim, claim_signature, claim_certificate).
 A state that adds a member, or says it is alive or left, is accepted only with a claim that matches it and
 verifies under a certificate the cluster CA issued to that member's name; suspicion and death of a member
-already known need none (SWIM: anyone may suspect, the member refutes). agent/membership.py applies it.
+already known need none (SWIM: anyone may suspect, the member refutes). agent/gossip/membership.py applies it.
 """
 
 from __future__ import annotations

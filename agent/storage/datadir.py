@@ -18,7 +18,7 @@ import os
 import time
 from pathlib import Path
 
-from agent.disk import fsync_dir, write_atomic
+from agent.storage.disk import fsync_dir, write_atomic
 
 log = logging.getLogger(__name__)
 

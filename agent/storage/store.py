@@ -45,7 +45,7 @@ from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
-from agent.disk import Disk, FileDisk, MemoryDisk, fsync_dir, mark_path, write_atomic
+from agent.storage.disk import Disk, FileDisk, MemoryDisk, fsync_dir, mark_path, write_atomic
 from elasticmoe.v1 import consensus_pb2 as pb
 from elasticmoe.versions import STORE_FORMAT
 

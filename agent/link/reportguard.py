@@ -1,4 +1,4 @@
-"""Shim reports held to what this node's engines can say; agent/loadpath.py asks this before a report counts.
+"""Shim reports held to what this node's engines can say; agent/link/loadpath.py asks this before a report counts.
 
 A load report on the shim socket (elasticmoe.v1.DataplaneLink) is the engine's word for this node's ranks
 only. Past its shape (dataplane_shim.link.check_load_report), a report is refused, whole, when no honest plugin
@@ -19,7 +19,7 @@ of this node could have sent it; nothing of a refused one reaches the load path,
 - STEP_TIME_IMPLAUSIBLE: a sampled step's wall time (LoadReport.step_us) of 0 or above MAX_STEP_US: no engine
   step takes no time, nor ten minutes (a collective times out first); the agents fit their step time from these.
 
-Evidence (unreachable_ranks) from an accepted report suspects the named ranks' nodes (agent.gossip_node
+Evidence (unreachable_ranks) from an accepted report suspects the named ranks' nodes (agent.gossip.gossip_node
 suspect_ranks: Lifeguard's local evidence, accused by this node); it never declares one dead: a suspect that is
 alive refutes, and only a suspicion that runs out unrefuted ends in dead, as after a failed probe.
 

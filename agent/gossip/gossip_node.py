@@ -21,15 +21,15 @@ import numpy as np
 import numpy.typing as npt
 from google.protobuf.message import Message
 
-from agent.broadcasts import Kind, RumourQueue
-from agent.claims import ClaimSigner
 from agent.clock import Clock, Timer
 from agent.config import GossipConfig
-from agent.loadgossip import LoadGossip, LoadView, WindowCallback, check_digests, check_windows
-from agent.membership import LIVE, Member, Membership, MemberStatus, check_states
-from agent.probe import Prober
+from agent.gossip.broadcasts import Kind, RumourQueue
+from agent.gossip.claims import ClaimSigner
+from agent.gossip.loadgossip import LoadGossip, LoadView, WindowCallback, check_digests, check_windows
+from agent.gossip.membership import LIVE, Member, Membership, MemberStatus, check_states
+from agent.gossip.probe import Prober
+from agent.gossip.windowguard import WindowSigner
 from agent.transport import Deferred, InvalidArgument, Transport
-from agent.windowguard import WindowSigner
 from elasticmoe.v1 import gossip_pb2 as pb
 
 MemberCallback = Callable[[Member], None]
@@ -51,8 +51,8 @@ class GossipNode:
                  fingerprint: pb.Fingerprint | None = None) -> None:
         """`seeds`: node_id -> host:port of members to join through (this node's own id is ignored);
         `shape`: the [layers, experts] of load windows (None: taken from the first window seen);
-        `signer` (mTLS): member claims and load windows are signed and checked (agent.membership.Membership,
-        agent.windowguard); `fingerprint`: this node's cluster fingerprint, in its member state (agent.fingerprint)."""
+        `signer` (mTLS): member claims and load windows are signed and checked (agent.gossip.membership.Membership,
+        agent.gossip.windowguard); `fingerprint`: this node's cluster fingerprint, in its member state (agent.fingerprint)."""
         self.node_id, self.cfg, self.clock, self.transport = node_id, cfg, clock, transport
         self.rng = random.Random(rng_seed)
         self.seeds = {n: a for n, a in seeds.items() if n != node_id}

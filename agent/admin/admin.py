@@ -41,7 +41,7 @@ ADMIN_KEY = "emoe-admin"
 
 
 class AdminReads(Protocol):
-    """What the admin service reads of the node (agent.adminview.AdminView)."""
+    """What the admin service reads of the node (agent.admin.adminview.AdminView)."""
 
     node_id: str
 
@@ -69,7 +69,7 @@ class AdminReads(Protocol):
 
 
 class AdminSteering(Protocol):
-    """How the admin service steers the node (agent.manual.ManualPath)."""
+    """How the admin service steers the node (agent.decision.manual.ManualPath)."""
 
     async def set_paused(self, paused: bool, admin: str) -> apb.AdminAck: ...
     async def propose_manual(self, ops: tuple[Operation, ...], force: bool) -> apb.ProposeReply: ...

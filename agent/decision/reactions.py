@@ -3,9 +3,9 @@
 - Absent: a window that lacks a node's load (its agent dead, lagging, restarting or not yet heard) says nothing
   about that node's ranks: they are not idle, and no plan is made as if they were. `absent` names the nodes
   whose ranks are active in the committed head and whose load a cluster window lacks; the pipeline counts such a
-  window as partial and decides nothing on it (agent.loadpath, agent.pipeline).
+  window as partial and decides nothing on it (agent.link.loadpath, agent.decision.pipeline).
 - Lost: whether ranks are lost is the engine's word, not membership's alone. First-hand evidence, either of:
-  - an engine process of this node left (its local link closed, agent.ranklink): its ranks are lost at once;
+  - an engine process of this node left (its local link closed, agent.link.ranklink): its ranks are lost at once;
   - an engine of this node could not reach ranks of another node (LoadReport.unreachable_ranks: its EP group's
     collective or dispatch failed, and dataplane_shim.peers named the peers that stopped; the reference and
     simulated engines report the same way, chaos.simengine), and no live member holds them: their node was
@@ -14,19 +14,19 @@
     is alive again (its own agent runs: it knows its ranks first-hand, and repairs them itself if they left).
   So the rule is membership's "dead" (or "left", or forgotten) plus the engines' evidence from any live node:
   each node acts on its own engines' evidence, and the repair one of them proposes is voted on validity alone
-  (agent.voter). When a whole host dies, its peers' collectives fail and every surviving engine names its
+  (agent.decision.voter). When a whole host dies, its peers' collectives fail and every surviving engine names its
   ranks; when only an agent dies (kill -9, an OOM kill, an upgrade, a drain) its engine ranks keep serving, no
   engine names them, nothing is repaired, and the agent that comes back resumes with no table change.
   Lost ranks active in the head are repaired (the controller's RanksLost), first and alone: the window's
   planner proposes at once, this node a window (or REPAIR_WAIT_S) later unless it is the planner (`each_window`
   counts that window: until the repair commits, windows lack the lost ranks' load and reach no controller), and
   no rebalance is decided on a window without their load.
-- Back: a rank a repair drained is restored by `agent.rejoin.Rejoin`, the one restore path for repaired ranks:
+- Back: a rank a repair drained is restored by `agent.decision.rejoin.Rejoin`, the one restore path for repaired ranks:
   at once when its engine process attaches again (first-hand evidence), else when a closed window finds its
   engine here again (`each_window`). A rank an operator drained is the operator's to restore (`emoe restore`,
-  agent.manual).
+  agent.decision.manual).
 - Lagging: a rank whose engine stopped installing committed tables is named, once, each time it falls behind
-  (agent.installs).
+  (agent.link.installs).
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ from collections.abc import Callable, Iterable, Sequence
 
 from agent.clock import Clock, Timer
 from agent.commit import CommitBackend
-from agent.gossip_node import GossipNode
-from agent.installs import Installs
-from agent.membership import LIVE, Member, MemberStatus
-from agent.pipeline import DecisionPipeline
-from agent.ranklink import RankPresence
-from agent.rejoin import Rejoin
+from agent.decision.pipeline import DecisionPipeline
+from agent.decision.rejoin import Rejoin
+from agent.gossip.gossip_node import GossipNode
+from agent.gossip.membership import LIVE, Member, MemberStatus
+from agent.link.installs import Installs
+from agent.link.ranklink import RankPresence
 from agent.wire import plan_kind
 from controlplane.controller import RanksLost
 from controlplane.table import RoutingTable
@@ -189,7 +189,7 @@ class MembershipReactions:
 
     # ---- back ---------------------------------------------------------------------------------
     def ranks_back(self, ranks: tuple[int, ...]) -> None:
-        """Their engine process attached again: a rank a repair drained is restored now (agent.rejoin)."""
+        """Their engine process attached again: a rank a repair drained is restored now (agent.decision.rejoin)."""
         able = self.able()
         for r in ranks:
             if r not in self.backend.head.active_ranks:

@@ -1,4 +1,4 @@
-"""Load windows bound to their node and to the present; agent/loadgossip.py stores a window only if this allows.
+"""Load windows bound to their node and to the present; agent/gossip/loadgossip.py stores a window only if this allows.
 
 - Signed (mTLS): a window is its node's own word. The origin signs it once (LoadWindow.signature over
   `window_payload`, with its DER certificate in LoadWindow.certificate) and every relay passes it on unchanged
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 # re-stamps its window under it: so the member record moves first, and a window ahead of it was forged, or
 # overtook the refutation's announcement. The latter is refused now and arrives again with the next digest or
 # push-pull, which applies member states before windows. Under mTLS the member record is the member's own
-# signed claim (agent/claims.py), so this binds the window's incarnation to the member's word; in plaintext
+# signed claim (agent/gossip/claims.py), so this binds the window's incarnation to the member's word; in plaintext
 # the membership layer takes incarnations as heard (below MAX_COUNTER, no step limit), and so does this.
 INCARNATION_LEAD = 0
 # A window's window_seq may lead the newest window_seq this node holds (of that node, of this node, of any

@@ -29,7 +29,7 @@ STEP_TIME_TOLERANCE = 0.25
 class Voter:
     def __init__(self, params: DecisionParams, tolerance: float) -> None:
         self.params, self.tolerance = params, tolerance
-        self.own_step_time: Callable[[], StepTime] | None = None  # this node's controller's (agent.pipeline)
+        self.own_step_time: Callable[[], StepTime] | None = None  # this node's controller's (agent.decision.pipeline)
         self.replay: list[npt.NDArray[np.uint64]] = []  # the last closed cluster windows' totals, uint64 [L, E]
         self.rows: list[npt.NDArray[np.uint32]] = []  # ... their per-step rows [S, L, E] (pipeline.window_rows)
         self.seqs: list[int] = []  # ... and their window numbers

@@ -1,7 +1,7 @@
 """DecisionPipeline: one node's decision path, from a closed cluster window to a proposal at the commit backend.
 
 Controller (controlplane.controller) + the planning turn (agent.consensus.paxos.turn) + the voter's replay
-windows (agent.voter) + the Ready loop (persist, advance, install, report, send). No asyncio and no network:
+windows (agent.decision.voter) + the Ready loop (persist, advance, install, report, send). No asyncio and no network:
 a benchmark or a test drives it with windows and a stand-in backend, exactly as the agent does.
 """
 
@@ -18,8 +18,8 @@ import numpy.typing as npt
 
 from agent.consensus.core import Outcome
 from agent.consensus.paxos import turn
-from agent.hooks import Hooks
-from agent.voter import Voter
+from agent.decision.hooks import Hooks
+from agent.decision.voter import Voter
 from agent.wire import make_plan, op_to_pb, plan_kind
 from controlplane.controller import (
     Controller,
@@ -65,7 +65,7 @@ class Now(Protocol):
 
 
 class DecisionTelemetry(Protocol):
-    """The metrics and spans the pipeline reports (agent.telemetry.Telemetry has them)."""
+    """The metrics and spans the pipeline reports (agent.admin.telemetry.Telemetry has them)."""
 
     def record_imbalance(self, x: float) -> None: ...
 
@@ -127,12 +127,12 @@ class DecisionPipeline:
         close_window(seq, total, samples)
             seq: the window number (its first step is seq * params.window);
             total: uint64 [L, E], the window's tokens per (layer, logical expert) summed over the window's steps
-                   and over every live node (agent.loadpath.ClusterWindows);
+                   and over every live node (agent.link.loadpath.ClusterWindows);
             samples: uint32 [S, L, E], the counts of the window's sampled steps (every params.sample_every-th,
                    elasticmoe.loadcodec), summed over the same nodes; None where some engine sent none;
             missing: the nodes whose window is not in the sum: live ones that lag (it closed without them), and
                    those holding ranks active in the head whose agent is dead, restarting or not yet heard
-                   (agent.loadpath.LoadPath's `absent`: their ranks are not idle). Such a window is not load
+                   (agent.link.loadpath.LoadPath's `absent`: their ranks are not idle). Such a window is not load
                    evidence: the experts their ranks serve look cold in it, and a plan or a rollback judged on it
                    would answer a load no engine has. It is counted, said once per streak (the log, and `emoe
                    explain`: PARTIAL_WINDOW), and this node's own duties run (`each_window`: a repair of ranks the
@@ -234,7 +234,7 @@ class DecisionPipeline:
 
     def on_commit(self, commit: cpb.Commit, table: RoutingTable, newest_window: int) -> None:
         """The backend committed `table` (this node's proposal or another's); `newest_window`: the newest window
-        reported when this node learned of it (agent.loadpath.ClusterWindows.newest_reported)."""
+        reported when this node learned of it (agent.link.loadpath.ClusterWindows.newest_reported)."""
         # the turn restarts at the window that proposed this table (the same on every node, however late it learns)
         now = self.committed_at = self.clock.now()
         before = self.controller.head

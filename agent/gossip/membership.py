@@ -1,5 +1,5 @@
 """SWIM membership with Lifeguard, sans-IO: the member table, its merge rules, suspicion and refutation.
-Probing (the failure detector) is agent/probe.py; both are driven by a Clock and a Transport, randomness
+Probing (the failure detector) is agent/gossip/probe.py; both are driven by a Clock and a Transport, randomness
 from a seeded rng.
 
 - Probe: each probe interval, the next member of a randomised round-robin gets a direct probe; without an
@@ -30,11 +30,18 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from agent.broadcasts import RumourQueue
-from agent.claims import MAX_CERT_BYTES, MAX_CLAIM_BYTES, MAX_SIGNATURE_BYTES, Claims, ClaimSigner, Proof
 from agent.clock import Clock, Timer
 from agent.config import GossipConfig
-from agent.suspicion import Suspicion
+from agent.gossip.broadcasts import RumourQueue
+from agent.gossip.claims import (
+    MAX_CERT_BYTES,
+    MAX_CLAIM_BYTES,
+    MAX_SIGNATURE_BYTES,
+    Claims,
+    ClaimSigner,
+    Proof,
+)
+from agent.gossip.suspicion import Suspicion
 from agent.transport import InvalidArgument, Transport
 from elasticmoe.v1 import gossip_pb2 as pb
 
@@ -202,7 +209,7 @@ class Membership:
         """The cluster fingerprint of each live member that said one, this node's included."""
         return {n: s.fp for n, s in self._m.items() if s.fp is not None and s.status in LIVE}
 
-    # ---- signed claims (mTLS: agent/claims.py) -------------------------------------------------
+    # ---- signed claims (mTLS: agent/gossip/claims.py) -------------------------------------------------
     def _sign_me(self) -> None:
         if self.claims is not None:
             me = self.me

@@ -11,7 +11,7 @@ incarnation and a window_seq; `(incarnation, window_seq)` orders a node's window
 - Push-pull anti-entropy (GossipNode) exchanges digests and sends only the windows the other side lacks.
 So each node receives each window about once, and the rumours that buy that are ~30-byte digests.
 Under mTLS each window carries its node's signature and certificate (~600 bytes, 1% of a DeepSeek-V3 window);
-agent/windowguard.py checks them at every hop, and bounds how far ahead a window may be and how far behind its
+agent/gossip/windowguard.py checks them at every hop, and bounds how far ahead a window may be and how far behind its
 member's incarnation (not at all), in plaintext too.
 """
 
@@ -26,14 +26,14 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from agent.broadcasts import RumourQueue
-from agent.claims import MAX_CERT_BYTES, MAX_SIGNATURE_BYTES
 from agent.clock import Clock
 from agent.config import GossipConfig
-from agent.membership import MAX_COUNTER, Member
-from agent.reportguard import MAX_STEP_US
+from agent.gossip.broadcasts import RumourQueue
+from agent.gossip.claims import MAX_CERT_BYTES, MAX_SIGNATURE_BYTES
+from agent.gossip.membership import MAX_COUNTER, Member
+from agent.gossip.windowguard import WINDOW_SEQ_LEAD, Refusal, WindowGuard, WindowSigner, ahead, stale
+from agent.link.reportguard import MAX_STEP_US
 from agent.transport import InvalidArgument, Transport
-from agent.windowguard import WINDOW_SEQ_LEAD, Refusal, WindowGuard, WindowSigner, ahead, stale
 from elasticmoe.loadcodec import RowsError, pack_rows, sample_steps, unpack_rows
 from elasticmoe.v1 import gossip_pb2 as pb
 
@@ -272,7 +272,7 @@ class LoadGossip:
 
     def store(self, w: pb.LoadWindow, source: str | None = None) -> bool:
         """Keep `w` if it is the newest window of a known member (already checked), signed by that member under
-        mTLS, neither below the member's incarnation nor from the future (agent/windowguard.py). True if kept."""
+        mTLS, neither below the member's incarnation nor from the future (agent/gossip/windowguard.py). True if kept."""
         n = w.node_id
         have = self._w.get(n)
         m = self.members.get(n)

@@ -1,7 +1,7 @@
 """Agent side of the local link: the `elasticmoe.v1.DataplaneLink` servicer on a unix socket.
 
 `WatchTables(from_version)` streams every certified commit newer than `from_version` from a
-`TableSource`, then each new one as it commits, and tells `presence` (agent.ranklink) when a rank's stream
+`TableSource`, then each new one as it commits, and tells `presence` (agent.link.ranklink) when a rank's stream
 opens and when it ends (the rank's process left); `ReportLoad` hands each well-formed `LoadReport` to the
 sink. A malformed report (shape, byte length, or one the sink refuses with ValueError) ends the stream
 with INVALID_ARGUMENT and the reason; reports before it were delivered, the bad one changed nothing.
@@ -16,7 +16,7 @@ from typing import Protocol
 
 import grpc
 
-from agent.ranklink import RankPresence
+from agent.link.ranklink import RankPresence
 from dataplane_shim.link import check_load_report
 from elasticmoe.v1 import consensus_pb2 as cpb
 from elasticmoe.v1 import dataplane_pb2 as dpb

@@ -30,15 +30,15 @@ until peers suspected the agent; tests/agent/test_metrics_scrapers.py). Values a
     emoe_rank_installed_age_seconds{rank}  since its last install (how long it has run its version)
     emoe_decisions_total{outcome}          the controller's decisions by outcome (PROPOSED, BELOW_THETA, ...)
     emoe_plans_total                       plans this agent computed: rebalances (its turn), repairs, rollbacks, fills
-    emoe_plan_seconds_total                ... their wall seconds (computed off the event loop: agent.offloop)
+    emoe_plan_seconds_total                ... their wall seconds (computed off the event loop: agent.decision.offloop)
     emoe_plan_last_seconds                 the last one's (absent before one)
     emoe_moved_bytes_total                 weight bytes the commits this agent learned copy
     emoe_reports_dropped_total             load reports this node's engines dropped (agent slow or absent)
     emoe_reports_unsampled_total           load reports used for their totals only (no or mismatched samples)
-    emoe_reports_refused_total{reason}     load reports refused by code (agent.reportguard: rank_not_here, ...)
+    emoe_reports_refused_total{reason}     load reports refused by code (agent.link.reportguard: rank_not_here, ...)
     emoe_partial_windows_total             windows without a lagging or absent node's load: not decided on
     emoe_control_refused_total{code}       control records (pause/resume) this agent refused, by ControlRefusal code
-    emoe_windows_refused_total{reason}     peers' load windows refused by code (agent.windowguard: unsigned,
+    emoe_windows_refused_total{reason}     peers' load windows refused by code (agent.gossip.windowguard: unsigned,
                                            stale_incarnation, ...)
 """
 
@@ -72,7 +72,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class MetricsView(Protocol):
-    """What the metrics read (agent.adminview.AdminView)."""
+    """What the metrics read (agent.admin.adminview.AdminView)."""
 
     def head(self) -> RoutingTable: ...
 
@@ -233,7 +233,7 @@ def families(s: Snapshot) -> Iterator[Any]:
         cr.add_metric([code], count)
     yield cr
     wr = CounterMetricFamily("emoe_windows_refused", "Peers' load windows this agent refused, by code "
-                             "(agent.windowguard: unsigned, bad_signature, stale_incarnation, ...)", labels=["reason"])
+                             "(agent.gossip.windowguard: unsigned, bad_signature, stale_incarnation, ...)", labels=["reason"])
     for code, count in sorted(s.windows_refused.items()):
         wr.add_metric([code], count)
     yield wr
