@@ -111,3 +111,93 @@ def test_no_product_module_serves_only_the_harness() -> None:
     packages = {m for m in product if (ROOT / m.replace(".", "/")).is_dir()}
     orphans = sorted(product - used - ENTRY - packages)
     assert not orphans, f"product modules that only the harness uses: {orphans}"
+
+
+# agent/'s subsystems follow a load report's trip (engine link -> gossip -> decision -> commit backend ->
+# admin), each a package whose manual (its __init__ docstring) names what it may import. A unit is a package
+# of agent/ or one of its top-level modules; each may import only itself and what it lists here (a unit, or
+# one named module of a unit). agent.state (the wiring) and agent.node (the process) stand on everything below.
+AGENT_ALLOWED: dict[str, set[str]] = {
+    # the base: no subsystem beneath it
+    "clock": set(),
+    "configcheck": set(),
+    "wire": set(),
+    "security": {"transport"},  # transport.methods names the RPCs security authorizes
+    "decode_guard": {"security"},
+    "wireversion": {"security"},
+    # the config assembles its sections, two of which are leaf modules of gossip and one of link
+    "config": {"configcheck", "agent.gossip.gossipconfig", "agent.gossip.claims", "agent.link.reportguard"},
+    # the packages, bottom up
+    "storage": set(),
+    "transport": {"clock", "wireversion", "security"},
+    "link": {"clock", "decode_guard", "wireversion", "security"},
+    "gossip": {"clock", "config", "configcheck", "transport", "link", "security"},
+    "consensus": {"clock", "config", "storage", "transport", "security"},
+    "commit": {"consensus"},
+    "etcd": {"consensus", "storage"},
+    "decision": {"clock", "commit", "wire", "consensus", "gossip", "link"},
+    "credentials": {"config", "consensus", "decode_guard", "security", "wireversion"},
+    "fingerprint": {"config", "consensus", "storage"},
+    "admin": {"clock", "commit", "fingerprint", "security", "wire", "consensus", "decision", "gossip", "link"},
+    # the wiring and the process
+    "state": {"admin", "clock", "commit", "config", "consensus", "credentials", "decision", "etcd", "fingerprint",
+              "gossip", "link", "storage", "transport"},
+    "node": {"admin", "config", "credentials", "security", "state", "storage", "transport"},
+    "cli": {"admin", "config", "consensus", "node", "security", "state", "storage", "wire"},
+}
+AGENT_TOP_MODULES_MAX = 12  # besides its packages (issue 50): a flat agent/ hides the trip
+
+
+def _agent_unit(module: str) -> str:
+    """agent.gossip.probe -> gossip; agent.clock -> clock; agent -> agent."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _layer_violations(imports: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for src, targets in sorted(imports.items()):
+        if not src.startswith("agent."):
+            continue
+        unit = _agent_unit(src)
+        allowed = AGENT_ALLOWED.get(unit)
+        if allowed is None:
+            bad.append(f"{src}: its unit {unit!r} has no entry in AGENT_ALLOWED")
+            continue
+        for t in sorted(targets):
+            if not t.startswith("agent.") or _agent_unit(t) == unit:
+                continue
+            # `from agent.gossip import claims` records agent.gossip too: the package itself counts as its module
+            if t in allowed or _agent_unit(t) in allowed:
+                continue
+            if any(m.startswith(t + ".") and m in allowed for m in targets):
+                continue
+            bad.append(f"{src} imports {t} ({unit} may import {sorted(allowed) or 'nothing of agent'})")
+    return bad
+
+
+def test_agent_subsystems_import_only_what_their_manual_allows() -> None:
+    bad = _layer_violations(_module_imports())
+    assert not bad, "imports across agent/'s subsystems that the layering does not allow:\n" + "\n".join(bad)
+
+
+def test_the_subsystem_rule_sees_an_upward_arrow() -> None:
+    imports = _module_imports()
+    assert not _layer_violations(imports)
+    imports["agent.link.loadpath"] = imports["agent.link.loadpath"] | {"agent.decision.pipeline"}
+    imports["agent.storage.store"] = imports["agent.storage.store"] | {"agent.consensus.paxos"}
+    imports["agent.config"] = imports["agent.config"] | {"agent.gossip.membership"}
+    got = _layer_violations(imports)
+    assert [b.split(" (")[0] for b in got] == ["agent.config imports agent.gossip.membership",
+                                              "agent.link.loadpath imports agent.decision.pipeline",
+                                              "agent.storage.store imports agent.consensus.paxos"], got
+
+
+def test_every_agent_package_has_its_manual_and_an_entry_in_the_layering() -> None:
+    packages = sorted(p.name for p in (ROOT / "agent").iterdir() if (p / "__init__.py").is_file())
+    tops = sorted(p.stem for p in (ROOT / "agent").glob("*.py") if p.stem not in ("__init__", "__main__"))
+    assert len(tops) <= AGENT_TOP_MODULES_MAX, f"{len(tops)} top-level modules in agent/: {tops}"
+    assert set(packages) | set(tops) == set(AGENT_ALLOWED), (packages, tops)
+    for p in packages:
+        doc = ast.get_docstring(ast.parse((ROOT / "agent" / p / "__init__.py").read_text())) or ""
+        assert "May import" in doc, f"agent/{p}/__init__.py has no manual saying what it may import"
