@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import stat
 import sys
 import tempfile
@@ -201,16 +202,16 @@ def _replay(args: argparse.Namespace) -> int:
         print(f"emoe load replay: ranks {missing} get no load (their agents were not given)", file=sys.stderr)
     steps = args.steps or T
     counts = trace.counts
-    with tempfile.TemporaryDirectory(prefix="emoe-load-") as tmp:
+    with _Interrupt() as stop, tempfile.TemporaryDirectory(prefix="emoe-load-") as tmp:
         genesis = genesis_spec(base, Path(tmp))
         # the links do not claim their ranks: stopping the replay is not an engine leaving (no repair drains them)
         engine = ReplayEngine(sockets, base.topology, counts, base, genesis, args.sample_every, args.agree_every,
                               cluster.window, args.report_every, claim=False, first_step=cluster.first_step)
-        fed, interrupted, t0 = 0, False, time.monotonic()
+        fed, t0 = 0, time.monotonic()
         versions = [engine.table.version]
         progress = Progress(nodes[0].address, timeout, steps, len(sockets))
         try:
-            while fed < steps and (args.seconds is None or time.monotonic() - t0 < args.seconds):
+            while not stop.asked and fed < steps and (args.seconds is None or time.monotonic() - t0 < args.seconds):
                 if engine.step(counts[fed % T]) is not None:
                     versions.append(engine.table.version)
                 fed += 1
@@ -218,15 +219,14 @@ def _replay(args: argparse.Namespace) -> int:
                 wait = t0 + fed / args.rate - time.monotonic()
                 if wait > 0:
                     time.sleep(wait)
-        except KeyboardInterrupt:
-            interrupted = True
         finally:
             engine.flush()
             time.sleep(0.2)  # the links' senders poll every 20 ms: let the last reports leave
             sent, dropped = engine.reports
             engine.close()
-    took = time.monotonic() - t0
-    seen = progress.ask()
+        took = time.monotonic() - t0
+        seen = progress.ask()
+    interrupted = stop.asked
     doc: dict[str, Any] = {"trace": str(args.trace), "steps": fed, "first_step": cluster.first_step, "seconds": round(took, 3), "rate": round(fed / max(took, 1e-9), 1),
            "ranks": sorted(sockets), "nodes": [n.node_id for n in nodes], "reports_sent": sent,
            "reports_dropped": dropped, "installed_versions": versions,
@@ -247,6 +247,28 @@ def _replay(args: argparse.Namespace) -> int:
               "decision.window and the agents' logs", file=sys.stderr)
         return exits.FAILED
     return exits.OK
+
+
+class _Interrupt:
+    """The first SIGINT (Ctrl-C, or a harness stopping the load) asks the replay to stop feeding: it then flushes
+    its last reports and prints its summary whatever it was doing when the signal came. A second SIGINT interrupts
+    at once, as Python's default does."""
+
+    def __init__(self) -> None:
+        self.asked = False
+        self._before: Any = None
+
+    def __enter__(self) -> _Interrupt:
+        self._before = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self._before)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.asked:
+            raise KeyboardInterrupt
+        self.asked = True
 
 
 class Progress:

@@ -377,6 +377,8 @@ class Soak:
             self.failures.append(f"{len(after)} commit(s) after a kill: " + "; ".join(
                 f"v{cm.version} {cm.kind} at {cm.at_s} s after {cm.after_kill}'s kill ({cm.trigger[:100]})"
                 for cm in after))
+        if not replay.get("steps"):
+            self.failures.append("`emoe load replay` printed no summary when stopped: see replay.log")
         if any(cm.at_s is None for cm in commits):
             self.failures.append("a commit without a time: cannot tell whether it followed a kill")
         return {

@@ -5,14 +5,19 @@ first one closed."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from agent.cli import exits
+from bench.cli_load import _Interrupt
 from chaos.localcluster import ROOT, LocalCluster, free_ports
 from controlplane.tracefile import Trace
 
@@ -99,3 +104,40 @@ def test_bad_input_is_named(cluster: LocalCluster, trace: Path, tmp_path: Path) 
     assert r.returncode == 2 and "missing.npz" in r.stderr, r.stderr
     r = _emoe("load", "replay", str(trace), "--agent", f"127.0.0.1:{free_ports(1)[0]}", "--shim-socket", s)
     assert r.returncode == 3 and "unreachable" in r.stderr, r.stderr
+
+
+def test_ctrl_c_stops_the_feed_and_still_prints_the_summary(cluster: LocalCluster, trace: Path) -> None:
+    """SIGINT (Ctrl-C, or a harness ending the load) stops the feed: the replay flushes its last reports and prints
+    its summary, and exits 130. The chaos soak read no summary once, with the signal landing in the flush."""
+    cfgs = [x for p in cluster.configs for x in ("--config", str(p))]
+    p = subprocess.Popen([sys.executable, "-m", "agent.cli", "load", "replay", str(trace), *cfgs, "--rate", "100",
+                          "--steps", "100000", "--json"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        assert p.stderr is not None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not p.stderr.readline().strip().startswith("step "):
+            pass
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == exits.INTERRUPTED, (p.returncode, err)
+    doc = json.loads(out)
+    assert 0 < doc["steps"] < 100000 and doc["reports_sent"] > 0 and doc["reports_dropped"] == 0, doc
+
+
+def test_the_first_sigint_asks_the_second_interrupts() -> None:
+    """The rule behind the summary: inside the feed, the first SIGINT only asks (whatever code it lands in, the
+    flush included); a second one interrupts at once; the handler before it is back afterwards."""
+    before = signal.getsignal(signal.SIGINT)
+    with _Interrupt() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.01)  # the handler runs between bytecodes of the main thread
+        assert stop.asked
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.5)
+    assert signal.getsignal(signal.SIGINT) is before

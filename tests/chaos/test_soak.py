@@ -32,7 +32,7 @@ def test_a_short_soak_reports_a_kill_and_no_commit_after_it(tmp_path: Path) -> N
     assert kill["dead_after_s"] is not None, "the survivors never declared the killed agent dead: no real absence"
     assert kill["serving_s"] is not None and kill["reach_s"] >= kill["down_s"] + doc["dead_timeout_s"]
 
-    assert doc["replay"]["steps"] > 0.8 * doc["args"]["rate"] * 60, doc["replay"]  # the ranks served throughout
+    assert doc["replay"].get("steps", 0) > 0.8 * doc["args"]["rate"] * 60, doc["replay"]  # the ranks served throughout
     for cm in doc["commits"]:
         assert {"version", "at_s", "kind", "ops", "bytes", "trigger", "after_kill"} <= set(cm)
         assert cm["at_s"] is not None
