@@ -15,6 +15,7 @@ import grpc
 import numpy as np
 import numpy.typing as npt
 
+from agent.admin.answer import ANSWER_KEY, NOT_SERVING
 from agent.consensus.control import MAX_ADMIN
 from agent.security import peer_identity
 from agent.wire import WireError, ops_from_pb
@@ -80,6 +81,12 @@ class AdminSteering(Protocol):
 async def _fail(context: grpc.aio.ServicerContext, code: grpc.StatusCode, reason: str) -> NoReturn:
     await context.abort(code, reason)
     raise RuntimeError("unreachable: context.abort raises")
+
+
+async def _not_serving(context: grpc.aio.ServicerContext, reason: str) -> NoReturn:
+    """UNAVAILABLE as the agent's own answer (agent.admin.answer: the CLI tells it from the transport's by code)."""
+    context.set_trailing_metadata(((ANSWER_KEY, NOT_SERVING),))
+    await _fail(context, grpc.StatusCode.UNAVAILABLE, reason)
 
 
 def unknown_ids(head: RoutingTable, ops: tuple[Operation, ...]) -> str:
@@ -190,7 +197,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
 
     async def _view(self, context: grpc.aio.ServicerContext) -> AdminReads:
         if self._reads is None:
-            await _fail(context, grpc.StatusCode.UNAVAILABLE, f"agent {self.node_id} is STARTING")
+            await _not_serving(context, f"agent {self.node_id} is STARTING")
         return self._reads
 
     async def _mutating(self, context: grpc.aio.ServicerContext) -> AdminSteering:
@@ -198,7 +205,7 @@ class AdminService(admin_pb2_grpc.AdminServicer):
             await self._authorize(context)
         view = await self._view(context)
         if view.health() != "SERVING" or self._steer is None:
-            await _fail(context, grpc.StatusCode.UNAVAILABLE, f"agent {self.node_id} is {view.health()}")
+            await _not_serving(context, f"agent {self.node_id} is {view.health()}")
         return self._steer
 
     async def Status(self, request: apb.StatusRequest, context: grpc.aio.ServicerContext) -> apb.StatusReply:

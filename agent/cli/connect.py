@@ -13,6 +13,7 @@ from functools import partial
 
 import grpc
 
+from agent.admin.answer import is_own_answer, legacy_own_answer
 from agent.cli import exits
 
 
@@ -102,13 +103,13 @@ def probe_listener(address: str, timeout: float = 2.0) -> Listener:
 
 
 def unavailable_reason(code: grpc.StatusCode | None, detail: str, tls: bool,
-                       listener: Callable[[], Listener] = lambda: Listener.UNKNOWN) -> str:
-    """What an operator can act on, from a failed call's code and gRPC's transport detail (presentation only:
-    the agent's own UNAVAILABLE answers start with "agent " and are shown as they are). gRPC says "Socket
+                       listener: Callable[[], Listener] = lambda: Listener.UNKNOWN, own: bool = False) -> str:
+    """What an operator can act on, from a failed call's code and gRPC's transport detail (presentation only;
+    `own`: the agent itself answered, agent.admin.answer, and its words are shown as they are). gRPC says "Socket
     closed" both for a plaintext call to a TLS agent and for an agent that died mid-call, so `listener`
     (called only then) asks what listens there now: TLS is suggested only when a TLS server answers."""
-    if code == grpc.StatusCode.UNAVAILABLE and detail.startswith("agent "):  # the agent's own answer
-        return f"UNAVAILABLE: {detail}"
+    if own:
+        return f"{code.name if code else 'error'}: {detail}"
     if code not in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return f"{code.name if code else 'error'}: {detail}"
     low = detail.lower()
@@ -130,22 +131,29 @@ def unavailable_reason(code: grpc.StatusCode | None, detail: str, tls: bool,
     return f"unreachable ({code.name.lower()})"
 
 
-def rpc_exit(code: grpc.StatusCode | None, detail: str) -> int:
+def rpc_exit(code: grpc.StatusCode | None, own: bool = False) -> int:
     """The exit status of a failed call: the agent called the request invalid (2), no answer from the agent
-    (3: the transport's UNAVAILABLE or a deadline; the agent's own UNAVAILABLE, "agent X is NOT_SERVING: ...",
+    (3: the transport's UNAVAILABLE or a deadline; `own`, the agent's own UNAVAILABLE, "agent X is NOT_SERVING",
     is an answer), anything else the agent answered (1)."""
     if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.OUT_OF_RANGE):
         return exits.USAGE
-    if code == grpc.StatusCode.DEADLINE_EXCEEDED or (code == grpc.StatusCode.UNAVAILABLE
-                                                      and not detail.startswith("agent ")):
+    if code == grpc.StatusCode.DEADLINE_EXCEEDED or (code == grpc.StatusCode.UNAVAILABLE and not own):
         return exits.UNREACHABLE
     return exits.FAILED
+
+
+def own_unavailable(e: grpc.RpcError, detail: str) -> bool:
+    """Whether an UNAVAILABLE is the agent's own answer (agent.admin.answer's code in the trailing metadata), not
+    the transport's; an agent of a release before that code is told by its words, in the one adapter."""
+    trailing = e.trailing_metadata() if hasattr(e, "trailing_metadata") else None
+    return is_own_answer(trailing) or (not trailing and legacy_own_answer(detail))
 
 
 def rpc_failure(e: grpc.RpcError, address: str) -> tuple[str, int]:
     """What to say of a failed call to `address`, and the exit status."""
     code = e.code() if hasattr(e, "code") else None
     detail = (e.details() if hasattr(e, "details") else str(e)) or ""
+    own = code == grpc.StatusCode.UNAVAILABLE and own_unavailable(e, detail)
     reason = unavailable_reason(code, detail, tls=bool(os.environ.get("EMOE_CERT_DIR")),
-                                listener=partial(probe_listener, address))
-    return f"agent {address}: {reason}", rpc_exit(code, detail)
+                                listener=partial(probe_listener, address), own=own)
+    return f"agent {address}: {reason}", rpc_exit(code, own)

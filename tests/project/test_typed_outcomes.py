@@ -54,15 +54,12 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("agent/consensus/refusal.py", "legacy_refusal"): "a Paxos refusal of a release before Refusal codes",
     ("agent/consensus/refusal.py", "control_refusal"): "a control ack of a release before ControlRefusal codes",
     ("agent/wire.py", "legacy_plan"): "a plan written before Plan.kind and Plan.forced (its trigger's prefix)",
+    ("agent/admin/answer.py", "legacy_own_answer"): "an admin answer of a release before its trailing code",
     # not an outcome of ours: another library's error text, read to name the bad field or hint at a fix
     ("agent/config.py", "from_dict"): "msgspec's ValidationError names the field only in its message",
     ("agent/cli/connect.py", "unavailable_reason"):
         "gRPC's transport detail (connection refused, handshake, socket closed): it has no finer code than "
-        "UNAVAILABLE, and the words only choose the hint printed; also the agent's own UNAVAILABLE answer, told "
-        "by its \"agent \" prefix: issue 50's typed outcomes converts the admin API's answers to a code",
-    ("agent/cli/connect.py", "rpc_exit"):
-        "the agent's own UNAVAILABLE answer, told from gRPC's by its \"agent \" prefix (the exit status): issue "
-        "50's typed outcomes converts the admin API's answers to a code",
+        "UNAVAILABLE, and the words only choose the hint printed",
 }
 
 
