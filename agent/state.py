@@ -22,7 +22,7 @@ import grpc
 
 from agent.admin.adminview import AdminView
 from agent.commit import CommitBackend, PauseSwitch
-from agent.config import AgentConfig
+from agent.config import AgentConfig, ClusterConfig, ConfigError
 from agent.decision.manual import ManualPath
 from agent.decision.offloop import OffLoopPlanner
 from agent.decision.pipeline import DecisionPipeline, PlanRunner, plan_here
@@ -94,6 +94,19 @@ def rank_order_warning(cfg: AgentConfig) -> str:
             "orders agree (node01, node02, ..., node10)")
 
 
+def genesis_of(c: ClusterConfig) -> RoutingTable:
+    """The agents' version 1, the placement the engine boots with: `cluster.genesis` built by the engine side's
+    dataplane_shim.genesis.genesis_table. Raises ConfigError naming cluster.genesis where it cannot be built (an
+    unknown name, a missing or misshapen placement file)."""
+    from dataplane_shim.errors import ShimError
+    from dataplane_shim.genesis import genesis_table
+
+    try:
+        return genesis_table(c.genesis, Topology(c.nodes, c.ranks_per_node, c.slots_per_rank), c.layers, c.experts)
+    except ShimError as e:
+        raise ConfigError(f"cluster.genesis = {c.genesis!r}: expected {e}") from None
+
+
 def decision_params(cfg: AgentConfig) -> DecisionParams:
     """The decision core's knobs from an agent's config (its `decision` section and the cluster's expert bytes)."""
     d = cfg.decision
@@ -138,7 +151,8 @@ class NodeState:
         the operator (`emoe history`); default: the system's with the real clock, none (0) with an injected
         clock, so that a simulated cluster stays reproducible from its seed. Likewise, with the real clock the
         node computes its plans on a worker thread (agent.decision.offloop), with an injected one at once. Raises
-        agent.storage.store.StoreCorrupt, StoreNewer or agent.storage.datadir.DataDirError when the store cannot be recovered."""
+        agent.storage.store.StoreCorrupt, StoreNewer or agent.storage.datadir.DataDirError when the store cannot be recovered,
+        ConfigError when cluster.genesis cannot be built (genesis_of)."""
         from agent.admin.telemetry import Telemetry
         from agent.clock import RealClock
         from agent.consensus.node import ConsensusNode
@@ -146,7 +160,6 @@ class NodeState:
         from agent.gossip.gossip_node import GossipNode
         from agent.storage.datadir import FINGERPRINT_NAME, LOG_NAME, mark_owner, owner
         from agent.storage.store import Store
-        from dataplane_shim.genesis import genesis_table
 
         self.cfg = cfg
         self.node_id = cfg.node_id
@@ -173,7 +186,7 @@ class NodeState:
         marked = had_store is None
         ran_before = owner(self.data_dir, self.node_id) if marked else bool(had_store)
         signer = vote_signer(cfg)  # under mTLS: votes, member claims and load windows are signed with the node key
-        genesis = genesis_table(c.genesis, self.topology, c.layers, c.experts)  # the engine's boot placement
+        genesis = genesis_of(c)  # the engine's boot placement
         mine = fingerprint(c, genesis)  # what every agent of the cluster must agree on, in this node's member state
         self.gossip: GossipNode = GossipNode(
             self.node_id, cfg.advertise_address, ranks, cfg.gossip, self.clock, transport,
