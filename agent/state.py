@@ -14,7 +14,7 @@ import logging
 import re
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,7 +22,7 @@ import grpc
 
 from agent.admin.adminview import AdminView
 from agent.commit import CommitBackend, PauseSwitch
-from agent.config import AgentConfig
+from agent.config import AgentConfig, ClusterConfig, ConfigError
 from agent.decision.manual import ManualPath
 from agent.decision.offloop import OffLoopPlanner
 from agent.decision.pipeline import DecisionPipeline, PlanRunner, plan_here
@@ -49,12 +49,21 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+def _no_time_of_day() -> int:
+    """The wall clock in ms where none is known: always 0."""
+    return 0
+
+
 def _epoch_ms(wall: Callable[[], float] | None) -> Callable[[], int]:
     """`wall` (seconds since the epoch) in whole ms; none: always 0 (no time of day known)."""
     if wall is None:
-        return lambda: 0
+        return _no_time_of_day
     clock = wall
-    return lambda: int(clock() * 1000)
+
+    def epoch_ms() -> int:
+        return int(clock() * 1000)
+
+    return epoch_ms
 
 
 def _by_number(node_id: str) -> list[tuple[int, int | str]]:
@@ -92,6 +101,19 @@ def rank_order_warning(cfg: AgentConfig) -> str:
             f"by the number in its id (ranks {there * ranks_per_node}-{(there + 1) * ranks_per_node - 1}); set "
             "`ranks` in each node's config to the global ranks of its engine, or name the nodes so that both "
             "orders agree (node01, node02, ..., node10)")
+
+
+def genesis_of(c: ClusterConfig) -> RoutingTable:
+    """The agents' version 1, the placement the engine boots with: `cluster.genesis` built by the engine side's
+    dataplane_shim.genesis.genesis_table. Raises ConfigError naming cluster.genesis where it cannot be built (an
+    unknown name, a missing or misshapen placement file)."""
+    from dataplane_shim.errors import ShimError
+    from dataplane_shim.genesis import genesis_table
+
+    try:
+        return genesis_table(c.genesis, Topology(c.nodes, c.ranks_per_node, c.slots_per_rank), c.layers, c.experts)
+    except ShimError as e:
+        raise ConfigError(f"cluster.genesis = {c.genesis!r}: expected {e}") from None
 
 
 def decision_params(cfg: AgentConfig) -> DecisionParams:
@@ -138,7 +160,8 @@ class NodeState:
         the operator (`emoe history`); default: the system's with the real clock, none (0) with an injected
         clock, so that a simulated cluster stays reproducible from its seed. Likewise, with the real clock the
         node computes its plans on a worker thread (agent.decision.offloop), with an injected one at once. Raises
-        agent.storage.store.StoreCorrupt, StoreNewer or agent.storage.datadir.DataDirError when the store cannot be recovered."""
+        agent.storage.store.StoreCorrupt, StoreNewer or agent.storage.datadir.DataDirError when the store cannot be recovered,
+        ConfigError when cluster.genesis cannot be built (genesis_of)."""
         from agent.admin.telemetry import Telemetry
         from agent.clock import RealClock
         from agent.consensus.node import ConsensusNode
@@ -146,7 +169,6 @@ class NodeState:
         from agent.gossip.gossip_node import GossipNode
         from agent.storage.datadir import FINGERPRINT_NAME, LOG_NAME, mark_owner, owner
         from agent.storage.store import Store
-        from dataplane_shim.genesis import genesis_table
 
         self.cfg = cfg
         self.node_id = cfg.node_id
@@ -169,11 +191,10 @@ class NodeState:
         run_plan: PlanRunner = self.planner_thread if self.planner_thread is not None else plan_here
         self.clock: Clock = clock or RealClock()
         self.store: Store = store or Store(self.data_dir / LOG_NAME)
-        now = self.clock.now
         marked = had_store is None
         ran_before = owner(self.data_dir, self.node_id) if marked else bool(had_store)
         signer = vote_signer(cfg)  # under mTLS: votes, member claims and load windows are signed with the node key
-        genesis = genesis_table(c.genesis, self.topology, c.layers, c.experts)  # the engine's boot placement
+        genesis = genesis_of(c)  # the engine's boot placement
         mine = fingerprint(c, genesis)  # what every agent of the cluster must agree on, in this node's member state
         self.gossip: GossipNode = GossipNode(
             self.node_id, cfg.advertise_address, ranks, cfg.gossip, self.clock, transport,
@@ -197,7 +218,7 @@ class NodeState:
             etcd = EtcdBackend(list(cfg.consensus.etcd_endpoints), self.node_id, genesis, store=self.store,
                                verifier=voter.verify, gate=self.fingerprint.verdict)
             etcd.start()
-            switch = EtcdPause(lambda: etcd.client, etcd.control_key(), self.node_id, self.store)
+            switch = EtcdPause(etcd.connected_client, etcd.control_key(), self.node_id, self.store)
             switch.start()  # (the quorum's control records start with their consensus node)
             self.consensus, self.pause = etcd, switch
         else:
@@ -206,12 +227,12 @@ class NodeState:
                 verifier=voter.verify, live_voters=self._live_voters, members=self.gossip.live_nodes,
                 had_store=ran_before, signer=signer, gate=self.fingerprint.verdict,
                 signs_control=getattr(transport, "signs_control", None),
-                is_member=lambda n: self.gossip.member(n) is not None,  # any state, until reaped
+                is_member=self._is_member,
                 enrolment=None if rng_seed is None else zlib.crc32(b"e%d" % rng_seed) | 1)  # seeded: reproducible
             quorum.start()
             self.consensus, self.pause = quorum, quorum.control
         backend = self.consensus
-        self.installs.committed(backend.head.version, now())
+        self.installs.committed(backend.head.version, self.clock.now())
         if marked and not ran_before:
             mark_owner(self.data_dir, self.node_id)
 
@@ -219,28 +240,24 @@ class NodeState:
         self.pipeline = DecisionPipeline(
             self.node_id, self.params, backend, voter, voters=self._voters, live_voters=self._live_voters,
             handover_windows=cfg.decision.handover_windows, clock=self.clock, telemetry=self.telemetry,
-            each_window=lambda: self.reactions.each_window(),
+            each_window=self._each_window,
             wall_ms=_epoch_ms(wall), run_plan=run_plan)
         self.pipeline.paused = self._paused(self.pause.record)  # the switch as recovered
         self.manual = ManualPath(self.pipeline, backend, self.pause, self.clock)
         rejoin = Rejoin(self.clock, ranks, cfg.gossip.rejoin_ms / 1000, self.manual.restore_now)
         rejoin.recovered(backend.commits_since(0), backend.head)
         guard = ReportGuard(ranks, self.topology.ranks, c.top_k, cfg.engine.max_batch_tokens,
-                            lambda: backend.head.version)  # what this node's engines can say
+                            self.head_version)  # what this node's engines can say
         self.load = LoadPath(self.node_id, self.topology, c.layers, c.experts, self.params.window, self.gossip,
                              self.pipeline.close_window,
-                             lambda rank, version: self.installs.reported(rank, version, now()),
-                             lambda: backend.abstains, guard, sample_every=self.params.sample_every,
-                             engine_failed=self.installs.failed,
-                             absent=lambda nodes: self.reactions.absent(nodes),
-                             unreachable=lambda gone: self.reactions.unreachable(gone))
+                             self._engine_ran, self._abstains, guard, sample_every=self.params.sample_every,
+                             engine_failed=self.installs.failed, absent=self._absent, unreachable=self._unreachable)
         self.pipeline.step_times = self.load.cluster.step_us.get  # the engines' measured step times, per window
         self.reactions = MembershipReactions(
             self.node_id, ranks, self.clock, backend, self.pipeline, self.gossip, self.installs, rejoin,
-            lambda: self._health == "SERVING" and not backend.abstains
-            and 2 * len(self._live_voters()) > len(self._voters), hold_s=cfg.gossip.dead_reclaim_ms / 1000)
+            self._may_restore, hold_s=cfg.gossip.dead_reclaim_ms / 1000)
         self.view = AdminView(self.node_id, self.topology, backend, self.gossip, self.pipeline, self.load,
-                              self.installs, self.clock, lambda: self._health, lambda: self.reactions.presence,
+                              self.installs, self.clock, self._lifecycle, self._rank_presence,
                               self.pause, self.fingerprint, genesis)
 
         # wired, then started
@@ -250,6 +267,46 @@ class NodeState:
         self.gossip.on_member_change(self.reactions.member_changed)
         self.gossip.start()
         self._health = "SERVING"
+
+    # ---- what the parts ask NodeState (named, so that a load report's trip can be followed) --------------------
+    def _is_member(self, node_id: str) -> bool:
+        """Whether gossip knows `node_id`, in any state, until it is reaped (the consensus node's enrolment)."""
+        return self.gossip.member(node_id) is not None
+
+    def _each_window(self) -> None:
+        """A window closed in the pipeline: the membership reactions' duties of each window."""
+        self.reactions.each_window()
+
+    def _engine_ran(self, rank: int, version: int) -> None:
+        """A load report says `rank` runs `version`: the installs note it, now."""
+        self.installs.reported(rank, version, self.clock.now())
+
+    def _abstains(self) -> str:
+        """Why the commit backend neither votes nor proposes now ("" while it may): the load path says so."""
+        return self.consensus.abstains
+
+    def _absent(self, contributors: Sequence[str]) -> tuple[str, ...]:
+        """The nodes holding active ranks whose load no window of `contributors` carries (the membership
+        reactions judge): a closed window names them missing."""
+        return self.reactions.absent(contributors)
+
+    def _unreachable(self, ranks: tuple[int, ...]) -> None:
+        """This node's engines could not reach `ranks`: the membership reactions hold the evidence."""
+        self.reactions.unreachable(ranks)
+
+    def _may_restore(self) -> bool:
+        """Whether this node may propose a restore now: serving, not abstaining from consensus, and a quorum of
+        the voters live."""
+        return (self._health == "SERVING" and not self.consensus.abstains
+                and 2 * len(self._live_voters()) > len(self._voters))
+
+    def _lifecycle(self) -> str:
+        """STARTING, SERVING or NOT_SERVING: what the admin view says of this node."""
+        return self._health
+
+    def _rank_presence(self) -> RankPresence | None:
+        """This node's engine ranks on the local link, once served (None before)."""
+        return self.reactions.presence
 
     @staticmethod
     def _paused(c: cpb.ControlCommit | None) -> bool:

@@ -25,6 +25,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"chaos agent: invalid config: {e}", file=sys.stderr)
         return 2
     from agent.node import run_forever
+    from agent.state import genesis_of
+
+    try:
+        genesis_of(cfg.cluster)  # as `emoe agent` does before it starts
+    except ConfigError as e:
+        print(f"chaos agent: invalid config: {a.config}: {e}", file=sys.stderr)
+        return 2
 
     return run_forever(cfg, drops=FaultFile(a.faults, cfg.node_id).drops)
 

@@ -1,7 +1,8 @@
 """`emoe agent`: run (or just validate the config of) one node's agent.
 
 Before the agent starts, and with `--check`, the config is also checked against this host (`preflight`): the
-data_dir can be created and written, the TLS files are there and name this node, and a plaintext agent
+engine side can build its genesis (cluster.genesis: a placement file is read here), the data_dir can be
+created and written, the TLS files are there and name this node, and a plaintext agent
 listens only on loopback unless the config says `[tls] insecure = true`. Every problem is one line naming
 the field and the value; nothing here prints a traceback for a bad config.
 """
@@ -90,8 +91,9 @@ def check_exposure(cfg: AgentConfig) -> list[str]:
 def preflight(cfg: AgentConfig) -> list[str]:
     """The host-dependent checks `emoe agent` runs before starting (and with --check). Raises ConfigError
     naming the field; returns warnings."""
-    from agent.state import rank_order_warning
+    from agent.state import genesis_of, rank_order_warning
 
+    genesis_of(cfg.cluster)  # the engine's boot placement: a name it knows, or a placement file of this shape
     warnings = check_exposure(cfg) + [w for w in [rank_order_warning(cfg)] if w]
     check_data_dir(cfg.data_dir)
     if cfg.tls.cert_dir:

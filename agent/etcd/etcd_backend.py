@@ -353,6 +353,10 @@ class EtcdBackend:
     @property
     def client(self) -> aetcd.Client | None:
         """The connected etcd client (None while not connected)."""
+        return self.connected_client()
+
+    def connected_client(self) -> aetcd.Client | None:
+        """`client` as a call: what the pause switch (agent.etcd.etcd_pause.EtcdPause) asks before each write."""
         return self._client
 
     def control_key(self) -> bytes:

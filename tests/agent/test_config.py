@@ -171,6 +171,15 @@ def test_check_is_one_line_for_bad_values(tmp_path: Path, capsys: pytest.Capture
     assert rc == 2 and needle in one_line(err)
 
 
+def test_check_names_a_genesis_the_engine_side_cannot_build(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The placement spec is judged by the engine side's genesis_table, and the line names the field and its words."""
+    rc, err = check(tmp_path, capsys, f'node_id = "n"\ndata_dir = "{tmp_path / "d"}"\n[cluster]\ngenesis = "nope"\n')
+    assert rc == 2 and one_line(err) == (
+        f"emoe agent: invalid config: {tmp_path / 'agent.toml'}: cluster.genesis = 'nope': expected BAD_INPUT: "
+        "genesis 'nope': expected one of ('static', 'vllm', 'sglang') or an existing placement file\n")
+    assert not (tmp_path / "d").exists()
+
+
 def test_check_tries_the_data_dir_and_leaves_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fresh = tmp_path / "new" / "deeper"
     rc, err = check(tmp_path, capsys, f'node_id = "n"\ndata_dir = "{fresh}"\n')

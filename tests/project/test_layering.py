@@ -201,3 +201,38 @@ def test_every_agent_package_has_its_manual_and_an_entry_in_the_layering() -> No
     for p in packages:
         doc = ast.get_docstring(ast.parse((ROOT / "agent" / p / "__init__.py").read_text())) or ""
         assert "May import" in doc, f"agent/{p}/__init__.py has no manual saying what it may import"
+
+
+# the config and the consensus core stand apart from the engine side (issue 50): no import of dataplane_shim,
+# at the top, lazily inside a function, or through another module of the project they import
+ENGINE_FREE = ("agent.config", "agent.consensus")
+
+
+def _reach(imports: dict[str, set[str]], start: str) -> set[str]:
+    """The project modules importing `start` runs: what it imports, their packages, and so on."""
+    seen: set[str] = set()
+    todo = [start]
+    while todo:
+        parts = todo.pop().split(".")
+        for m in imports.get(".".join(parts), set()) | {".".join(parts[:i]) for i in range(1, len(parts))}:
+            if m in imports and m not in seen:
+                seen.add(m)
+                todo.append(m)
+    return seen
+
+
+def _engine_reached(imports: dict[str, set[str]]) -> dict[str, list[str]]:
+    """ENGINE_FREE's modules -> the dataplane_shim modules importing them runs (those that run none left out)."""
+    starts = sorted(m for m in imports if any(m == p or m.startswith(p + ".") for p in ENGINE_FREE))
+    assert "agent.config" in starts and "agent.consensus.core" in starts, starts
+    bad = {m: sorted(r for r in _reach(imports, m) if r.split(".")[0] == "dataplane_shim") for m in starts}
+    return {m: r for m, r in bad.items() if r}
+
+
+def test_config_and_consensus_reach_nothing_of_the_engine_side() -> None:
+    imports = _module_imports()
+    assert not _engine_reached(imports), f"reach the engine side (dataplane_shim): {_engine_reached(imports)}"
+    # the rule sees an import two modules away: agent.consensus.core -> agent.config -> agent.configcheck -> ...
+    imports["agent.configcheck"] = imports["agent.configcheck"] | {"dataplane_shim.errors"}
+    got = _engine_reached(imports)
+    assert got["agent.consensus.core"] == got["agent.config"] == ["dataplane_shim", "dataplane_shim.errors"], got
