@@ -79,6 +79,9 @@ class ProposerNode(Protocol):
 
 
 class Proposer:
+    """ConsensusNode's proposer part (see the module docstring). The node calls propose, resume, voted,
+    adopt_burn, installed, stop and (through the log) preburn; the rest is the proposer's own."""
+
     def __init__(self, node: ProposerNode, *, node_id: str, voters: list[str], cfg: ConsensusConfig, clock: Clock,
                  transport: Transport, store: Store, timers: Timers, timeout: float, rng: random.Random,
                  live_voters: Callable[[], list[str]], peer_heads: dict[str, int],

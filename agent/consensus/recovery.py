@@ -55,6 +55,9 @@ class RecoveryNode(Protocol):
 
 
 class Recovery:
+    """ConsensusNode's recovery part (see the module docstring): the node asks it whether this node may vote
+    (`cannot_vote`), and writes the acceptor's state through `persist`."""
+
     def __init__(self, node: RecoveryNode, *, node_id: str, voters: list[str], cfg: ConsensusConfig, clock: Clock,
                  transport: Transport, store: Store, timers: Timers, timeout: float, enrolment: int,
                  peer_heads: dict[str, int]) -> None:
