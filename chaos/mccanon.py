@@ -5,12 +5,14 @@ the committed log, armed timers with what their closures captured, calls in flig
 shared objects written as back-references, so two worlds with one digest hold the same structure: exploring
 one of them explores both. Left out, each because nothing the nodes decide depends on it:
 - the node's random generator (it only draws timer delays, and timers fire by choice here), its clock and
-  transport (the world's), its config, verifier and callbacks (the same in every state);
+  transport (the world's), its config, verifier and callbacks (the same in every state), and the same
+  collaborators where its parts (Proposer, Recovery, Timers) hold them too;
 - `rejections`, `Pending.votes` and `Pending.reasons` (written for explain and outcomes, never read back);
 - the store's counters (`appends`, `size`, the high-water mark: compaction is off and nothing cuts a log);
   the disk is written as what a restart recovers from it (commits in order, the last acceptor state of each
   version, the known voters, the last rebuild mark, whether it holds any record), not as its bytes;
-- `_rtt`: only its order is kept (it only sorts the thrifty first wave).
+- the proposer's `_rtt`: only its order is kept (it only sorts the thrifty first wave);
+- a part of a node that is down or replaced (a callback still in flight holds it): written as that node is.
 
 The copy is `copy.deepcopy` with closures copied too (the standard one shares a function's cells, so a
 copied timer would still act on the original node): one call copies the whole world, keeping its aliasing.
@@ -31,13 +33,18 @@ from typing import Any
 from google.protobuf.message import Message
 
 from agent.consensus.node import ConsensusNode
+from agent.consensus.proposer import Proposer
+from agent.consensus.recovery import Recovery
 from agent.storage.store import MemoryDisk, Store, parse
 from chaos.mcworld import World
 from controlplane.table import RoutingTable
 
-_SKIP_NODE = {"rng", "cfg", "verifier", "clock", "transport", "live_voters", "members", "rejections", "_callbacks",
-              "signer", "timeout", "voters", "quorum", "_rtt"}
-_SKIP = {"Pending": {"votes", "reasons"}, "CommittedLog": {"store", "on_install", "ride_along", "verify_qc"}}
+_SKIP_NODE = {"rng", "cfg", "verifier", "clock", "transport", "live_voters", "members", "_callbacks", "signer",
+              "timeout", "voters", "quorum"}
+_FIXED = {"cfg", "clock", "transport", "store", "timeout", "voters"}  # what a part is given, the node's own
+_SKIP = {"Pending": {"votes", "reasons"}, "CommittedLog": {"store", "on_install", "ride_along", "verify_qc"},
+         "Proposer": _FIXED | {"rng", "live_voters", "rejections", "_rtt"}, "Recovery": _FIXED,
+         "Timers": {"clock", "running"}}
 
 
 class Canon:
@@ -55,7 +62,9 @@ class Canon:
         if isinstance(x, tuple):
             return ("t", *[self.enc(i) for i in x])
         if isinstance(x, ConsensusNode):
-            return ("node", x.node_id, self.world.nodes.get(x.node_id) is x and x.node_id in self.world.up)
+            return ("node", x.node_id, self._live(x))
+        if isinstance(x, (Proposer, Recovery)) and not self._live(x.node):
+            return (type(x).__name__, self.enc(x.node))
         if isinstance(x, (World, random.Random)):
             return (type(x).__name__,)
         i = id(x)
@@ -81,13 +90,16 @@ class Canon:
             return ("disk", disk_digest(x))
         return self.obj(x, _SKIP.get(type(x).__name__, set()))
 
+    def _live(self, n: Any) -> bool:
+        return self.world.nodes.get(n.node_id) is n and n.node_id in self.world.up
+
     def obj(self, x: Any, skip: set[str]) -> Any:
         names = sorted(vars(x)) if hasattr(x, "__dict__") else sorted(
             s for c in type(x).__mro__ for s in getattr(c, "__slots__", ()))
         return (type(x).__name__, *[(k, self.enc(getattr(x, k))) for k in names if k not in skip])
 
     def node(self, n: ConsensusNode) -> Any:
-        rank = sorted(n._rtt.items(), key=lambda kv: (kv[1], kv[0]))
+        rank = sorted(n.proposer._rtt.items(), key=lambda kv: (kv[1], kv[0]))
         order = tuple((p, sum(1 for _, r in rank if r < t)) for p, t in rank)
         self.seen[id(n)] = len(self.seen)
         return ("N", order, self.obj(n, _SKIP_NODE))

@@ -244,8 +244,8 @@ class World:
                 v = node.head.version + 1
                 rb = node.rebuild
                 refused = rb is not None and rb.decided and not rb.may_vote(node.head.version)  # UNAVAILABLE at once
-                if self.proposals < b.proposals and v <= b.max_version and v not in node._pending \
-                        and not refused and not any(t.version == v for _, t, _, _ in node._deferred):
+                if self.proposals < b.proposals and v <= b.max_version and v not in node.proposer.pending \
+                        and not refused and not any(t.version == v for _, t, _, _ in node.recovery.deferred):
                     out.append(("propose", n))
             else:
                 out.append(("restart", n))
@@ -352,7 +352,7 @@ def _timer_kind(t: SchedTimer) -> str:
     if t.fn.__qualname__.startswith("SchedTransport.call"):
         return "deadline"
     node = t.world.nodes.get(t.node)
-    for key, armed in (node._timers.items() if node is not None else ()):
+    for key, armed in (node.timers.armed.items() if node is not None else ()):
         if armed is t:
             return key[0]
     return t.fn.__qualname__.rsplit(".", 1)[-1]
@@ -360,7 +360,7 @@ def _timer_kind(t: SchedTimer) -> str:
 
 def _timer_name(t: SchedTimer) -> str:
     node = t.world.nodes.get(t.node)
-    for key, armed in (node._timers.items() if node is not None else ()):
+    for key, armed in (node.timers.armed.items() if node is not None else ()):
         if armed is t:
             return f"{key[0]} v{key[1]}" if key[1] else key[0]
     return _timer_kind(t)

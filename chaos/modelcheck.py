@@ -44,7 +44,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 
-import agent.consensus.node as node_mod
+import agent.consensus.recovery as recovery_mod
 from agent.consensus.rebuild import Rebuild
 from chaos.mccanon import fingerprint, snapshot
 from chaos.mcworld import Bound, World
@@ -144,12 +144,12 @@ class FirstAnswerRebuild(Rebuild):
 @contextmanager
 def mutant() -> Iterator[None]:
     """Run the nodes with the rebuild as it was before the fix."""
-    old = node_mod.Rebuild  # type: ignore[attr-defined]
-    node_mod.Rebuild = FirstAnswerRebuild  # type: ignore[attr-defined]
+    old = recovery_mod.Rebuild  # type: ignore[attr-defined]
+    recovery_mod.Rebuild = FirstAnswerRebuild  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        node_mod.Rebuild = old  # type: ignore[attr-defined]
+        recovery_mod.Rebuild = old  # type: ignore[attr-defined]
 
 
 def main(argv: list[str] | None = None) -> int:

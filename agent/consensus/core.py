@@ -1,33 +1,21 @@
-"""What the three parts of ConsensusNode share: the node's fields, its timers, and the operations one part
-asks of another, as abstract methods.
+"""What ConsensusNode's parts share: how a proposal ended (`Outcome`) and the node's timers (`Timers`).
 
-ConsensusNode is one Paxos node whose parts share the ballot state closely (a proposer's attempt ends in the
-learner; a learner's commit unblocks the proposer; recovery re-enters both), so it stays one object, written
-in three files by role: node.py (lifecycle, the acceptor's handlers, the learner), proposer.py (attempts
-and their outcomes), recovery.py (rebuild after store loss, snapshots, fail-stop). A part calls another
-only through the methods declared here; ConsensusNode cannot be built while one is missing (abc), so the
-contract is checked at construction, not at the first call.
+ConsensusNode (node.py) is one Paxos node: its lifecycle, the acceptor's handlers and the learner. It holds
+two parts by name, each constructed whole with its collaborators passed in and declaring its own state:
+`proposer` (proposer.py: this node's proposals, their ballots and outcomes) and `recovery` (recovery.py:
+rebuild after store loss, snapshots, fail-stop on a failed store). A part reaches back to the node only
+through a small Protocol declared beside it (ProposerNode, RecoveryNode). The node and both parts arm
+their timers in one `Timers` table, so stop() cancels every one and the model checker (chaos/mcworld.py)
+names each armed timer by its kind.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from agent.clock import Clock, Timer
-from agent.config import ConsensusConfig
-from agent.consensus.paxos import Acceptor, BallotAttempt, Verdict
-from agent.consensus.refusal import Refusal
-from agent.storage.store import Store
-from agent.transport import Transport
-from controlplane.table import RoutingTable
 from elasticmoe.v1 import consensus_pb2 as pb
-
-if TYPE_CHECKING:
-    from agent.consensus.controlnode import ControlNode
-    from agent.consensus.log import CommittedLog
 
 
 @dataclass
@@ -46,63 +34,34 @@ class Outcome:
     commit: pb.Commit | None = None
 
 
-class NodeCore(ABC):
-    node_id: str
-    voters: list[str]
-    cfg: ConsensusConfig
-    clock: Clock
-    transport: Transport
-    store: Store
-    timeout: float
-    running: bool
-    log: CommittedLog
-    control: ControlNode
-    acceptor: Acceptor
-    _peer_heads: dict[str, int]
-    _timers: dict[tuple[str, int], Timer]
+class Timers:
+    """A node's timers, one per kind and version ("takeover", "attempt", "thrifty", "rebuild", "disk", "sync");
+    arming one replaces the one armed before it, and a timer fires only while `running()` says the node runs."""
 
-    # ---- timers (one per kind and version; a timer fires only while the node runs) -----------------
-    def _arm(self, kind: str, v: int, delay: float, fn: Callable[[], None]) -> None:
+    def __init__(self, clock: Clock, running: Callable[[], bool]) -> None:
+        self.clock = clock
+        self.running = running
+        self.armed: dict[tuple[str, int], Timer] = {}
+
+    def arm(self, kind: str, v: int, delay: float, fn: Callable[[], None]) -> None:
         key = (kind, v)
-        old = self._timers.pop(key, None)
+        old = self.armed.pop(key, None)
         if old is not None:
             old.cancel()
 
         def fire() -> None:
-            self._timers.pop(key, None)
-            if self.running:
+            self.armed.pop(key, None)
+            if self.running():
                 fn()
 
-        self._timers[key] = self.clock.call_later(delay, fire)
+        self.armed[key] = self.clock.call_later(delay, fire)
 
-    def _disarm(self, kind: str, v: int) -> None:
-        t = self._timers.pop((kind, v), None)
+    def disarm(self, kind: str, v: int) -> None:
+        t = self.armed.pop((kind, v), None)
         if t is not None:
             t.cancel()
 
-    # ---- node.py --------------------------------------------------------------------------------
-    @abstractmethod
-    def propose(self, table: RoutingTable, plan: pb.Plan, on_done: Callable[[Outcome], None]) -> None:
-        """Propose `table` as the next version; `on_done` gets the outcome."""
-
-    @abstractmethod
-    def catch_up(self, peer: str) -> None:
-        """Fetch and install the commits `peer` has beyond our head."""
-
-    @abstractmethod
-    def _check(self, p: pb.Proposal) -> Verdict:
-        """This node's verdict on a proposal as a voter: (ok, gain, reason, code)."""
-
-    @abstractmethod
-    def _learned(self, c: pb.Commit, src: str | None, broadcast: bool,
-                 attempt: BallotAttempt | None = None) -> tuple[Refusal, str]:
-        """Learn a commit (validate, persist, install); (REFUSAL_UNSPECIFIED, "") or why it was refused."""
-
-    # ---- recovery.py ----------------------------------------------------------------------------
-    @abstractmethod
-    def _persist(self, st: pb.AcceptorState) -> bool:
-        """Make the acceptor's state durable before a reply leaves; False when the store failed."""
-
-    @abstractmethod
-    def _sign(self, reply: pb.Accepted, p: pb.Proposal) -> pb.Accepted:
-        """Sign an accept (under mTLS), or return it as it is."""
+    def cancel_all(self) -> None:
+        for t in self.armed.values():
+            t.cancel()
+        self.armed.clear()

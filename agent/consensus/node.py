@@ -1,5 +1,9 @@
 """ConsensusNode: drives the sans-IO Paxos core (paxos.py) over a Transport, a Clock and a Store.
 
+The node owns its lifecycle, the acceptor's handlers and the learner; it holds two named parts, each with its
+own state: `proposer` (proposer.py: this node's proposals and their ballots) and `recovery` (recovery.py:
+rebuild after store loss, snapshots, fail-stop), and one `Timers` table the three share (core.py).
+
 Order of effects, as in etcd-raft's Ready: persist (fsync) -> send -> install. An acceptor's promise or
 accept is durable before its reply leaves; a proposer's ballot is durable before its first message (the
 round-0 owner of v + 1 reserves its round in the same write as the commit of v, so its proposal can leave
@@ -21,15 +25,15 @@ from functools import partial
 
 from google.protobuf.message import Message
 
-from agent.clock import Clock, Timer
+from agent.clock import Clock
 from agent.config import ConsensusConfig
 from agent.consensus.controlnode import ControlNode
-from agent.consensus.core import Outcome
+from agent.consensus.core import Outcome, Timers
 from agent.consensus.log import CommittedLog, parent_hash_mismatch, shape_mismatch
-from agent.consensus.paxos import Acceptor, BallotAttempt, Verdict, quorum_size, round0_owner
-from agent.consensus.proposer import Pending, ProposerMixin
+from agent.consensus.paxos import Acceptor, BallotAttempt, Verdict, quorum_size
+from agent.consensus.proposer import Proposer
 from agent.consensus.rebuild import Rebuild
-from agent.consensus.recovery import RecoveryMixin
+from agent.consensus.recovery import Recovery
 from agent.consensus.refusal import Refusal
 from agent.consensus.signing import VoteSigner
 from agent.storage.store import Store, StoreFailed
@@ -56,7 +60,7 @@ def validity_verifier(head: RoutingTable, proposed: RoutingTable, plan: pb.Plan)
     return True, plan.verified_gain, ""
 
 
-class ConsensusNode(RecoveryMixin, ProposerMixin):
+class ConsensusNode:
     def __init__(self, node_id: str, voters: list[str], store: Store, clock: Clock, transport: Transport,
                  cfg: ConsensusConfig, head: RoutingTable, verifier: Verifier = validity_verifier,
                  live_voters: Callable[[], list[str]] | None = None,
@@ -83,37 +87,31 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
         self.rng = rng or random.Random(zlib.crc32(node_id.encode()))
         self.timeout = cfg.accept_timeout_ms / 1000.0
         self.signer = signer  # under mTLS: votes are signed, and certificates checked for every signature
+        self.running = False
+        self.timers = Timers(clock, lambda: self.running)  # one table for the node's and its parts' timers
+        self._peer_heads: dict[str, int] = {}
+        self.recovery = Recovery(self, node_id=node_id, voters=self.voters, cfg=cfg, clock=clock, transport=transport,
+                                 store=store, timers=self.timers, timeout=self.timeout,
+                                 enrolment=enrolment or int.from_bytes(os.urandom(8), "little") | 1,
+                                 peer_heads=self._peer_heads)
+        self.proposer = Proposer(self, node_id=node_id, voters=self.voters, cfg=cfg, clock=clock, transport=transport,
+                                 store=store, timers=self.timers, timeout=self.timeout, rng=self.rng,
+                                 live_voters=self.live_voters, peer_heads=self._peer_heads,
+                                 persist=self.recovery.persist)
         self.log = CommittedLog(store, self.voters, head, self._installed, max_buffered=4 * cfg.catchup_batch,
-                                ride_along=self._preburn,
+                                ride_along=self.proposer.preburn,
                                 verify_qc=signer.check_certificate if signer is not None else None)
-        self._preburned: set[int] = set()  # versions whose round 0 this incarnation reserved durably, unused
-        self._burn_written: pb.AcceptorState | None = None
 
         self._callbacks: list[CommitCallback] = []
-        self._peer_heads: dict[str, int] = {}
-        self._rtt: dict[str, float] = {}  # smoothed accept round trips, for the thrifty first wave
-        self._accept_rest: dict[int, tuple[BallotAttempt, pb.AcceptRequest, list[str]]] = {}
-        self._pending: dict[int, Pending] = {}
-        self._last_attempt: BallotAttempt | None = None
-        self._attempts: dict[int, BallotAttempt] = {}
-        self._timers: dict[tuple[str, int], Timer] = {}
+        self._last_attempt: BallotAttempt | None = None  # the attempt of ours whose commit is being learned
         self._catching_up = ""
-        self._recoveries: dict[int, int] = {}
         self.acceptor = Acceptor(node_id, self.voters)
         self.had_store = had_store  # this node ran before (its data_dir says so): an empty store was lost
-        # this start's enrolment id, should it rebuild (agent/consensus/rebuild.py): fresh at every start
-        self.enrolment = enrolment or int.from_bytes(os.urandom(8), "little") | 1
-        self.rebuild: Rebuild | None = None  # set while a node with an empty store may not vote yet
-        # proposals made before a new node heard whether it may vote (right after start): run once it knows
-        self._deferred: list[tuple[float, RoutingTable, pb.Plan, Callable[[Outcome], None]]] = []
-        self.running = False
-        # (version, voter, reason) of recent refusals, for explain
-        self.rejections: deque[tuple[int, str, str]] = deque(maxlen=256)
         # the pause switch: control records on the same voters, store and transport (agent/consensus/control.py)
         self.control = ControlNode(node_id, self.voters, store, clock, transport, timeout=self.timeout,
                                    deadline=2 * cfg.max_attempts * self.timeout, max_attempts=cfg.max_attempts,
-                                   abstains=self._abstains, members=lambda: self.members(),
-                                   store_failed=self._store_failed,
+                                   abstains=self.recovery.cannot_vote, members=lambda: self.members(),
+                                   store_failed=self.recovery.store_failed,
                                    wall_ms=wall_ms or (lambda: int(time.time() * 1000)), signer=signer,
                                    signs_control=signs_control or (lambda _: True), is_member=is_member)
 
@@ -124,42 +122,20 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
         self.acceptor = Acceptor(self.node_id, self.voters, rec.acceptor)
         self.acceptor.prune(self.log.head.version)
         self.control.recover(rec.control)
-        cut = rec.lost_bytes > 0  # the log was cut at a record boundary: votes it gave may be forgotten
-        mark = rec.rebuild  # this store's own rebuild; one not done is resumed as it was (it has not voted since)
-        resumed = mark is not None and not mark.done and not cut
-        if (rec.records == 0 or cut or resumed) and self.node_id in self.voters and len(self.voters) > 1:
-            if resumed and mark is not None:  # (the data_dir's marker is newer than the mark, so not had_store)
-                self.enrolment = int(mark.enrolment)
-                why = "restarted during a strict rebuild" if mark.strict else ""
-            else:
-                why = (f"lost the last {rec.lost_bytes} bytes of its log" if cut
-                       else "store is empty but this node ran before" if self.had_store
-                       else "initial_cluster_state = 'existing'" if self.cfg.initial_cluster_state == "existing"
-                       else "")
-            self.rebuild = Rebuild(self.node_id, self.voters, self.log.head.version, why)
-            try:  # before any request: a start that finds this mark unfinished resumes it as it was
-                self.store.save_rebuild(pb.RebuildMark(enrolment=self.enrolment, strict=bool(why)))
-            except StoreFailed:
-                self._store_failed()
-            if why:
-                log.warning("%s: %s: rebuilding from the other voters as a learner", self.node_id, why)
+        self.recovery.start(rec, self.had_store)
         self.running = True
         self.transport.serve(self._handle, service="Consensus")
-        if self.rebuild is not None:
-            self._ask_rebuild()
+        self.recovery.ask_rebuild()
         for v, st in self.acceptor.states.items():
             if st.HasField("accepted"):
-                self._arm("takeover", v, self._takeover_delay(), partial(self._recover, v))
+                self.proposer.resume(v)
         self._arm_sync()
 
     def stop(self) -> None:
         self.running = False
         self.control.stop()
-        for t in self._timers.values():
-            t.cancel()
-        self._timers.clear()
-        for v, p in list(self._pending.items()):
-            self._finish(v, Outcome(False, v, "node stopped", p.votes, self.clock.now() - p.t0))
+        self.timers.cancel_all()
+        self.proposer.stop()
         self.store.close()
 
     # ---- public API -------------------------------------------------------------------------------
@@ -170,6 +146,27 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
     @property
     def conflicts(self) -> list[str]:
         return self.log.conflicts
+
+    @property
+    def role(self) -> str:
+        """"voter", "non-voter", or what a rebuilding node is now (agent.consensus.rebuild)."""
+        return self.recovery.role
+
+    @property
+    def abstains(self) -> str:
+        return self.recovery.abstains
+
+    @property
+    def failure(self) -> str:
+        return self.recovery.failure
+
+    @property
+    def rebuild(self) -> Rebuild | None:
+        return self.recovery.rebuild
+
+    @property
+    def rejections(self) -> deque[tuple[int, str, str]]:
+        return self.proposer.rejections
 
     async def close(self) -> None:
         """Nothing beyond stop(): the transport and the store belong to the caller."""
@@ -198,25 +195,18 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
             why = f"table version {v} parent {table.parent}: expected version {self.log.head.version + 1} parent {self.log.head.version}"
         elif table.parent_hash != self.log.head.digest:
             why = f"table version {v}: {parent_hash_mismatch(table, self.log.head)}"
-        elif v in self._pending:
+        elif v in self.proposer.pending:
             why = f"a proposal for version {v} is already in flight here"
-        elif self.rebuild is not None and not self.rebuild.decided and not self.store.failed:
-            self._deferred.append((now, table, plan, on_done))  # just started: it knows within a round trip
+        elif self.recovery.deciding():
+            self.recovery.deferred.append((now, table, plan, on_done))  # just started: it knows within a round trip
             return
-        elif self._abstains():
-            why = f"UNAVAILABLE: {self._abstains()}"
+        elif self.recovery.cannot_vote():
+            why = f"UNAVAILABLE: {self.recovery.cannot_vote()}"
         if why:
             on_done(Outcome(False, v, why))
             return
         value = pb.Proposal(version=v, table=table_to_pb(table), plan=plan, proposer=self.node_id)
-        self._pending[v] = Pending(value, on_done, now)
-        owner = round0_owner(v, self.voters)
-        if owner == self.node_id:  # round 0 if still ours to use, else a prepare at once: never wait for ourselves
-            self._start_attempt(v, fast=self._round0_free(v))
-        elif owner not in self.live_voters():
-            self._start_attempt(v, fast=False)  # the round-0 owner is down: prepare at once
-        else:
-            self._arm("takeover", v, self.timeout, lambda: self._recover(v))  # give the owner its turn
+        self.proposer.propose(value, on_done, now)
 
     def catch_up(self, peer: str) -> None:
         """Fetch and install the commits `peer` has beyond our head (one request in flight at a time)."""
@@ -225,9 +215,6 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
         self._catching_up = peer
         req = pb.CatchUpRequest(from_version=self.log.head.version, from_node=self.node_id, limit=self.cfg.catchup_batch)
         self.transport.call(peer, "Consensus/CatchUp", req, self.timeout, lambda r: self._on_catchup(peer, r))
-
-    def _takeover_delay(self) -> float:
-        return self.timeout * (1.0 + self.rng.random())  # jitter breaks duels between recovering voters
 
     def _arm_sync(self) -> None:
         if self.cfg.sync_interval_ms <= 0:
@@ -241,7 +228,7 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
             self.control.tick()
             self._arm_sync()
 
-        self._arm("sync", 0, delay, tick)
+        self.timers.arm("sync", 0, delay, tick)
 
     # ---- acceptor side ------------------------------------------------------------------------------
     def _handle(self, src: str, method: str, req: Message) -> Message | None:
@@ -250,7 +237,7 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
         if method in ("Consensus/ControlAccept", "Consensus/ControlLearn"):
             return self.control.handle(src, req)
         head = self.log.head.version
-        abstains = self._abstains() if method in ("Consensus/Prepare", "Consensus/Accept") else ""
+        abstains = self.recovery.cannot_vote() if method in ("Consensus/Prepare", "Consensus/Accept") else ""
         if abstains:
             # fail-stop (a vote that cannot be made durable is never given), or rebuilding after store loss
             why = f"UNAVAILABLE: {abstains}"
@@ -267,9 +254,9 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
                                   code=pb.REFUSAL_INVALID_ARGUMENT)
             promise, st = self.acceptor.on_prepare(req, self.log.head.version)
             if st is not None:
-                if not self._persist(st):  # persist before the reply leaves
+                if not self.recovery.persist(st):  # persist before the reply leaves
                     return pb.Promise(ok=False, from_node=self.node_id, committed_head=head,
-                                      reason=f"UNAVAILABLE: {self.failure}", code=pb.REFUSAL_UNAVAILABLE)
+                                      reason=f"UNAVAILABLE: {self.recovery.failure}", code=pb.REFUSAL_UNAVAILABLE)
                 self.acceptor.apply(st)
             elif req.version > self.log.head.version + 1:
                 self.catch_up(src)
@@ -279,40 +266,38 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
                 return pb.Accepted(ok=False, from_node=self.node_id, committed_head=head, ballot=req.proposal.ballot,
                                    reason=f"ballot.node_id = {req.proposal.ballot.node_id!r}: expected the sender "
                                           f"{src!r}", code=pb.REFUSAL_INVALID_ARGUMENT)
-            reply, st = self.acceptor.on_accept(req, self.log.head.version, self._check)
+            reply, st = self.acceptor.on_accept(req, self.log.head.version, self.check)
             v = int(req.proposal.version)
             if st is not None:
-                if not self._persist(st):
+                if not self.recovery.persist(st):
                     return pb.Accepted(ok=False, from_node=self.node_id, committed_head=head,
-                                       ballot=req.proposal.ballot, reason=f"UNAVAILABLE: {self.failure}",
+                                       ballot=req.proposal.ballot, reason=f"UNAVAILABLE: {self.recovery.failure}",
                                        code=pb.REFUSAL_UNAVAILABLE)
                 self.acceptor.apply(st)
-                self._sign(reply, req.proposal)
-                self._recoveries.pop(v, None)
-                if v not in self._attempts:  # finish it ourselves if its proposer goes quiet
-                    self._arm("takeover", v, self._takeover_delay(), lambda: self._recover(v))
+                self.sign(reply, req.proposal)
+                self.proposer.voted(v)  # it finishes v itself if v's proposer goes quiet
             elif v > self.log.head.version + 1:
                 self.catch_up(src)
             return reply
         if method == "Consensus/Learn" and isinstance(req, pb.Commit):
-            code, why = self._learned(req, src, broadcast=False)
+            code, why = self.learned(req, src, broadcast=False)
             return pb.CommitAck(ok=not why, from_node=self.node_id, committed_head=self.log.head.version, reason=why,
                                 code=code)
         if method == "Consensus/CatchUp" and isinstance(req, pb.CatchUpRequest):
-            knew = self._enrol(src, int(req.enrolment))
+            knew = self.recovery.enrol(src, int(req.enrolment))
             if knew is None:
                 return None  # an enrolment that cannot be recorded is not answered (agent/consensus/rebuild.py)
             reply = self.log.catchup_reply(req, self.cfg.catchup_batch)
             reply.knew_you = knew
-            self._peer_is_up(src)
+            self.recovery.peer_is_up(src)
             reply.acceptor_high = max(self.acceptor.states, default=0)
-            reply.rebuilding = self.rebuild is not None
+            reply.rebuilding = self.recovery.rebuild is not None
             if self.control.record is not None:
                 reply.control.CopyFrom(self.control.record)
             return reply
         return None
 
-    def _check(self, p: pb.Proposal) -> Verdict:
+    def check(self, p: pb.Proposal) -> Verdict:
         """A voter's own verification of a proposal whose version and parent already match its head."""
         bad = pb.REFUSAL_INVALID_ARGUMENT
         for name in ("estimated_gain", "verified_gain", "cost"):
@@ -337,16 +322,24 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
             log.exception("verifier raised on version %d", p.version)
             return Verdict(False, 0.0, f"verifier raised {type(e).__name__}: {e}")
 
+    def sign(self, reply: pb.Accepted, p: pb.Proposal) -> pb.Accepted:
+        """Under mTLS, sign an accept (version, ballot, table hash) with this node's key, for the certificate."""
+        if self.signer is not None and reply.ok:
+            reply.signature = self.signer.sign(int(p.version), (int(p.ballot.round), p.ballot.node_id),
+                                               p.table.content_hash)
+            reply.certificate = self.signer.cert_der
+        return reply
+
     # ---- learner ------------------------------------------------------------------------------------
-    def _learned(self, c: pb.Commit, src: str | None, broadcast: bool,
+    def learned(self, c: pb.Commit, src: str | None, broadcast: bool,
                  attempt: BallotAttempt | None = None) -> tuple[Refusal, str]:
         """Offer a certified commit to the log; as its proposer, send it on between persist and install."""
         self._last_attempt = attempt
         try:
             code, why, behind = self.log.offer(c, self._broadcast_commit if broadcast else None)
         except StoreFailed:
-            self._store_failed()
-            return pb.REFUSAL_UNAVAILABLE, f"UNAVAILABLE: {self.failure}"
+            self.recovery.store_failed()
+            return pb.REFUSAL_UNAVAILABLE, f"UNAVAILABLE: {self.recovery.failure}"
         if behind and src is not None:
             self.catch_up(src)
         return code, why
@@ -364,21 +357,10 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
 
     def _installed(self, c: pb.Commit, table: RoutingTable) -> None:
         v = table.version
-        self._adopt_burn()
+        self.proposer.adopt_burn()
         attempt, self._last_attempt = self._last_attempt, None
         self.acceptor.prune(v)
-        self._attempts.pop(v, None)
-        self._disarm("attempt", v)
-        self._disarm("takeover", v)
-        self._disarm("thrifty", v)
-        self._accept_rest.pop(v, None)
-        self._recoveries.pop(v, None)
-        pend = self._pending.get(v)
-        if pend is not None:
-            mine = c.qc.table_hash == pend.value.table.content_hash
-            votes = attempt.votes() if attempt is not None else list(c.votes)
-            reason = "" if mine else f"version {v} committed another table (proposer {c.proposer})"
-            self._finish(v, Outcome(mine, v, reason, votes, self.clock.now() - pend.t0, c))
+        self.proposer.installed(c, v, attempt)
         for cb in self._callbacks:
             cb(c, table)
         if 0 < self.cfg.log_compact_bytes < self.store.size:
@@ -393,8 +375,8 @@ class ConsensusNode(RecoveryMixin, ProposerMixin):
         if r.HasField("control"):
             self.control.learn(r.control)
         before = self.log.head.version
-        if self._snapshot(peer, r):
+        if self.recovery.snapshot(peer, r):
             return
-        self._learn_in_order(r.commits)
+        self.recovery.learn_in_order(r.commits)
         if r.committed_head > self.log.head.version > before:
             self.catch_up(peer)

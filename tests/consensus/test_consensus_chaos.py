@@ -100,8 +100,8 @@ def test_safety_schedules_with_crashes_right_after_votes_clean() -> None:
 def test_safety_finds_an_acceptor_that_forgets_its_votes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Mutation check: an acceptor that replies without making its promise or accept durable must be caught
     by the schedules above (these seeds crash a voter right after a vote that chose a table)."""
-    from agent.consensus.recovery import RecoveryMixin
+    from agent.consensus.recovery import Recovery
 
-    monkeypatch.setattr(RecoveryMixin, "_persist", lambda self, st: True)
+    monkeypatch.setattr(Recovery, "persist", lambda self, st: True)
     found = [safety.run_schedule(seed, nodes=16, vote_crashes=0.5).violations for seed in (7_043, 7_062, 7_253)]
     assert any(found), "the forgetful acceptor went unnoticed"

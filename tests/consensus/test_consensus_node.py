@@ -297,7 +297,7 @@ def test_store_loss_cannot_choose_two_tables_for_one_version() -> None:
 
 def test_without_the_rebuild_the_same_loss_chooses_two_tables(monkeypatch: object) -> None:
     """The schedule above is a real hazard: a node that votes again at once makes the checker report I1."""
-    import agent.consensus.node as node_mod
+    import agent.consensus.recovery as recovery_mod
 
     class Amnesiac:  # decides at once, as the old code did
         def __init__(self, *a: object) -> None:
@@ -311,7 +311,7 @@ def test_without_the_rebuild_the_same_loss_chooses_two_tables(monkeypatch: objec
         def describe(self, head: int) -> str:
             return "voter"
 
-    monkeypatch.setattr(node_mod, "Rebuild", Amnesiac)  # type: ignore[attr-defined]
+    monkeypatch.setattr(recovery_mod, "Rebuild", Amnesiac)  # type: ignore[attr-defined]
     c = cluster(voters=3, nodes=3, sync_interval_ms=200)
     _amnesia(c)
     assert any(v.startswith("I1") for v in check(c.history))

@@ -98,7 +98,7 @@ def test_a_promise_survives_a_crash_right_after_the_reply() -> None:
     c, v, owner, b, third = three_voters()
     c.net.partition([[b, third], [owner]])
     gate = Held(c.nodes[third].transport, lambda dst, method: dst == b and method == "Consensus/Accept")
-    c.nodes[third].transport = gate
+    c.nodes[third].proposer.transport = gate  # (the proposer sends the accepts)
     c.crash_after_vote(b, ("Consensus/Prepare",))
     y = successor_table(c.nodes[third].head, c.rng)
     c.propose(third, y)
