@@ -22,7 +22,7 @@ import grpc
 
 from agent.admin.adminview import AdminView
 from agent.commit import CommitBackend, PauseSwitch
-from agent.config import AgentConfig, ClusterConfig, ConfigError
+from agent.config import AgentConfig, ClusterConfig, ConfigError, load
 from agent.decision.manual import ManualPath
 from agent.decision.offloop import OffLoopPlanner
 from agent.decision.pipeline import DecisionPipeline, PlanRunner, plan_here
@@ -114,6 +114,18 @@ def genesis_of(c: ClusterConfig) -> RoutingTable:
         return genesis_table(c.genesis, Topology(c.nodes, c.ranks_per_node, c.slots_per_rank), c.layers, c.experts)
     except ShimError as e:
         raise ConfigError(f"cluster.genesis = {c.genesis!r}: expected {e}") from None
+
+
+def load_checked(path: str | Path) -> AgentConfig:
+    """agent.config.load, then the genesis the engine side builds from it (genesis_of): what every command that
+    reads an agent's config calls, so that a config is valid or invalid the same way for all of them (the
+    genesis check left agent.config so that the consensus core reaches nothing of the engine side)."""
+    cfg = load(path)
+    try:
+        genesis_of(cfg.cluster)
+    except ConfigError as e:
+        raise ConfigError(f"{Path(path)}: {e}") from None
+    return cfg
 
 
 def decision_params(cfg: AgentConfig) -> DecisionParams:

@@ -95,7 +95,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def nodes_of(args: argparse.Namespace) -> list[Node]:
     """The agents to feed, from --config files and --agent/--shim-socket pairs; LoadError(2) if bad."""
     from agent.cli.connect import CliError, check_address, config_address
-    from agent.config import ConfigError, load
+    from agent.config import ConfigError
+    from agent.state import load_checked
 
     if len(args.agent) != len(args.shim_socket):
         raise LoadError(f"{len(args.agent)} --agent and {len(args.shim_socket)} --shim-socket: give one "
@@ -107,7 +108,7 @@ def nodes_of(args: argparse.Namespace) -> list[Node]:
     try:
         for path in args.config:
             try:
-                cfg = load(path)
+                cfg = load_checked(path)
             except ConfigError as e:
                 raise LoadError(f"invalid config: {e}", exits.USAGE) from None
             out.append(Node(config_address(path), cfg.shim_socket or str(Path(cfg.data_dir) / "shim.sock")))

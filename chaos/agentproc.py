@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from agent.config import ConfigError, load
+from agent.config import ConfigError
 from chaos.faults import FaultFile
 
 
@@ -19,19 +19,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--config", required=True, help="the agent's TOML config")
     ap.add_argument("--faults", required=True, help="the fault file the runner rewrites (chaos.faults)")
     a = ap.parse_args(argv)
+    from agent.state import load_checked
+
     try:
-        cfg = load(a.config)
+        cfg = load_checked(a.config)
     except ConfigError as e:
         print(f"chaos agent: invalid config: {e}", file=sys.stderr)
         return 2
     from agent.node import run_forever
-    from agent.state import genesis_of
-
-    try:
-        genesis_of(cfg.cluster)  # as `emoe agent` does before it starts
-    except ConfigError as e:
-        print(f"chaos agent: invalid config: {a.config}: {e}", file=sys.stderr)
-        return 2
 
     return run_forever(cfg, drops=FaultFile(a.faults, cfg.node_id).drops)
 

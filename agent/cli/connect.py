@@ -41,10 +41,11 @@ def check_address(text: str, source: str) -> str:
 
 def config_address(path: str) -> str:
     """The admin address of the agent that runs `path` (its `listen`, a wildcard as loopback)."""
-    from agent.config import ConfigError, load
+    from agent.config import ConfigError
+    from agent.state import load_checked
 
     try:
-        listen = load(path).listen
+        listen = load_checked(path).listen
     except ConfigError as e:
         raise CliError(f"invalid config: {e}", exits.USAGE) from None
     host, _, port = listen.rpartition(":")

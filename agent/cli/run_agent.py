@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from agent.config import AgentConfig, ConfigError, is_loopback, load
+from agent.config import AgentConfig, ConfigError, is_loopback
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -91,9 +91,8 @@ def check_exposure(cfg: AgentConfig) -> list[str]:
 def preflight(cfg: AgentConfig) -> list[str]:
     """The host-dependent checks `emoe agent` runs before starting (and with --check). Raises ConfigError
     naming the field; returns warnings."""
-    from agent.state import genesis_of, rank_order_warning
+    from agent.state import rank_order_warning
 
-    genesis_of(cfg.cluster)  # the engine's boot placement: a name it knows, or a placement file of this shape
     warnings = check_exposure(cfg) + [w for w in [rank_order_warning(cfg)] if w]
     check_data_dir(cfg.data_dir)
     if cfg.tls.cert_dir:
@@ -102,8 +101,10 @@ def preflight(cfg: AgentConfig) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from agent.state import load_checked
+
     try:
-        cfg = load(args.config)
+        cfg = load_checked(args.config)  # the genesis too: the engine's boot placement, a name or a file of this shape
     except ConfigError as e:
         print(f"emoe agent: invalid config: {e}", file=sys.stderr)
         return 2

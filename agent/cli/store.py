@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from agent.config import ConfigError, load
+from agent.config import ConfigError
 from agent.storage.datadir import LOG_NAME
 
 
@@ -28,7 +28,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _data_dir(path: str) -> Path | None:
     try:
-        return Path(load(path).data_dir)
+        from agent.state import load_checked
+
+        return Path(load_checked(path).data_dir)
     except ConfigError as e:
         print(f"emoe store: invalid config: {e}", file=sys.stderr)
         return None

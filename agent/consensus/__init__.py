@@ -9,10 +9,10 @@
 - log.py: CommittedLog, the certified commits a node installs in version order (persist, send, install);
 - signing.py: signed votes (and member claims) under mTLS.
 
-Tables go on the wire through dataplane_shim.certify (one encoder, one decoder, shared with the shim). The
+Tables go on the wire through elasticmoe.codec (one encoder, one decoder, shared with the shim). The
 harnesses live outside the product: chaos/quorumsim.py (a simulated cluster that records histories for
 chaos/checkers.py) and bench/consensus_serve.py (a consensus-only process, bench/commit.py's worker).
 
 May import: agent.clock, agent.config, agent.security, agent.storage, agent.transport; never gossip, decision,
-link, etcd or admin (tests/project/test_layering.py).
+link, etcd or admin, nor anything of the engine side, dataplane_shim (tests/project/test_layering.py).
 """

@@ -180,6 +180,24 @@ def test_check_names_a_genesis_the_engine_side_cannot_build(tmp_path: Path, caps
     assert not (tmp_path / "d").exists()
 
 
+def test_every_command_that_reads_a_config_refuses_a_genesis_the_engine_side_cannot_build(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The genesis check left agent.config (the consensus core reaches nothing of the engine side), and every
+    command that reads an agent's config still runs it, as when it was part of loading: one line, exit 2,
+    before anything is dialed or read."""
+    from agent.cli import main
+
+    cfg = tmp_path / "agent.toml"
+    cfg.write_text(f'node_id = "n"\ndata_dir = "{tmp_path / "d"}"\n[cluster]\ngenesis = "nope"\n')
+    said = (f"invalid config: {cfg}: cluster.genesis = 'nope': expected BAD_INPUT: genesis 'nope': expected one of "
+            "('static', 'vllm', 'sglang') or an existing placement file")
+    for argv in (["status", "--config", str(cfg)], ["store", "check", "--config", str(cfg)]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert said in one_line(err), (argv, err)
+    assert not (tmp_path / "d").exists()
+
+
 def test_check_tries_the_data_dir_and_leaves_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     fresh = tmp_path / "new" / "deeper"
     rc, err = check(tmp_path, capsys, f'node_id = "n"\ndata_dir = "{fresh}"\n')

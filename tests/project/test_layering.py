@@ -232,7 +232,7 @@ def _engine_reached(imports: dict[str, set[str]]) -> dict[str, list[str]]:
 def test_config_and_consensus_reach_nothing_of_the_engine_side() -> None:
     imports = _module_imports()
     assert not _engine_reached(imports), f"reach the engine side (dataplane_shim): {_engine_reached(imports)}"
-    # the rule sees an import two modules away: agent.consensus.core -> agent.config -> agent.configcheck -> ...
+    # the rule sees an import two modules away: agent.consensus.node -> agent.config -> agent.configcheck -> ...
     imports["agent.configcheck"] = imports["agent.configcheck"] | {"dataplane_shim.errors"}
     got = _engine_reached(imports)
-    assert got["agent.consensus.core"] == got["agent.config"] == ["dataplane_shim", "dataplane_shim.errors"], got
+    assert got["agent.consensus.node"] == got["agent.config"] == ["dataplane_shim", "dataplane_shim.errors"], got
