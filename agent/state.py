@@ -145,7 +145,7 @@ def decision_params(cfg: AgentConfig) -> DecisionParams:
 class NodeState:
     """One node, built complete: constructing it recovers the store, builds every part on the recovered head
     and starts the protocols; the object returned serves until stop() (then close()). The real process
-    (agent.node.AgentProcess) passes its gRPC transport and gets a RealClock and a file Store; the in-process
+    (agent.process.AgentProcess) passes its gRPC transport and gets a RealClock and a file Store; the in-process
     simulator (chaos.simcluster) injects a FakeClock-driven clock, a SimTransport and an in-memory Store.
 
     Its parts, each complete, none optional:

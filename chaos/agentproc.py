@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"chaos agent: invalid config: {e}", file=sys.stderr)
         return 2
-    from agent.node import run_forever
+    from agent.process import run_forever
 
     return run_forever(cfg, drops=FaultFile(a.faults, cfg.node_id).drops)
 

@@ -7,6 +7,6 @@
 
 May import: every subsystem it reports on (agent.consensus, agent.decision, agent.gossip, agent.link) and
 agent.clock, agent.commit, agent.fingerprint, agent.security, agent.wire; nothing imports it but agent.state,
-agent.node and agent.cli (tests/project/test_layering.py). Entry points: `AdminService` (agent.admin.admin),
+agent.process and agent.cli (tests/project/test_layering.py). Entry points: `AdminService` (agent.admin.admin),
 `AdminView` (agent.admin.adminview).
 """

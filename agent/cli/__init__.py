@@ -2,7 +2,7 @@
 from other installed packages (the benchmark harness's `bench`, `demo`, `trace import`) register through the
 `elasticmoe.cli` entry point group, so the product imports none of them.
 
-May import: agent.node and agent.state (to run an agent), agent.admin (its client side), agent.config,
+May import: agent.process and agent.state (to run an agent), agent.admin (its client side), agent.config,
 agent.consensus, agent.security, agent.storage, agent.wire (tests/project/test_layering.py)."""
 
 from __future__ import annotations

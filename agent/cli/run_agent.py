@@ -118,6 +118,6 @@ def run(args: argparse.Namespace) -> int:
     if args.check:
         print(f"{args.config}: ok (node {cfg.node_id}, profile {cfg.profile}, listen {cfg.listen})")
         return 0
-    from agent.node import run_forever
+    from agent.process import run_forever
 
     return run_forever(cfg)

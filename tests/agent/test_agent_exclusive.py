@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from agent.config import AgentConfig, from_dict
-from agent.node import AgentProcess, StartupError
+from agent.process import AgentProcess, StartupError
 from agent.storage.datadir import DataDirError, DataDirLock
 from chaos.localcluster import ROOT, LocalCluster, free_ports, write_config
 

@@ -234,7 +234,7 @@ def test_large_valid_request_is_checked_off_the_loop(loop: asyncio.AbstractEvent
 @pytest_asyncio.fixture
 async def agent_server() -> AsyncIterator[tuple[str, FakeAdminBackend]]:
     """The admin service as the agent serves it: its message limit (64 MiB) and interceptors."""
-    from agent.node import SERVER_OPTIONS
+    from agent.process import SERVER_OPTIONS
 
     async for s in _serve(SERVER_OPTIONS):
         yield s

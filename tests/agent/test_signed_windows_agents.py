@@ -13,7 +13,7 @@ import pytest
 
 from agent.config import from_dict
 from agent.gossip.windowguard import Refusal, window_payload
-from agent.node import AgentProcess
+from agent.process import AgentProcess
 from agent.security import secure_channel, write_dev_certs
 from chaos.localcluster import free_ports
 from elasticmoe.v1 import dataplane_pb2 as dpb

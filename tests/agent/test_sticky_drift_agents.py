@@ -15,7 +15,7 @@ import grpc
 import pytest
 
 from agent.config import from_dict
-from agent.node import AgentProcess
+from agent.process import AgentProcess
 from chaos.localcluster import free_ports
 from elasticmoe.v1 import admin_pb2 as apb
 from elasticmoe.v1 import admin_pb2_grpc

@@ -36,7 +36,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from agent.node import LIVENESS
+from agent.process import LIVENESS
 from chaos.etcdserver import EtcdProcess
 from chaos.localcluster import stable_ports, write_config
 from tests.deploy.deployfiles import (

@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from agent.config import AgentConfig, from_dict
-from agent.node import LIVENESS
+from agent.process import LIVENESS
 from agent.security import SERVER_NAME, write_dev_certs
 from dataplane_shim.plugin import Settings
 from tests.conftest import engine_missing

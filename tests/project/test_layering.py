@@ -55,7 +55,7 @@ def test_agent_and_controlplane_import_without_torch() -> None:
         "            raise ImportError('torch blocked for this test')\n"
         "sys.meta_path.insert(0, Block())\n"
         "import controlplane.table, controlplane.load, controlplane.ops, agent.config, agent.cli\n"
-        "import agent.node\n"
+        "import agent.process\n"
         "agent.cli.build_parser()\n"
         "print('ok')\n"
     )
@@ -116,7 +116,7 @@ def test_no_product_module_serves_only_the_harness() -> None:
 # agent/'s subsystems follow a load report's trip (engine link -> gossip -> decision -> commit backend ->
 # admin), each a package whose manual (its __init__ docstring) names what it may import. A unit is a package
 # of agent/ or one of its top-level modules; each may import only itself and what it lists here (a unit, or
-# one named module of a unit). agent.state (the wiring) and agent.node (the process) stand on everything below.
+# one named module of a unit). agent.state (the wiring) and agent.process (the process) stand on everything below.
 AGENT_ALLOWED: dict[str, set[str]] = {
     # the base: no subsystem beneath it
     "clock": set(),
@@ -142,8 +142,8 @@ AGENT_ALLOWED: dict[str, set[str]] = {
     # the wiring and the process
     "state": {"admin", "clock", "commit", "config", "consensus", "credentials", "decision", "etcd", "fingerprint",
               "gossip", "link", "storage", "transport"},
-    "node": {"admin", "config", "credentials", "security", "state", "storage", "transport"},
-    "cli": {"admin", "config", "consensus", "node", "security", "state", "storage", "wire"},
+    "process": {"admin", "config", "credentials", "security", "state", "storage", "transport"},
+    "cli": {"admin", "config", "consensus", "process", "security", "state", "storage", "wire"},
 }
 AGENT_TOP_MODULES_MAX = 12  # besides its packages (issue 50): a flat agent/ hides the trip
 

@@ -11,7 +11,7 @@ import pytest
 import uvloop
 
 from agent.config import from_dict
-from agent.node import AgentProcess, StartupError
+from agent.process import AgentProcess, StartupError
 from agent.storage.datadir import DataDirError, data_dir_format, mark_owner, owner
 from agent.storage.store import _KINDS, KIND_FORMAT, Store, StoreCorrupt, StoreNewer, frame, parse
 from chaos.localcluster import free_ports
