@@ -134,9 +134,9 @@ class DecisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     horizon_windows: int = DecisionParams.horizon_windows
     worth_margin: float = DecisionParams.worth_margin
     # where the planner's one-at-a-time moves are stuck short of tau, it may still re-pack or exchange layers
-    # when the load is polish_theta above an even split (0: never), each copied slot charged polish_lam times
-    # the ordinary bar: fewer bytes with a larger polish_lam (controlplane.decision, DecisionParams; less where a
-    # copy costs less serving time per ms of load than at DeepSeek-V3 decode EP64: copy_charge_scale)
+    # when the load is polish_theta above an even split (0: never), each copied slot charged its serving time:
+    # it must save polish_lam x (1 + worth_margin) times what it costs serving over the horizon (fewer bytes
+    # with a larger polish_lam; controlplane.decision, DecisionParams.polish_charge)
     polish_theta: float = DecisionParams.polish_theta
     polish_lam: float = DecisionParams.polish_lam
     # a window this far above an even split spends the whole error budget at once (a drift is acted on one

@@ -29,8 +29,9 @@ from controlplane.topology import Tier
 from controlplane.verify import gain, gain_bound, layer_gains, row_gains, verify_windows
 from controlplane.worth import Worth
 
-# where the per-copy charges were tuned (DecisionParams.copy_charge_scale): DeepSeek-V3 decode at EP64
-CHARGE_REF_RANKS, CHARGE_REF_LOAD_MS = 64, 12.0
+# where the cost-benefit test is off (load_ms 0) a polish copy has no serving time to be priced in: it is charged
+# this many times min_op_gain, the factor tuned at DeepSeek-V3 decode at EP64 before the charge was priced
+POLISH_UNPRICED_X = 3.0
 
 
 class InvalidParams(ControlPlaneError):
@@ -84,15 +85,17 @@ class DecisionParams:
     # Below fast_theta, a window whose greedy moves gain less than tau (stuck: each move off the hottest rank
     # raises another to the max, and full ranks need swaps) may still be re-packed or exchanged layer by layer
     # (`planners.widen`) where its block objective is polish_theta above an even split, each copied slot
-    # charged polish_lam x min_op_gain. `python -m bench.heldout` (the 5 cases and 8 runs they are not tuned
-    # on, EPLB boot): off -> 11 of 13 pass, ESFT 4x8 1.1998, OLMoE 3-slot 1.2618, prefill reversed 1.0497;
-    # polish_lam 3 -> the same 11 pass, 1.1792, 1.1884, 1.0400, and no run worse (the 6 it improves copy
-    # 1.9-5.9 GB more, prefill 16; OLMoE 3-slot 4.3 GB, now over its 2.76); polish_lam 2 or 1 move more than
-    # 1/5 of EPLB's bytes on ESFT 4x8 (19.3 and 24.8 GB against 18.4)
+    # charged its serving time: the fraction of its layer's load it must take off, held over the worth horizon,
+    # to repay polish_lam x (1 + worth_margin) times the copy's serving time (`polish_charge`; a layer is
+    # 1/L of the step's load_ms). Priced, not per slot of the pool: a fixed 3 x min_op_gain charged a 3-layer
+    # model's copy 4-24 times more than its serving time (Mixtral 8 experts on 8 ranks, OLMoE at 4x8 with 3
+    # slots: stuck 0.04-0.08 above hindsight for whole segments, their full re-packs paying 4x over the horizon)
+    # and DeepSeek-V3 decode's 0.6 times less. polish_lam (bench, EPLB boot, ESFT 2x8 and OLMoE 4x8 3-slot,
+    # steady and cold start): 1 -> ESFT cold start 44 GB (hindsight 33.5); 4 -> 35 GB; 8 -> 24 GB, OLMoE steady
+    # 1.2034 -> 1.1556 (recovery 2000 -> 171 steps), cold 1.2441 -> 1.2119, ESFT steady 1.0849 -> 1.0760;
+    # 16 -> OLMoE cold start unchanged
     polish_theta: float = 1.03
-    polish_lam: float = 3.0  # ... at the point these figures were tuned at (DeepSeek-V3 decode at EP64,
-    #   copy_charge_scale 1); where a copy costs less serving time per millisecond of load it can save, its
-    #   charge falls in proportion (`copy_charge_scale`)
+    polish_lam: float = 8.0
     drift_tv: float = 0.05  # plan only on the trailing windows whose expert shares (total variation per
     #                         layer, mean) differ by at most this from the next: steady state differs by
     #                         ~0.001, ESFT intent -> law by 0.35; a plan fitted to the old mix would miss
@@ -170,25 +173,22 @@ class DecisionParams:
     def knobs(self, head: RoutingTable) -> PlanKnobs:
         """What the planner sees of these knobs (controlplane.planners)."""
         return PlanKnobs(self.max_ops, self.tau, self.op_gain(head), self.fast_theta, self.retarget, self.polish_theta,
-                         self.polish_lam * self.copy_charge_scale(head))
+                         self.polish_charge(head) / max(self.op_gain(head), 1e-12), self.load_ms > 0)
 
-    def copy_charge_scale(self, head: RoutingTable) -> float:
-        """How much less a polish copy is charged on `head` than where polish_lam was tuned, in (0, 1]: the
-        serving time a copy costs (one expert between nodes, or over NVLink on one node, spread over the active
-        ranks, which copy side by side: controlplane.worth) per millisecond of the step's load it can save
-        (`load_ms`), over the same at DeepSeek-V3 decode at EP64 (8 x 8 ranks, 12 ms of load, its experts over
-        RDMA), capped at 1: a copy is never charged more than there. 1 where the cost-benefit test is off
-        (load_ms 0). A prefill step (hundreds of milliseconds of load) then polishes for about a 40th of the charge
-        (`python -m bench.heldout`, DeepSeek-V3 prefill at EP32: 0.023), decode at EP144 for a tenth; ESFT and
-        OLMoE shapes (small experts, but milliseconds or less of load over fewer ranks) keep the whole charge."""
+    def polish_charge(self, head: RoutingTable) -> float:
+        """What a polish copy on `head` must take off its own layer's objective, as a fraction of it: its serving
+        time priced as the cost-benefit test prices a plan's (controlplane.worth: a copy over the tier it would
+        take, one expert between nodes or over NVLink on one node, spread over the active ranks, which copy side
+        by side), times polish_lam x (1 + worth_margin), against what the fraction saves over the horizon (a layer
+        is 1/L of the step's `load_ms`). Where the cost-benefit test is off (load_ms 0), POLISH_UNPRICED_X x
+        min_op_gain."""
         if self.load_ms <= 0:
-            return 1.0
+            return POLISH_UNPRICED_X * self.op_gain(head)
         topo = head.topology
-        bw = topo.tier_bandwidth
-        link = float(bw[int(Tier.OTHER_NODE if topo.nodes > 1 else Tier.SAME_NODE)])  # a copy's tier here
-        here = self.expert_bytes / link / len(head.active_ranks) / self.load_ms
-        there = DEEPSEEK_V3_EXPERT_BYTES / float(bw[int(Tier.OTHER_NODE)]) / CHARGE_REF_RANKS / CHARGE_REF_LOAD_MS
-        return min(1.0, here / there)
+        tier = Tier.OTHER_NODE if topo.nodes > 1 else Tier.SAME_NODE
+        copy_ms = self.cost_model().transfer_s(topo, tier) * 1e3 / max(len(head.active_ranks), 1)
+        saved_ms = self.horizon_windows * self.window * self.load_ms / head.layers  # a whole layer, the horizon
+        return self.polish_lam * (1.0 + self.worth_margin) * copy_ms / saved_ms
 
     def op_gain(self, head: RoutingTable) -> float:
         """What each copy of a plan on `head` must gain, as a fraction of its layer's objective."""

@@ -42,6 +42,7 @@ class PlanKnobs:
     widen: bool        # whether it may
     polish_theta: float = 0.0  # a smaller gap at which it may still widen when the greedy moves gain < tau (0: never)
     polish_lam: float = 1.0    # ... charging each copied slot this many times op_gain
+    polish_priced: bool = False  # whether that charge is a copy's serving time (DecisionParams.polish_charge)
 
 
 @dataclass(frozen=True)
@@ -196,7 +197,8 @@ def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs
         return replace(pl, note=(
             f"{what}: head {o0.sum() / floor:.3f} x an even split, full re-pack {objs[0].sum() / floor:.3f} "
             f"copying {rp} slots; no layer's re-pack or exchange gains its copies' charge ({per:.2%} of its "
-            f"layer a copied slot: min_op_gain x {lam_x:.3g})"
+            f"layer a copied slot: min_op_gain x {lam_x:.3g}"
+            + (", its serving time x decision.polish_lam over the horizon" if polish and p.polish_priced else "") + ")"
             + ("; a lower decision.polish_lam lets such copies through" if polish else "")))
     spent = float(greedy_cost.sum())
     wide: list[int] = []

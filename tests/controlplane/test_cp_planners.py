@@ -3,6 +3,8 @@ core, which verifies and gates its plan the same way."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from controlplane.controller import DecisionParams
@@ -111,15 +113,17 @@ def test_a_plan_that_still_leaves_a_large_gap_is_planned_again_from_its_own_tabl
     assert pl.estimated_gain > first.estimated_gain
 
 
-def test_a_polish_copy_is_charged_less_where_it_costs_less_serving_time() -> None:
-    """The stuck layer of the test above, with each copy charged more (min_op_gain 0.03): at decode's load a
-    swap does not pay its two copies (2 x 3 x 0.03 of the layer against its 15 / 115 gain) and the plan stays
-    stuck; at a prefill step's (600 ms of load) the same copy costs a fraction of the serving time it can save,
-    its charge falls with it (DecisionParams.copy_charge_scale) and the swap goes through. The charge never
-    rises above polish_lam, and the cost-benefit test off (load_ms 0) keeps it."""
+def test_a_polish_copy_is_charged_its_serving_time() -> None:
+    """The stuck layer of the test above (min_op_gain 0.03): a swap's two copies gain 15 / 115 of the layer. A
+    polish copy is charged what it costs serving (DecisionParams.polish_charge): where a step's load part is
+    5 us the copy's serving time outweighs what its share of the layer saves over the horizon and the plan
+    stays stuck; at 50 us the swap goes through. The charge is pro rata of the expert's bytes and of the
+    model's layers (a layer is 1/L of the step's load), inverse to the step's load and to the horizon; with
+    the cost-benefit test off (load_ms 0) a copy is charged 3 x min_op_gain, and stays stuck."""
     import numpy as np
 
     from controlplane.cost import DEEPSEEK_V3_EXPERT_BYTES
+    from controlplane.decision import POLISH_UNPRICED_X
     from controlplane.planners import PlanInput, greedy
     from controlplane.table import initial_table
     from controlplane.topology import Topology
@@ -128,25 +132,33 @@ def test_a_polish_copy_is_charged_less_where_it_costs_less_serving_time() -> Non
     load = np.array([60, 55, 50, 50, 50, 50, 45, 40], dtype=np.int64)
     inp = PlanInput(load[None, None, :], 1, np.zeros((1, 8), dtype=bool), None, load[None, :].astype(np.float64))
 
-    def knobs(load_ms: float, expert_bytes: int = DEEPSEEK_V3_EXPERT_BYTES) -> tuple[float, int]:
-        p = DecisionParams(min_op_gain=0.03, load_ms=load_ms, expert_bytes=expert_bytes)
-        k = p.knobs(head)
-        return k.polish_lam, len(greedy(head, inp, p.cost_model(4), k).ops)
+    def params(load_ms: float, **kw: Any) -> DecisionParams:
+        return DecisionParams(min_op_gain=0.03, load_ms=load_ms, **kw)
 
-    assert knobs(12.0) == (3.0, 0)  # decode: the whole charge, stuck
-    assert knobs(0.0) == (3.0, 0)  # no cost-benefit figures: as tuned
-    lam, ops = knobs(600.0)  # prefill: a copy of the same expert repays 50 x sooner
-    assert lam < 3.0 / 10 and ops == 1, (lam, ops)  # one swap: the layer at an even split
-    assert knobs(600.0, expert_bytes=10 * DEEPSEEK_V3_EXPERT_BYTES)[0] == pytest.approx(10 * lam)  # pro rata of bytes
-    one = DecisionParams(min_op_gain=0.03, load_ms=12.0)
-    ep64 = initial_table(Topology(8, 8, 5), 1, 256)  # where polish_lam was tuned: exactly 1
-    assert one.copy_charge_scale(ep64) == 1.0
+    def ops(p: DecisionParams) -> int:
+        return len(greedy(head, inp, p.cost_model(4), p.knobs(head)).ops)
+
+    assert ops(params(0.005)) == 0  # the copy costs more serving than it saves: stuck
+    assert ops(params(0.05)) == 1  # one swap: the layer at an even split
+    assert ops(params(0.05, polish_lam=60.0)) == 0  # an operator who wants fewer copies raises polish_lam
+    assert ops(params(0.0)) == 0 and params(0.0).knobs(head).polish_lam == POLISH_UNPRICED_X  # unpriced: as tuned
+    c = params(0.05).polish_charge(head)
+    assert params(0.05, expert_bytes=2 * DEEPSEEK_V3_EXPERT_BYTES).polish_charge(head) == pytest.approx(2 * c)
+    assert params(0.1).polish_charge(head) == pytest.approx(c / 2)
+    assert params(0.05, horizon_windows=40).polish_charge(head) == pytest.approx(c / 2)
+    assert params(0.05, worth_margin=3.0).polish_charge(head) == pytest.approx(2 * c)
+    deeper = initial_table(Topology(1, 4, 2), 2, 8)
+    assert params(0.05).polish_charge(deeper) == pytest.approx(2 * c)
+    # the copy's tier: between nodes (RDMA) dearer than NVLink on one node, and spread over the active ranks
+    two_nodes = initial_table(Topology(2, 2, 2), 1, 8)
+    assert params(0.05).polish_charge(two_nodes) > c
+    assert params(0.05).knobs(head).polish_priced and not params(0.0).knobs(head).polish_priced
 
 
 def test_a_stuck_plan_says_what_a_re_pack_would_reach_and_what_each_copy_is_charged() -> None:
     """Where nothing pays its copies' charge, the planner's note (explain's NO_PLAN detail) names the head and
     the full re-pack against an even split, the slots the re-pack would copy, and the charge per copied slot:
-    what the operator needs to judge decision.polish_lam. The layer of the test above at decode's load."""
+    what the operator needs to judge decision.polish_lam. The layer of the test above at a 5 us load part."""
     import numpy as np
 
     from controlplane.planners import PlanInput, greedy
@@ -156,8 +168,9 @@ def test_a_stuck_plan_says_what_a_re_pack_would_reach_and_what_each_copy_is_char
     head = initial_table(Topology(1, 4, 2), 1, 8)
     load = np.array([60, 55, 50, 50, 50, 50, 45, 40], dtype=np.int64)
     inp = PlanInput(load[None, None, :], 1, np.zeros((1, 8), dtype=bool), None, load[None, :].astype(np.float64))
-    p = DecisionParams(min_op_gain=0.03, load_ms=12.0)
+    p = DecisionParams(min_op_gain=0.03, load_ms=0.005)  # a 5 us load part: the copies cost more than they save
     pl = greedy(head, inp, p.cost_model(4), p.knobs(head))
     assert not pl.ops
-    assert pl.note.startswith("greedy stuck (copies x3): head 1.150 x an even split, full re-pack 1.000 copying ")
-    assert "(9.00% of its layer a copied slot: min_op_gain x 3); a lower decision.polish_lam" in pl.note, pl.note
+    assert pl.note.startswith("greedy stuck (copies x3.91): head 1.150 x an even split, full re-pack 1.000 copying ")
+    assert ("(11.74% of its layer a copied slot: min_op_gain x 3.91, its serving time x decision.polish_lam over the "
+            "horizon); a lower decision.polish_lam lets such copies through") in pl.note, pl.note
