@@ -67,6 +67,21 @@ def test_too_few_or_too_flat_steps_give_the_configured_figure_and_say_why() -> N
     assert isinstance(falling, str) and "varies too little" in falling
 
 
+def test_a_loose_fit_is_used_while_its_standard_error_is_within_max_rel_se() -> None:
+    """A load that varies 4.5% under a 10% jitter over 100 steps fits with a standard error of 0.28-0.35 of its
+    figure: within MAX_REL_SE, it is used (nearer than any configured constant: truth 4 ms here, within 35%);
+    at 2% the standard error is 0.52-0.63 of it and there is no fit."""
+    for v, fits in ((0.045, True), (0.02, False)):
+        for seed in range(4):
+            rng = np.random.default_rng(seed)
+            m = 1000.0 * (1 + v * rng.standard_normal(100))
+            got = fit_step_time((2 + 0.004 * m) * (1 + 0.1 * rng.standard_normal(100)), m, np.full(100, 800.0))
+            if fits:
+                assert isinstance(got, StepFit) and abs(got.load_ms - 4.0) <= 0.35 * 4.0, (v, seed, got)
+            else:
+                assert isinstance(got, str) and "within 0.4 of it" in got, (v, seed, got)
+
+
 def test_the_operators_figure_wins_and_a_fit_says_its_points() -> None:
     t, m, n, _ = synthetic(2)
     fit = fit_step_time(t, m, n)
