@@ -296,16 +296,33 @@ def layer_gains(head: ReplayStats, new: ReplayStats, layers: I64) -> F64:
     return np.asarray(per.mean(axis=0) / head.mean_imbalance(), dtype=np.float64)
 
 
+def mix_moves(totals: npt.NDArray[np.integer]) -> tuple[F64, F64]:
+    """Of consecutive rows of `totals [n, L, E]` (tokens per window): how far each row's expert shares are from the
+    next newer row's, total variation per layer, mean over layers [n - 1]; and how far two samples of that many
+    tokens from one mix would be expected to fall by chance [n - 1] (sum over experts of the mean absolute
+    difference of two binomial shares, sqrt(2/pi) x sqrt(p (1 - p) (1/N_i + 1/N_i+1)), p the pair's pooled
+    share; halved, mean over layers). The second is what a window of few tokens (a top-1 model, a small batch,
+    the rows of sampled steps) moves by with no change of mix at all."""
+    t = np.asarray(totals, dtype=np.float64)
+    n = t.sum(axis=2, keepdims=True)  # [n, L, 1]
+    share = t / np.maximum(n, 1.0)
+    d = 0.5 * np.abs(share[1:] - share[:-1]).sum(axis=2).mean(axis=1)
+    pooled = (t[1:] + t[:-1]) / np.maximum(n[1:] + n[:-1], 1.0)
+    inv = 1.0 / np.maximum(n[1:], 1.0) + 1.0 / np.maximum(n[:-1], 1.0)
+    chance = 0.5 * math.sqrt(2.0 / math.pi) * np.sqrt(pooled * (1.0 - pooled) * inv).sum(axis=2).mean(axis=1)
+    return np.asarray(d, dtype=np.float64), np.asarray(chance, dtype=np.float64)
+
+
 def same_mix(totals: npt.NDArray[np.integer], tv: float) -> int:
     """How many trailing rows of `totals [n, L, E]` (tokens per window) share the newest row's expert mix:
-    walking back from the newest, a row joins while its expert shares differ from the next newer row's by
-    at most `tv` (total variation per layer, mean over layers). 1 right after a drift; n in steady state."""
+    walking back from the newest, a row joins while its expert shares differ from the next newer row's by at
+    most `tv` (total variation per layer, mean over layers) beyond what sampling that many tokens moves them by
+    (`mix_moves`). 1 right after a drift; n in steady state."""
     t = np.asarray(totals, dtype=np.float64)
     if t.shape[0] == 0:
         return 0
-    share = t / np.maximum(t.sum(axis=2, keepdims=True), 1.0)
-    d = 0.5 * np.abs(share[1:] - share[:-1]).sum(axis=2).mean(axis=1)  # [n - 1]: row i vs row i + 1
-    over = np.flatnonzero(d > tv)
+    d, chance = mix_moves(t)
+    over = np.flatnonzero(d > tv + chance)
     return int(t.shape[0] - (over[-1] + 1)) if over.size else int(t.shape[0])
 
 
@@ -320,9 +337,8 @@ def verify_windows(totals: npt.NDArray[np.integer], tv: float) -> int:
     t = np.asarray(totals, dtype=np.float64)
     if k >= 2 or t.shape[0] < 3:
         return k
-    share = t[-3:] / np.maximum(t[-3:].sum(axis=2, keepdims=True), 1.0)
-    d = 0.5 * np.abs(share[1:] - share[:-1]).sum(axis=2).mean(axis=1)
-    return 2 if bool((d > tv).all()) else k
+    d, chance = mix_moves(t[-3:])
+    return 2 if bool((d > tv + chance).all()) else k
 
 
 def verify_decision(

@@ -74,3 +74,27 @@ def test_a_voter_verifies_a_moving_mix_on_the_last_two_windows() -> None:
     ok, gain, why = again.verify(head, proposed, make_plan((), 0.3, 0.3, 0.0, "step imbalance", 2 * p.window,
                                                            4 * p.window, kind="rebalance"))
     assert ok and gain > 0.3, (gain, why)
+
+
+def test_a_window_of_few_tokens_is_not_a_drift() -> None:
+    """A top-1 model's window holds few tokens an expert: two windows drawn from one mix differ by more than
+    drift_tv by chance alone (here 3,000 tokens over 128 experts, a quarter of them on the hottest), and were
+    taken for a drift, so the rebalance was verified on the newest window alone: 5 sampled rows (a synthetic
+    top-1-of-128 trace from a cold start committed a plan verified 0.0206 on them that realised worse and was
+    rolled back). The mix moves only by what sampling that many tokens does not explain (`verify.mix_moves`);
+    a permuted mix of as few tokens is still a drift."""
+    from controlplane.verify import mix_moves, same_mix
+
+    rng = np.random.default_rng(3)
+    w = 1.0 / np.arange(1, 129) ** 1.15
+    p = w / w.sum()
+    assert 0.2 < p[0] < 0.3
+    one = np.stack([rng.multinomial(3000, p)[None, :] for _ in range(4)])  # [4 windows, 1 layer, 128]
+    d, chance = mix_moves(one)
+    assert (d > TV).all(), d  # each pair differs by more than drift_tv ...
+    assert (d <= TV + chance).all(), (d, chance)  # ... as sampling that many tokens does
+    assert same_mix(one, TV) == 4 and verify_windows(one, TV) == 4
+    moved = np.concatenate([one[:3], rng.multinomial(3000, rng.permutation(p))[None, None, :]])
+    assert same_mix(moved, TV) == 1 and verify_windows(moved, TV) == 1
+    big = np.stack([rng.multinomial(3_000_000, p)[None, :] for _ in range(2)])
+    assert mix_moves(big)[1][0] < 0.01  # a large window's chance is small: drift_tv is the bar there
