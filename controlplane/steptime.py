@@ -17,7 +17,8 @@ points always give the same figure, so every voter that holds the same gossiped 
 value. The batch term is left out when the batch does not vary. Too few points, a slope that is not positive, or one
 whose standard error is past MAX_REL_SE of it (a load that varies too little, or only in step with the batch,
 where b and c cannot be told apart) give no fit: the
-configured figure applies and `StepTime.why` says so. A figure the operator sets (decision.load_ms) wins.
+configured figure applies, capped at the engines' median measured step (a step's load part is at most all of
+it), and `StepTime.why` says so. A figure the operator sets (decision.load_ms) wins.
 
 No IO, no clock.
 """
@@ -56,6 +57,9 @@ class StepTimeSource(StrEnum):
     FITTED = "fitted"      # from the engines' measured step times
     OVERRIDE = "override"  # decision.load_ms, set by the operator
     DEFAULT = "default"    # the configured figure: nothing measured, or too flat measurements to fit
+    STEP_CAPPED = "capped at the measured step"  # too flat to fit, and the configured figure is more than the
+    #                                              engines' whole measured step: that step (the load part of a
+    #                                              step is at most all of it)
     WARMING_UP = "warming up"  # the engines measure their steps, too few so far to fit: the configured figure
     #                            stands in, and the controller holds rebalances until the fit (controller.py)
 
@@ -152,13 +156,20 @@ def step_points(table: RoutingTable, rows: npt.NDArray[np.integer]) -> tuple[F64
     return st.layer_max.sum(axis=1).astype(np.float64), st.totals.sum(axis=1).astype(np.float64)
 
 
-def resolve(override_ms: float | None, fit: StepFit | str | None, default_ms: float) -> StepTime:
-    """The step time to decide with: the operator's override, else the fit, else the configured default."""
+def resolve(override_ms: float | None, fit: StepFit | str | None, default_ms: float,
+            step_ms: float | None = None) -> StepTime:
+    """The step time to decide with: the operator's override, else the fit, else the configured default, but
+    never more than `step_ms`, the engines' median measured step (the part of a step that scales with its
+    load is at most the whole step: a small model's 0.1 ms step is not judged on DeepSeek-V3's 12 ms)."""
     if override_ms is not None:
         return StepTime(override_ms, StepTimeSource.OVERRIDE, "set by the operator (decision.load_ms)")
     if isinstance(fit, StepFit):
         return StepTime(fit.load_ms, StepTimeSource.FITTED, f"fitted from {fit.points} measured steps", fit)
     why = fit if isinstance(fit, str) else "no measured step times"
+    if step_ms is not None and 0 < step_ms < default_ms:
+        return StepTime(step_ms, StepTimeSource.STEP_CAPPED,
+                        f"the engines' median measured step, {step_ms:.4g} ms, under the configured {default_ms:g} "
+                        f"ms (a step's load part is at most all of it): {why}")
     return StepTime(default_ms, StepTimeSource.DEFAULT, f"the configured default: {why}")
 
 
@@ -210,4 +221,12 @@ class StepTimeEstimator:
         fit = None if override else self.fit()
         if isinstance(fit, str) and 0 < self.points < MIN_POINTS:
             return StepTime(configured_ms, StepTimeSource.WARMING_UP, f"the configured default until the fit: {fit}")
-        return resolve(configured_ms if override else None, fit, configured_ms)
+        return resolve(configured_ms if override else None, fit, configured_ms, self.median_step_ms())
+
+    def median_step_ms(self) -> float | None:
+        """The median measured step time of the windows held (ms), None when none was measured."""
+        if not self._windows:
+            return None
+        t = np.concatenate([w[1] for w in self._windows])
+        t = t[np.isfinite(t) & (t > 0)]
+        return float(np.median(t)) if t.size else None

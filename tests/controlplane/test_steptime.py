@@ -174,3 +174,26 @@ def test_while_the_engines_measure_too_few_steps_a_rebalance_waits_for_the_fit()
     assert held == ("STEP_TIME_WARMING_UP", 0), held
     assert proposed == ("PROPOSED", 1), proposed
     assert run(measured=False)[0] == ("PROPOSED", 1)  # nothing measured: the configured figure, at once
+
+
+def test_with_no_fit_the_configured_figure_is_capped_at_the_measured_step() -> None:
+    """A step's load part is at most the whole step: where the fit is refused (a load too flat to tell its part)
+    the configured 12 ms stands only while the engines' median measured step is longer; a small model's 0.3 ms
+    step is judged on 0.3 ms, and `why` says so. Nothing measured, or a longer step: the configured figure."""
+    from controlplane.steptime import StepTimeEstimator
+    from controlplane.table import initial_table
+
+    table = initial_table(Topology(1, 2, 2), 1, 4)
+    rng = np.random.default_rng(0)
+    rows = np.full((40, 1, 4), 25, dtype=np.int64)  # the same load every step: no fit
+    est = StepTimeEstimator()
+    assert est.current(12.0, False).source is StepTimeSource.DEFAULT  # nothing measured
+    est.observe(0, table, rows, (300.0 * (1 + 0.1 * rng.standard_normal(40))).astype(np.int64))  # ~0.3 ms a step
+    st = est.current(12.0, False)
+    assert st.source is StepTimeSource.STEP_CAPPED and st.load_ms == pytest.approx(0.3, rel=0.1), st
+    assert "median measured step" in st.why and "the same in all 40 steps" in st.why, st.why
+    assert est.current(12.0, True).source is StepTimeSource.OVERRIDE  # an operator's figure is not capped
+    long = StepTimeEstimator()
+    long.observe(0, table, rows, np.full(40, 30_000, dtype=np.int64))  # 30 ms steps: 12 ms stands
+    assert long.current(12.0, False).source is StepTimeSource.DEFAULT
+    assert resolve(None, "flat", 12.0, 0.5).load_ms == 0.5 and resolve(None, "flat", 12.0, None).load_ms == 12.0
