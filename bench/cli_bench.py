@@ -43,8 +43,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--trace", action="append", default=[], metavar="SPEC",
                    help="a native .npz, or esft:intent / esft:law (pseudo-decode from ../shared/traces), or "
                         "olmoe:MODEL/DOMAIN or sglang:NAME|PATH (SGLang logical_count totals, e.g. "
-                        "sglang:decode_in500out1500; sampled at --batch tokens x top-8 per step); repeat to play "
-                        "them as consecutive segments")
+                        "sglang:decode_in500out1500; sampled at --batch tokens x top-8 per step), or "
+                        "zipf:EXPERTS/TOP_K/HOT/LAYERS/MIX_SEED (skewed shares built from a description, the hottest "
+                        "expert taking HOT of a layer: bench.traces.zipf_totals); repeat to play them as "
+                        "consecutive segments")
     p.add_argument("--initial", default=None, metavar="static|eplb:SPEC",
                    help="every policy's boot placement: static (expert e on slot e) or EPLB fitted on the totals "
                         "of trace SPEC (any --trace spec, sampled with seed+1: earlier traffic, as vLLM's first "
@@ -146,9 +148,12 @@ def trace_part(spec: str, args: argparse.Namespace, seed: int) -> Any:
     if kind == "sglang" and rest:
         return traces.import_sglang_logical_count(traces.sglang_path(rest), 8, args.batch, args.segment_steps, seed,
                                                   burst=args.cold_start)
+    if kind == "zipf" and rest:
+        return traces.import_zipf(rest, args.batch, args.segment_steps, seed, burst=args.cold_start)
     if spec.endswith(".npz"):
         return traces.load_trace(spec)
-    raise ValueError(f"--trace {spec!r}: expected a .npz path, esft:TASK, olmoe:MODEL/DOMAIN or sglang:NAME")
+    raise ValueError(f"--trace {spec!r}: expected a .npz path, esft:TASK, olmoe:MODEL/DOMAIN, sglang:NAME or "
+                     "zipf:EXPERTS/TOP_K/HOT/LAYERS/MIX_SEED")
 
 
 def construction(args: argparse.Namespace) -> dict[str, Any]:
@@ -167,11 +172,12 @@ def construction(args: argparse.Namespace) -> dict[str, Any]:
     if "esft" in kinds:
         out["per_token"] = ("lockstep lanes: every lane starts at token 0 (bench.traces.pseudo_decode stagger=False)"
                             if cold else "staggered lanes (bench.traces.pseudo_decode stagger=True)")
-    if kinds & {"olmoe", "sglang"}:
+    if kinds & {"olmoe", "sglang", "zipf"}:
         out["counts_only"] = ({"construction": "burst waves (bench.traces.burst_steps)", **burst_parameters()}
                               if cold else {"construction": "constant batch (bench.traces.sample_steps)"})
-    if cold and not kinds & {"esft", "olmoe", "sglang"}:
-        raise ValueError("--cold-start: no --trace it applies to (esft:, olmoe:, sglang:); a .npz plays as recorded")
+    if cold and not kinds & {"esft", "olmoe", "sglang", "zipf"}:
+        raise ValueError("--cold-start: no --trace it applies to (esft:, olmoe:, sglang:, zipf:); a .npz plays as "
+                         "recorded")
     return out
 
 

@@ -224,6 +224,47 @@ def burst_parameters() -> dict[str, float]:
             "fill_steps": BURST_FILL_STEPS, "floor": BURST_FLOOR}
 
 
+# ---- skewed expert shares built from a description (no recorded data) ---------------------------------
+# For model families the repository has no data of (issue 49 describes two: a top-1-of-128 model whose hottest
+# expert takes about a quarter of a layer's tokens, a top-4-of-32 model). Each layer's expert shares fall as a
+# power of their rank, the exponent set so that the hottest takes `hot`; which expert holds which rank is a
+# seeded permutation per layer (another seed: another mix, a drift). Steps are drawn from the shares as for
+# counts-only data (`sample_steps`, `burst_steps`).
+
+
+def zipf_totals(layers: int, experts: int, hot: float, seed: int) -> npt.NDArray[np.int64]:
+    """[layers, experts] totals (shares x 1e9) whose hottest expert takes `hot` of each layer's tokens."""
+    if not (layers >= 1 and experts >= 2 and 1.0 / experts < hot < 1.0):
+        raise ValueError(f"zipf: layers={layers}, experts={experts}, hot={hot}: expected layers >= 1, experts >= 2 "
+                         f"and 1/experts < hot < 1")
+    r = np.arange(1, experts + 1, dtype=np.float64)
+    lo, hi = 0.0, 20.0
+    for _ in range(100):  # the hottest's share rises with the exponent: bisect for it
+        mid = 0.5 * (lo + hi)
+        w = r ** -mid
+        lo, hi = (mid, hi) if w[0] / w.sum() < hot else (lo, mid)
+    w = r ** -(0.5 * (lo + hi))
+    rng = np.random.default_rng([seed, 1])
+    shares = np.stack([rng.permutation(w / w.sum()) for _ in range(layers)])
+    return np.rint(shares * 1e9).astype(np.int64)
+
+
+def import_zipf(spec: str, batch: int = 2048, steps: int = 2000, seed: int = 0, burst: bool = False) -> Trace:
+    """spec EXPERTS/TOP_K/HOT/LAYERS/MIX_SEED (e.g. 128/1/0.25/6/7): `zipf_totals` drawn as a constant batch, or
+    in burst waves (a cold start)."""
+    try:
+        e, k, hot, layers, mix = spec.split("/")
+        E, K, H, L, M = int(e), int(k), float(hot), int(layers), int(mix)
+    except ValueError:
+        raise ValueError(f"zipf:{spec}: expected EXPERTS/TOP_K/HOT/LAYERS/MIX_SEED, e.g. zipf:128/1/0.25/6/7") from None
+    if not 1 <= K <= E:
+        raise ValueError(f"zipf:{spec}: top_k {K} must be within 1..{E}")
+    totals = zipf_totals(L, E, H, M)
+    counts = (burst_steps if burst else sample_steps)(totals, K, batch, steps, seed)
+    return Trace(counts, f"zipf-{E}x{K}", K, f"zipf:{spec}",
+                 "sampled" + (", burst waves (cold start)" if burst else ""))
+
+
 def import_olmoe(model: str, domain: str, batch: int = 2048, steps: int = 2000, seed: int = 0,
                  kind: str = "expert_counts", root: Path = OLMOE_DIR, burst: bool = False) -> Trace:
     """burst: a cold start (burst_steps: the batch fills and drains in waves) instead of a constant batch."""

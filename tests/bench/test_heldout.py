@@ -21,7 +21,7 @@ def test_an_unknown_run_is_refused_by_name(tmp_path: Path, capsys: pytest.Captur
 def test_every_run_names_its_trace_and_boot() -> None:
     for name, flags in heldout.HELD_OUT.items():
         assert "--trace" in flags or "--seed" in flags, name  # a run the cases are not: other data or seed
-    assert len(set(heldout.CASES) | set(heldout.HELD_OUT)) == 15
+    assert len(set(heldout.CASES) | set(heldout.HELD_OUT)) == 17
 
 
 def test_every_case_and_held_out_run_is_played_in_both_constructions() -> None:
@@ -30,7 +30,7 @@ def test_every_case_and_held_out_run_is_played_in_both_constructions() -> None:
     assert {(r.name, r.construction) for r in runs} == {(n, c) for n in names for c in ("steady", "cold-start")}
     for r in runs:
         assert ("--cold-start" in r.flags.split()) == (r.construction == "cold-start"), r
-    assert len({r.label for r in runs}) == len(runs) == 30  # each written to its own OUT/construction/name
+    assert len({r.label for r in runs}) == len(runs) == 34  # each written to its own OUT/construction/name
 
 
 @pytest.mark.skipif(not OLMOE_DIR.is_dir(), reason=f"needs the OLMoE traces in {OLMOE_DIR}")
@@ -52,6 +52,28 @@ def test_a_short_held_out_run_is_benched_and_judged(tmp_path: Path, capsys: pyte
 
 def _cv(x: np.ndarray) -> float:
     return float(x.std() / x.mean())
+
+
+def test_a_zipf_trace_is_built_from_its_description() -> None:
+    """zipf:EXPERTS/TOP_K/HOT/LAYERS/MIX_SEED: each layer's hottest expert takes HOT of its tokens, the shares
+    fall with rank, which expert is hot is the mix seed's (another seed: a drift), the steps are drawn as for
+    counts-only data (a cold start in burst waves); a bad spec is refused naming the form."""
+    from bench.traces import import_zipf, zipf_totals
+
+    t = zipf_totals(6, 128, 0.25, 7)
+    share = t / t.sum(axis=1, keepdims=True)
+    assert t.shape == (6, 128) and np.allclose(share.max(axis=1), 0.25, atol=1e-6)
+    assert len({int(np.argmax(r)) for r in share}) > 1  # permuted per layer
+    other = zipf_totals(6, 128, 0.25, 107)
+    assert (t == zipf_totals(6, 128, 0.25, 7)).all() and not (t == other).all()
+    assert np.allclose(np.sort(share, axis=1), np.sort(other / other.sum(axis=1, keepdims=True), axis=1))
+    steady = import_zipf("128/1/0.25/6/7", batch=256, steps=300, seed=0)
+    cold = import_zipf("128/1/0.25/6/7", batch=256, steps=300, seed=0, burst=True)
+    assert steady.counts.shape == cold.counts.shape == (300, 6, 128) and steady.top_k == 1
+    assert (steady.counts.sum(axis=2) == 256).all() and _cv(cold.counts[:, 0, :].sum(axis=1)) > 0.25
+    for bad in ("128/1/0.25/6", "128/1/0.005/6/7", "8/9/0.5/2/1", "x/1/0.2/2/1"):
+        with pytest.raises(ValueError, match="zipf"):
+            import_zipf(bad)
 
 
 def test_the_burst_construction_is_seeded_and_deterministic() -> None:
