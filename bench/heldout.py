@@ -15,7 +15,7 @@ Constructions (issue 49): every run is played in steady state (ESFT lanes at sta
 data at a constant batch) and from a cold start (`emoe bench --cold-start`: ESFT lanes in lockstep from token
 0; counts-only data, which has no token order, in bench.traces' burst waves, the batch filling and draining as
 requests arrive and finish together). results.json's `construction` says which. A run takes 1 s to 2 min; all
-thirty took 31 minutes with --jobs 1 on 2 cores shared with other work. Exit status: the verdict's (0 when every run passes).
+thirty-four took 7 minutes with --jobs 2 on 2 cores. Exit status: the verdict's (0 when every run passes).
 """
 
 from __future__ import annotations
