@@ -296,7 +296,7 @@ def layer_gains(head: ReplayStats, new: ReplayStats, layers: I64) -> F64:
     return np.asarray(per.mean(axis=0) / head.mean_imbalance(), dtype=np.float64)
 
 
-def mix_moves(totals: npt.NDArray[np.integer]) -> tuple[F64, F64]:
+def mix_moves(totals: npt.ArrayLike) -> tuple[F64, F64]:
     """Of consecutive rows of `totals [n, L, E]` (tokens per window): how far each row's expert shares are from the
     next newer row's, total variation per layer, mean over layers [n - 1]; and how far two samples of that many
     tokens from one mix would be expected to fall by chance [n - 1] (sum over experts of the mean absolute
