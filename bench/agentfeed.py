@@ -112,9 +112,12 @@ class LoadFeed:
                                      close_window if n == self.decider else _nowhere, _nothing, _voting, guard,
                                      sample_every=sample_every)
 
-    def feed(self, first: int, counts: npt.NDArray[np.integer], table: RoutingTable) -> None:
+    def feed(self, first: int, counts: npt.NDArray[np.integer], table: RoutingTable,
+             served_ms: npt.NDArray[np.float64] | None = None) -> None:
         """Steps [first, first + len(counts)) of cluster counts [T, L, E], served under `table`: each node's
-        engines report their share every `report_every` global steps."""
+        engines report their share every `report_every` global steps. served_ms [T]: each step's time as the
+        bench served it (copies in flight included), which the engines report through `step_ms.served` where
+        the step model has one; else the step model's time under `table`."""
         shares = node_shares(table)
         self.head = max(self.head, table.version)
         end = first + counts.shape[0]
@@ -126,7 +129,10 @@ class LoadFeed:
             left = chunk.copy()
             took = None
             if self.step_ms is not None and self.sample_every and offs:  # the EP step's time: every rank waits for it
-                took = np.maximum(np.asarray(self.step_ms(table, chunk[offs]), dtype=np.float64) * 1e3, 1.0)
+                report = getattr(self.step_ms, "served", None)
+                ms = (report(served_ms[[at - first + o for o in offs]], chunk[offs])
+                      if served_ms is not None and report is not None else self.step_ms(table, chunk[offs]))
+                took = np.maximum(np.asarray(ms, dtype=np.float64) * 1e3, 1.0)
             for i, n in enumerate(self.nodes):
                 mine = left if i == len(self.nodes) - 1 else np.floor(chunk * shares[i]).astype(np.int64)
                 if i < len(self.nodes) - 1:

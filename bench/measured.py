@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from bench.agentfeed import StepModel
 from bench.engine import EPCluster
 from bench.policies import Elastic
 from controlplane.table import RoutingTable
@@ -31,21 +30,49 @@ STEP_JITTER = 0.10
 BATCH_TERM = 0.3
 
 
-def measured_steps(cluster: EPCluster, base: RoutingTable, first: npt.NDArray[np.integer], seed: int) -> StepModel:
-    """The wall times [S] (ms) the reference engine's plugins report for steps counts [S, L, E] under a table:
-    its step model's, plus a batch-dependent non-MoE term where the model has none, times a seeded jitter."""
-    rng = np.random.default_rng([seed, 49])
-    c = np.asarray(first)
-    per_token = 0.0
-    if not cluster.shape.layers_total and c.size:
-        per_token = BATCH_TERM * float(cluster.run(base, c).step_ms.mean()) / max(float(c[:, 0, :].sum(axis=1).mean()), 1.0)
+class ReferenceSteps:
+    """The wall times (ms) the reference engine's plugins report: its step model's, plus a batch-dependent non-MoE
+    term where the model has none, times a seeded jitter. Called with (table, counts [S, L, E]): the model's steps
+    under `table` (what `emoe bench --live` feeds); `served(ms, counts)`: steps as the bench served them (`ms`
+    [S], copies in flight included: bench.run.simulate), which is what an in-process run reports."""
 
-    def step_ms(table: RoutingTable, counts: npt.NDArray[np.integer]) -> F64:
-        ms = cluster.run(table, counts).step_ms + per_token * np.asarray(counts)[:, 0, :].sum(axis=1)
-        out: F64 = ms * np.clip(1.0 + STEP_JITTER * rng.standard_normal(ms.shape), 0.5, 1.5)
+    def __init__(self, cluster: EPCluster, base: RoutingTable, first: npt.NDArray[np.integer], seed: int) -> None:
+        self.cluster = cluster
+        self.rng = np.random.default_rng([seed, 49])
+        c = np.asarray(first)
+        self.per_token = 0.0
+        if not cluster.shape.layers_total and c.size:
+            self.per_token = (BATCH_TERM * float(cluster.run(base, c).step_ms.mean())
+                              / max(float(c[:, 0, :].sum(axis=1).mean()), 1.0))
+
+    def __call__(self, table: RoutingTable, counts: npt.NDArray[np.integer]) -> F64:
+        return self.served(self.cluster.run(table, counts).step_ms, counts)
+
+    def served(self, ms: npt.ArrayLike, counts: npt.NDArray[np.integer]) -> F64:
+        t = np.asarray(ms, dtype=np.float64) + self.per_token * np.asarray(counts)[:, 0, :].sum(axis=1)
+        out: F64 = t * np.clip(1.0 + STEP_JITTER * self.rng.standard_normal(t.shape), 0.5, 1.5)
         return out
 
-    return step_ms
+
+def measured_steps(cluster: EPCluster, base: RoutingTable, first: npt.NDArray[np.integer], seed: int) -> ReferenceSteps:
+    """The reference engine's reported step times (`ReferenceSteps`), its batch term set from `first` under `base`."""
+    return ReferenceSteps(cluster, base, first, seed)
+
+
+def copy_entry(pol: Elastic, run: Any, ranks: int) -> dict[str, Any]:
+    """Each commit's copies: the serving time the agents' cost-benefit test charged them (controlplane.worth: the
+    copies' cost over the ranks, which copy side by side) beside what they cost the reference engine (the steps
+    they overlapped as served, minus the same steps with no copy in flight: link bandwidth shared with the
+    all-to-all, and every layer waits for its slowest rank), and the median ratio of the two."""
+    charged = [float(d["cost_s"]) / max(ranks, 1) * 1e3 for d in pol.decisions]
+    engine = [(steps, extra) for _, steps, extra in run.copies]
+    for d, (steps, extra) in zip(pol.decisions, engine, strict=False):  # in order: a commit's copy, then the next
+        d["copy_ms_charged"], d["copy_ms_engine"], d["copy_steps_engine"] = (
+            round(float(d["cost_s"]) / max(ranks, 1) * 1e3, 3), round(extra, 3), steps)
+    ratios = [e / c for c, (_, e) in zip(charged, engine, strict=False) if c > 0]
+    return {"copy_ms_charged": round(float(np.median(charged)), 3) if charged else None,
+            "copy_ms_engine": round(float(np.median([e for _, e in engine])), 3) if engine else None,
+            "copy_engine_over_charged": round(float(np.median(ratios)), 2) if ratios else None}
 
 
 def step_time_entry(pol: Elastic, cluster: EPCluster, counts: npt.NDArray[np.integer],

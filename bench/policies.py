@@ -217,6 +217,7 @@ class Elastic:
     # the engine's wall time of sampled steps under a table (bench.agentfeed.StepModel), which its plugins report
     # (LoadReport.step_us) and the agents fit their step time from; None: none reported
     step_ms: Any = None
+    served_ms: Any = None  # [T] each step as the bench served it (bench.run.simulate sets it): what the engines report
     # per decision: the steps [start, end) of each window its step-time fit held, and the table that served them
     fits: list[list[tuple[int, int, Any]]] = field(default_factory=list)
     served: list[tuple[int, int, Any]] = field(default_factory=list)  # (first, end, table) of every window fed
@@ -255,7 +256,8 @@ class Elastic:
     def on_window(self, first: int, end: int, seen: Counts) -> list[Change]:
         self._step = self.clock.step = end
         self.served.append((first, end, self.backend.head))
-        self.feed.feed(first, seen[first:end], self.backend.head)  # closes the window at the pipeline
+        served = None if self.served_ms is None else self.served_ms[first:end]
+        self.feed.feed(first, seen[first:end], self.backend.head, served)  # closes the window at the pipeline
         out = self._commits(end)
         self.seq += 1
         return out

@@ -25,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from bench.engine import H200, EPCluster, StepResult, lost_by_expert, shape_for
-from bench.measured import measured_steps, step_time_entry
+from bench.measured import copy_entry, measured_steps, step_time_entry
 from bench.policies import Change, Elastic, Hindsight, Policy, controller_available, make_policy
 from bench.rankloss import Kill, Outage, masked, recovery_after
 from bench.traces import Trace, moving_average
@@ -57,6 +57,9 @@ class PolicyRun:
     installs: list[Install] = field(default_factory=list)
     replica_slots: int = 0
     outage: Outage = field(default_factory=lambda: Outage(False))
+    # each overlapped change's copies: (the step its copy started, steps it overlapped, the serving milliseconds
+    # it added to them: the steps as served minus the same steps with no copy in flight)
+    copies: list[tuple[int, int, float]] = field(default_factory=list)
 
 
 def _replicas(t: RoutingTable) -> int:
@@ -142,6 +145,7 @@ def simulate(policy: Policy, cluster: EPCluster, base: RoutingTable, trace: Trac
                         mv = cluster.moves(table, ch.table, dead)
                         run.bytes_at[t] += mv.bytes_total
                         copying = (ch, cluster.copy_ms(mv, copy_share), 0.0)
+                        run.copies.append((t, 0, 0.0))
                         break
                     install(ch, t, charge=True)
             stop = min([end] + [c.ready_step for c in queue if c.ready_step > t] + [e[0] for e in events if e[0] > t])
@@ -156,6 +160,10 @@ def simulate(policy: Policy, cluster: EPCluster, base: RoutingTable, trace: Trac
             cum = done + np.cumsum(res.step_ms)
             hit = np.flatnonzero(cum >= need)
             n = int(hit[0]) + 1 if hit.size else stop - t
+            calm = (cluster.run(table, counts[t:t + n]) if not dead.any() else  # the same steps, no copy in flight
+                    cluster.run(masked(table, masked_ranks), counts[t:t + n], None, dead)).step_ms
+            began, steps, extra = run.copies[-1]
+            run.copies[-1] = (began, steps + n, extra + float((res.step_ms[:n] - calm).sum()))
             run.imbalance[t:t + n], run.step_ms[t:t + n] = res.imbalance[:n], res.step_ms[:n]
             if n < stop - t:  # the chunk's accounting covers only the steps served before the install
                 first_step, lost, live = run.outage.chunks[-1]
@@ -168,6 +176,8 @@ def simulate(policy: Policy, cluster: EPCluster, base: RoutingTable, trace: Trac
             else:
                 copying = (ch, need, float(cum[-1]))
             t += n
+        if hasattr(policy, "served_ms"):  # what the engine served each step, copies in flight included
+            policy.served_ms = run.step_ms
         queue.extend(policy.on_window(first, end, counts[:end]))
         queue.sort(key=lambda c: c.ready_step)
         if tick is not None and (end // window > first // window or end == T):  # progress counts W-step windows
@@ -399,6 +409,7 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
             entry["explain"] = pol.explains
             entry["gossip_window_bytes"] = pol.feed.bytes_per_window()  # a node's window as gossip sends it
             entry.update(step_time_entry(pol, cluster, trace.counts, int(pol.pipeline.params.sample_every)))
+            entry.update(copy_entry(pol, runs[name], len(base.active_ranks)))
         if name == "elastic" and live is not None:
             entry["agent_window"] = int(elastic_params["window"])
             entry["live"] = live

@@ -86,3 +86,53 @@ def test_the_reference_figure_is_taken_under_the_tables_that_served_the_fitted_s
     # the figure scales with the load: what 10% more load on every expert adds to the MoE part, per 10%
     up = cluster.moe_ms(served, np.rint(sampled * 1.1).astype(np.int64)).mean()
     assert abs((up - cluster.moe_ms(served, sampled).mean()) / 0.1 - want) <= 0.1 * want
+
+
+def test_the_engines_report_the_steps_as_served_copies_in_flight_included() -> None:
+    """An in-process run's engines report each sampled step as the bench served it (bench.run.simulate hands the
+    policy the served step times): a step a copy slowed is reported slow, where the step model under the head
+    would not show it. The reference engine's jitter and batch term apply to it as to the model's steps."""
+    from bench.agentfeed import LoadFeed
+    from bench.engine import H200, EPCluster, shape_for
+    from bench.measured import measured_steps
+
+    head = initial_table(Topology(1, 2, 3), 2, 4)
+    counts = _trace(2, W, head.layers, head.experts)
+    cluster = EPCluster(head.topology, shape_for(head.layers, head.experts, 2), H200)
+    model = measured_steps(cluster, head, counts, seed=0)
+    got: list[np.ndarray] = []
+
+    def close(seq, total, samples, missing=()):  # type: ignore[no-untyped-def]
+        return None
+
+    feed = LoadFeed(head.topology, head.layers, head.experts, W, 10, close, step_ms=model)
+    path = feed.paths[feed.decider]
+    served = np.full(W, 1e4)  # every step 10 s as served: a copy in flight, say
+    feed.feed(0, counts, head, served)
+    got.append(np.asarray(path.cluster.step_us.get(0)))
+    feed2 = LoadFeed(head.topology, head.layers, head.experts, W, 10, close, step_ms=model)
+    feed2.feed(0, counts, head)  # no served times: the model's steps under the head
+    got.append(np.asarray(feed2.paths[feed2.decider].cluster.step_us.get(0)))
+    assert got[0].size == got[1].size == 5
+    assert (got[0] >= 0.5 * 1e7).all() and (got[0] <= 1.5 * 1.1e7).all(), got[0]  # ~10 s in us, jittered
+    assert (got[1] < 1e6).all(), got[1]  # the model's steps: milliseconds
+
+
+def test_each_commits_copies_are_charged_beside_what_they_cost_the_engine() -> None:
+    """results.json's elastic entry sets, per commit, the serving time the cost-benefit test charged its copies
+    (their cost over the ranks) beside what they cost the reference engine: the steps they overlapped as served
+    minus the same steps with no copy in flight (bench.run.simulate's `copies`)."""
+    from bench.run import BenchConfig, run_bench
+    from bench.traces import Trace
+
+    rng = np.random.default_rng(5)
+    hot = np.zeros((2, 4, 16), np.int64)  # two segments, each a few experts hot: a drift between them
+    hot[0, :, :3], hot[1, :, 8:11] = 60, 60
+    counts = np.concatenate([np.stack([rng.poisson(hot[s] + 4) for _ in range(600)]) for s in (0, 1)])
+    trace = Trace(counts.astype(np.uint32), "t", 2, "test", "sampled", [600])
+    cfg = BenchConfig(nodes=2, ranks_per_node=2, slots_per_rank=5, window=100, policies=("static", "elastic"))
+    e = run_bench(trace, cfg, progress=False, plots=False)["policies"]["elastic"]
+    assert e["commits"] >= 1, e["outcomes"]
+    d = e["decisions"][0]
+    assert d["copy_ms_charged"] > 0 and d["copy_ms_engine"] > 0 and d["copy_steps_engine"] >= 1, d
+    assert e["copy_ms_charged"] > 0 and e["copy_engine_over_charged"] > 0
