@@ -66,9 +66,8 @@ def copy_entry(pol: Elastic, run: Any, ranks: int) -> dict[str, Any]:
     all-to-all, and every layer waits for its slowest rank), and the median ratio of the two."""
     charged = [float(d["cost_s"]) / max(ranks, 1) * 1e3 for d in pol.decisions]
     engine = [(steps, extra) for _, steps, extra in run.copies]
-    for d, (steps, extra) in zip(pol.decisions, engine, strict=False):  # in order: a commit's copy, then the next
-        d["copy_ms_charged"], d["copy_ms_engine"], d["copy_steps_engine"] = (
-            round(float(d["cost_s"]) / max(ranks, 1) * 1e3, 3), round(extra, 3), steps)
+    for d, c, (steps, extra) in zip(pol.decisions, charged, engine, strict=False):  # a commit's copy, then the next
+        d["copy_ms_charged"], d["copy_ms_engine"], d["copy_steps_engine"] = round(c, 3), round(extra, 3), steps
     ratios = [e / c for c, (_, e) in zip(charged, engine, strict=False) if c > 0]
     return {"copy_ms_charged": round(float(np.median(charged)), 3) if charged else None,
             "copy_ms_engine": round(float(np.median([e for _, e in engine])), 3) if engine else None,
