@@ -1,4 +1,5 @@
-"""What a bench run's figures are (bench.run.simulate's PolicyRun -> results.json's entry for its policy).
+"""A bench run's record (PolicyRun: what bench.run.simulate served, step by step, and each install) and what its
+figures are (results.json's entry for its policy).
 
 Per policy: mean step imbalance; p50/p99 step time (the whole decode step, stalls included); recovery steps after
 each drift point (steps until the W-step moving average of step imbalance is within 10% of hindsight's mean for
@@ -13,19 +14,41 @@ or dropped.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from bench.rankloss import Kill, recovery_after
+from bench.rankloss import Kill, Outage, recovery_after
 from bench.traces import moving_average
 from controlplane.load import table_step_imbalance
-
-if TYPE_CHECKING:
-    from bench.run import PolicyRun
+from controlplane.table import RoutingTable
 
 F64 = npt.NDArray[np.float64]
+
+
+@dataclass
+class Install:
+    step: int
+    old: RoutingTable
+    new: RoutingTable
+    bytes: float
+    kind: str
+
+
+@dataclass
+class PolicyRun:
+    imbalance: F64
+    step_ms: F64
+    stall_ms: F64
+    bytes_at: F64  # bytes whose copy started at each step
+    installs: list[Install] = field(default_factory=list)
+    replica_slots: int = 0
+    outage: Outage = field(default_factory=lambda: Outage(False))
+    # each overlapped change's copies: (the step its copy started, steps it overlapped, the serving milliseconds
+    # it added to them: the steps as served minus the same steps with no copy in flight)
+    copies: list[tuple[int, int, float]] = field(default_factory=list)
 
 
 def recovery_steps(imb: F64, ref: F64, drift_steps: list[int], window: int) -> list[int]:

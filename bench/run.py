@@ -20,7 +20,7 @@ import numpy.typing as npt
 
 from bench.engine import H200, EPCluster, StepResult, lost_by_expert, shape_for
 from bench.measured import copy_entry, measured_steps, step_time_entry
-from bench.metrics import rank_loss_entry, summarize
+from bench.metrics import Install, PolicyRun, rank_loss_entry, summarize
 from bench.policies import Change, Elastic, Hindsight, Policy, controller_available, make_policy
 from bench.rankloss import Kill, Outage, masked
 from bench.traces import Trace
@@ -31,29 +31,6 @@ from controlplane.table import RoutingTable
 from controlplane.topology import Topology
 
 F64 = npt.NDArray[np.float64]
-
-
-@dataclass
-class Install:
-    step: int
-    old: RoutingTable
-    new: RoutingTable
-    bytes: float
-    kind: str
-
-
-@dataclass
-class PolicyRun:
-    imbalance: F64
-    step_ms: F64
-    stall_ms: F64
-    bytes_at: F64  # bytes whose copy started at each step
-    installs: list[Install] = field(default_factory=list)
-    replica_slots: int = 0
-    outage: Outage = field(default_factory=lambda: Outage(False))
-    # each overlapped change's copies: (the step its copy started, steps it overlapped, the serving milliseconds
-    # it added to them: the steps as served minus the same steps with no copy in flight)
-    copies: list[tuple[int, int, float]] = field(default_factory=list)
 
 
 def _replicas(t: RoutingTable) -> int:

@@ -9,9 +9,8 @@ import numpy as np
 import pytest
 
 from agent.cli import main
-from bench.metrics import recovery_steps, regressions
+from bench.metrics import Install, PolicyRun, recovery_steps, regressions
 from bench.policies import controller_available, make_policy
-from bench.run import Install, PolicyRun
 from chaos.synthetic import synthetic_trace
 from controlplane.table import initial_table
 from controlplane.topology import Topology
