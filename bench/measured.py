@@ -74,42 +74,62 @@ def copy_entry(pol: Elastic, run: Any, ranks: int) -> dict[str, Any]:
             "copy_engine_over_charged": round(float(np.median(ratios)), 2) if ratios else None}
 
 
+def _engine_over(cluster: EPCluster, counts: npt.NDArray[np.integer], windows: list[tuple[int, int, Any]],
+                 sample_every: int) -> tuple[float, float] | None:
+    """The reference engine's load part (EPCluster.load_ms) and whole MoE part of the sampled steps of
+    `windows` ((start, end, table that served them)), each step under its table, means weighted by steps."""
+    by_table: dict[int, tuple[RoutingTable, list[int]]] = {}
+    for lo, hi, table in windows:
+        if table is None:
+            continue
+        steps = [s for s in range(lo, min(hi, counts.shape[0])) if s % max(sample_every, 1) == 0]
+        by_table.setdefault(table.version, (table, []))[1].extend(steps)
+    n = sum(len(steps) for _, steps in by_table.values())
+    if not n:
+        return None
+    load = moe_ms = 0.0
+    for table, steps in by_table.values():
+        c = np.asarray(counts[steps], dtype=np.int64)
+        load += cluster.load_ms(table, c) * len(steps) / n
+        # the whole MoE part of the step, weight reads included (what does not scale with the load, too)
+        moe_ms += float(cluster.moe_ms(table, c).mean() - cluster.moe_ms(table, 0 * c[:1]).mean()) * len(steps) / n
+    return load, moe_ms
+
+
+def _median_error(est: list[float], ref: list[float]) -> float | None:
+    err = [abs(a - b) / b for a, b in zip(est, ref, strict=True) if b > 0]
+    return round(float(np.median(err)), 4) if err else None
+
+
 def step_time_entry(pol: Elastic, cluster: EPCluster, counts: npt.NDArray[np.integer],
                     sample_every: int) -> dict[str, Any]:
-    """The agents' fitted step time at each decision beside the reference engine's figure over the same steps
-    and tables (the sampled steps of the windows the fit held, each under the table that served it;
-    EPCluster.load_ms: what the step saves per fraction of load taken off), and their median relative error;
-    beside them the whole MoE part (`moe_ms_engine`, weight reads included) and the error against it."""
-    est, eng, moe = [], [], []
-    for d, held in zip(pol.decisions, pol.fits, strict=True):
-        by_table: dict[int, tuple[RoutingTable, list[int]]] = {}  # the sampled steps of the held windows, by table
-        for lo, hi, table in held:
-            if table is None:
-                continue
-            steps = [s for s in range(lo, min(hi, counts.shape[0])) if s % max(sample_every, 1) == 0]
-            by_table.setdefault(table.version, (table, []))[1].extend(steps)
-        n = sum(len(steps) for _, steps in by_table.values())
-        if not n:
+    """The agents' step time at each decision beside the reference engine's figure over the same steps and
+    tables, and their median relative error. The agents read their fit at the busiest load of the windows the
+    decision judged (controlplane.steptime.resolve), so `load_ms_engine` is EPCluster.load_ms (what the step
+    saves per fraction of load taken off) over those windows' sampled steps, each under the table that served
+    it. Beside it: the same figure over all the windows the fit held (`load_ms_engine_held`, what a figure at the
+    fit's mean load would be judged against) and the whole MoE part over the judged steps (`moe_ms_engine`,
+    weight reads included)."""
+    est, eng, held, moe = [], [], [], []
+    for d, fit_windows, judged in zip(pol.decisions, pol.fits, pol.judged, strict=True):
+        now = _engine_over(cluster, counts, judged, sample_every)
+        over_held = _engine_over(cluster, counts, fit_windows, sample_every)
+        if now is None or over_held is None:
             continue
-        load = moe_ms = 0.0
-        for table, steps in by_table.values():  # each step under the table that served it: means weighted by steps
-            c = np.asarray(counts[steps], dtype=np.int64)
-            load += cluster.load_ms(table, c) * len(steps) / n
-            # the whole MoE part of the step, weight reads included (what does not scale with the load, too)
-            moe_ms += float(cluster.moe_ms(table, c).mean() - cluster.moe_ms(table, 0 * c[:1]).mean()) * len(steps) / n
-        d["load_ms_engine"], d["moe_ms_engine"] = round(load, 4), round(moe_ms, 4)
+        d["load_ms_engine"], d["moe_ms_engine"] = round(now[0], 4), round(now[1], 4)
+        d["load_ms_engine_held"] = round(over_held[0], 4)
         est.append(float(d["load_ms_estimated"]))
-        eng.append(float(d["load_ms_engine"]))
-        moe.append(float(d["moe_ms_engine"]))
+        eng.append(now[0])
+        held.append(over_held[0])
+        moe.append(now[1])
     ctl = pol.pipeline.controller
     out: dict[str, Any] = {"load_ms_source": str(ctl.step_time.source), "load_ms_why": ctl.step_time.why}
     if est:
-        err = [abs(a - b) / b for a, b in zip(est, eng, strict=True) if b > 0]
-        err_moe = [abs(a - b) / b for a, b in zip(est, moe, strict=True) if b > 0]
         out.update(load_ms_estimated=round(float(np.median(est)), 4), load_ms_engine=round(float(np.median(eng)), 4),
-                   load_ms_median_rel_error=round(float(np.median(err)), 4) if err else None,
+                   load_ms_median_rel_error=_median_error(est, eng),
+                   load_ms_engine_held=round(float(np.median(held)), 4),
                    moe_ms_engine=round(float(np.median(moe)), 4),
-                   moe_ms_median_rel_error=round(float(np.median(err_moe)), 4) if err_moe else None)
+                   moe_ms_median_rel_error=_median_error(est, moe))
     else:  # no decision: the fit at the end of the run
         out.update(load_ms_estimated=round(float(ctl.step_time.load_ms), 4))
     return out

@@ -220,6 +220,7 @@ class Elastic:
     served_ms: Any = None  # [T] each step as the bench served it (bench.run.simulate sets it): what the engines report
     # per decision: the steps [start, end) of each window its step-time fit held, and the table that served them
     fits: list[list[tuple[int, int, Any]]] = field(default_factory=list)
+    judged: list[list[tuple[int, int, Any]]] = field(default_factory=list)  # the windows each decision's step time was read at
     served: list[tuple[int, int, Any]] = field(default_factory=list)  # (first, end, table) of every window fed
     explains: list[dict[str, Any]] = field(default_factory=list)
 
@@ -278,6 +279,7 @@ class Elastic:
         W = ctl.params.window
         tables = {first: table for first, _, table in self.served}
         self.fits.append([(w * W, (w + 1) * W, tables.get(w * W)) for w in sorted(w[0] for w in ctl.steptime._windows)])
+        self.judged.append([(w * W, (w + 1) * W, tables.get(w * W)) for w in ctl.judged_windows])
         return {"load_ms_estimated": round(float(st.load_ms), 4), "load_ms_source": str(st.source),
                 "load_ms_why": st.why, "fit_steps": [lo, hi]}
 

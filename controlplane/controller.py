@@ -65,7 +65,7 @@ from controlplane.requests import PlanRequest, stale
 from controlplane.restore import FILL_TRIES
 from controlplane.steptime import StepTime, StepTimeEstimator, StepTimeSource
 from controlplane.table import RoutingTable
-from controlplane.verify import verify_decision
+from controlplane.verify import verify_decision, verify_windows
 from controlplane.worth import WorthTrigger
 
 __all__ = [
@@ -106,6 +106,7 @@ class Controller:
         self._configured_ms = params.load_ms
         self.steptime = StepTimeEstimator()
         self.step_time: StepTime = self.steptime.current(params.load_ms, params.load_ms_override)
+        self.judged_windows: tuple[int, ...] = ()  # the windows the step time was read at (their busiest load)
         self._ready = Ready()
         self._inflight: Decision | None = None
         self.defer_plans = defer_plans
@@ -431,9 +432,14 @@ class Controller:
             self._rollback_due = o
 
     def _measured(self, ev: WindowClosed) -> None:
-        """Fit the step time anew with a window's measured steps (served under the head), and decide with it."""
+        """Fit the step time anew with a window's measured steps (served under the head), and decide with it at
+        the busiest load of the windows a decision judges (those that share the newest one's mix)."""
         self.steptime.observe(ev.window_seq, self.head, ev.steps, ev.step_us)
-        st = self.steptime.current(self._configured_ms, self.params.load_ms_override)
+        buf = self.monitor.buffer
+        judged = verify_windows(buf.window_totals(), self.params.drift_tv)
+        self.judged_windows = tuple(w.seq for w in list(buf.windows)[-judged:]) if judged else ()
+        busiest = float(buf.stats(self.head, last=judged).layer_max.sum(axis=1).mean()) if judged else None
+        st = self.steptime.current(self._configured_ms, self.params.load_ms_override, busiest)
         self.step_time = st
         why = st.why if st.source is not StepTimeSource.DEFAULT or self.steptime.points else ""  # ("": nothing measured)
         if (st.load_ms, why) != (self.params.load_ms, self.params.load_ms_source):

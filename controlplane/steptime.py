@@ -9,7 +9,8 @@ m_s = sum over layers of the busiest rank's load of step s under the table that 
 layer_max), n_s the step's tokens (the batch-dependent part that is not MoE: attention, dense layers, the LM
 head), a what does not scale with either. `load_ms` is the part that grows with the busiest rank's load at its
 typical value, b x mean(m): a plan that lowers the mean step imbalance by the relative gain g saves g x load_ms
-a step (controlplane.worth).
+a step (controlplane.worth). A decision reads the fit at the load it judges, b x the busiest load of its
+windows (`resolve`).
 
 The fit is a robust M-estimate (iteratively reweighted least squares, Huber then Tukey's bisquare weights, a
 fixed number of rounds, scale from the median absolute residual): one step stalled by a copy or a garbage collection does not move it, and the same
@@ -73,6 +74,11 @@ class StepFit:
     c_ms: float  # milliseconds per token of the step's batch
     load_ms: float
     points: int
+    busiest: float = 0.0  # mean(m) over the fitted steps
+
+    def at(self, busiest: float) -> float:
+        """The load part of a step whose busiest ranks carry `busiest` tokens (summed over layers): b x busiest."""
+        return self.b_ms * busiest
 
 
 @dataclass(frozen=True)
@@ -146,7 +152,7 @@ def fit_step_time(t_ms: npt.ArrayLike, busiest: npt.ArrayLike, tokens: npt.Array
                 f"standard error within {MAX_REL_SE:g} of it")
     b = load_ms / float(m.mean())
     c = float(beta[2]) / float(n.mean()) if with_batch else 0.0
-    return StepFit(float(beta[0]), b, c, load_ms, int(t.size))
+    return StepFit(float(beta[0]), b, c, load_ms, int(t.size), float(m.mean()))
 
 
 def step_points(table: RoutingTable, rows: npt.NDArray[np.integer]) -> tuple[F64, F64]:
@@ -157,13 +163,22 @@ def step_points(table: RoutingTable, rows: npt.NDArray[np.integer]) -> tuple[F64
 
 
 def resolve(override_ms: float | None, fit: StepFit | str | None, default_ms: float,
-            step_ms: float | None = None) -> StepTime:
+            step_ms: float | None = None, busiest: float | None = None) -> StepTime:
     """The step time to decide with: the operator's override, else the fit, else the configured default, but
     never more than `step_ms`, the engines' median measured step (the part of a step that scales with its
-    load is at most the whole step: a small model's 0.1 ms step is not judged on DeepSeek-V3's 12 ms)."""
+    load is at most the whole step: a small model's 0.1 ms step is not judged on DeepSeek-V3's 12 ms).
+
+    A fit is read at `busiest`, the busiest ranks' load (summed over layers, mean over steps) of the windows a
+    decision judges, where given: a plan's relative gain g is a fraction of that load, so it saves g x b x
+    busiest a step (controlplane.worth), not g x b x the fitted steps' mean. Right after a drift the two differ
+    by the drift: the fitted steps are mostly the old load."""
     if override_ms is not None:
         return StepTime(override_ms, StepTimeSource.OVERRIDE, "set by the operator (decision.load_ms)")
     if isinstance(fit, StepFit):
+        if busiest is not None and busiest > 0 and fit.busiest > 0:
+            return StepTime(fit.at(busiest), StepTimeSource.FITTED,
+                            f"fitted from {fit.points} measured steps, at the judged windows' busiest load "
+                            f"({busiest / fit.busiest:.3g} x the fitted steps': {fit.load_ms:.4g} ms there)", fit)
         return StepTime(fit.load_ms, StepTimeSource.FITTED, f"fitted from {fit.points} measured steps", fit)
     why = fit if isinstance(fit, str) else "no measured step times"
     if step_ms is not None and 0 < step_ms < default_ms:
@@ -214,14 +229,14 @@ class StepTimeEstimator:
         cat = [np.concatenate([w[i] for w in self._windows]) for i in (1, 2, 3)]
         return fit_step_time(cat[0], cat[1], cat[2])
 
-    def current(self, configured_ms: float, override: bool) -> StepTime:
-        """The step time to decide with: `configured_ms` when the operator set it (`override`), else the fit,
-        else `configured_ms` as the default; WARMING_UP while the windows held are measured but fewer than
-        MIN_POINTS steps."""
+    def current(self, configured_ms: float, override: bool, busiest: float | None = None) -> StepTime:
+        """The step time to decide with: `configured_ms` when the operator set it (`override`), else the fit
+        (read at `busiest`, the judged windows' busiest load: `resolve`), else `configured_ms` as the default;
+        WARMING_UP while the windows held are measured but fewer than MIN_POINTS steps."""
         fit = None if override else self.fit()
         if isinstance(fit, str) and 0 < self.points < MIN_POINTS:
             return StepTime(configured_ms, StepTimeSource.WARMING_UP, f"the configured default until the fit: {fit}")
-        return resolve(configured_ms if override else None, fit, configured_ms, self.median_step_ms())
+        return resolve(configured_ms if override else None, fit, configured_ms, self.median_step_ms(), busiest)
 
     def median_step_ms(self) -> float | None:
         """The median measured step time of the windows held (ms), None when none was measured."""

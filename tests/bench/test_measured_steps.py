@@ -57,9 +57,10 @@ def test_the_deciding_node_fits_the_step_time_the_engines_measured_and_explain_s
     assert f"step time: {said}" in out.getvalue()
 
 
-def test_the_reference_figure_is_taken_under_the_tables_that_served_the_fitted_steps() -> None:
+def test_the_reference_figure_is_taken_over_the_judged_steps_under_the_tables_that_served_them() -> None:
     """results.json's `load_ms_engine` for a decision is the engine's figure over the sampled steps of the
-    windows the fit held, each under the table that served it, not under the table the decision committed."""
+    windows the decision judged (where the agents read their fit), each under the table that served it, not
+    under the table the decision committed; `load_ms_engine_held` is the same over all the windows the fit held."""
     from types import SimpleNamespace
 
     from bench.engine import H200, EPCluster, shape_for
@@ -72,20 +73,25 @@ def test_the_reference_figure_is_taken_under_the_tables_that_served_the_fitted_s
     committed = served.successor(spread)
     counts = _trace(2, 4 * W, served.layers, served.experts)
     counts[:, :, 0] *= 8  # one hot expert: where it sits decides the busiest rank
+    counts[3 * W:, :, 0] *= 2  # hotter still in the last window, the one the decision judged
     cluster = EPCluster(topo, shape_for(4, 8, 2), H200)
     pol = Elastic(W)
     pol.pipeline = SimpleNamespace(controller=SimpleNamespace(step_time=SimpleNamespace(source="fitted", why="")))
     pol.backend = SimpleNamespace(head=committed)  # the head once the decision committed
     pol.decisions = [{"load_ms_estimated": 1.0}]
     pol.fits = [[(k * W, (k + 1) * W, served) for k in range(4)]]
+    pol.judged = [[(3 * W, 4 * W, served)]]
     step_time_entry(pol, cluster, counts, 5)
-    sampled = counts[::5]
-    want, other = cluster.load_ms(served, sampled), cluster.load_ms(committed, sampled)
+    judged, held = counts[3 * W:4 * W:5], counts[::5]
+    want, other = cluster.load_ms(served, judged), cluster.load_ms(committed, judged)
     assert abs(want - other) > 0.05 * want  # the two tables give the engine different figures
     assert pol.decisions[0]["load_ms_engine"] == round(want, 4), (pol.decisions[0], want, other)
+    over_held = cluster.load_ms(served, held)
+    assert abs(over_held - want) > 0.05 * want  # the judged window's load is not the fitted windows' mean
+    assert pol.decisions[0]["load_ms_engine_held"] == round(over_held, 4)
     # the figure scales with the load: what 10% more load on every expert adds to the MoE part, per 10%
-    up = cluster.moe_ms(served, np.rint(sampled * 1.1).astype(np.int64)).mean()
-    assert abs((up - cluster.moe_ms(served, sampled).mean()) / 0.1 - want) <= 0.1 * want
+    up = cluster.moe_ms(served, np.rint(judged * 1.1).astype(np.int64)).mean()
+    assert abs((up - cluster.moe_ms(served, judged).mean()) / 0.1 - want) <= 0.1 * want
 
 
 def test_the_engines_report_the_steps_as_served_copies_in_flight_included() -> None:

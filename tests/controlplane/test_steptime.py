@@ -197,3 +197,48 @@ def test_with_no_fit_the_configured_figure_is_capped_at_the_measured_step() -> N
     long.observe(0, table, rows, np.full(40, 30_000, dtype=np.int64))  # 30 ms steps: 12 ms stands
     assert long.current(12.0, False).source is StepTimeSource.DEFAULT
     assert resolve(None, "flat", 12.0, 0.5).load_ms == 0.5 and resolve(None, "flat", 12.0, None).load_ms == 12.0
+
+
+def test_a_fit_is_read_at_the_load_a_decision_judges() -> None:
+    """A plan's gain is a fraction of the judged windows' busiest load, so the step time it is weighed with is
+    b x that load, not b x the fitted steps' mean: right after a drift that doubles the busiest load the two
+    differ twofold."""
+    t, m, n, truth = synthetic(4)
+    fit = fit_step_time(t, m, n)
+    assert isinstance(fit, StepFit) and fit.busiest == pytest.approx(float(m.mean()))
+    st = resolve(None, fit, 12.0, None, busiest=2.0 * fit.busiest)
+    assert st.source is StepTimeSource.FITTED and st.load_ms == pytest.approx(2.0 * fit.load_ms)
+    assert "2 x the fitted steps'" in st.why, st.why
+    assert resolve(None, fit, 12.0).load_ms == fit.load_ms  # no judged load given: the fitted steps' mean
+
+
+def test_after_a_drift_the_controller_weighs_a_plan_at_the_drifted_load() -> None:
+    """Thirty windows of one mix, then one where an expert turns hot: the window that moved the mix is the one a
+    decision judges (verify.verify_windows), and the controller's step time is the fit read at its busiest load,
+    within 10% of b x that load; the fitted steps' mean is far from it."""
+    from controlplane.controller import Controller, DecisionParams, WindowClosed
+    from controlplane.table import initial_table
+
+    head = initial_table(Topology(2, 2, 3), 4, 8)
+    ctl = Controller(DecisionParams(window=100, theta=1e6, fast_theta=1e6, load_ms=12.0), head)
+    rng = np.random.default_rng(11)
+    a, b = 2.0, 0.01
+
+    def feed(seq: int, hot: float) -> np.ndarray:
+        p = np.full(head.experts, 1.0)
+        p[0] = hot
+        rows = np.stack([rng.multinomial(512, p / p.sum(), size=head.layers) for _ in range(10)])
+        rows[:, :, 0] = np.rint(rows[:, :, 0] * rng.uniform(0.7, 1.3, (10, 1)))  # the busiest load varies
+        busiest, _ = step_points(head, rows)
+        us = np.rint((a + b * busiest) * (1 + 0.05 * rng.standard_normal(10)) * 1e3).astype(np.uint32)
+        ctl.step(WindowClosed(seq, seq * 100, rows.astype(np.uint32), span=100, step_us=us))
+        ctl.advance()
+        return busiest
+
+    held = np.concatenate([feed(seq, 3.0) for seq in range(30)])
+    drifted = feed(30, 12.0)
+    st = ctl.step_time
+    assert st.source is StepTimeSource.FITTED and ctl.judged_windows == (30,), (st, ctl.judged_windows)
+    assert abs(st.load_ms - b * float(drifted.mean())) <= 0.10 * b * float(drifted.mean()), (st, b * drifted.mean())
+    assert b * float(drifted.mean()) > 1.5 * b * float(held.mean())  # (the fitted steps' mean is not that load)
+    assert ctl.params.worth().load_ms == st.load_ms and "judged windows' busiest load" in st.why
