@@ -131,6 +131,10 @@ class DecisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Unset: the agents fit it from the engines' measured step times (controlplane.steptime), DecisionParams'
     # figure until enough are in; set: an override, used as it is (`emoe explain` says which)
     load_ms: float | None = None
+    # the agents measure what each change's copies cost the steps they overlapped (from the versions the engines
+    # say each step ran on: controlplane.copycost) and show it in `emoe explain`; true: the cost-benefit test
+    # charges copies with that measure, not the cost model's figure alone (off: see DecisionParams)
+    copy_cost_measured: bool = DecisionParams.copy_cost_measured
     horizon_windows: int = DecisionParams.horizon_windows
     worth_margin: float = DecisionParams.worth_margin
     # where the planner's one-at-a-time moves are stuck short of tau, it may still re-pack or exchange layers

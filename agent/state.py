@@ -135,7 +135,7 @@ def decision_params(cfg: AgentConfig) -> DecisionParams:
                           rollback_windows=d.rollback_windows, max_ops=d.max_ops,
                           replay_windows=d.replay_windows, expert_bytes=cfg.cluster.expert_bytes, planner=d.planner,
                           sample_every=d.sample_every, load_ms=DecisionParams.load_ms if d.load_ms is None else d.load_ms,
-                          load_ms_override=d.load_ms is not None,
+                          load_ms_override=d.load_ms is not None, copy_cost_measured=d.copy_cost_measured,
                           horizon_windows=d.horizon_windows, worth_margin=d.worth_margin,
                           polish_theta=d.polish_theta, polish_lam=d.polish_lam,
                           # the fast path triggers on a big breach; never below the plain threshold
@@ -265,6 +265,7 @@ class NodeState:
                              self._engine_ran, self._abstains, guard, sample_every=self.params.sample_every,
                              engine_failed=self.installs.failed, absent=self._absent, unreachable=self._unreachable)
         self.pipeline.step_times = self.load.cluster.step_us.get  # the engines' measured step times, per window
+        self.pipeline.step_versions = self.load.cluster.step_version.get  # and the versions those steps ran on
         self.reactions = MembershipReactions(
             self.node_id, ranks, self.clock, backend, self.pipeline, self.gossip, self.installs, rejoin,
             self._may_restore, hold_s=cfg.gossip.dead_reclaim_ms / 1000)

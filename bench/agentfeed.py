@@ -72,8 +72,10 @@ class _Loopback:
 
     def publish_window(self, window_seq: int, first_step: int, steps: int, counts: npt.NDArray[np.integer],
                        learner: bool = False, samples: npt.NDArray[np.uint32] | None = None,
-                       sample_every: int = 0, step_us: npt.NDArray[np.uint32] | None = None) -> None:
-        w = make_window(self.node, 1, window_seq, first_step, steps, counts, learner, samples, sample_every, step_us)
+                       sample_every: int = 0, step_us: npt.NDArray[np.uint32] | None = None,
+                       step_version: npt.NDArray[np.uint32] | None = None) -> None:
+        w = make_window(self.node, 1, window_seq, first_step, steps, counts, learner, samples, sample_every, step_us,
+                        step_version)
         wire = w.SerializeToString()
         self.feed.window_bytes.append(len(wire))
         if self.node == self.feed.decider:
@@ -82,7 +84,7 @@ class _Loopback:
         check_windows([got], (w.layers, w.experts))
         nw = node_window(got)
         self.feed.paths[self.feed.decider].on_window(self.node, nw.window_seq, nw.counts, nw.first_step, nw.steps,
-                                                     nw.samples, nw.step_us)
+                                                     nw.samples, nw.step_us, nw.step_version)
 
     def live_nodes(self) -> list[str]:
         return self.feed.nodes
@@ -113,17 +115,27 @@ class LoadFeed:
                                      sample_every=sample_every)
 
     def feed(self, first: int, counts: npt.NDArray[np.integer], table: RoutingTable,
-             served_ms: npt.NDArray[np.float64] | None = None) -> None:
+             served_ms: npt.NDArray[np.float64] | None = None, served_version: npt.ArrayLike | None = None) -> None:
         """Steps [first, first + len(counts)) of cluster counts [T, L, E], served under `table`: each node's
         engines report their share every `report_every` global steps. served_ms [T]: each step's time as the
         bench served it (copies in flight included), which the engines report through `step_ms.served` where
-        the step model has one; else the step model's time under `table`."""
+        the step model has one; else the step model's time under `table`. served_version [T]: the table version
+        each step ran on (an older one while `table`'s copies were in flight); a plugin reports the steps before
+        an install apart from those after it (dataplane_shim.plugin flushes before it installs), so a report
+        splits where the version changes. None: all on `table`."""
         shares = node_shares(table)
         self.head = max(self.head, table.version)
         end = first + counts.shape[0]
+        ran = (np.full(end - first, table.version, dtype=np.int64) if served_version is None
+               else np.asarray(served_version, dtype=np.int64).reshape(-1))
+        if ran.shape != (end - first,):
+            raise ValueError(f"served_version of {ran.shape[0]} steps: expected {end - first}")
         at = first
         while at < end:
             nxt = min(end, (at // self.report_every + 1) * self.report_every)
+            changes = np.flatnonzero(ran[at - first + 1:nxt - first] != ran[at - first])
+            nxt = at + 1 + int(changes[0]) if changes.size else nxt  # a report runs on one version
+            version = int(ran[at - first]) or table.version
             chunk = np.asarray(counts[at - first:nxt - first], dtype=np.int64)
             offs = [s - at for s in sample_steps(at, nxt - at, self.sample_every)]
             left = chunk.copy()
@@ -138,7 +150,7 @@ class LoadFeed:
                 if i < len(self.nodes) - 1:
                     left -= mine
                 rows = mine[offs] if self.sample_every else None
-                r = make_load_report(f"{n}-engine", i * self.topo.ranks_per_node, at, nxt - at, table.version,
+                r = make_load_report(f"{n}-engine", i * self.topo.ranks_per_node, at, nxt - at, version,
                                      mine.sum(axis=0), samples=rows, sample_every=self.sample_every, step_us=took)
                 self.paths[n].on_report(r)
             at = nxt

@@ -39,7 +39,7 @@ from controlplane.topology import Topology
 # the agents' decision settings the bench's --elastic-param may carry (agent.config.DecisionConfig)
 DECISION_KEYS = ("window", "theta", "budget_windows", "tau", "rollback_windows", "max_ops", "replay_windows",
                  "planner", "sample_every", "handover_windows", "load_ms", "horizon_windows", "worth_margin",
-                 "polish_theta", "polish_lam", "fast_theta")
+                 "polish_theta", "polish_lam", "fast_theta", "copy_cost_measured")
 
 
 @dataclass

@@ -60,18 +60,28 @@ def measured_steps(cluster: EPCluster, base: RoutingTable, first: npt.NDArray[np
 
 
 def copy_entry(pol: Elastic, run: Any, ranks: int) -> dict[str, Any]:
-    """Each commit's copies: the serving time the agents' cost-benefit test charged them (controlplane.worth: the
-    copies' cost over the ranks, which copy side by side) beside what they cost the reference engine (the steps
-    they overlapped as served, minus the same steps with no copy in flight: link bandwidth shared with the
-    all-to-all, and every layer waits for its slowest rank), and the median ratio of the two."""
+    """Each commit's copies: the serving time the cost model charges them (controlplane.worth: the copies' cost
+    over the ranks, which copy side by side) beside what they cost the reference engine (the steps they
+    overlapped as served, minus the same steps with no copy in flight: link bandwidth shared with the all-to-all,
+    and every layer waits for its slowest rank), the median and pooled ratios of the two, and the agents' own
+    measure of that ratio at the end of the run (controlplane.copycost: `copy_slowdown_measured`, from the steps
+    the copies overlapped as the engines reported them; `copy_slowdown_estimated` is the factor they charge
+    with, 1 until the measure passes its rule)."""
     charged = [float(d["cost_s"]) / max(ranks, 1) * 1e3 for d in pol.decisions]
     engine = [(steps, extra) for _, steps, extra in run.copies]
     for d, c, (steps, extra) in zip(pol.decisions, charged, engine, strict=False):  # a commit's copy, then the next
         d["copy_ms_charged"], d["copy_ms_engine"], d["copy_steps_engine"] = round(c, 3), round(extra, 3), steps
     ratios = [e / c for c, (_, e) in zip(charged, engine, strict=False) if c > 0]
+    pooled = (sum(e for _, e in engine[:len(charged)]) / sum(charged[:len(engine)])
+              if engine and charged and sum(charged[:len(engine)]) > 0 else None)
+    cs = pol.pipeline.controller.measures.copy_slowdown  # the agents' own, from the steps the copies overlapped, at the end
     return {"copy_ms_charged": round(float(np.median(charged)), 3) if charged else None,
             "copy_ms_engine": round(float(np.median([e for _, e in engine])), 3) if engine else None,
-            "copy_engine_over_charged": round(float(np.median(ratios)), 2) if ratios else None}
+            "copy_engine_over_charged": round(float(np.median(ratios)), 2) if ratios else None,
+            "copy_engine_over_charged_pooled": None if pooled is None else round(pooled, 2),
+            "copy_slowdown_estimated": round(cs.factor, 3), "copy_slowdown_measured":
+                None if cs.ratio is None else round(cs.ratio, 3), "copy_slowdown_source": str(cs.source),
+            "copy_slowdown_why": cs.why}
 
 
 def _engine_over(cluster: EPCluster, counts: npt.NDArray[np.integer], windows: list[tuple[int, int, Any]],
@@ -123,7 +133,7 @@ def step_time_entry(pol: Elastic, cluster: EPCluster, counts: npt.NDArray[np.int
         held.append(over_held[0])
         moe.append(now[1])
     ctl = pol.pipeline.controller
-    out: dict[str, Any] = {"load_ms_source": str(ctl.step_time.source), "load_ms_why": ctl.step_time.why}
+    out: dict[str, Any] = {"load_ms_source": str(ctl.measures.step_time.source), "load_ms_why": ctl.measures.step_time.why}
     if est:
         out.update(load_ms_estimated=round(float(np.median(est)), 4), load_ms_engine=round(float(np.median(eng)), 4),
                    load_ms_median_rel_error=_median_error(est, eng),
@@ -131,5 +141,5 @@ def step_time_entry(pol: Elastic, cluster: EPCluster, counts: npt.NDArray[np.int
                    moe_ms_engine=round(float(np.median(moe)), 4),
                    moe_ms_median_rel_error=_median_error(est, moe))
     else:  # no decision: the fit at the end of the run
-        out.update(load_ms_estimated=round(float(ctl.step_time.load_ms), 4))
+        out.update(load_ms_estimated=round(float(ctl.measures.step_time.load_ms), 4))
     return out

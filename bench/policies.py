@@ -218,6 +218,7 @@ class Elastic:
     # (LoadReport.step_us) and the agents fit their step time from; None: none reported
     step_ms: Any = None
     served_ms: Any = None  # [T] each step as the bench served it (bench.run.simulate sets it): what the engines report
+    served_version: Any = None  # [T] the table version each step was served on (simulate sets it)
     # per decision: the steps [start, end) of each window its step-time fit held, and the table that served them
     fits: list[list[tuple[int, int, Any]]] = field(default_factory=list)
     judged: list[list[tuple[int, int, Any]]] = field(default_factory=list)  # the windows each decision's step time was read at
@@ -247,6 +248,7 @@ class Elastic:
         self.feed = LoadFeed(base.topology, base.layers, base.experts, self.window, params.sample_every,
                              self.pipeline.close_window, step_ms=self.step_ms)
         self.pipeline.step_times = self.feed.paths[self.feed.decider].cluster.step_us.get
+        self.pipeline.step_versions = self.feed.paths[self.feed.decider].cluster.step_version.get
         self._step = 0
         return []
 
@@ -258,7 +260,8 @@ class Elastic:
         self._step = self.clock.step = end
         self.served.append((first, end, self.backend.head))
         served = None if self.served_ms is None else self.served_ms[first:end]
-        self.feed.feed(first, seen[first:end], self.backend.head, served)  # closes the window at the pipeline
+        ran = None if self.served_version is None else self.served_version[first:end]
+        self.feed.feed(first, seen[first:end], self.backend.head, served, ran)  # closes the window at the pipeline
         out = self._commits(end)
         self.seq += 1
         return out
@@ -274,14 +277,17 @@ class Elastic:
     def _step_time(self, step: int) -> dict[str, Any]:
         """The step time the controller decided with, where it came from, and the steps its fit saw."""
         ctl = self.pipeline.controller
-        st = ctl.step_time
+        st = ctl.measures.step_time
         lo, hi = _fit_span(ctl)
         W = ctl.params.window
         tables = {first: table for first, _, table in self.served}
-        self.fits.append([(w * W, (w + 1) * W, tables.get(w * W)) for w in sorted(w[0] for w in ctl.steptime._windows)])
-        self.judged.append([(w * W, (w + 1) * W, tables.get(w * W)) for w in ctl.judged_windows])
+        self.fits.append([(w * W, (w + 1) * W, tables.get(w * W)) for w in sorted(w[0] for w in ctl.measures.steptime._windows)])
+        self.judged.append([(w * W, (w + 1) * W, tables.get(w * W)) for w in ctl.measures.judged_windows])
+        cs = ctl.measures.copy_slowdown
         return {"load_ms_estimated": round(float(st.load_ms), 4), "load_ms_source": str(st.source),
-                "load_ms_why": st.why, "fit_steps": [lo, hi]}
+                "load_ms_why": st.why, "fit_steps": [lo, hi], "copy_slowdown_estimated": round(cs.factor, 3),
+                "copy_slowdown_measured": None if cs.ratio is None else round(cs.ratio, 3),
+                "copy_slowdown_source": str(cs.source), "copy_slowdown_why": cs.why}
 
     def _commits(self, step: int) -> list[Change]:
         from agent.wire import ops_from_pb, plan_kind
@@ -305,7 +311,7 @@ class Elastic:
 
 def _fit_span(ctl: Any) -> tuple[int, int]:
     """The steps [lo, hi) of the windows the controller's step-time fit holds (controlplane.steptime)."""
-    held = [w[0] for w in ctl.steptime._windows]
+    held = [w[0] for w in ctl.measures.steptime._windows]
     W = ctl.params.window
     return (min(held) * W, (max(held) + 1) * W) if held else (0, 0)
 

@@ -56,6 +56,7 @@ def simulate(policy: Policy, cluster: EPCluster, base: RoutingTable, trace: Trac
     dead = np.zeros(cluster.topo.ranks, dtype=bool)
     masked_ranks = np.zeros_like(dead)  # dead ranks the policy's shim has masked (after detection)
     events: list[tuple[int, int, int]] = [(k.step, 0, k.rank) for k in kills or []]  # (step, 0 kill | 1 detect, rank)
+    ran = np.zeros(T, dtype=np.int64)  # the table version each step was served on (what the engines report)
 
     def install(ch: Change, step: int, charge: bool) -> None:
         nonlocal table
@@ -123,6 +124,7 @@ def simulate(policy: Policy, cluster: EPCluster, base: RoutingTable, trace: Trac
             if copying is None:
                 res = serve(t, stop, None)
                 run.imbalance[t:stop], run.step_ms[t:stop] = res.imbalance, res.step_ms
+                ran[t:stop] = table.version
                 t = stop
                 continue
             ch, need, done = copying
@@ -136,6 +138,7 @@ def simulate(policy: Policy, cluster: EPCluster, base: RoutingTable, trace: Trac
             began, steps, extra = run.copies[-1]
             run.copies[-1] = (began, steps + n, extra + float((res.step_ms[:n] - calm).sum()))
             run.imbalance[t:t + n], run.step_ms[t:t + n] = res.imbalance[:n], res.step_ms[:n]
+            ran[t:t + n] = table.version  # (the old table serves while the new one's copies are in flight)
             if n < stop - t:  # the chunk's accounting covers only the steps served before the install
                 first_step, lost, live = run.outage.chunks[-1]
                 run.outage.chunks[-1] = (first_step, None if lost is None else lost[:n], live)
@@ -149,6 +152,8 @@ def simulate(policy: Policy, cluster: EPCluster, base: RoutingTable, trace: Trac
             t += n
         if hasattr(policy, "served_ms"):  # what the engine served each step, copies in flight included
             policy.served_ms = run.step_ms
+        if hasattr(policy, "served_version"):  # and on which table
+            policy.served_version = ran
         queue.extend(policy.on_window(first, end, counts[:end]))
         queue.sort(key=lambda c: c.ready_step)
         if tick is not None and (end // window > first // window or end == T):  # progress counts W-step windows

@@ -32,7 +32,7 @@ RPC awaits it.)
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -56,6 +56,7 @@ from controlplane.events import (
     TableCommitted,
     WindowClosed,
 )
+from controlplane.measures import Measures
 from controlplane.monitor import LoadMonitor, WindowReport
 from controlplane.ops import EndReason, Lifecycle, OpState, Restore
 from controlplane.planner import Refused
@@ -63,9 +64,9 @@ from controlplane.profile import StabilityProfile
 from controlplane.ready import Explain, OpTransition, ProposalRecord, Ready, Record, Resolution
 from controlplane.requests import PlanRequest, stale
 from controlplane.restore import FILL_TRIES
-from controlplane.steptime import StepTime, StepTimeEstimator, StepTimeSource
+from controlplane.steptime import StepTimeSource
 from controlplane.table import RoutingTable
-from controlplane.verify import verify_decision, verify_windows
+from controlplane.verify import verify_decision
 from controlplane.worth import WorthTrigger
 
 __all__ = [
@@ -101,12 +102,7 @@ class Controller:
         self.monitor = LoadMonitor(head.layers, head.experts, params.replay_windows, params.theta, params.band,
                                    params.budget_windows, params.plan_block, params.fast_theta)
         self.worth = WorthTrigger(params.worth(), params.budget_windows, params.band)  # under theta
-        # the step time: fitted from the engines' measured steps (controlplane.steptime), params.load_ms until
-        # enough are in, or always where the operator set it (load_ms_override)
-        self._configured_ms = params.load_ms
-        self.steptime = StepTimeEstimator()
-        self.step_time: StepTime = self.steptime.current(params.load_ms, params.load_ms_override)
-        self.judged_windows: tuple[int, ...] = ()  # the windows the step time was read at (their busiest load)
+        self.measures = Measures(params)  # the step time and copy cost, from the engines' measured steps
         self._ready = Ready()
         self._inflight: Decision | None = None
         self.defer_plans = defer_plans
@@ -204,8 +200,8 @@ class Controller:
             self._note(trig, DecisionOutcome.PLANNING, f"the plan of window {self._planning.seq} is being computed")
         elif ev.planner:
             self._note(trig, DecisionOutcome.NOT_DESIGNATED, f"{ev.planner} plans this window")
-        elif self.step_time.source is StepTimeSource.WARMING_UP:  # not judged on a figure nothing measured
-            self._note(trig, DecisionOutcome.STEP_TIME_WARMING_UP, f"step time {self.step_time.why}; the error "
+        elif self.measures.step_time.source is StepTimeSource.WARMING_UP:  # not judged on a figure nothing measured
+            self._note(trig, DecisionOutcome.STEP_TIME_WARMING_UP, f"step time {self.measures.step_time.why}; the error "
                        f"budget holds ({count}/{p.budget_windows})")
         else:
             self.monitor.budget.reset()  # an attempt spends the budget, whatever its outcome
@@ -296,6 +292,7 @@ class Controller:
             self._observe = self._rollback_due = None
         self._waiting_since = None
         self.head = t
+        self.measures.committed(prev, t, kind, self.params, self.monitor.buffer)
         self._ready.install.append(t)
         self._lost &= set(t.active_ranks)
         if kind == "repair":  # a rank loss is a drift of its own: the next window above theta may plan at once
@@ -432,19 +429,11 @@ class Controller:
             self._rollback_due = o
 
     def _measured(self, ev: WindowClosed) -> None:
-        """Fit the step time anew with a window's measured steps (served under the head), and decide with it at
-        the busiest load of the windows a decision judges (those that share the newest one's mix)."""
-        self.steptime.observe(ev.window_seq, self.head, ev.steps, ev.step_us)
-        buf = self.monitor.buffer
-        judged = verify_windows(buf.window_totals(), self.params.drift_tv)
-        self.judged_windows = tuple(w.seq for w in list(buf.windows)[-judged:]) if judged else ()
-        busiest = float(buf.stats(self.head, last=judged).layer_max.sum(axis=1).mean()) if judged else None
-        st = self.steptime.current(self._configured_ms, self.params.load_ms_override, busiest)
-        self.step_time = st
-        why = st.why if st.source is not StepTimeSource.DEFAULT or self.steptime.points else ""  # ("": nothing measured)
-        if (st.load_ms, why) != (self.params.load_ms, self.params.load_ms_source):
-            self.params = replace(self.params, load_ms=st.load_ms, load_ms_source=why)
-            self.worth.worth = self.params.worth()
+        """Fold a window's measured steps in, and decide with the step time and copy cost they give."""
+        params = self.measures.window(ev, self.head, self.monitor.buffer, self.params)
+        if params is not self.params:
+            self.params = params
+            self.worth.worth = params.worth()
 
     def _transition(self, d: Decision, state: OpState, reason: str) -> None:
         self._life = self._life.to(state, reason)

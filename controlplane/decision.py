@@ -129,6 +129,16 @@ class DecisionParams:
     gain_confidence: float = 0.9
     # where load_ms came from, for explain (controlplane.steptime.StepTime.why; "": configured)
     load_ms_source: str = ""
+    # what a change's copies cost the steps they overlap, over what the cost model charges them (cost / ranks):
+    # measured by the controller from the installs it made (controlplane.copycost), 1 until it is, and always
+    # unless copy_cost_measured. Off by default: on the bench's engine a change's copies overlap 1-2 steps while
+    # the steps between its commit and its install are 25-50, and the step-time fit's error over those (its
+    # slope is 10-20% off at the drifted load) swamps the copies' own cost: the measure came out negative in 23
+    # of the 33 held-out runs that measured one; the 7 where it passed its rule said 0.62-3.15 where the engine's
+    # own (pooled) was 0.97-2.11, no nearer than the model, which is within 2.5x everywhere but prefill
+    copy_slowdown: float = 1.0
+    copy_cost_measured: bool = False
+    copy_slowdown_source: str = ""  # where copy_slowdown came from, for explain ("": the model as it stands)
 
     def __post_init__(self) -> None:
         for f in ("window", "budget_windows", "rollback_windows", "max_ops", "replay_windows", "expert_bytes"):
@@ -160,6 +170,8 @@ class DecisionParams:
         if not self.load_ms >= 0.0 or self.horizon_windows < 1 or not self.worth_margin >= 0.0:
             raise InvalidParams(f"load_ms={self.load_ms!r}, horizon_windows={self.horizon_windows!r}, worth_margin="
                                 f"{self.worth_margin!r}: expected load_ms >= 0, horizon_windows >= 1, worth_margin >= 0")
+        if not self.copy_slowdown > 0.0:
+            raise InvalidParams(f"copy_slowdown={self.copy_slowdown!r}: expected > 0")
         if not 0.5 <= self.gain_confidence < 1.0:
             raise InvalidParams(f"gain_confidence={self.gain_confidence!r}: expected a confidence level in [0.5, 1) "
                                 "(0.5: no bound beyond the mean)")
@@ -168,7 +180,7 @@ class DecisionParams:
     def worth(self) -> Worth:
         """The cost-benefit test of a plan (controlplane.worth)."""
         return Worth(self.load_ms, self.horizon_windows * self.window, self.worth_margin, self.tau,
-                     self.load_ms_source)
+                     self.load_ms_source, self.copy_slowdown, self.copy_slowdown_source)
 
     def knobs(self, head: RoutingTable) -> PlanKnobs:
         """What the planner sees of these knobs (controlplane.planners)."""
@@ -186,7 +198,7 @@ class DecisionParams:
             return POLISH_UNPRICED_X * self.op_gain(head)
         topo = head.topology
         tier = Tier.OTHER_NODE if topo.nodes > 1 else Tier.SAME_NODE
-        copy_ms = self.cost_model().transfer_s(topo, tier) * 1e3 / max(len(head.active_ranks), 1)
+        copy_ms = self.copy_slowdown * self.cost_model().transfer_s(topo, tier) * 1e3 / max(len(head.active_ranks), 1)
         saved_ms = self.horizon_windows * self.window * self.load_ms / head.layers  # a whole layer, the horizon
         return self.polish_lam * (1.0 + self.worth_margin) * copy_ms / saved_ms
 

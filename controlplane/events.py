@@ -37,6 +37,9 @@ class WindowClosed:
     backup: int = 1
     span: int = 0
     step_us: npt.NDArray[np.uint32] | None = None
+    # [T]: the table version each of `steps`' rows ran on (LoadWindow.step_version, the oldest over the nodes);
+    # None: not known (engines that do not say, or `step_us` None)
+    step_version: npt.NDArray[np.uint32] | None = None
 
 
 @dataclass(frozen=True)

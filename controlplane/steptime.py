@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -75,10 +76,17 @@ class StepFit:
     load_ms: float
     points: int
     busiest: float = 0.0  # mean(m) over the fitted steps
+    scale_ms: float = 0.0  # the residuals' robust scale (1.4826 x their median absolute deviation): one step's noise
 
     def at(self, busiest: float) -> float:
         """The load part of a step whose busiest ranks carry `busiest` tokens (summed over layers): b x busiest."""
         return self.b_ms * busiest
+
+    def predict(self, busiest: npt.ArrayLike, tokens: npt.ArrayLike) -> F64:
+        """The fitted time (ms) of steps with these busiest loads and batches: a + b x m + c x n."""
+        out: F64 = (self.a_ms + self.b_ms * np.asarray(busiest, dtype=np.float64)
+                    + self.c_ms * np.asarray(tokens, dtype=np.float64))
+        return out
 
 
 @dataclass(frozen=True)
@@ -152,7 +160,9 @@ def fit_step_time(t_ms: npt.ArrayLike, busiest: npt.ArrayLike, tokens: npt.Array
                 f"standard error within {MAX_REL_SE:g} of it")
     b = load_ms / float(m.mean())
     c = float(beta[2]) / float(n.mean()) if with_batch else 0.0
-    return StepFit(float(beta[0]), b, c, load_ms, int(t.size), float(m.mean()))
+    r = t - np.stack(cols, axis=1) @ beta
+    scale = 1.4826 * float(np.median(np.abs(r - np.median(r))))
+    return StepFit(float(beta[0]), b, c, load_ms, int(t.size), float(m.mean()), scale)
 
 
 def step_points(table: RoutingTable, rows: npt.NDArray[np.integer]) -> tuple[F64, F64]:
@@ -196,27 +206,77 @@ def agrees(proposed_ms: float, own: StepTime, rel_tol: float = 0.25) -> bool:
     return abs(proposed_ms - own.load_ms) <= rel_tol * max(own.load_ms, 1e-9)
 
 
+class PendingSteps(Protocol):
+    """Where the steps a change's copies overlapped go (controlplane.copycost.CopyCostEstimator)."""
+
+    def knows(self, version: int) -> bool: ...
+
+    def pending(self, version: int, t_ms: npt.ArrayLike, busiest: npt.ArrayLike, tokens: npt.ArrayLike,
+                stands_for: float) -> None: ...
+
+
+TABLES_KEPT = 8  # the newest tables the estimator can place a reported step under (by version)
+
+
 class StepTimeEstimator:
     """The measured steps of the last `keep` windows, each with the busiest-rank load and batch of its counts
-    under the table that served it; `current` fits them (the same windows give the same figure on every node)."""
+    under the table that served it; `current` fits them (the same windows give the same figure on every node).
+    Where the engines say which version each step ran on (LoadWindow.step_version), a step that ran on an older
+    table than the head goes to `copies` (the head's copies overlapped it), not to the fit."""
 
-    def __init__(self, keep: int = 50) -> None:
+    def __init__(self, keep: int = 50, copies: PendingSteps | None = None) -> None:
         self.keep = keep
+        self.copies = copies
         self._windows: list[tuple[int, F64, F64, F64]] = []  # (window seq, t_ms [S], busiest [S], tokens [S])
         self._version: int | None = None  # the table the last window was observed under
+        self._tables: dict[int, RoutingTable] = {}  # the newest tables by version
+
+    def know(self, table: RoutingTable) -> None:
+        """A table the engines may report steps under (the head, and each one committed)."""
+        self._tables[table.version] = table
+        for old in sorted(self._tables)[:-TABLES_KEPT]:
+            del self._tables[old]
 
     def observe(self, seq: int, table: RoutingTable, rows: npt.NDArray[np.integer],
-                step_us: npt.NDArray[np.integer] | None) -> None:
-        """A closed window's sampled steps rows [S, L, E] and their wall times step_us [S] (None: unmeasured)."""
+                step_us: npt.NDArray[np.integer] | None, step_version: npt.NDArray[np.integer] | None = None,
+                span: int = 0) -> None:
+        """A closed window's sampled steps rows [S, L, E], their wall times step_us [S] (None: unmeasured) and
+        the versions they ran on step_version [S] (None: not said); `table` is the head, `span` the steps of the
+        window (each sampled step stands for span / S of them)."""
+        self.know(table)
         changed = self._version is not None and table.version != self._version
         self._version = table.version
-        if changed:  # the first window under a new table ran partly under the old one (the engines install it later)
-            return
         if step_us is None or len(step_us) == 0 or np.shape(step_us) != np.shape(rows)[:1]:
             return
-        busiest, tokens = step_points(table, rows)
         t = np.asarray(step_us, dtype=np.float64) / 1e3
-        self._windows = (self._windows + [(seq, t, busiest, tokens)])[-self.keep:]
+        if step_version is None or np.shape(step_version) != np.shape(t):
+            if changed:  # the first window under a new table ran partly under the old one (engines install it later)
+                return
+            busiest, tokens = step_points(table, rows)
+            self._windows = (self._windows + [(seq, t, busiest, tokens)])[-self.keep:]
+            return
+        ran = np.asarray(step_version, dtype=np.int64)
+        stands_for = span / len(t) if span > 0 else 1.0
+        parts: list[tuple[F64, F64, F64]] = []
+        for v in np.unique(ran).tolist():
+            served = self._tables.get(int(v))
+            if served is None:  # a version this node does not hold: the step cannot be placed
+                continue
+            sel = ran == v
+            busiest, tokens = step_points(served, np.asarray(rows)[sel])
+            if v < table.version:  # run on an older table once the head was committed: the head's copies overlapped it
+                if self.copies is not None and self.copies.knows(table.version):
+                    self.copies.pending(table.version, t[sel], busiest, tokens, stands_for)
+                continue  # (not a point of the fit: the copies slowed it)
+            parts.append((t[sel], busiest, tokens))
+        if parts:
+            cat = tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
+            self._windows = (self._windows + [(seq, cat[0], cat[1], cat[2])])[-self.keep:]
+
+    def latest_fit(self) -> StepFit | None:
+        """The fit of the windows held, None where there is none."""
+        f = self.fit()
+        return f if isinstance(f, StepFit) else None
 
     @property
     def points(self) -> int:

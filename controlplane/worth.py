@@ -10,9 +10,11 @@ gain g saves g x load_ms a step, and over a horizon of H steps
 Its copies cost `cost.change_cost` seconds summed over copies; copies into different ranks run side by side
 (the cost budget's own assumption), so serving pays about cost / ranks. A plan is worth it when
 
-    gain_s >= (1 + margin) x cost / ranks,
+    gain_s >= (1 + margin) x copy_x x cost / ranks,
 
-at any imbalance. The trigger follows: a window is worth planning on when even a perfect plan (to imbalance
+at any imbalance. copy_x is what the copies were measured to cost the steps they overlapped over cost / ranks
+(controlplane.copycost: link bandwidth shared with the all-to-all, every layer waiting for its slowest rank),
+1 until the installs measured it. The trigger follows: a window is worth planning on when even a perfect plan (to imbalance
 1.0, g = (I - 1) / I) would gain `tau` (the smallest verified gain a plan may claim, beneath which replay
 cannot tell a gain from the noise of the windows). Above theta the error budget fires as before (a breach
 is acted on); under it, a worth window is planned on after the same `budget_windows` in a row, and an attempt
@@ -37,6 +39,8 @@ class Worth:
     margin: float
     tau: float
     source: str = ""  # where load_ms came from (controlplane.steptime: fitted from N steps, override, default)
+    copy_x: float = 1.0  # what copies cost the steps they overlap over cost / ranks (controlplane.copycost)
+    copy_source: str = ""  # where copy_x came from ("": the model as it stands)
 
     @property
     def enabled(self) -> bool:
@@ -46,14 +50,21 @@ class Worth:
         """Serving seconds saved over the horizon by a relative gain of the mean step imbalance."""
         return self.horizon_steps * gain * self.load_ms / 1e3
 
+    def charge_s(self, cost_s: float, ranks: int) -> float:
+        """Serving seconds a change's copies cost: cost / ranks (side by side), times what they were measured
+        to cost the steps they overlap over that (copy_x)."""
+        return self.copy_x * cost_s / max(ranks, 1)
+
     def repays(self, gain: float, cost_s: float, ranks: int) -> bool:
-        return self.gain_s(gain) >= (1.0 + self.margin) * cost_s / max(ranks, 1)
+        return self.gain_s(gain) >= (1.0 + self.margin) * self.charge_s(cost_s, ranks)
 
     def explain(self, gain: float, cost_s: float, ranks: int) -> str:
         said = f" ({self.source})" if self.source else ""
+        copies = (f" x{self.copy_x:.3g} ({self.copy_source})" if self.copy_source else
+                  f" x{self.copy_x:.3g}" if self.copy_x != 1.0 else "")
         return (f"gain {gain:.4f} over {self.horizon_steps} steps at {self.load_ms:.4g} ms of load a step{said} saves "
-                f"{self.gain_s(gain) * 1e3:.1f} ms of serving; its copies cost {cost_s / max(ranks, 1) * 1e3:.1f} ms "
-                f"({cost_s * 1e3:.1f} ms over {ranks} ranks side by side), x{1 + self.margin:g} needed")
+                f"{self.gain_s(gain) * 1e3:.1f} ms of serving; its copies cost {self.charge_s(cost_s, ranks) * 1e3:.1f} "
+                f"ms ({cost_s * 1e3:.1f} ms over {ranks} ranks side by side{copies}), x{1 + self.margin:g} needed")
 
     def worth_planning(self, imbalance: float) -> bool:
         """Whether a perfect plan from this imbalance would gain tau."""

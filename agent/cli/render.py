@@ -276,6 +276,8 @@ def explain(r: apb.ExplainReply, verbose: bool = False) -> None:
     c.print(f"trigger: {trigger}")
     if r.step_time:
         c.print(f"step time: {r.step_time}")
+    if r.copy_cost:
+        c.print(f"copy cost: {r.copy_cost}")
     p = r.plan
     c.print(f"estimated gain {p.estimated_gain:+.4f}, verified gain {p.verified_gain:+.4f}, cost {p.cost:.4f} s")
     lines = op_lines(p.ops, r.copy_bytes, verbose)

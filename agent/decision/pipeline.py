@@ -173,10 +173,12 @@ class DecisionPipeline:
         # a closed window's measured step times [S] (LoadPath's ClusterWindows.step_us), which the controller fits
         # its step time from (controlplane.steptime); the agent wires it to its load path
         self.step_times: Callable[[int], npt.NDArray[np.uint32] | None] = lambda seq: None
+        # and the table version each of those steps ran on (ClusterWindows.step_version)
+        self.step_versions: Callable[[int], npt.NDArray[np.uint32] | None] = lambda seq: None
         self.hooks = hooks if hooks is not None else Hooks()
         # plans from the backend's (recovered) head; its rebalances go through run_plan
         self.controller = Controller(params, backend.head, profile, defer_plans=True)
-        self.voter.own_step_time = lambda: self.controller.step_time  # a proposer's step time is bounded by it
+        self.voter.own_step_time = lambda: self.controller.measures.step_time  # a proposer's step time is bounded by it
         self._paused = False  # as the controller was told (SetPaused)
         self.window_seq = -1  # the last closed window
         self.head_seq = -1  # the last closed window when the head was installed (the planner's turn)
@@ -229,8 +231,9 @@ class DecisionPipeline:
         self.imbalance = (self.imbalance + [imb])[-600:]
         self.telemetry.record_imbalance(imb)
         took = self.step_times(seq) if samples is not None and samples.shape[0] > 0 else None
+        ran = self.step_versions(seq) if took is not None else None
         self.step(WindowClosed(seq, seq * self.params.window, rows, *self.turn(seq), span=self.params.window,
-                               step_us=took))
+                               step_us=took, step_version=ran))
 
     def on_commit(self, commit: cpb.Commit, table: RoutingTable, newest_window: int) -> None:
         """The backend committed `table` (this node's proposal or another's); `newest_window`: the newest window
@@ -366,7 +369,7 @@ class DecisionPipeline:
             self.latest_explain = apb.ExplainReply(
                 version=0, trigger=f"{ex.trigger}: {ex.detail}" if ex.detail else ex.trigger, outcome=ex.outcome,
                 plan=cpb.Plan(estimated_gain=ex.estimated_gain, verified_gain=ex.verified_gain, cost=ex.cost),
-                step_time=self.step_time_said())
+                step_time=self.step_time_said(), copy_cost=self.copy_cost_said())
         for e in events:
             if isinstance(e, OpTransition):
                 self.telemetry.record_transition(e.kind, e.state)
@@ -381,8 +384,14 @@ class DecisionPipeline:
 
     def step_time_said(self) -> str:
         """The step time the controller decides with and where it came from (ExplainReply.step_time)."""
-        st = self.controller.step_time
+        st = self.controller.measures.step_time
         return f"{st.load_ms:.4g} ms, {st.why}"
+
+    def copy_cost_said(self) -> str:
+        """What the controller charges copies over the cost model's figure and why (ExplainReply.copy_cost); empty
+        while nothing was measured."""
+        p = self.controller.params
+        return f"x{p.copy_slowdown:.3g} ({p.copy_slowdown_source})" if p.copy_slowdown_source else ""
 
     def _run(self, req: PlanRequest) -> None:
         started = self.clock.now()
@@ -412,7 +421,7 @@ class DecisionPipeline:
         copies = copied_slots(parent.phy2log, table.phy2log) if parent.version == table.parent else 0
         record = apb.ExplainReply(version=table.version, trigger=decision.trigger, plan=plan, refused=refused,
                                   outcome="proposed", copy_bytes=copies * self.params.expert_bytes,
-                                  step_time=self.step_time_said())
+                                  step_time=self.step_time_said(), copy_cost=self.copy_cost_said())
         self.explains[table.version] = record
         self.latest_explain = record
         started = self.clock.now()

@@ -53,6 +53,7 @@ class NodeWindow:
     counts: npt.NDArray[np.uint32]  # [L, E], read-only
     samples: npt.NDArray[np.uint32] | None = None  # [S, L, E]: the sampled steps' counts (loadcodec), or None
     step_us: npt.NDArray[np.uint32] | None = None  # [S]: the sampled steps' wall times (LoadWindow.step_us), or None
+    step_version: npt.NDArray[np.uint32] | None = None  # [S]: the version each ran on (LoadWindow.step_version), or None
 
 
 @dataclass(frozen=True)
@@ -86,9 +87,10 @@ class Members(Protocol):
     def report_failure(self, node_id: str) -> None: ...
 
 
-# (node, window_seq, counts [L, E], first_step, steps, samples [S, L, E] or None, step_us [S] or None)
+# (node, window_seq, counts [L, E], first_step, steps, samples [S, L, E] or None, step_us [S] or None,
+#  step_version [S] or None)
 WindowCallback = Callable[[str, int, npt.NDArray[np.uint32], int, int, npt.NDArray[np.uint32] | None,
-                           npt.NDArray[np.uint32] | None], None]
+                           npt.NDArray[np.uint32] | None, npt.NDArray[np.uint32] | None], None]
 
 
 def _key(w: pb.LoadWindow | pb.Digest) -> tuple[int, int]:
@@ -134,14 +136,25 @@ def check_windows(windows: Iterable[pb.LoadWindow], shape: tuple[int, int] | Non
                 i = int(np.flatnonzero((t < 1) | (t > MAX_STEP_US))[0])
                 raise InvalidArgument(f"window of {w.node_id!r}: step_us[{i}] = {int(t[i])}: expected a sampled step's "
                                       f"wall time of 1 .. {MAX_STEP_US} microseconds")
+        if w.step_version:
+            n = len(w.step_us) // 4
+            if len(w.step_version) != 4 * n or not n:
+                raise InvalidArgument(f"window of {w.node_id!r}: step_version of {len(w.step_version)} bytes: expected "
+                                      f"one little-endian uint32 per sampled step its step_us holds ({n} x 4)")
+            v = np.frombuffer(w.step_version, dtype="<u4")
+            if int(v.min()) < 1:
+                i = int(np.flatnonzero(v < 1)[0])
+                raise InvalidArgument(f"window of {w.node_id!r}: step_version[{i}] = 0: expected the table version "
+                                      "the step ran on, >= 1")
 
 
 def make_window(node_id: str, incarnation: int, window_seq: int, first_step: int, steps: int,
                 counts: npt.NDArray[np.integer], learner: bool = False, samples: npt.NDArray[np.uint32] | None = None,
-                sample_every: int = 0, step_us: npt.NDArray[np.uint32] | None = None) -> pb.LoadWindow:
+                sample_every: int = 0, step_us: npt.NDArray[np.uint32] | None = None,
+                step_version: npt.NDArray[np.uint32] | None = None) -> pb.LoadWindow:
     """A node's LoadWindow, unsigned: counts uint32 [L, E] and, with `sample_every`, its sampled steps' counts
-    [S, L, E] zlib-compressed and their wall times `step_us` [S] (microseconds; None: not measured); ValueError
-    names what does not fit."""
+    [S, L, E] zlib-compressed, their wall times `step_us` [S] (microseconds; None: not measured) and the table
+    version each ran on `step_version` [S] (None: not known); ValueError names what does not fit."""
     c = np.asarray(counts)
     if c.ndim != 2 or c.size == 0:
         raise ValueError(f"counts shape {c.shape}: expected [layers, experts]")
@@ -160,6 +173,11 @@ def make_window(node_id: str, incarnation: int, window_seq: int, first_step: int
             if np.shape(step_us) != (n,):
                 raise ValueError(f"step_us shape {np.shape(step_us)}: expected {(n,)}")
             w.step_us = np.ascontiguousarray(step_us, dtype="<u4").tobytes()
+            if step_version is not None:
+                v = np.asarray(step_version)
+                if v.shape != (n,) or (n and int(v.min()) < 1) or (n and int(v.max()) > 0xFFFFFFFF):
+                    raise ValueError(f"step_version {v.tolist()}: expected {n} versions in 1 .. 2^32 - 1")
+                w.step_version = np.ascontiguousarray(v, dtype="<u4").tobytes()
     return w
 
 
@@ -167,7 +185,9 @@ def node_window(w: pb.LoadWindow) -> NodeWindow:
     """A checked LoadWindow (check_windows) decoded: counts [L, E] and sampled steps [S, L, E] read-only."""
     counts = np.frombuffer(w.counts, dtype="<u4").reshape(w.layers, w.experts)
     times = np.frombuffer(w.step_us, dtype="<u4") if w.step_us and w.samples else None
-    return NodeWindow(w.node_id, w.incarnation, w.window_seq, w.first_step, w.steps, counts, window_samples(w), times)
+    ran = np.frombuffer(w.step_version, dtype="<u4") if times is not None and w.step_version else None
+    return NodeWindow(w.node_id, w.incarnation, w.window_seq, w.first_step, w.steps, counts, window_samples(w), times,
+                      ran)
 
 
 def window_samples(w: pb.LoadWindow) -> npt.NDArray[np.uint32] | None:
@@ -216,22 +236,23 @@ class LoadGossip:
     # ---- this node's windows ------------------------------------------------------------------
     def publish(self, window_seq: int, first_step: int, steps: int, counts: npt.NDArray[np.integer],
                 learner: bool = False, samples: npt.NDArray[np.uint32] | None = None, sample_every: int = 0,
-                step_us: npt.NDArray[np.uint32] | None = None) -> None:
+                step_us: npt.NDArray[np.uint32] | None = None, step_version: npt.NDArray[np.uint32] | None = None,
+                ) -> None:
         """Publish this node's window; `learner`: this node abstains from consensus now (LoadWindow.learner);
         `samples` [S, L, E]: the counts of its steps s with s % sample_every == 0 (sent zlib-compressed);
-        `step_us` [S]: their wall times (LoadWindow.step_us)."""
+        `step_us` [S]: their wall times (LoadWindow.step_us); `step_version` [S]: the version each ran on."""
         own = self._w.get(self.node_id)
         if own is not None and window_seq <= own.window_seq:
             raise ValueError(f"window_seq = {window_seq}: expected > {own.window_seq}, the last one published")
         w = make_window(self.node_id, self.members.incarnation, window_seq, first_step, steps, counts, learner,
-                        samples, sample_every, step_us)
+                        samples, sample_every, step_us, step_version)
         shape = (w.layers, w.experts)
         if self.shape is not None and shape != self.shape:
             raise ValueError(f"counts shape {shape}: expected {self.shape}")
         self.guard.sign(w)  # once, here: relays pass the signature on unchanged
         if w.samples and w.ByteSize() > self.cfg.max_message_bytes - _ENVELOPE:  # the totals alone, then
             self.samples_dropped += 1
-            w.samples, w.sample_every, w.step_us = b"", 0, b""
+            w.samples, w.sample_every, w.step_us, w.step_version = b"", 0, b"", b""
             self.guard.sign(w)
         if w.ByteSize() > self.cfg.max_message_bytes - _ENVELOPE:  # signature and certificate included
             raise ValueError(f"a {shape} window is {w.ByteSize()} bytes: more than gossip.max_message_bytes allows")
@@ -286,7 +307,7 @@ class LoadGossip:
             self.shape = (w.layers, w.experts)
         self._put(w, source)
         nw = self.node_window(n)
-        self.on_window(n, w.window_seq, nw.counts, w.first_step, w.steps, nw.samples, nw.step_us)
+        self.on_window(n, w.window_seq, nw.counts, w.first_step, w.steps, nw.samples, nw.step_us, nw.step_version)
         return True
 
     def node_window(self, node_id: str) -> NodeWindow:

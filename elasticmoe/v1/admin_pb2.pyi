@@ -154,7 +154,7 @@ class Candidate(_message.Message):
     def __init__(self, op: _Optional[_Union[_consensus_pb2.Operation, _Mapping]] = ..., reason: _Optional[str] = ..., gain: _Optional[float] = ..., cost: _Optional[float] = ...) -> None: ...
 
 class ExplainReply(_message.Message):
-    __slots__ = ("version", "trigger", "plan", "refused", "votes", "outcome", "copy_bytes", "step_time")
+    __slots__ = ("version", "trigger", "plan", "refused", "votes", "outcome", "copy_bytes", "step_time", "copy_cost")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TRIGGER_FIELD_NUMBER: _ClassVar[int]
     PLAN_FIELD_NUMBER: _ClassVar[int]
@@ -163,6 +163,7 @@ class ExplainReply(_message.Message):
     OUTCOME_FIELD_NUMBER: _ClassVar[int]
     COPY_BYTES_FIELD_NUMBER: _ClassVar[int]
     STEP_TIME_FIELD_NUMBER: _ClassVar[int]
+    COPY_COST_FIELD_NUMBER: _ClassVar[int]
     version: int
     trigger: str
     plan: _consensus_pb2.Plan
@@ -171,7 +172,8 @@ class ExplainReply(_message.Message):
     outcome: str
     copy_bytes: int
     step_time: str
-    def __init__(self, version: _Optional[int] = ..., trigger: _Optional[str] = ..., plan: _Optional[_Union[_consensus_pb2.Plan, _Mapping]] = ..., refused: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., votes: _Optional[_Iterable[_Union[_consensus_pb2.Vote, _Mapping]]] = ..., outcome: _Optional[str] = ..., copy_bytes: _Optional[int] = ..., step_time: _Optional[str] = ...) -> None: ...
+    copy_cost: str
+    def __init__(self, version: _Optional[int] = ..., trigger: _Optional[str] = ..., plan: _Optional[_Union[_consensus_pb2.Plan, _Mapping]] = ..., refused: _Optional[_Iterable[_Union[Candidate, _Mapping]]] = ..., votes: _Optional[_Iterable[_Union[_consensus_pb2.Vote, _Mapping]]] = ..., outcome: _Optional[str] = ..., copy_bytes: _Optional[int] = ..., step_time: _Optional[str] = ..., copy_cost: _Optional[str] = ...) -> None: ...
 
 class ProposeRequest(_message.Message):
     __slots__ = ("ops", "force")

@@ -42,8 +42,8 @@ def test_the_deciding_node_fits_the_step_time_the_engines_measured_and_explain_s
     pol.start(head, counts, [])
     for k in range(40):
         pol.on_window(k * W, (k + 1) * W, counts)
-    st = pol.pipeline.controller.step_time
-    held = pol.pipeline.controller.steptime._windows  # the windows the fit held, under the tables that served them
+    st = pol.pipeline.controller.measures.step_time
+    held = pol.pipeline.controller.measures.steptime._windows  # the windows the fit held, under the tables that served them
     truth = b * float(np.concatenate([w[2] for w in held]).mean())
     assert st.source is StepTimeSource.FITTED and abs(st.load_ms - truth) <= 0.10 * truth, (st, truth)
     said = pol.pipeline.latest_explain.step_time
@@ -76,7 +76,8 @@ def test_the_reference_figure_is_taken_over_the_judged_steps_under_the_tables_th
     counts[3 * W:, :, 0] *= 2  # hotter still in the last window, the one the decision judged
     cluster = EPCluster(topo, shape_for(4, 8, 2), H200)
     pol = Elastic(W)
-    pol.pipeline = SimpleNamespace(controller=SimpleNamespace(step_time=SimpleNamespace(source="fitted", why="")))
+    pol.pipeline = SimpleNamespace(controller=SimpleNamespace(measures=SimpleNamespace(
+        step_time=SimpleNamespace(source="fitted", why=""))))
     pol.backend = SimpleNamespace(head=committed)  # the head once the decision committed
     pol.decisions = [{"load_ms_estimated": 1.0}]
     pol.fits = [[(k * W, (k + 1) * W, served) for k in range(4)]]
@@ -124,6 +125,27 @@ def test_the_engines_report_the_steps_as_served_copies_in_flight_included() -> N
     assert (got[1] < 1e6).all(), got[1]  # the model's steps: milliseconds
 
 
+def test_the_engines_report_the_version_each_step_was_served_on() -> None:
+    """While a change's copies are in flight the engines serve the old table (bench.run.simulate hands the policy
+    each step's version): the reports split where the version changes, as a plugin's do at an install, and the
+    window says the version of each sampled step."""
+    from bench.agentfeed import LoadFeed
+
+    head = initial_table(Topology(2, 2, 3), 2, 4)
+    new = head.successor(np.roll(head.phy2log, 1, axis=1))
+    counts = _trace(3, W, head.layers, head.experts)
+
+    def close(seq, total, samples, missing=()):  # type: ignore[no-untyped-def]
+        return None
+
+    feed = LoadFeed(head.topology, head.layers, head.experts, W, 10, close, step_ms=lambda t, c: np.full(len(c), 5.0))
+    ran = np.full(W, new.version)
+    ran[:23] = head.version  # the install at step 23, mid-report
+    feed.feed(0, counts, new, None, ran)
+    path = feed.paths[feed.decider]
+    assert path.cluster.step_version[0].tolist() == [1, 1, 1, 2, 2]  # sampled steps 0, 10, 20 | 30, 40
+
+
 def test_each_commits_copies_are_charged_beside_what_they_cost_the_engine() -> None:
     """results.json's elastic entry sets, per commit, the serving time the cost-benefit test charged its copies
     (their cost over the ranks) beside what they cost the reference engine: the steps they overlapped as served
@@ -142,3 +164,18 @@ def test_each_commits_copies_are_charged_beside_what_they_cost_the_engine() -> N
     d = e["decisions"][0]
     assert d["copy_ms_charged"] > 0 and d["copy_ms_engine"] > 0 and d["copy_steps_engine"] >= 1, d
     assert e["copy_ms_charged"] > 0 and e["copy_engine_over_charged"] > 0
+
+
+def test_explain_says_what_copies_were_charged_and_where_that_came_from(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """`emoe explain` prints the copy cost a decision charged beside its step time (ExplainReply.copy_cost); a
+    record from an older agent, without it, prints no such line."""
+    from agent.cli import render
+    from elasticmoe.v1 import admin_pb2 as apb
+
+    out = io.StringIO()
+    monkeypatch.setattr(render, "_console", lambda: Console(file=out, width=200))
+    said = "x1 (the model; 2 change(s) measured: ... (not used: decision.copy_cost_measured is off))"
+    render.explain(apb.ExplainReply(version=3, outcome="proposed", step_time="3.6 ms, fitted", copy_cost=said))
+    render.explain(apb.ExplainReply(version=4, outcome="proposed", step_time="3.6 ms, fitted"))
+    text = out.getvalue()
+    assert f"copy cost: {said}" in text and text.count("copy cost:") == 1, text

@@ -133,15 +133,15 @@ def test_the_controller_decides_with_the_step_time_it_fits_and_an_operators_figu
     head = initial_table(Topology(2, 2, 3), 4, 8)
     params = DecisionParams(window=100, theta=1e6, fast_theta=1e6, load_ms=12.0)
     ctl = Controller(params, head)
-    assert ctl.step_time.source is StepTimeSource.DEFAULT and ctl.params.worth().load_ms == 12.0
+    assert ctl.measures.step_time.source is StepTimeSource.DEFAULT and ctl.params.worth().load_ms == 12.0
     truth = _windows_with_measured_steps(ctl, 3, 30, a=2.0, b=0.01, jitter=0.10)
-    st = ctl.step_time
+    st = ctl.measures.step_time
     assert st.source is StepTimeSource.FITTED and abs(st.load_ms - truth) <= 0.10 * truth, (st, truth)
     assert ctl.params.worth().load_ms == st.load_ms and ctl.worth.worth.load_ms == st.load_ms  # the trigger's too
     assert "fitted from 300 measured steps" in ctl.params.worth().source
     fixed = Controller(DecisionParams(window=100, theta=1e6, fast_theta=1e6, load_ms=12.0, load_ms_override=True), head)
     _windows_with_measured_steps(fixed, 3, 30, a=2.0, b=0.01, jitter=0.10)
-    assert fixed.step_time.source is StepTimeSource.OVERRIDE and fixed.params.worth().load_ms == 12.0
+    assert fixed.measures.step_time.source is StepTimeSource.OVERRIDE and fixed.params.worth().load_ms == 12.0
 
 
 def test_while_the_engines_measure_too_few_steps_a_rebalance_waits_for_the_fit() -> None:
@@ -237,8 +237,8 @@ def test_after_a_drift_the_controller_weighs_a_plan_at_the_drifted_load() -> Non
 
     held = np.concatenate([feed(seq, 3.0) for seq in range(30)])
     drifted = feed(30, 12.0)
-    st = ctl.step_time
-    assert st.source is StepTimeSource.FITTED and ctl.judged_windows == (30,), (st, ctl.judged_windows)
+    st = ctl.measures.step_time
+    assert st.source is StepTimeSource.FITTED and ctl.measures.judged_windows == (30,), (st, ctl.measures.judged_windows)
     assert abs(st.load_ms - b * float(drifted.mean())) <= 0.10 * b * float(drifted.mean()), (st, b * drifted.mean())
     assert b * float(drifted.mean()) > 1.5 * b * float(held.mean())  # (the fitted steps' mean is not that load)
     assert ctl.params.worth().load_ms == st.load_ms and "judged windows' busiest load" in st.why

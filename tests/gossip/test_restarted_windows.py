@@ -25,7 +25,8 @@ class _Gossip:
         return []
 
     def publish_window(self, window_seq: int, first_step: int, steps: int, counts: np.ndarray, learner: bool = False,
-                       samples: object = None, sample_every: int = 0, step_us: object = None) -> None:
+                       samples: object = None, sample_every: int = 0, step_us: object = None,
+                       step_version: object = None) -> None:
         self.published.append((window_seq, counts.tolist()))
 
     def live_nodes(self) -> list[str]:

@@ -48,13 +48,16 @@ def test_cluster_windows_keep_the_longest_time_over_the_nodes_unless_one_measure
 class _Gossip:
     def __init__(self) -> None:
         self.published: list[tuple[int, np.ndarray | None]] = []
+        self.versions: list[np.ndarray | None] = []
 
     def suspect_ranks(self, ranks: object) -> list[str]:
         return []
 
     def publish_window(self, window_seq: int, first_step: int, steps: int, counts: object, learner: bool = False,
-                       samples: object = None, sample_every: int = 0, step_us: np.ndarray | None = None) -> None:
+                       samples: object = None, sample_every: int = 0, step_us: np.ndarray | None = None,
+                       step_version: np.ndarray | None = None) -> None:
         self.published.append((window_seq, step_us))
+        self.versions.append(step_version)
 
     def live_nodes(self) -> list[str]:
         return ["n1"]
@@ -96,3 +99,82 @@ def test_gossip_refuses_step_times_of_another_shape_or_implausible(times: list[i
     w.step_us = np.array(times, "<u4").tobytes()
     with pytest.raises(InvalidArgument, match=what):
         check_windows([w], (L, E))
+
+
+# ---- the version each sampled step ran on (LoadWindow.step_version) ------------------------------------------
+
+def test_a_nodes_window_says_the_oldest_version_each_sampled_step_ran_on() -> None:
+    """A plugin reports the steps before an install apart from those after it (LoadReport.version): the window
+    holds, per sampled step, the oldest version any of the node's ranks ran it on (a rank still on the old table
+    holds the step back); a report that says no version leaves the window without them, its times kept."""
+    lw = LocalWindows(L, E, window=10, sample_every=5)
+    one = np.stack([ONE])
+    t = np.array([900], np.uint32)
+    lw.add("a", 0, 5, ONE, one, t, version=1)
+    lw.add("b", 0, 5, ONE, one, t, version=1)
+    lw.add("a", 5, 5, ONE, one, t, version=2)  # a installed v2 at step 5
+    [w] = lw.add("b", 5, 5, ONE, one, t, version=1)  # b had not yet
+    assert w.step_version is not None and w.step_version.tolist() == [1, 1]
+    lw.add("a", 10, 10, ONE, np.stack([ONE, ONE]), np.array([900, 900], np.uint32), version=2)
+    [w] = lw.add("b", 10, 10, ONE, np.stack([ONE, ONE]), np.array([900, 900], np.uint32), version=2)
+    assert w.step_version is not None and w.step_version.tolist() == [2, 2]
+    lw.add("a", 20, 10, ONE, np.stack([ONE, ONE]), np.array([900, 900], np.uint32), version=2)
+    [w] = lw.add("b", 20, 10, ONE, np.stack([ONE, ONE]), np.array([900, 900], np.uint32))  # no version said
+    assert w.step_version is None and w.step_us is not None
+
+
+def test_cluster_windows_keep_the_oldest_version_over_the_nodes_unless_one_said_none() -> None:
+    cw = ClusterWindows()
+    r = np.ones((2, L, E), np.uint32)
+    us = np.array([1000, 2000], np.uint32)
+    cw.add("n1", 0, ONE, r, us, np.array([3, 4], np.uint32))
+    cw.add("n2", 0, ONE, r, us, np.array([3, 3], np.uint32))
+    assert [k for k, *_ in cw.ready(["n1", "n2"])] == [0]
+    assert cw.step_version[0].tolist() == [3, 3]
+    cw.add("n1", 1, ONE, r, us, np.array([4, 4], np.uint32))
+    cw.add("n2", 1, ONE, r, us, None)
+    assert [k for k, *_ in cw.ready(["n1", "n2"])] == [1] and 1 not in cw.step_version and 1 in cw.step_us
+
+
+def test_the_load_path_carries_the_reports_versions_into_its_window_and_the_cluster_window() -> None:
+    topo = Topology(1, 2, 4)
+    g = _Gossip()
+    path = LoadPath("n1", topo, L, E, 10, g, lambda seq, *_: None, lambda r, v: None, lambda: "",
+                    ReportGuard([0, 1], 2, 2, DEFAULT_MAX_BATCH_TOKENS, lambda: 2), sample_every=5)
+    for first, rank, v in ((0, 0, 1), (0, 1, 1), (5, 0, 2), (5, 1, 2)):
+        path.on_report(make_load_report(f"r{rank}", rank, first, 5, v, ONE, samples=np.stack([ONE]), sample_every=5,
+                                        step_us=[1000]))
+    [ran] = g.versions
+    assert ran is not None and ran.tolist() == [1, 2]
+    assert path.cluster.step_version[0].tolist() == [1, 2]
+
+
+def test_the_window_signature_covers_its_step_versions_and_gossip_bounds_them() -> None:
+    kw = dict(samples=np.stack([ONE] * 4), sample_every=25, step_us=np.array([1, 2, 3, 4], np.uint32))
+    w = make_window("n1", 1, 2, 200, 100, ONE, **kw, step_version=np.array([5, 5, 6, 6], np.uint32))  # type: ignore[arg-type]
+    got = node_window(w)
+    assert got.step_version is not None and got.step_version.tolist() == [5, 5, 6, 6]
+    forged = type(w)()
+    forged.CopyFrom(w)
+    forged.step_version = np.array([5, 5, 5, 6], "<u4").tobytes()
+    assert window_payload(forged) != window_payload(w)  # a relay cannot move the install
+    bare = make_window("n1", 1, 2, 200, 100, ONE, **kw)  # type: ignore[arg-type]
+    assert bare.step_version == b"" and node_window(bare).step_version is None
+    for bad, what in (([5, 5, 6], "expected one little-endian uint32 per sampled step"),
+                      ([5, 0, 6, 6], r"step_version\[1\] = 0")):
+        w.step_version = np.array(bad, "<u4").tobytes()
+        with pytest.raises(InvalidArgument, match=what):
+            check_windows([w], (L, E))
+    with pytest.raises(ValueError, match="step_version"):
+        make_window("n1", 1, 2, 200, 100, ONE, **kw, step_version=np.array([5, 5, 6], np.uint32))  # type: ignore[arg-type]
+
+
+def test_a_report_without_a_sampled_step_keeps_the_windows_times() -> None:
+    """A plugin flushes its steps before an install: a report of 2 steps may hold no sampled step, and so no
+    time; the window's sampled steps are still all timed."""
+    lw = LocalWindows(L, E, window=10, sample_every=5)
+    lw.add("a", 0, 3, ONE, np.stack([ONE]), np.array([700], np.uint32), version=1)  # steps 0..2 (0 sampled)
+    lw.add("a", 3, 2, ONE, np.zeros((0, L, E), np.uint32), None, version=2)  # steps 3..4: none sampled
+    [w] = lw.add("a", 5, 5, ONE, np.stack([ONE]), np.array([900], np.uint32), version=2)
+    assert w.step_us is not None and w.step_us.tolist() == [700, 900]
+    assert w.step_version is not None and w.step_version.tolist() == [1, 2]
