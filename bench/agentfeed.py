@@ -3,7 +3,7 @@ decision path sees it.
 
 Each node's engines report their load every `report_every` steps (dataplane_shim.link.make_load_report, with
 the counts of the sampled steps, elasticmoe.loadcodec); the node's LoadPath (agent.link.loadpath) sums them into
-its windows; each window goes out as gossip sends it (agent.gossip.loadgossip.make_window: serialized, parsed back,
+its windows; each window goes out as gossip sends it (agent.gossip.windowform.make_window: serialized, parsed back,
 checked and decoded as a receiving node does) to the deciding node, whose cluster windows (ClusterWindows)
 sum the nodes' windows and hand each closed one to `close_window` (agent.decision.pipeline.DecisionPipeline). A node's
 share of an expert's tokens is its share of the expert's replicas on active ranks (the engines split an
@@ -21,7 +21,7 @@ from statistics import median
 import numpy as np
 import numpy.typing as npt
 
-from agent.gossip.loadgossip import check_windows, make_window, node_window
+from agent.gossip.windowform import check_windows, make_window, node_window
 from agent.link.loadpath import LoadPath
 from agent.link.reportguard import DEFAULT_MAX_BATCH_TOKENS, ReportGuard
 from controlplane.table import RoutingTable

@@ -25,9 +25,10 @@ from agent.clock import Clock, Timer
 from agent.config import GossipConfig
 from agent.gossip.broadcasts import Kind, RumourQueue
 from agent.gossip.claims import ClaimSigner
-from agent.gossip.loadgossip import LoadGossip, LoadView, WindowCallback, check_digests, check_windows
+from agent.gossip.loadgossip import LoadGossip, LoadView, WindowCallback, check_digests
 from agent.gossip.membership import LIVE, Member, Membership, MemberStatus, check_states
 from agent.gossip.probe import Prober
+from agent.gossip.windowform import check_windows
 from agent.gossip.windowguard import WindowSigner
 from agent.transport import Deferred, InvalidArgument, Transport
 from elasticmoe.v1 import gossip_pb2 as pb

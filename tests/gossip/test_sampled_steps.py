@@ -11,7 +11,7 @@ import zlib
 import numpy as np
 import pytest
 
-from agent.gossip.loadgossip import check_windows, window_samples
+from agent.gossip.windowform import check_windows, window_samples
 from agent.link.loadpath import ClusterWindows, LoadPath, LocalWindows
 from agent.link.reportguard import DEFAULT_MAX_BATCH_TOKENS, ReportGuard
 from agent.transport import InvalidArgument

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.gossip.loadgossip import check_windows, make_window, node_window
+from agent.gossip.windowform import check_windows, make_window, node_window
 from agent.gossip.windowguard import window_payload
 from agent.link.loadpath import ClusterWindows, LoadPath, LocalWindows
 from agent.link.reportguard import DEFAULT_MAX_BATCH_TOKENS, MAX_STEP_US, ReportGuard
