@@ -129,13 +129,9 @@ class DecisionParams:
     gain_confidence: float = 0.9
     # where load_ms came from, for explain (controlplane.steptime.StepTime.why; "": configured)
     load_ms_source: str = ""
-    # what a change's copies cost the steps they overlap, over what the cost model charges them (cost / ranks):
-    # measured by the controller from the installs it made (controlplane.copycost), 1 until it is, and always
-    # unless copy_cost_measured. Off by default: on the bench's engine a change's copies overlap 1-2 steps while
-    # the steps between its commit and its install are 25-50, and the step-time fit's error over those (its
-    # slope is 10-20% off at the drifted load) swamps the copies' own cost: the measure came out negative in 23
-    # of the 33 held-out runs that measured one; the 7 where it passed its rule said 0.62-3.15 where the engine's
-    # own (pooled) was 0.97-2.11, no nearer than the model, which is within 2.5x everywhere but prefill
+    # what copies cost the steps they overlap over the cost model's charge (cost / ranks), measured from the
+    # installs (controlplane.copycost): 1, and used only with copy_cost_measured, off because on the bench the
+    # fit's error over the commit-to-install steps swamps it (docs/benchmarks.md)
     copy_slowdown: float = 1.0
     copy_cost_measured: bool = False
     copy_slowdown_source: str = ""  # where copy_slowdown came from, for explain ("": the model as it stands)
