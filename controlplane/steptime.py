@@ -99,10 +99,11 @@ class StepTime:
     fit: StepFit | None = None
 
 
-def _robust(x: F64, y: F64) -> tuple[F64, F64]:
+def _robust(x: F64, y: F64) -> tuple[F64, F64, float]:
     """M-estimate of y ~ x (x [n, k] with its constant column) by IRLS from the least-squares start: Huber
     weights first (a convex start), then Tukey's bisquare, which gives a stalled step no weight at all.
-    Returns the coefficients [k] and their standard errors [k] (the residuals' robust scale, the final weights)."""
+    Returns the coefficients [k], their standard errors [k] (the residuals' robust scale, the final weights) and
+    that scale (1.4826 x the residuals' median absolute deviation: one step's noise)."""
     beta = np.asarray(np.linalg.lstsq(x, y, rcond=None)[0], dtype=np.float64)
     w = np.ones_like(y)
     for k in range(2 * ROUNDS):
@@ -124,8 +125,8 @@ def _robust(x: F64, y: F64) -> tuple[F64, F64]:
     try:
         cov = s * s * np.linalg.inv(xtwx)
     except np.linalg.LinAlgError:
-        return beta, np.full_like(beta, np.inf)
-    return beta, np.sqrt(np.maximum(np.diag(cov), 0.0))
+        return beta, np.full_like(beta, np.inf), s
+    return beta, np.sqrt(np.maximum(np.diag(cov), 0.0)), s
 
 
 def _spread(v: F64) -> float:
@@ -152,7 +153,7 @@ def fit_step_time(t_ms: npt.ArrayLike, busiest: npt.ArrayLike, tokens: npt.Array
     with_batch = float(n.std()) > 1e-3 * float(n.mean())
     if with_batch:
         cols.append(n / n.mean())
-    beta, se = _robust(np.stack(cols, axis=1), t)
+    beta, se, scale = _robust(np.stack(cols, axis=1), t)
     load_ms = float(beta[1])  # (m scaled by its mean: its coefficient is b x mean(m))
     if not load_ms > 0 or not se[1] <= MAX_REL_SE * load_ms:
         return (f"the busiest rank's load varies too little over {t.size} steps (spread {_spread(m):.3f} of its mean) "
@@ -160,8 +161,6 @@ def fit_step_time(t_ms: npt.ArrayLike, busiest: npt.ArrayLike, tokens: npt.Array
                 f"standard error within {MAX_REL_SE:g} of it")
     b = load_ms / float(m.mean())
     c = float(beta[2]) / float(n.mean()) if with_batch else 0.0
-    r = t - np.stack(cols, axis=1) @ beta
-    scale = 1.4826 * float(np.median(np.abs(r - np.median(r))))
     return StepFit(float(beta[0]), b, c, load_ms, int(t.size), float(m.mean()), scale)
 
 
