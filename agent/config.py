@@ -22,7 +22,7 @@ from agent.configcheck import need as _need
 from agent.gossip.claims import MAX_CERT_BYTES, MAX_SIGNATURE_BYTES
 from agent.gossip.gossipconfig import GossipConfig
 from agent.link.reportguard import DEFAULT_MAX_BATCH_TOKENS, MAX_BATCH_TOKENS
-from controlplane.decision import DecisionParams
+from controlplane.params import DecisionParams
 from controlplane.planners import PLANNERS
 
 __all__ = ["DAY_MS", "AgentConfig", "ClusterConfig", "ConfigError", "ConsensusConfig", "DecisionConfig", "EngineConfig",
@@ -103,7 +103,7 @@ class ClusterConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class DecisionConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    # the decision core's knobs; their defaults (and what each means) are controlplane.decision.DecisionParams'
+    # the decision core's knobs; their defaults (and what each means) are controlplane.params.DecisionParams'
     window: int = DecisionParams.window
     theta: float = DecisionParams.theta
     budget_windows: int = DecisionParams.budget_windows

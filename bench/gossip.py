@@ -106,7 +106,7 @@ def ep144_window_bytes(windows: int = 4, seed: int = 0) -> dict[str, object]:
     from bench.agentfeed import LoadFeed
     from bench.traces import import_sglang_logical_count, sglang_path
     from controlplane.baselines.eplb import eplb_table
-    from controlplane.decision import DecisionParams
+    from controlplane.params import DecisionParams
     from controlplane.table import initial_table
     from controlplane.topology import Topology
 

@@ -48,9 +48,10 @@ import numpy as np  # noqa: E402
 import numpy.typing as npt  # noqa: E402
 
 from controlplane.baselines.eplb import eplb_table  # noqa: E402
-from controlplane.decision import DecisionParams, rebalance  # noqa: E402
+from controlplane.decision import rebalance  # noqa: E402
 from controlplane.monitor import ReplayBuffer  # noqa: E402
 from controlplane.ops import Restore, apply_ops  # noqa: E402
+from controlplane.params import DecisionParams  # noqa: E402
 from controlplane.requests import PlanRequest  # noqa: E402
 from controlplane.table import RoutingTable, initial_table  # noqa: E402
 from controlplane.topology import Topology  # noqa: E402

@@ -235,7 +235,7 @@ class Elastic:
         from agent.config import ConsensusConfig, DecisionConfig
         from agent.decision.pipeline import DecisionPipeline
         from agent.decision.voter import Voter
-        from controlplane.decision import DecisionParams
+        from controlplane.params import DecisionParams
 
         params = DecisionParams(**{"window": self.window, **self.params})
         self.backend = _CommitAtOnce(base)

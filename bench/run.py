@@ -26,7 +26,7 @@ from bench.rankloss import Kill, Outage, masked
 from bench.traces import Trace
 from controlplane.baselines.eplb import eplb_table
 from controlplane.baselines.static import static_table
-from controlplane.decision import DecisionParams
+from controlplane.params import DecisionParams
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
 

@@ -37,14 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from controlplane.decision import (
-    Attempt,
-    Decision,
-    DecisionOutcome,
-    DecisionParams,
-    manual,
-    same_ranks,
-)
+from controlplane.decision import Attempt, Decision, DecisionOutcome, manual, same_ranks
 from controlplane.errors import ControlPlaneError, InvalidShape
 from controlplane.events import (
     Event,
@@ -59,6 +52,7 @@ from controlplane.events import (
 from controlplane.measures import Measures
 from controlplane.monitor import LoadMonitor, WindowReport
 from controlplane.ops import EndReason, Lifecycle, OpState, Restore
+from controlplane.params import DecisionParams
 from controlplane.planner import Refused
 from controlplane.profile import StabilityProfile
 from controlplane.ready import Explain, OpTransition, ProposalRecord, Ready, Record, Resolution

@@ -13,9 +13,9 @@ from dataclasses import replace
 
 from controlplane.copycost import MODELLED, CopyCostEstimator, CopySlowdown
 from controlplane.cost import change_cost
-from controlplane.decision import DecisionParams
 from controlplane.events import WindowClosed
 from controlplane.monitor import ReplayBuffer
+from controlplane.params import DecisionParams
 from controlplane.steptime import StepTime, StepTimeEstimator, StepTimeSource
 from controlplane.table import RoutingTable
 from controlplane.verify import verify_windows

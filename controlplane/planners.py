@@ -33,7 +33,7 @@ from controlplane.table import RoutingTable
 
 @dataclass(frozen=True)
 class PlanKnobs:
-    """The decision core's knobs a planner uses (controlplane.decision.DecisionParams.knobs)."""
+    """The decision core's knobs a planner uses (controlplane.params.DecisionParams.knobs)."""
 
     max_ops: int       # moves per plan, a bound
     tau: float         # the gain a plan must verify

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from controlplane.decision import Attempt, DecisionParams, rebalance, repair, rollback
+from controlplane.decision import Attempt, rebalance, repair, rollback
 from controlplane.errors import ControlPlaneError
 from controlplane.monitor import ReplayBuffer
+from controlplane.params import DecisionParams
 from controlplane.profile import StabilityProfile
 from controlplane.restore import fill_restored
 from controlplane.table import RoutingTable

@@ -22,15 +22,10 @@ import numpy as np
 import numpy.typing as npt
 
 from controlplane.cost import change_cost
-from controlplane.decision import (
-    Attempt,
-    Decision,
-    DecisionOutcome,
-    DecisionParams,
-    rebalance,
-)
+from controlplane.decision import Attempt, Decision, DecisionOutcome, rebalance
 from controlplane.monitor import ReplayBuffer
 from controlplane.ops import Migrate, Operation, apply_ops
+from controlplane.params import DecisionParams
 from controlplane.planner import Reason, Refused
 from controlplane.table import RoutingTable, check_no_new_rank_duplicates
 from controlplane.verify import gain, layer_gains

@@ -14,8 +14,8 @@ import numpy as np
 import numpy.typing as npt
 
 from agent.wire import plan_forced, plan_kind
-from controlplane.decision import DecisionParams
 from controlplane.errors import ControlPlaneError
+from controlplane.params import DecisionParams
 from controlplane.steptime import StepTime, StepTimeSource, agrees
 from controlplane.table import RoutingTable
 from controlplane.verify import STEP_TIME_DISAGREES, same_mix, verify_decision, verify_windows

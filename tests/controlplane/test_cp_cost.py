@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from controlplane.cost import CostModel, InvalidCostModel, change_cost, extra_replicas, tier_matrix
-from controlplane.decision import DecisionParams, InvalidParams, rollback_ops, same_ranks
+from controlplane.decision import rollback_ops, same_ranks
 from controlplane.errors import InvalidOperation
 from controlplane.ops import (
     Consolidate,
@@ -21,6 +21,7 @@ from controlplane.ops import (
     Replicate,
     apply_ops,
 )
+from controlplane.params import DecisionParams, InvalidParams
 from controlplane.table import diff, initial_table
 from controlplane.topology import Tier, Topology
 from tests.controlplane.test_cp_verify import tables

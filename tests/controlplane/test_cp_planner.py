@@ -9,9 +9,10 @@ from hypothesis import strategies as st
 
 from controlplane import load, planner
 from controlplane.cost import CostModel
-from controlplane.decision import DecisionParams, rebalance
+from controlplane.decision import rebalance
 from controlplane.monitor import ReplayBuffer
 from controlplane.ops import Consolidate, Migrate, Replicate, apply_ops
+from controlplane.params import DecisionParams
 from controlplane.profile import ExpertClass, StabilityProfile
 from controlplane.retarget import layer_objective
 from controlplane.table import RoutingTable, initial_table

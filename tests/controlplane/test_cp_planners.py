@@ -30,7 +30,7 @@ def test_each_planner_proposes_through_the_decision_core(planner: str) -> None:
 
 
 def test_an_unknown_planner_is_refused_by_name() -> None:
-    from controlplane.decision import InvalidParams
+    from controlplane.params import InvalidParams
 
     with pytest.raises(InvalidParams, match="planner='eplb'"):
         DecisionParams(planner="eplb")
@@ -68,7 +68,7 @@ def test_a_stuck_greedy_plan_is_polished_by_a_swap_above_polish_theta_only() -> 
 
 
 def test_polish_knobs_are_checked_by_name() -> None:
-    from controlplane.decision import InvalidParams
+    from controlplane.params import InvalidParams
 
     for bad in (dict(polish_theta=0.5), dict(polish_lam=-1.0)):
         with pytest.raises(InvalidParams, match="polish_theta="):
@@ -123,7 +123,7 @@ def test_a_polish_copy_is_charged_its_serving_time() -> None:
     import numpy as np
 
     from controlplane.cost import DEEPSEEK_V3_EXPERT_BYTES
-    from controlplane.decision import POLISH_UNPRICED_X
+    from controlplane.params import POLISH_UNPRICED_X
     from controlplane.planners import PlanInput, greedy
     from controlplane.table import initial_table
     from controlplane.topology import Topology

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controlplane.decision import DecisionParams
 from controlplane.errors import ControlPlaneError
 from controlplane.monitor import ReplayBuffer
+from controlplane.params import DecisionParams
 from controlplane.requests import PlanRequest, stale
 from controlplane.table import RoutingTable, initial_table
 from controlplane.topology import Topology

@@ -11,10 +11,11 @@ from agent.wire import op_from_pb, op_to_pb
 from controlplane import retarget
 from controlplane.baselines.eplb import eplb_table, replicate_experts
 from controlplane.baselines.static import static_table
-from controlplane.decision import DecisionParams, rebalance, same_ranks
+from controlplane.decision import rebalance, same_ranks
 from controlplane.errors import InvalidOperation
 from controlplane.monitor import ReplayBuffer
 from controlplane.ops import Drop, Replicate, Swap, apply_ops, describe
+from controlplane.params import DecisionParams
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
 from tests.controlplane.test_cp_verify import tables

@@ -13,7 +13,7 @@ import numpy as np
 
 from agent.decision.voter import Voter
 from agent.wire import make_plan
-from controlplane.decision import DecisionParams
+from controlplane.params import DecisionParams
 from controlplane.table import RoutingTable
 from controlplane.topology import Topology
 from controlplane.verify import gain_bound, verify_windows

@@ -80,7 +80,7 @@ def test_the_bound_and_its_quantiles() -> None:
 
 
 def test_gain_confidence_is_validated() -> None:
-    from controlplane.decision import InvalidParams
+    from controlplane.params import InvalidParams
 
     for bad in (0.4, 1.0, float("nan")):
         with pytest.raises(InvalidParams, match="gain_confidence"):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from controlplane.controller import Controller, DecisionParams, Ready, TableCommitted, WindowClosed
-from controlplane.decision import InvalidParams
+from controlplane.params import InvalidParams
 from controlplane.table import initial_table
 from controlplane.topology import Topology
 from controlplane.worth import Worth, WorthTrigger
