@@ -200,7 +200,7 @@ class ClusterWindows:
             times[window_seq] = step_us
         else:
             times.pop(window_seq, None)
-        if window_seq in times and step_version is not None and step_version.shape == step_us.shape:  # type: ignore[union-attr]
+        if window_seq in times and step_version is not None and step_version.shape == times[window_seq].shape:
             ran[window_seq] = step_version
         else:
             ran.pop(window_seq, None)
