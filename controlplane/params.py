@@ -68,12 +68,12 @@ class DecisionParams:
     min_op_gain: float | None = None
     fast_theta: float = 1.3  # a window this far above theta spends the whole error budget at once: a drift
     #                          (ESFT intent -> law: 1.06 -> 1.83) is fixed one window after it shows
-    # Below fast_theta, a window whose greedy moves gain less than tau (stuck: each move off the hottest rank
-    # raises another to the max, and full ranks need swaps) may still be re-packed or exchanged layer by layer
-    # (`planners.widen`) where its block objective is polish_theta above an even split, each copied slot
-    # charged its serving time: the fraction of its layer's load it must take off, held over the worth horizon,
-    # to repay polish_lam x (1 + worth_margin) times the copy's serving time (`polish_charge`; a layer is
-    # 1/L of the step's load_ms). Priced, not per slot of the pool: a fixed 3 x min_op_gain charged a 3-layer
+    # Below fast_theta, a window's layers may still be re-packed or exchanged instead of their greedy moves
+    # (which may get only part of the way: each move off the hottest rank raises another to the max, and full
+    # ranks need swaps; `planners.widen`) where its block objective is polish_theta above an even split, each
+    # copied slot charged its serving time: the fraction of its layer's load it must take off, held over the
+    # worth horizon, to repay polish_lam x (1 + worth_margin) times the copy's serving time (`polish_charge`; a
+    # layer is 1/L of the step's load_ms). Priced, not per slot of the pool: a fixed 3 x min_op_gain charged a 3-layer
     # model's copy 4-24 times more than its serving time (Mixtral 8 experts on 8 ranks, OLMoE at 4x8 with 3
     # slots: stuck 0.04-0.08 above hindsight for whole segments, their full re-packs paying 4x over the horizon)
     # and DeepSeek-V3 decode's 0.6 times less. polish_lam (bench, EPLB boot, ESFT 2x8 and OLMoE 4x8 3-slot,

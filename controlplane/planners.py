@@ -5,9 +5,9 @@ gain and cost); `decision.rebalance` then replays it step by step, drops the lay
 gates the rest by tau and the copy budget, whoever planned it. One is chosen by name
 (`DecisionParams.planner`, agent config `decision.planner`):
 - "greedy" (the default): the incremental greedy of controlplane.planner, widened to a re-pack or an exchange
-  search where the gap to an even split is large (`widen`), or, more sparingly, where the greedy moves are
-  stuck short of tau above a smaller gap (`polish_theta`: each copied slot then counts `polish_lam` times);
-  a plan that still leaves a large gap is planned once more from its own table;
+  search where the gap to an even split is large (`widen`), or, more sparingly, above a smaller gap
+  (`polish_theta`: each copied slot then counts `polish_lam` times); a plan that still leaves a large gap is
+  planned once more from its own table;
 - "craft": CRAFT as published (controlplane.baselines.craft): per layer, a multiple-choice knapsack over
   replica counts within the same slot budget, capacity-aware placement on top of one copy of every expert,
   reached from the head by controlplane.retarget.ops_to. It re-plans every replica each time, so the copy
@@ -40,7 +40,7 @@ class PlanKnobs:
     op_gain: float     # what each copy must gain of its own layer's objective
     fast_theta: float  # a gap to an even split this large lets the greedy planner widen (re-pack, exchange)
     widen: bool        # whether it may
-    polish_theta: float = 0.0  # a smaller gap at which it may still widen when the greedy moves gain < tau (0: never)
+    polish_theta: float = 0.0  # a smaller gap above which it still widens, copies charged more (0: never)
     polish_lam: float = 1.0    # ... charging each copied slot this many times op_gain
     polish_priced: bool = False  # whether that charge is a copy's serving time (DecisionParams.polish_charge)
 
@@ -65,11 +65,11 @@ class Planner(Protocol):
 
 
 def greedy(head: RoutingTable, inp: PlanInput, cost: CostModel, k: PlanKnobs) -> Plan:
-    """The incremental greedy (controlplane.planner.plan), widened where the gap is large (`widen`) and, when
-    its moves gain less than tau (one move at a time cannot get out: every move off the hottest rank raises
-    another to the max, and a full rank needs a swap), where the gap is above polish_theta, with each copied
-    slot charged polish_lam x op_gain. A plan that still leaves a large gap is planned once more from its own
-    table, within what is left of the copy budget: one plan, both passes' operations in order."""
+    """The incremental greedy (controlplane.planner.plan), widened where the gap is large (`widen`) and, where
+    the gap is above polish_theta, with each copied slot charged polish_lam x op_gain (one move at a time may
+    get only part of the way: every move off the hottest rank raises another to the max, and a full rank needs
+    a swap). A plan that still leaves a large gap is planned once more from its own table, within what is left
+    of the copy budget: one plan, both passes' operations in order."""
     pl = plan(head, inp.X, inp.steps, cost, k.max_ops, k.tau, inp.profile, inp.cooldown, k.op_gain)
     if not (k.widen and inp.X.shape[0]):
         return pl
@@ -148,20 +148,23 @@ def _even_split(head: RoutingTable, X: npt.NDArray[np.integer]) -> float:
 def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs,
            cooldown: npt.NDArray[np.bool_], cm: CostModel, tokens: npt.NDArray[np.float64]) -> Plan:
     """The large-gap planner (controlplane.retarget): when the head is more than fast_theta above an even
-    split and a full re-pack of the replay blocks would leave the greedy plan's result more than tau behind,
-    a layer may take the re-pack or an exchange search (from the head, or from the head with EPLB's replica
-    counts) instead of its greedy moves: whichever gains the most on X net of `min_op_gain` x its layer
-    objective per copied slot. Layers switch in order of that net gain per second of copy cost while the plan
-    stays within the cost budget; a layer with an expert in cooldown stays greedy. Small drift costs at most
-    one re-pack and keeps the greedy plan. A polish: under fast_theta, when the greedy plan gains less than
-    tau and the gap is above polish_theta, the same search with each copied slot charged polish_lam times."""
+    split and the greedy plan's result is more than tau above it, a layer may take a full re-pack of the replay
+    blocks or an exchange search (from the head, or from the head with EPLB's replica counts) instead of its
+    greedy moves: whichever gains the most on X net of `min_op_gain` x its layer objective per copied slot.
+    All three are searched whatever the re-pack gives: on 3 slots a rank the exchange search reaches an even
+    split where the re-pack does not beat the greedy moves (held-out OLMoE at 4x8: the drift's rest came two
+    windows later). Layers switch in order of that net gain per second of copy cost while the plan stays within
+    the cost budget; a layer with an expert in cooldown stays greedy. A polish: under fast_theta, where the gap
+    is above polish_theta, the same search with each copied slot charged polish_lam times; a greedy plan that
+    gains more than tau is weighed against it layer by layer, not taken unseen (it took part of the way and
+    the polish came a window later)."""
     L = head.layers
     o0 = retarget.layer_objective(head, X).astype(np.float64)
     # a large gap: the head's objective is above fast_theta x the even split of every block over the active
-    # ranks (what no packing beats), and a full re-pack would beat the greedy plan by more than tau
+    # ranks (what no packing beats), and the greedy plan's result more than tau above that split
     floor = _even_split(head, X)
     polish = o0.sum() < p.fast_theta * floor
-    if polish and not (p.polish_theta and pl.estimated_gain < p.tau and o0.sum() >= p.polish_theta * floor):
+    if polish and not (p.polish_theta and o0.sum() >= p.polish_theta * floor):
         return pl
     lam_x = p.polish_lam if polish else 1.0
     greedy_t = apply_ops(head, pl.ops) if pl.ops else head
@@ -172,8 +175,6 @@ def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs
     w = np.asarray(X, dtype=np.float64).sum(axis=0)
     cands = [head.successor(retarget.repack(head, w)[0])]
     objs = [retarget.layer_objective(cands[0], X)]
-    if og.sum() - objs[0].sum() < p.tau * o0.sum():
-        return as_greedy
     lam = p.op_gain * lam_x * o0
     known: dict[int, dict[int, list[Operation]]] = {}  # candidate -> its operations per layer, when it has them
     for start in ((head.phy2log, {}), retarget.recount(head, w)):
@@ -182,7 +183,10 @@ def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs
         cands.append(head.successor(phy))
     objs += [retarget.layer_objective(t, X) for t in cands[1:]]
     greedy_cost = layer_costs(cm, head, greedy_t, tokens)
-    greedy_v = (o0 - og) - lam * retarget.moved_slots(head, greedy_t)
+    # the greedy moves passed the planner's own charge (op_gain a slot): a polish's surcharge is for the copies
+    # it would add, so a greedy layer is weighed at op_gain (else a polish would drop the greedy moves of every
+    # layer whose copies do not repay the surcharge, before the cost-benefit test could back off)
+    greedy_v = (o0 - og) - p.op_gain * o0 * retarget.moved_slots(head, greedy_t)
     best_v, best_c, best_cost = greedy_v.copy(), np.full(L, -1), greedy_cost.copy()
     for i, (t, obj) in enumerate(zip(cands, objs, strict=True)):
         v = (o0 - obj) - lam * retarget.moved_slots(head, t)

@@ -174,3 +174,39 @@ def test_a_stuck_plan_says_what_a_re_pack_would_reach_and_what_each_copy_is_char
     assert pl.note.startswith("greedy stuck (copies x3.91): head 1.150 x an even split, full re-pack 1.000 copying ")
     assert ("(11.74% of its layer a copied slot: min_op_gain x 3.91, its serving time x decision.polish_lam over the "
             "horizon); a lower decision.polish_lam lets such copies through") in pl.note, pl.note
+
+
+def test_a_large_gap_tries_the_exchange_search_even_where_the_full_repack_does_not_beat_the_greedy() -> None:
+    """One layer, 4 ranks of 3 slots, EPLB's placement for an old load, then a new one: the greedy moves leave it
+    1.071 x an even split, a full re-pack of the new load 1.125 (worse than the greedy); an exchange search from
+    the head reaches 1.015 with fewer copies. The large-gap planner takes it: whether the re-pack beats the greedy
+    says nothing of what the exchange search finds (held-out OLMoE, 3 slots a rank: a drift's first plan reached
+    only part of the way, and the rest came two windows later)."""
+    import numpy as np
+
+    from controlplane import retarget
+    from controlplane.baselines.eplb import eplb_table
+    from controlplane.ops import apply_ops
+    from controlplane.planner import plan
+    from controlplane.planners import PlanKnobs, widen
+    from controlplane.table import initial_table
+    from controlplane.topology import Topology
+
+    head = eplb_table(initial_table(Topology(1, 4, 3), 1, 8), np.array([[59, 55, 84, 76, 61, 66, 30, 71]]))
+    load = np.array([[21, 41, 378, 53, 53, 892, 2, 479]], dtype=np.int64)
+    X = load[None]
+    cm = DecisionParams().cost_model(4)
+    k = PlanKnobs(64, 0.02, 0.0448, 1.3, True, 1.03, 3.0)
+    cool = np.zeros((1, 8), dtype=bool)
+    floor = float(np.ceil(X.sum(axis=2) / 4).sum())
+
+    def ratio(t: object) -> float:
+        return float(retarget.layer_objective(t, X).sum()) / floor  # type: ignore[arg-type]
+
+    pl = plan(head, X, 1, cm, k.max_ops, k.tau, None, cool, k.op_gain)
+    greedy_r = ratio(apply_ops(head, pl.ops))
+    repack_r = ratio(head.successor(retarget.repack(head, X.sum(axis=0).astype(np.float64))[0]))
+    assert ratio(head) > k.fast_theta and greedy_r - 1.0 > k.tau and repack_r >= greedy_r, (greedy_r, repack_r)
+    wide = widen(head, X, pl, k, cool, cm, load.astype(np.float64))
+    assert ratio(apply_ops(head, wide.ops)) < greedy_r - k.tau, (ratio(apply_ops(head, wide.ops)), greedy_r)
+    assert len(wide.ops) <= len(pl.ops)
