@@ -28,7 +28,7 @@ from controlplane.table import RoutingTable
 from controlplane.topology import Topology
 from dataplane_shim.link import make_load_report
 from dataplane_shim.plugin import REPORT_EVERY
-from elasticmoe.loadcodec import sample_steps
+from elasticmoe.loadcodec import sample_steps, stride_means
 from elasticmoe.v1 import gossip_pb2 as gpb
 
 # the engine's wall time of steps [S] (ms) served under a table: counts [S, L, E] -> [S]
@@ -73,9 +73,10 @@ class _Loopback:
     def publish_window(self, window_seq: int, first_step: int, steps: int, counts: npt.NDArray[np.integer],
                        learner: bool = False, samples: npt.NDArray[np.uint32] | None = None,
                        sample_every: int = 0, step_us: npt.NDArray[np.uint32] | None = None,
-                       step_version: npt.NDArray[np.uint32] | None = None) -> None:
+                       step_version: npt.NDArray[np.uint32] | None = None,
+                       stride_us: npt.NDArray[np.uint32] | None = None) -> None:
         w = make_window(self.node, 1, window_seq, first_step, steps, counts, learner, samples, sample_every, step_us,
-                        step_version)
+                        step_version, stride_us)
         wire = w.SerializeToString()
         self.feed.window_bytes.append(len(wire))
         if self.node == self.feed.decider:
@@ -84,7 +85,7 @@ class _Loopback:
         check_windows([got], (w.layers, w.experts))
         nw = node_window(got)
         self.feed.paths[self.feed.decider].on_window(self.node, nw.window_seq, nw.counts, nw.first_step, nw.steps,
-                                                     nw.samples, nw.step_us, nw.step_version)
+                                                     nw.samples, nw.step_us, nw.step_version, nw.stride_us)
 
     def live_nodes(self) -> list[str]:
         return self.feed.nodes
@@ -98,7 +99,8 @@ class LoadFeed:
                  step_ms: StepModel | None = None) -> None:
         """`top_k`: the trace's, which bounds a layer's count per step with the batch (agent.link.reportguard); 0: the
         experts (a token picks each at most once). `step_ms(table, counts [S, L, E])`: the engine's wall time of
-        each sampled step in milliseconds [S], which the engines' reports carry (LoadReport.step_us; None: none)."""
+        each step in milliseconds [S], which the engines' reports carry for their sampled steps (LoadReport.step_us,
+        and each one's stride's mean: stride_us; None: none)."""
         self.topo, self.window, self.sample_every, self.report_every = topo, window, sample_every, report_every
         self.step_ms = step_ms
         self.nodes = [f"n{i}" for i in range(topo.nodes)]
@@ -139,19 +141,22 @@ class LoadFeed:
             chunk = np.asarray(counts[at - first:nxt - first], dtype=np.int64)
             offs = [s - at for s in sample_steps(at, nxt - at, self.sample_every)]
             left = chunk.copy()
-            took = None
+            took = strides = None
             if self.step_ms is not None and self.sample_every and offs:  # the EP step's time: every rank waits for it
                 report = getattr(self.step_ms, "served", None)
-                ms = (report(served_ms[[at - first + o for o in offs]], chunk[offs])
-                      if served_ms is not None and report is not None else self.step_ms(table, chunk[offs]))
-                took = np.maximum(np.asarray(ms, dtype=np.float64) * 1e3, 1.0)
+                us = 1e3 * np.asarray(report(served_ms[at - first:nxt - first], chunk)
+                                      if served_ms is not None and report is not None else self.step_ms(table, chunk))
+                # each sampled step's own time, and the mean of its stride's, as dataplane_shim.plugin reports them
+                took = np.maximum(us[offs], 1.0)
+                strides = np.maximum(np.asarray(stride_means(us, at, self.sample_every), dtype=np.float64), 1.0)
             for i, n in enumerate(self.nodes):
                 mine = left if i == len(self.nodes) - 1 else np.floor(chunk * shares[i]).astype(np.int64)
                 if i < len(self.nodes) - 1:
                     left -= mine
                 rows = mine[offs] if self.sample_every else None
                 r = make_load_report(f"{n}-engine", i * self.topo.ranks_per_node, at, nxt - at, version,
-                                     mine.sum(axis=0), samples=rows, sample_every=self.sample_every, step_us=took)
+                                     mine.sum(axis=0), samples=rows, sample_every=self.sample_every, step_us=took,
+                                     stride_us=strides)
                 self.paths[n].on_report(r)
             at = nxt
 

@@ -249,6 +249,7 @@ class Elastic:
                              self.pipeline.close_window, step_ms=self.step_ms)
         self.pipeline.step_times = self.feed.paths[self.feed.decider].cluster.step_us.get
         self.pipeline.step_versions = self.feed.paths[self.feed.decider].cluster.step_version.get
+        self.pipeline.stride_times = self.feed.paths[self.feed.decider].cluster.stride_us.get
         self._step = 0
         return []
 

@@ -40,6 +40,9 @@ class WindowClosed:
     # [T]: the table version each of `steps`' rows ran on (LoadWindow.step_version, the oldest over the nodes);
     # None: not known (engines that do not say, or `step_us` None)
     step_version: npt.NDArray[np.uint32] | None = None
+    # [T]: the mean wall time of the steps each of `steps`' rows stands for (itself and those up to the next
+    # sampled one: LoadWindow.stride_us, the longest over the nodes); None: not measured (or `step_us` None)
+    stride_us: npt.NDArray[np.uint32] | None = None
 
 
 @dataclass(frozen=True)

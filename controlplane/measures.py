@@ -49,7 +49,7 @@ class Measures:
         """Fold a window's measured steps in (each under the table that served it) and return `params` with the
         step time read at the busiest load of the windows a decision judges (those that share the newest one's
         mix: verify.verify_windows) and the copy cost (the same object where neither changed)."""
-        self.steptime.observe(ev.window_seq, head, ev.steps, ev.step_us, ev.step_version, ev.span)
+        self.steptime.observe(ev.window_seq, head, ev.steps, ev.step_us, ev.step_version, ev.span, ev.stride_us)
         judged = verify_windows(buf.window_totals(), params.drift_tv)
         self.judged_windows = tuple(w.seq for w in list(buf.windows)[-judged:]) if judged else ()
         busiest = float(buf.stats(head, last=judged).layer_max.sum(axis=1).mean()) if judged else None

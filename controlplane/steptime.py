@@ -26,7 +26,7 @@ No IO, no clock.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Protocol
 
@@ -50,6 +50,13 @@ MAX_POINTS = 2000  # the newest points a fit uses (the load path keeps a few win
 # decides on 0.146 ms steady, 0.079 from a cold start, and the other bench cases do not change. A load that
 # varies too little for even that still gives no fit
 MAX_REL_SE = 0.4
+# A fit of window means (each window's stride times' mean against its sampled steps' mean load) needs this many
+# windows, and the windows' spread in the busiest load (and in the batch, where it varies) must be at least
+# RELIABLE their own, not their few sampled steps': a window's mean time covers all its steps, its mean load only
+# the sampled ones, and where the load varies from step to step more than from window to window (no slow part to
+# average) the two do not line up: the fit would flatten (errors in variables) and the steps one by one are fitted
+MIN_WINDOWS = 8
+RELIABLE = 0.9
 HUBER_K = 1.345  # the usual Huber constant: 95% efficiency at Gaussian noise
 TUKEY_C = 4.685  # the usual bisquare constant: 95% efficiency at Gaussian noise
 ROUNDS = 20  # IRLS rounds (fixed: the same points give the same figure on every voter)
@@ -77,6 +84,7 @@ class StepFit:
     points: int
     busiest: float = 0.0  # mean(m) over the fitted steps
     scale_ms: float = 0.0  # the residuals' robust scale (1.4826 x their median absolute deviation): one step's noise
+    means: int = 0  # the windows whose means it fitted (their strides' times: `fit_window_means`); 0: step by step
 
     def at(self, busiest: float) -> float:
         """The load part of a step whose busiest ranks carry `busiest` tokens (summed over layers): b x busiest."""
@@ -164,6 +172,59 @@ def fit_step_time(t_ms: npt.ArrayLike, busiest: npt.ArrayLike, tokens: npt.Array
     return StepFit(float(beta[0]), b, c, load_ms, int(t.size), float(m.mean()), scale)
 
 
+def _reliability(v: list[F64]) -> tuple[float, float]:
+    """Of per-window samples `v`: the share of their window means' spread that is the windows' own, not the
+    sampling of a few steps of each (1 - the pooled within-window variance over each window's steps, averaged
+    with the windows' steps as weights, over the weighted variance of the means), and that spread relative to
+    the mean (0 where the means do not vary)."""
+    k = np.array([len(x) for x in v], dtype=np.float64)
+    means = np.array([float(x.mean()) for x in v])
+    grand = float((k * means).sum() / k.sum())
+    between = float((k * (means - grand) ** 2).sum() / k.sum())
+    if between <= (1e-6 * grand) ** 2:
+        return 0.0, 0.0
+    dof = float((k - 1).sum())
+    within = float(sum(((x - x.mean()) ** 2).sum() for x in v)) / dof if dof > 0 else float("inf")
+    noise = within * len(v) / float(k.sum())  # the mean over windows, weighted by steps, of within / k
+    return 1.0 - noise / between, float(np.sqrt(between)) / abs(grand) if grand else 0.0
+
+
+def fit_window_means(t_ms: list[F64], busiest: list[F64], tokens: list[F64]) -> StepFit | str:
+    """Fit from window means: per window, its sampled steps' strides' mean times (LoadReport.stride_us: each
+    covers the steps up to the next sampled one, so their mean is the window's mean step time with a fraction
+    of one step's noise), busiest loads and batches. Each window weighs by its sampled steps. No fit where the
+    windows are too few, or their mean load (or batch) varies from window to window too little beside its
+    sampling (`_reliability` under RELIABLE): then the steps one by one tell more (`fit_step_time`)."""
+    if len(t_ms) < MIN_WINDOWS:
+        return f"{len(t_ms)} windows with their strides timed: a fit of window means needs {MIN_WINDOWS}"
+    lam, _ = _reliability(busiest)
+    if lam < RELIABLE:
+        return (f"the windows' mean busiest load varies {lam:.2f} of its spread beyond the sampling of their steps: "
+                f"a fit of window means needs {RELIABLE:g}")
+    lam_n, spread_n = _reliability(tokens)
+    with_batch = spread_n > 1e-3
+    if with_batch and lam_n < RELIABLE:
+        return (f"the windows' mean batch varies {lam_n:.2f} of its spread beyond the sampling of their steps: a fit "
+                f"of window means needs {RELIABLE:g}")
+    k = np.array([len(x) for x in t_ms], dtype=np.float64)
+    t = np.array([float(x.mean()) for x in t_ms])
+    m = np.array([float(x.mean()) for x in busiest])
+    n = np.array([float(x.mean()) for x in tokens])
+    m_bar = float((k * m).sum() / k.sum())
+    cols = [np.ones_like(m), m / m_bar]
+    if with_batch:
+        cols.append(n / float((k * n).sum() / k.sum()))
+    w = np.sqrt(k)
+    beta, se, scale = _robust(np.stack(cols, axis=1) * w[:, None], t * w)
+    load_ms = float(beta[1])
+    if not load_ms > 0 or not se[1] <= MAX_REL_SE * load_ms:
+        return (f"the windows' mean busiest load varies too little over {len(t)} windows to tell its part of the "
+                f"step from the rest: {load_ms:.3g} +- {float(se[1]):.2g} ms, a fit needs its standard error within "
+                f"{MAX_REL_SE:g} of it")
+    c = float(beta[2]) / float((k * n).sum() / k.sum()) if with_batch else 0.0
+    return StepFit(float(beta[0]), load_ms / m_bar, c, load_ms, int(k.sum()), m_bar, scale, means=len(t))
+
+
 def step_points(table: RoutingTable, rows: npt.NDArray[np.integer]) -> tuple[F64, F64]:
     """Of sampled steps' counts rows [S, L, E] under the table that served them: the sum over layers of each
     step's busiest rank's load [S], and its token-expert pairs over layers [S] (the batch, times layers x top_k)."""
@@ -186,15 +247,20 @@ def resolve(override_ms: float | None, fit: StepFit | str | None, default_ms: fl
     if isinstance(fit, StepFit):
         if busiest is not None and busiest > 0 and fit.busiest > 0:
             return StepTime(fit.at(busiest), StepTimeSource.FITTED,
-                            f"fitted from {fit.points} measured steps, at the judged windows' busiest load "
-                            f"({busiest / fit.busiest:.3g} x the fitted steps': {fit.load_ms:.4g} ms there)", fit)
-        return StepTime(fit.load_ms, StepTimeSource.FITTED, f"fitted from {fit.points} measured steps", fit)
+                            f"fitted from {fit.points} measured steps{_as_means(fit)}, at the judged windows' busiest "
+                            f"load ({busiest / fit.busiest:.3g} x the fitted steps': {fit.load_ms:.4g} ms there)", fit)
+        return StepTime(fit.load_ms, StepTimeSource.FITTED, f"fitted from {fit.points} measured steps{_as_means(fit)}",
+                        fit)
     why = fit if isinstance(fit, str) else "no measured step times"
     if step_ms is not None and 0 < step_ms < default_ms:
         return StepTime(step_ms, StepTimeSource.STEP_CAPPED,
                         f"the engines' median measured step, {step_ms:.4g} ms, under the configured {default_ms:g} "
                         f"ms (a step's load part is at most all of it): {why}")
     return StepTime(default_ms, StepTimeSource.DEFAULT, f"the configured default: {why}")
+
+
+def _as_means(fit: StepFit) -> str:
+    return f" as {fit.means} window means of their strides' times" if fit.means else ""
 
 
 def agrees(proposed_ms: float, own: StepTime, rel_tol: float = 0.25) -> bool:
@@ -226,7 +292,8 @@ class StepTimeEstimator:
     def __init__(self, keep: int = 50, copies: PendingSteps | None = None) -> None:
         self.keep = keep
         self.copies = copies
-        self._windows: list[tuple[int, F64, F64, F64]] = []  # (window seq, t_ms [S], busiest [S], tokens [S])
+        # (window seq, t_ms [S], busiest [S], tokens [S], the strides' mean times [S] or None where not measured)
+        self._windows: list[tuple[int, F64, F64, F64, F64 | None]] = []
         self._version: int | None = None  # the table the last window was observed under
         self._tables: dict[int, RoutingTable] = {}  # the newest tables by version
 
@@ -238,25 +305,28 @@ class StepTimeEstimator:
 
     def observe(self, seq: int, table: RoutingTable, rows: npt.NDArray[np.integer],
                 step_us: npt.NDArray[np.integer] | None, step_version: npt.NDArray[np.integer] | None = None,
-                span: int = 0) -> None:
-        """A closed window's sampled steps rows [S, L, E], their wall times step_us [S] (None: unmeasured) and
-        the versions they ran on step_version [S] (None: not said); `table` is the head, `span` the steps of the
-        window (each sampled step stands for span / S of them)."""
+                span: int = 0, stride_us: npt.NDArray[np.integer] | None = None) -> None:
+        """A closed window's sampled steps rows [S, L, E], their wall times step_us [S] (None: unmeasured), the
+        versions they ran on step_version [S] (None: not said) and the mean times of the steps each stands for
+        stride_us [S] (None: not measured); `table` is the head, `span` the steps of the window (each sampled
+        step stands for span / S of them)."""
         self.know(table)
         changed = self._version is not None and table.version != self._version
         self._version = table.version
         if step_us is None or len(step_us) == 0 or np.shape(step_us) != np.shape(rows)[:1]:
             return
         t = np.asarray(step_us, dtype=np.float64) / 1e3
+        st = (np.asarray(stride_us, dtype=np.float64) / 1e3 if stride_us is not None
+              and np.shape(stride_us) == np.shape(t) else None)
         if step_version is None or np.shape(step_version) != np.shape(t):
             if changed:  # the first window under a new table ran partly under the old one (engines install it later)
                 return
             busiest, tokens = step_points(table, rows)
-            self._windows = (self._windows + [(seq, t, busiest, tokens)])[-self.keep:]
+            self._windows = (self._windows + [(seq, t, busiest, tokens, st)])[-self.keep:]
             return
         ran = np.asarray(step_version, dtype=np.int64)
         stands_for = span / len(t) if span > 0 else 1.0
-        parts: list[tuple[F64, F64, F64]] = []
+        parts: list[tuple[F64, F64, F64, F64 | None]] = []
         for v in np.unique(ran).tolist():
             served = self._tables.get(int(v))
             if served is None:  # a version this node does not hold: the step cannot be placed
@@ -267,10 +337,11 @@ class StepTimeEstimator:
                 if self.copies is not None and self.copies.knows(table.version):
                     self.copies.pending(table.version, t[sel], busiest, tokens, stands_for)
                 continue  # (not a point of the fit: the copies slowed it)
-            parts.append((t[sel], busiest, tokens))
+            parts.append((t[sel], busiest, tokens, None if st is None else st[sel]))
         if parts:
             cat = tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
-            self._windows = (self._windows + [(seq, cat[0], cat[1], cat[2])])[-self.keep:]
+            strides = None if st is None else np.concatenate([p[3] for p in parts if p[3] is not None])
+            self._windows = (self._windows + [(seq, cat[0], cat[1], cat[2], strides)])[-self.keep:]
 
     def latest_fit(self) -> StepFit | None:
         """The fit of the windows held, None where there is none."""
@@ -282,10 +353,19 @@ class StepTimeEstimator:
         return sum(len(w[1]) for w in self._windows)
 
     def fit(self) -> StepFit | str | None:
-        """The fit of the windows held, why there is none, or None when no window was measured."""
+        """The fit of the windows held, why there is none, or None when no window was measured: of their means
+        where the engines timed the strides and the windows vary more than their sampling (`fit_window_means`),
+        else of their sampled steps one by one (`fit_step_time`). Its `scale_ms` is one step's noise about it."""
         if not self._windows:
             return None
         cat = [np.concatenate([w[i] for w in self._windows]) for i in (1, 2, 3)]
+        timed = [w for w in self._windows if w[4] is not None]
+        if len(timed) >= MIN_WINDOWS:
+            means = fit_window_means([w[4] for w in timed if w[4] is not None], [w[2] for w in timed],
+                                     [w[3] for w in timed])
+            if isinstance(means, StepFit):
+                r = cat[0] - means.predict(cat[1], cat[2])
+                return replace(means, scale_ms=1.4826 * float(np.median(np.abs(r - np.median(r)))))
         return fit_step_time(cat[0], cat[1], cat[2])
 
     def current(self, configured_ms: float, override: bool, busiest: float | None = None) -> StepTime:

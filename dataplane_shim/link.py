@@ -74,6 +74,9 @@ def check_load_report(r: dpb.LoadReport, layers: int | None = None, experts: int
     if r.step_us and len(r.step_us) != 4 * n * bool(r.samples):
         return (f"step_us has {len(r.step_us)} bytes: expected one little-endian uint32 per sampled step the report's "
                 f"samples hold ({n if r.samples else 0} x 4)")
+    if r.stride_us and len(r.stride_us) != len(r.step_us):
+        return (f"stride_us has {len(r.stride_us)} bytes: expected one little-endian uint32 per sampled step its "
+                f"step_us holds ({len(r.step_us) // 4} x 4)")
     return ""
 
 
@@ -81,14 +84,16 @@ def make_load_report(
     shim_id: str, rank: int, first_step: int, steps: int, version: int, counts: npt.ArrayLike,
     stale_dispatches: int = 0, dropped_tokens: int = 0, unreachable_ranks: Iterable[int] = (),
     samples: npt.ArrayLike | None = None, sample_every: int = 0, error: str = "", max_batch_tokens: int = 0,
-    step_us: npt.ArrayLike | None = None,
+    step_us: npt.ArrayLike | None = None, stride_us: npt.ArrayLike | None = None,
 ) -> dpb.LoadReport:
     """A LoadReport for uint32 counts [L, E] summed over `steps` steps starting at `first_step`;
     `unreachable_ranks`: peers this rank's collectives or dispatch could not reach since its last report;
     `samples` [n, L, E]: the counts of the sampled steps in the range (every `sample_every`-th global step,
     elasticmoe.loadcodec), or None (sample_every is then sent as 0); `max_batch_tokens`: the most tokens one
     step of the engine carries into the counts (0: not declared; the agent bounds the counts by it); `step_us` [n]:
-    the engine's wall time of each sampled step in microseconds (with `samples` only; None: not measured)."""
+    the engine's wall time of each sampled step in microseconds (with `samples` only; None: not measured);
+    `stride_us` [n]: the mean wall time of the steps each stands for (elasticmoe.loadcodec.stride_means; with
+    `step_us` only)."""
     c = np.asarray(counts)
     if c.ndim != 2 or c.dtype.kind not in "iu" or (c < 0).any() or (c > np.iinfo(np.uint32).max).any():
         raise BadInput(f"counts shape {c.shape} dtype {c.dtype}: expected uint32 [layers, experts]")
@@ -107,6 +112,9 @@ def make_load_report(
         if step_us is not None:
             t = np.rint(np.asarray(step_us, dtype=np.float64).reshape(-1))
             r.step_us = np.clip(t, 0, np.iinfo(np.uint32).max).astype("<u4").tobytes()
+            if stride_us is not None:
+                t = np.rint(np.asarray(stride_us, dtype=np.float64).reshape(-1))
+                r.stride_us = np.clip(t, 0, np.iinfo(np.uint32).max).astype("<u4").tobytes()
     reason = check_load_report(r)
     if reason:
         raise BadInput(reason)

@@ -12,7 +12,7 @@ glue drives it through two doors:
   once the engine's own path has moved the weights and its map equals the table;
 - load out, from the glue at its own points of the step:
 
-    core.step_took(offset, us)           # the wall time of a step not added yet (kept when it is sampled)
+    core.step_took(offset, us)           # the wall time of a step not added yet (sampled: its own and its stride's mean)
     core.add_load(counts, steps, rows)   # int [L, E] logical load of `steps` steps; rows: the sampled ones
     core.maybe_report()                  # every `report_every` steps: one LoadReport offered to the link
     core.flush()                         # before an install empties the engine's counters: report them now
@@ -41,7 +41,7 @@ from dataplane_shim.certify import table_from_commit
 from dataplane_shim.errors import BadInput, ShimError
 from dataplane_shim.genesis import content_hex, genesis_table
 from dataplane_shim.link import make_load_report
-from elasticmoe.loadcodec import sample_steps
+from elasticmoe.loadcodec import sample_steps, stride_means
 from elasticmoe.v1 import consensus_pb2 as cpb
 from elasticmoe.v1 import dataplane_pb2 as dpb
 
@@ -86,6 +86,7 @@ class Link(Protocol):
 REPORT_EVERY = 25  # steps per load report: one host copy and one message per 25 decode steps
 AGREE_EVERY = 32   # steps per version agreement: one async all-reduce launch (~150 us here) per 32 steps
 SAMPLE_EVERY = 10  # every 10th step's counts go to the agent besides the totals (elasticmoe.loadcodec)
+MAX_TIMED = 4096  # step times held between reports (report_every steps); past it, steps go untimed
 
 
 @dataclass
@@ -182,9 +183,7 @@ class PluginCore:
         self._steps = 0
         self._rows: list[npt.NDArray[np.int64]] = []  # the sampled steps' counts since the last report
         self._sampled = True  # every chunk since the last report came with its sampled rows
-        self._took: dict[int, float] = {}  # global step -> its wall time (us), sampled steps not yet added
-        self._times: list[float] = []  # the wall times of the sampled rows since the last report
-        self._timed = True  # every sampled row since the last report has its wall time
+        self._took: dict[int, float] = {}  # global step -> its wall time (us), every step not reported yet
         self._unreachable: set[int] = set()
 
     # ---- tables in ---------------------------------------------------------------------------------
@@ -259,7 +258,7 @@ class PluginCore:
         self.link.go_on_from(step)
         self._load[:] = 0
         self._rows, self._sampled = [], True
-        self._took, self._times, self._timed = {}, [], True
+        self._took = {}
         return True
 
     def installed(self, version: int) -> None:
@@ -281,9 +280,12 @@ class PluginCore:
 
     def step_took(self, offset: int, us: float) -> None:
         """The engine's wall time of the step `offset` steps after the last one added, in microseconds (vLLM:
-        between consecutive calls of its step hook); kept for the report when that step is sampled (LoadReport.
-        step_us), so that the agents can fit the part of a step that grows with its busiest rank's load."""
-        if self.is_sampled(offset) and us > 0 and len(self._took) < 4096:
+        between consecutive calls of its step hook). Each sampled step reports its own time (LoadReport.step_us)
+        and the mean of its stride's (itself and the steps after it up to the next sampled one, within the
+        report: LoadReport.stride_us, elasticmoe.loadcodec.stride_means), so that the agents can fit the part of a
+        step that grows with its busiest rank's load from the steps one by one and from window means that have a
+        fraction of one step's noise."""
+        if us > 0 and len(self._took) < MAX_TIMED:
             self._took[self._first_step + self._steps + offset] = float(us)
 
     def add_load(self, counts: npt.ArrayLike, steps: int = 1, rows: npt.ArrayLike | None = None) -> None:
@@ -302,12 +304,6 @@ class PluginCore:
                 raise BadInput(f"sampled rows shape {r.shape}: expected {(n, *self._load.shape)} (the sampled "
                                f"steps among {steps} from step {self._first_step + self._steps})")
             self._rows.extend(r.astype(np.int64))
-            start = self._first_step + self._steps
-            for s in sample_steps(start, steps, self.sample_every):
-                t = self._took.pop(s, None)
-                self._timed = self._timed and t is not None
-                self._times.append(t or 0.0)
-            self._took = {s: t for s, t in self._took.items() if s >= start + steps}
         self._load += c
         self._steps += steps
         self.stats.steps += steps
@@ -355,12 +351,19 @@ class PluginCore:
         if self._sampled and self.sample_every > 0:
             rows = (np.minimum(np.stack(self._rows), np.iinfo(np.uint32).max).astype(np.uint32) if self._rows
                     else np.zeros((0, *counts.shape), np.uint32))
-        timed = rows is not None and self._timed and len(self._times) == len(rows) > 0
-        report = make_load_report(self.shim_id, self.rank, self._first_step, self._steps, self.version, counts,
+        first, end = self._first_step, self._first_step + self._steps
+        times: list[float] | None = None
+        strides: list[float] | None = None
+        if rows is not None and len(rows):  # each sampled step: its own time and its stride's mean; all or none
+            means = stride_means([self._took.get(s, 0.0) for s in range(first, end)], first, self.sample_every)
+            if len(means) == len(rows) and all(x is not None for x in means):
+                times = [self._took[s] for s in sample_steps(first, end - first, self.sample_every)]
+                strides = [float(x or 0.0) for x in means]
+        report = make_load_report(self.shim_id, self.rank, first, self._steps, self.version, counts,
                                   unreachable_ranks=self._unreachable, samples=rows, sample_every=self.sample_every,
-                                  max_batch_tokens=self.max_batch_tokens, step_us=self._times if timed else None)
+                                  max_batch_tokens=self.max_batch_tokens, step_us=times, stride_us=strides)
         self._rows, self._sampled = [], True
-        self._times, self._timed = [], True
+        self._took = {s: t for s, t in self._took.items() if s >= end}
         self._unreachable = set()
         self.link.offer(report)
         self.stats.reports += 1

@@ -64,3 +64,22 @@ def unpack_rows(data: bytes, n: int, layers: int, experts: int) -> U32:
     if len(raw) != want or d.unconsumed_tail or not d.eof:
         raise RowsError(f"sampled rows: expected {n} rows x {layers} x {experts} (uncompressed {want} bytes)")
     return rows_from_bytes(raw, n, layers, experts)
+
+
+def stride_means(times: npt.ArrayLike, first: int, every: int) -> list[float | None]:
+    """The wall time a report's sampled steps report (LoadReport.step_us): for each sampled step of the report
+    (`sample_steps(first, len(times), every)`), the mean of the measured times (> 0) of the steps it stands for,
+    itself and the following ones up to the next sampled step or the report's end. A step's time is noisy (a
+    decode step's jitter is several % of it), its load is not: the stride's mean has a fraction of the noise
+    and is set by the same load where the load moves slower than a stride. None where the sampled step itself
+    was not measured."""
+    t = np.asarray(times, dtype=np.float64).reshape(-1)
+    out: list[float | None] = []
+    for s in sample_steps(first, t.size, every):
+        o = s - first
+        if not t[o] > 0:
+            out.append(None)
+            continue
+        stride = t[o:o + every]
+        out.append(float(stride[stride > 0].mean()))
+    return out

@@ -175,6 +175,8 @@ class DecisionPipeline:
         self.step_times: Callable[[int], npt.NDArray[np.uint32] | None] = lambda seq: None
         # and the table version each of those steps ran on (ClusterWindows.step_version)
         self.step_versions: Callable[[int], npt.NDArray[np.uint32] | None] = lambda seq: None
+        # and the mean time of the steps each stands for (ClusterWindows.stride_us)
+        self.stride_times: Callable[[int], npt.NDArray[np.uint32] | None] = lambda seq: None
         self.hooks = hooks if hooks is not None else Hooks()
         # plans from the backend's (recovered) head; its rebalances go through run_plan
         self.controller = Controller(params, backend.head, profile, defer_plans=True)
@@ -232,8 +234,9 @@ class DecisionPipeline:
         self.telemetry.record_imbalance(imb)
         took = self.step_times(seq) if samples is not None and samples.shape[0] > 0 else None
         ran = self.step_versions(seq) if took is not None else None
+        strides = self.stride_times(seq) if took is not None else None
         self.step(WindowClosed(seq, seq * self.params.window, rows, *self.turn(seq), span=self.params.window,
-                               step_us=took, step_version=ran))
+                               step_us=took, step_version=ran, stride_us=strides))
 
     def on_commit(self, commit: cpb.Commit, table: RoutingTable, newest_window: int) -> None:
         """The backend committed `table` (this node's proposal or another's); `newest_window`: the newest window

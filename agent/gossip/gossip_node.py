@@ -130,14 +130,16 @@ class GossipNode:
     def publish_window(self, window_seq: int, first_step: int, steps: int, counts: npt.NDArray[np.integer],
                        learner: bool = False, samples: npt.NDArray[np.uint32] | None = None,
                        sample_every: int = 0, step_us: npt.NDArray[np.uint32] | None = None,
-                       step_version: npt.NDArray[np.uint32] | None = None) -> None:
+                       step_version: npt.NDArray[np.uint32] | None = None,
+                       stride_us: npt.NDArray[np.uint32] | None = None) -> None:
         """This node's newest load window, uint32 [L, E]; window_seq must increase (`learner`: this node abstains
         from consensus now, LoadWindow.learner; `samples` [S, L, E]: its sampled steps' counts, every
-        `sample_every`-th step; `step_us`, `step_version` [S]: their wall times and the versions they ran on).
+        `sample_every`-th step; `step_us`, `step_version`, `stride_us` [S]: their wall times, the versions they ran
+        on and their strides' mean times).
         Ignored once stopped."""
         if not self.load.stopped:
             self.load.publish(window_seq, first_step, steps, counts, learner, samples, sample_every, step_us,
-                              step_version)
+                              step_version, stride_us)
 
     def fingerprints(self) -> dict[str, pb.Fingerprint]:
         """The cluster fingerprint of each live member that said one, this node's included."""
@@ -192,7 +194,7 @@ class GossipNode:
 
     def on_window(self, cb: WindowCallback) -> None:
         """cb(node_id, window_seq, counts uint32 [L, E], first_step, steps, samples uint32 [S, L, E] or None, step_us [S]
-        or None, step_version [S] or None)
+        or None, step_version [S] or None, stride_us [S] or None)
         when a newer window of another node arrives (not for this node's own `publish_window`)."""
         self._window_cbs.append(cb)
 
@@ -209,9 +211,10 @@ class GossipNode:
 
     def _window_arrived(self, node: str, seq: int, counts: npt.NDArray[np.uint32], first: int, steps: int,
                         samples: npt.NDArray[np.uint32] | None, step_us: npt.NDArray[np.uint32] | None,
-                        step_version: npt.NDArray[np.uint32] | None = None) -> None:
+                        step_version: npt.NDArray[np.uint32] | None = None,
+                        stride_us: npt.NDArray[np.uint32] | None = None) -> None:
         for cb in self._window_cbs:
-            cb(node, seq, counts, first, steps, samples, step_us, step_version)
+            cb(node, seq, counts, first, steps, samples, step_us, step_version, stride_us)
 
     def _every(self, name: str, period: float, fn: Callable[[], None], phase: float) -> None:
         def tick() -> None:

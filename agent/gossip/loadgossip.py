@@ -73,9 +73,10 @@ class Members(Protocol):
 
 
 # (node, window_seq, counts [L, E], first_step, steps, samples [S, L, E] or None, step_us [S] or None,
-#  step_version [S] or None)
+#  step_version [S] or None, stride_us [S] or None)
 WindowCallback = Callable[[str, int, npt.NDArray[np.uint32], int, int, npt.NDArray[np.uint32] | None,
-                           npt.NDArray[np.uint32] | None, npt.NDArray[np.uint32] | None], None]
+                           npt.NDArray[np.uint32] | None, npt.NDArray[np.uint32] | None,
+                           npt.NDArray[np.uint32] | None], None]
 
 
 def _key(w: pb.LoadWindow | pb.Digest) -> tuple[int, int]:
@@ -120,22 +121,23 @@ class LoadGossip:
     def publish(self, window_seq: int, first_step: int, steps: int, counts: npt.NDArray[np.integer],
                 learner: bool = False, samples: npt.NDArray[np.uint32] | None = None, sample_every: int = 0,
                 step_us: npt.NDArray[np.uint32] | None = None, step_version: npt.NDArray[np.uint32] | None = None,
-                ) -> None:
+                stride_us: npt.NDArray[np.uint32] | None = None) -> None:
         """Publish this node's window; `learner`: this node abstains from consensus now (LoadWindow.learner);
         `samples` [S, L, E]: the counts of its steps s with s % sample_every == 0 (sent zlib-compressed);
-        `step_us` [S]: their wall times (LoadWindow.step_us); `step_version` [S]: the version each ran on."""
+        `step_us` [S]: their wall times (LoadWindow.step_us); `step_version` [S]: the version each ran on;
+        `stride_us` [S]: their strides' mean times."""
         own = self._w.get(self.node_id)
         if own is not None and window_seq <= own.window_seq:
             raise ValueError(f"window_seq = {window_seq}: expected > {own.window_seq}, the last one published")
         w = make_window(self.node_id, self.members.incarnation, window_seq, first_step, steps, counts, learner,
-                        samples, sample_every, step_us, step_version)
+                        samples, sample_every, step_us, step_version, stride_us)
         shape = (w.layers, w.experts)
         if self.shape is not None and shape != self.shape:
             raise ValueError(f"counts shape {shape}: expected {self.shape}")
         self.guard.sign(w)  # once, here: relays pass the signature on unchanged
         if w.samples and w.ByteSize() > self.cfg.max_message_bytes - _ENVELOPE:  # the totals alone, then
             self.samples_dropped += 1
-            w.samples, w.sample_every, w.step_us, w.step_version = b"", 0, b"", b""
+            w.samples, w.sample_every, w.step_us, w.step_version, w.stride_us = b"", 0, b"", b"", b""
             self.guard.sign(w)
         if w.ByteSize() > self.cfg.max_message_bytes - _ENVELOPE:  # signature and certificate included
             raise ValueError(f"a {shape} window is {w.ByteSize()} bytes: more than gossip.max_message_bytes allows")
@@ -190,7 +192,8 @@ class LoadGossip:
             self.shape = (w.layers, w.experts)
         self._put(w, source)
         nw = self.node_window(n)
-        self.on_window(n, w.window_seq, nw.counts, w.first_step, w.steps, nw.samples, nw.step_us, nw.step_version)
+        self.on_window(n, w.window_seq, nw.counts, w.first_step, w.steps, nw.samples, nw.step_us, nw.step_version,
+                       nw.stride_us)
         return True
 
     def node_window(self, node_id: str) -> NodeWindow:

@@ -29,6 +29,7 @@ class NodeWindow:
     samples: npt.NDArray[np.uint32] | None = None  # [S, L, E]: the sampled steps' counts (loadcodec), or None
     step_us: npt.NDArray[np.uint32] | None = None  # [S]: the sampled steps' wall times (LoadWindow.step_us), or None
     step_version: npt.NDArray[np.uint32] | None = None  # [S]: the version each ran on (LoadWindow.step_version), or None
+    stride_us: npt.NDArray[np.uint32] | None = None  # [S]: their strides' mean times (LoadWindow.stride_us), or None
 
 
 def check_windows(windows: Iterable[pb.LoadWindow], shape: tuple[int, int] | None) -> None:
@@ -80,15 +81,27 @@ def check_windows(windows: Iterable[pb.LoadWindow], shape: tuple[int, int] | Non
                 i = int(np.flatnonzero(v < 1)[0])
                 raise InvalidArgument(f"window of {w.node_id!r}: step_version[{i}] = 0: expected the table version "
                                       "the step ran on, >= 1")
+        if w.stride_us:
+            n = len(w.step_us) // 4
+            if len(w.stride_us) != 4 * n or not n:
+                raise InvalidArgument(f"window of {w.node_id!r}: stride_us of {len(w.stride_us)} bytes: expected one "
+                                      f"little-endian uint32 per sampled step its step_us holds ({n} x 4)")
+            t = np.frombuffer(w.stride_us, dtype="<u4")
+            if not (int(t.min()) >= 1 and int(t.max()) <= MAX_STEP_US):
+                i = int(np.flatnonzero((t < 1) | (t > MAX_STEP_US))[0])
+                raise InvalidArgument(f"window of {w.node_id!r}: stride_us[{i}] = {int(t[i])}: expected a mean wall "
+                                      f"time of 1 .. {MAX_STEP_US} microseconds")
 
 
 def make_window(node_id: str, incarnation: int, window_seq: int, first_step: int, steps: int,
                 counts: npt.NDArray[np.integer], learner: bool = False, samples: npt.NDArray[np.uint32] | None = None,
                 sample_every: int = 0, step_us: npt.NDArray[np.uint32] | None = None,
-                step_version: npt.NDArray[np.uint32] | None = None) -> pb.LoadWindow:
+                step_version: npt.NDArray[np.uint32] | None = None,
+                stride_us: npt.NDArray[np.uint32] | None = None) -> pb.LoadWindow:
     """A node's LoadWindow, unsigned: counts uint32 [L, E] and, with `sample_every`, its sampled steps' counts
-    [S, L, E] zlib-compressed, their wall times `step_us` [S] (microseconds; None: not measured) and the table
-    version each ran on `step_version` [S] (None: not known); ValueError names what does not fit."""
+    [S, L, E] zlib-compressed, their wall times `step_us` [S] (microseconds; None: not measured), the table
+    version each ran on `step_version` [S] (None: not known) and their strides' mean times `stride_us` [S]
+    (None: not measured); ValueError names what does not fit."""
     c = np.asarray(counts)
     if c.ndim != 2 or c.size == 0:
         raise ValueError(f"counts shape {c.shape}: expected [layers, experts]")
@@ -112,6 +125,10 @@ def make_window(node_id: str, incarnation: int, window_seq: int, first_step: int
                 if v.shape != (n,) or (n and int(v.min()) < 1) or (n and int(v.max()) > 0xFFFFFFFF):
                     raise ValueError(f"step_version {v.tolist()}: expected {n} versions in 1 .. 2^32 - 1")
                 w.step_version = np.ascontiguousarray(v, dtype="<u4").tobytes()
+            if stride_us is not None:
+                if np.shape(stride_us) != (n,):
+                    raise ValueError(f"stride_us shape {np.shape(stride_us)}: expected {(n,)}")
+                w.stride_us = np.ascontiguousarray(stride_us, dtype="<u4").tobytes()
     return w
 
 
@@ -120,8 +137,9 @@ def node_window(w: pb.LoadWindow) -> NodeWindow:
     counts = np.frombuffer(w.counts, dtype="<u4").reshape(w.layers, w.experts)
     times = np.frombuffer(w.step_us, dtype="<u4") if w.step_us and w.samples else None
     ran = np.frombuffer(w.step_version, dtype="<u4") if times is not None and w.step_version else None
+    strides = np.frombuffer(w.stride_us, dtype="<u4") if times is not None and w.stride_us else None
     return NodeWindow(w.node_id, w.incarnation, w.window_seq, w.first_step, w.steps, counts, window_samples(w), times,
-                      ran)
+                      ran, strides)
 
 
 def window_samples(w: pb.LoadWindow) -> npt.NDArray[np.uint32] | None:

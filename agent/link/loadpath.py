@@ -33,6 +33,7 @@ class _Partial:
     sampled: bool = True  # every report into this window came with its sampled steps
     times: dict[int, int] | None = None  # sampled step -> its longest wall time over the shims (us); None: one unmeasured
     ran: dict[int, int] | None = None  # sampled step -> the oldest version a shim ran it on; None: one did not say
+    strides: dict[int, int] | None = None  # sampled step -> its stride's longest mean time over the shims (us)
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class ClosedWindow:
     # restarted, or an engine that stopped mid-window): the window holds part of their ranks' load
     short: tuple[str, ...] = ()
     step_version: U32 | None = None  # [S]: the oldest table version the node's ranks ran each sampled step on
+    stride_us: U32 | None = None  # [S]: each sampled step's stride's mean wall time, the longest over the ranks
 
 
 class LocalWindows:
@@ -80,9 +82,10 @@ class LocalWindows:
 
     def add(self, shim_id: str, first_step: int, steps: int, counts: U32,
             rows: npt.NDArray[np.uint32] | None = None, step_us: U32 | None = None,
-            version: int = 0) -> list[ClosedWindow]:
+            version: int = 0, stride_us: U32 | None = None) -> list[ClosedWindow]:
         """Add a report covering steps [first_step, first_step + steps); `rows`: the counts of its sampled steps
         (elasticmoe.loadcodec.sample_steps with this node's sample_every), None if it came without them;
+        `step_us`, `stride_us`: their wall times and their strides' means (LoadReport; None: not measured);
         `version`: the table version its engine ran them on (LoadReport.version; 0: not said).
 
         Returns the windows that closed, in order."""
@@ -99,8 +102,10 @@ class LocalWindows:
         by_step = dict(zip(sampled, rows, strict=True)) if rows is not None else None
         took = dict(zip(sampled, (int(t) for t in step_us), strict=True)) if (
             rows is not None and step_us is not None and len(step_us) == len(sampled)) else None
+        strode = dict(zip(sampled, (int(t) for t in stride_us), strict=True)) if (
+            took is not None and stride_us is not None and len(stride_us) == len(sampled)) else None
         if rows is not None and not sampled:  # no sampled step to time (a short report, flushed before an install)
-            took = {}
+            took, strode = {}, {}
         closed: list[ClosedWindow] = []
         left, at, rest = steps, first_step, counts.astype(np.uint64)
         while left:
@@ -108,18 +113,20 @@ class LocalWindows:
             part = rest if n == left else (counts.astype(np.uint64) * n) // steps
             mine = None if by_step is None else {s: r for s, r in by_step.items() if at <= s < at + n}
             timed = None if took is None else {s: t for s, t in took.items() if at <= s < at + n}
-            closed += self._add(shim_id, at, n, part, mine, timed, version)
+            strides = None if strode is None else {s: t for s, t in strode.items() if at <= s < at + n}
+            closed += self._add(shim_id, at, n, part, mine, timed, version, strides)
             rest = rest - part
             left, at = left - n, at + n
         return closed
 
     def _add(self, shim_id: str, first_step: int, steps: int, counts: npt.NDArray[np.uint64],
-             rows: dict[int, U32] | None, took: dict[int, int] | None = None, version: int = 0) -> list[ClosedWindow]:
+             rows: dict[int, U32] | None, took: dict[int, int] | None = None, version: int = 0,
+             strides: dict[int, int] | None = None) -> list[ClosedWindow]:
         seq = first_step // self.W
         self._shims.add(shim_id)
         if seq <= self._closed_upto:
             return []  # late report for a window already published: dropped, counted by the caller
-        part = self._open.setdefault(seq, _Partial(np.zeros((self.L, self.E), np.uint64), {}, {}, True, {}, {}))
+        part = self._open.setdefault(seq, _Partial(np.zeros((self.L, self.E), np.uint64), {}, {}, True, {}, {}, {}))
         part.counts += counts
         part.steps[shim_id] = part.steps.get(shim_id, 0) + steps
         if rows is None:
@@ -133,6 +140,11 @@ class LocalWindows:
         elif part.times is not None:
             for s, t in took.items():
                 part.times[s] = max(part.times.get(s, 0), t)
+        if strides is None or took is None or rows is None:
+            part.strides = None
+        elif part.strides is not None:
+            for s, t in strides.items():
+                part.strides[s] = max(part.strides.get(s, 0), t)
         if took is None or rows is None or version < 1:
             part.ran = None
         elif part.ran is not None:
@@ -157,13 +169,16 @@ class LocalWindows:
         if p.sampled and self.every > 0 and all(s in p.rows for s in want):
             samples = (np.minimum(np.stack([p.rows[s] for s in want]), top).astype(np.uint32) if len(want)
                        else np.zeros((0, self.L, self.E), np.uint32))
-        times = ran = None
+        times = ran = strides = None
         if samples is not None and p.times is not None and all(s in p.times for s in want):
             times = np.array([p.times[s] for s in want], dtype=np.uint32)
             if p.ran is not None and all(s in p.ran for s in want):
                 ran = np.array([min(p.ran[s], 0xFFFFFFFF) for s in want], dtype=np.uint32)
+            if p.strides is not None and all(s in p.strides for s in want):
+                strides = np.array([p.strides[s] for s in want], dtype=np.uint32)
         short = tuple(sorted(s for s, n in p.steps.items() if n < self.W))
-        return ClosedWindow(k, k * self.W, np.minimum(p.counts, top).astype(np.uint32), samples, times, short, ran)
+        return ClosedWindow(k, k * self.W, np.minimum(p.counts, top).astype(np.uint32), samples, times, short, ran,
+                            strides)
 
 
 class ClusterWindows:
@@ -189,13 +204,16 @@ class ClusterWindows:
         #                                    the nodes summed (only where every one measured them), the newest `keep`
         self._ran: dict[str, dict[int, U32]] = {}  # node -> window seq -> the version each sampled step ran on [S]
         self.step_version: dict[int, U32] = {}  # closed window seq -> the oldest version over those nodes [S]
+        self._strides: dict[str, dict[int, U32]] = {}  # node -> window seq -> its sampled steps' strides' mean times
+        self.stride_us: dict[int, U32] = {}  # closed window seq -> the longest over those nodes [S] (us)
 
     def add(self, node: str, window_seq: int, counts: U32, samples: U32 | None = None,
-            step_us: U32 | None = None, step_version: U32 | None = None) -> None:
+            step_us: U32 | None = None, step_version: U32 | None = None, stride_us: U32 | None = None) -> None:
         if window_seq <= self.last_closed:
             return
         times = self._times.setdefault(node, {})
         ran = self._ran.setdefault(node, {})
+        strides = self._strides.setdefault(node, {})
         if step_us is not None and samples is not None and step_us.shape == samples.shape[:1]:
             times[window_seq] = step_us
         else:
@@ -204,7 +222,11 @@ class ClusterWindows:
             ran[window_seq] = step_version
         else:
             ran.pop(window_seq, None)
-        for d in (times, ran):
+        if window_seq in times and stride_us is not None and stride_us.shape == times[window_seq].shape:
+            strides[window_seq] = stride_us
+        else:
+            strides.pop(window_seq, None)
+        for d in (times, ran, strides):
             for k in [k for k in d if k <= self.last_closed]:
                 del d[k]
         w = self._by_node.setdefault(node, {})
@@ -271,6 +293,11 @@ class ClusterWindows:
                     self.step_version[k] = np.min(np.stack([v for v in ran if v is not None]), axis=0).astype(np.uint32)
                 for old in sorted(self.step_version)[:-self.keep]:
                     del self.step_version[old]
+                means = [self._strides.get(n, {}).get(k) for n in live_nodes if k in by.get(n, {})]
+                if all(v is not None and v.shape == samples.shape[:1] for v in means):
+                    self.stride_us[k] = np.max(np.stack([v for v in means if v is not None]), axis=0).astype(np.uint32)
+                for old in sorted(self.stride_us)[:-self.keep]:
+                    del self.stride_us[old]
             self.last_closed = k
         for w in held:
             for k in [k for k in w if k <= self.last_closed]:
@@ -290,7 +317,8 @@ class LoadGossip(Protocol):
 
     def publish_window(self, window_seq: int, first_step: int, steps: int, counts: npt.NDArray[np.integer],
                        learner: bool = False, samples: U32 | None = None, sample_every: int = 0,
-                       step_us: U32 | None = None, step_version: U32 | None = None) -> None: ...
+                       step_us: U32 | None = None, step_version: U32 | None = None,
+                       stride_us: U32 | None = None) -> None: ...
 
     def live_nodes(self) -> list[str]: ...
 
@@ -373,12 +401,13 @@ class LoadPath:
             return go_on
         self.behind.discard(shim)
         counts = np.frombuffer(r.counts, dtype="<u4").reshape(self.layers, self.experts)
-        rows, took = None, None
+        rows, took, strides = None, None, None
         if r.sample_every == self.sample_every > 0:
             n = len(sample_steps(r.first_step, r.steps, r.sample_every))
             rows = rows_from_bytes(r.samples, n, self.layers, self.experts)
             if r.step_us:  # (check_load_report: one per sampled step; the guard: each plausible)
                 took = np.frombuffer(r.step_us, dtype="<u4")
+                strides = np.frombuffer(r.stride_us, dtype="<u4") if r.stride_us else None
         else:
             self.unsampled += 1
             if r.sample_every and self.unsampled == 1:
@@ -386,7 +415,7 @@ class LoadPath:
                             " its totals are used, its sampled steps are not (set the engine plugin's "
                             "EMOE_SAMPLE_EVERY to %d)", r.shim_id or r.rank, r.sample_every, self.sample_every,
                             self.sample_every)
-        for w in self.local.add(shim, r.first_step, r.steps, counts, rows, took, int(r.version)):
+        for w in self.local.add(shim, r.first_step, r.steps, counts, rows, took, int(r.version), strides):
             if w.short:  # part of some ranks' load: published, it would read as those ranks idle (issue 49, finding 5)
                 self.withheld += 1
                 log.info("window %d not published: %s reported only part of its steps (a link back mid-window, or "
@@ -394,18 +423,19 @@ class LoadPath:
                 continue
             self.gossip.publish_window(w.seq, w.first_step, self.window, w.counts, bool(self.abstains()),
                                        w.samples, self.sample_every if w.samples is not None else 0, w.step_us,
-                                       w.step_version)
+                                       w.step_version, w.stride_us)
             self.on_window(self.node_id, w.seq, w.counts, w.first_step, self.window, w.samples, w.step_us,
-                           w.step_version)
+                           w.step_version, w.stride_us)
         return None
 
     def on_window(self, node: str, window_seq: int, counts: npt.NDArray[np.integer], first_step: int = 0,
                   steps: int = 0, samples: U32 | None = None, step_us: U32 | None = None,
-                  step_version: U32 | None = None) -> None:
+                  step_version: U32 | None = None, stride_us: U32 | None = None) -> None:
         """A node's window (gossip's callback, and this node's own as it publishes one); `step_us` [S]: the wall
-        times of its sampled steps, `step_version` [S] the versions they ran on (ClusterWindows.step_us and
-        .step_version keep the closed windows')."""
-        self.cluster.add(node, window_seq, np.asarray(counts, dtype=np.uint32), samples, step_us, step_version)
+        times of its sampled steps, `step_version` [S] the versions they ran on, `stride_us` [S] their strides'
+        mean times (ClusterWindows.step_us, .step_version and .stride_us keep the closed windows')."""
+        self.cluster.add(node, window_seq, np.asarray(counts, dtype=np.uint32), samples, step_us, step_version,
+                         stride_us)
         live = self.gossip.live_nodes()
         if self.node_id not in live:  # we count ourselves live (a node declared dead still reports)
             live = sorted([*live, self.node_id])

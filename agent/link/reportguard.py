@@ -16,8 +16,9 @@ of this node could have sent it; nothing of a refused one reaches the load path,
 - LAYER_ABOVE_BATCH: a layer's counts sum above B x top_k x steps: a token picks top_k experts a layer.
   Both also for each sampled step's counts (LoadReport.samples), with steps = 1.
 - UNREACHABLE_NOT_EP: unreachable_ranks names a rank that is no EP rank of the cluster (>= its ranks).
-- STEP_TIME_IMPLAUSIBLE: a sampled step's wall time (LoadReport.step_us) of 0 or above MAX_STEP_US: no engine
-  step takes no time, nor ten minutes (a collective times out first); the agents fit their step time from these.
+- STEP_TIME_IMPLAUSIBLE: a sampled step's wall time (LoadReport.step_us), or its stride's mean (stride_us), of 0
+  or above MAX_STEP_US: no engine step takes no time, nor ten minutes (a collective times out first); the agents
+  fit their step time from these.
 
 Evidence (unreachable_ranks) from an accepted report suspects the named ranks' nodes (agent.gossip.gossip_node
 suspect_ranks: Lifeguard's local evidence, accused by this node); it never declares one dead: a suspect that is
@@ -122,12 +123,12 @@ class ReportGuard:
         if r.max_batch_tokens > MAX_BATCH_TOKENS:
             return Refused(Refusal.BATCH_IMPLAUSIBLE, f"max_batch_tokens = {r.max_batch_tokens}: expected at most "
                                                       f"{MAX_BATCH_TOKENS} tokens in one step")
-        if r.step_us:
-            t = np.frombuffer(r.step_us, dtype="<u4")
+        for name, raw in (("step_us", r.step_us), ("stride_us", r.stride_us)):
+            t = np.frombuffer(raw, dtype="<u4")
             bad_t = np.flatnonzero((t == 0) | (t > MAX_STEP_US))
             if bad_t.size:
                 i = int(bad_t[0])
-                return Refused(Refusal.STEP_TIME_IMPLAUSIBLE, f"step_us[{i}] = {int(t[i])}: expected a sampled step's "
+                return Refused(Refusal.STEP_TIME_IMPLAUSIBLE, f"{name}[{i}] = {int(t[i])}: expected a sampled step's "
                                                               f"wall time of 1 .. {MAX_STEP_US} microseconds")
         batch = int(r.max_batch_tokens) or self.max_batch_tokens
         said = "declared max_batch_tokens" if r.max_batch_tokens else "engine.max_batch_tokens"

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from elasticmoe.v1 import consensus_pb2 as elasticmoe_dot_v1_dot_consensus__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x65lasticmoe/v1/dataplane.proto\x12\relasticmoe.v1\x1a\x1d\x65lasticmoe/v1/consensus.proto\"J\n\x12WatchTablesRequest\x12\x14\n\x0c\x66rom_version\x18\x01 \x01(\x04\x12\x0f\n\x07shim_id\x18\x02 \x01(\t\x12\r\n\x05ranks\x18\x03 \x03(\x05\"4\n\x0bTableUpdate\x12%\n\x06\x63ommit\x18\x01 \x01(\x0b\x32\x15.elasticmoe.v1.Commit\"\xd7\x02\n\nLoadReport\x12\x0f\n\x07shim_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nfirst_step\x18\x03 \x01(\x04\x12\r\n\x05steps\x18\x04 \x01(\r\x12\x0f\n\x07version\x18\x05 \x01(\x04\x12\x0e\n\x06layers\x18\x06 \x01(\r\x12\x0f\n\x07\x65xperts\x18\x07 \x01(\r\x12\x0e\n\x06\x63ounts\x18\x08 \x01(\x0c\x12\x18\n\x10stale_dispatches\x18\t \x01(\x04\x12\x16\n\x0e\x64ropped_tokens\x18\n \x01(\x04\x12\x17\n\x0f\x64ropped_reports\x18\x0b \x01(\x04\x12\x19\n\x11unreachable_ranks\x18\x0c \x03(\x05\x12\x0f\n\x07samples\x18\r \x01(\x0c\x12\x14\n\x0csample_every\x18\x0e \x01(\r\x12\r\n\x05\x65rror\x18\x0f \x01(\t\x12\x18\n\x10max_batch_tokens\x18\x10 \x01(\x04\x12\x0f\n\x07step_us\x18\x11 \x01(\x0c\"V\n\rReportLoadAck\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x04\x12\x10\n\x08rejected\x18\x02 \x01(\x04\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x11\n\tnext_step\x18\x04 \x01(\x04\x32\xa8\x01\n\rDataplaneLink\x12N\n\x0bWatchTables\x12!.elasticmoe.v1.WatchTablesRequest\x1a\x1a.elasticmoe.v1.TableUpdate0\x01\x12G\n\nReportLoad\x12\x19.elasticmoe.v1.LoadReport\x1a\x1c.elasticmoe.v1.ReportLoadAck(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1d\x65lasticmoe/v1/dataplane.proto\x12\relasticmoe.v1\x1a\x1d\x65lasticmoe/v1/consensus.proto\"J\n\x12WatchTablesRequest\x12\x14\n\x0c\x66rom_version\x18\x01 \x01(\x04\x12\x0f\n\x07shim_id\x18\x02 \x01(\t\x12\r\n\x05ranks\x18\x03 \x03(\x05\"4\n\x0bTableUpdate\x12%\n\x06\x63ommit\x18\x01 \x01(\x0b\x32\x15.elasticmoe.v1.Commit\"\xea\x02\n\nLoadReport\x12\x0f\n\x07shim_id\x18\x01 \x01(\t\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x12\n\nfirst_step\x18\x03 \x01(\x04\x12\r\n\x05steps\x18\x04 \x01(\r\x12\x0f\n\x07version\x18\x05 \x01(\x04\x12\x0e\n\x06layers\x18\x06 \x01(\r\x12\x0f\n\x07\x65xperts\x18\x07 \x01(\r\x12\x0e\n\x06\x63ounts\x18\x08 \x01(\x0c\x12\x18\n\x10stale_dispatches\x18\t \x01(\x04\x12\x16\n\x0e\x64ropped_tokens\x18\n \x01(\x04\x12\x17\n\x0f\x64ropped_reports\x18\x0b \x01(\x04\x12\x19\n\x11unreachable_ranks\x18\x0c \x03(\x05\x12\x0f\n\x07samples\x18\r \x01(\x0c\x12\x14\n\x0csample_every\x18\x0e \x01(\r\x12\r\n\x05\x65rror\x18\x0f \x01(\t\x12\x18\n\x10max_batch_tokens\x18\x10 \x01(\x04\x12\x0f\n\x07step_us\x18\x11 \x01(\x0c\x12\x11\n\tstride_us\x18\x12 \x01(\x0c\"V\n\rReportLoadAck\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x04\x12\x10\n\x08rejected\x18\x02 \x01(\x04\x12\x0e\n\x06reason\x18\x03 \x01(\t\x12\x11\n\tnext_step\x18\x04 \x01(\x04\x32\xa8\x01\n\rDataplaneLink\x12N\n\x0bWatchTables\x12!.elasticmoe.v1.WatchTablesRequest\x1a\x1a.elasticmoe.v1.TableUpdate0\x01\x12G\n\nReportLoad\x12\x19.elasticmoe.v1.LoadReport\x1a\x1c.elasticmoe.v1.ReportLoadAck(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -37,9 +37,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_TABLEUPDATE']._serialized_start=155
   _globals['_TABLEUPDATE']._serialized_end=207
   _globals['_LOADREPORT']._serialized_start=210
-  _globals['_LOADREPORT']._serialized_end=553
-  _globals['_REPORTLOADACK']._serialized_start=555
-  _globals['_REPORTLOADACK']._serialized_end=641
-  _globals['_DATAPLANELINK']._serialized_start=644
-  _globals['_DATAPLANELINK']._serialized_end=812
+  _globals['_LOADREPORT']._serialized_end=572
+  _globals['_REPORTLOADACK']._serialized_start=574
+  _globals['_REPORTLOADACK']._serialized_end=660
+  _globals['_DATAPLANELINK']._serialized_start=663
+  _globals['_DATAPLANELINK']._serialized_end=831
 # @@protoc_insertion_point(module_scope)

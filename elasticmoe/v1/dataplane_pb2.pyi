@@ -24,7 +24,7 @@ class TableUpdate(_message.Message):
     def __init__(self, commit: _Optional[_Union[_consensus_pb2.Commit, _Mapping]] = ...) -> None: ...
 
 class LoadReport(_message.Message):
-    __slots__ = ("shim_id", "rank", "first_step", "steps", "version", "layers", "experts", "counts", "stale_dispatches", "dropped_tokens", "dropped_reports", "unreachable_ranks", "samples", "sample_every", "error", "max_batch_tokens", "step_us")
+    __slots__ = ("shim_id", "rank", "first_step", "steps", "version", "layers", "experts", "counts", "stale_dispatches", "dropped_tokens", "dropped_reports", "unreachable_ranks", "samples", "sample_every", "error", "max_batch_tokens", "step_us", "stride_us")
     SHIM_ID_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     FIRST_STEP_FIELD_NUMBER: _ClassVar[int]
@@ -42,6 +42,7 @@ class LoadReport(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_TOKENS_FIELD_NUMBER: _ClassVar[int]
     STEP_US_FIELD_NUMBER: _ClassVar[int]
+    STRIDE_US_FIELD_NUMBER: _ClassVar[int]
     shim_id: str
     rank: int
     first_step: int
@@ -59,7 +60,8 @@ class LoadReport(_message.Message):
     error: str
     max_batch_tokens: int
     step_us: bytes
-    def __init__(self, shim_id: _Optional[str] = ..., rank: _Optional[int] = ..., first_step: _Optional[int] = ..., steps: _Optional[int] = ..., version: _Optional[int] = ..., layers: _Optional[int] = ..., experts: _Optional[int] = ..., counts: _Optional[bytes] = ..., stale_dispatches: _Optional[int] = ..., dropped_tokens: _Optional[int] = ..., dropped_reports: _Optional[int] = ..., unreachable_ranks: _Optional[_Iterable[int]] = ..., samples: _Optional[bytes] = ..., sample_every: _Optional[int] = ..., error: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., step_us: _Optional[bytes] = ...) -> None: ...
+    stride_us: bytes
+    def __init__(self, shim_id: _Optional[str] = ..., rank: _Optional[int] = ..., first_step: _Optional[int] = ..., steps: _Optional[int] = ..., version: _Optional[int] = ..., layers: _Optional[int] = ..., experts: _Optional[int] = ..., counts: _Optional[bytes] = ..., stale_dispatches: _Optional[int] = ..., dropped_tokens: _Optional[int] = ..., dropped_reports: _Optional[int] = ..., unreachable_ranks: _Optional[_Iterable[int]] = ..., samples: _Optional[bytes] = ..., sample_every: _Optional[int] = ..., error: _Optional[str] = ..., max_batch_tokens: _Optional[int] = ..., step_us: _Optional[bytes] = ..., stride_us: _Optional[bytes] = ...) -> None: ...
 
 class ReportLoadAck(_message.Message):
     __slots__ = ("accepted", "rejected", "reason", "next_step")

@@ -24,45 +24,45 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x65lasticmoe/v1/gossip.proto\x12\relasticmoe.v1\"\x87\x02\n\x0bMemberState\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x13\n\x0bincarnation\x18\x03 \x01(\x04\x12+\n\x06status\x18\x04 \x01(\x0e\x32\x1b.elasticmoe.v1.MemberStatus\x12\r\n\x05ranks\x18\x05 \x03(\x05\x12\x11\n\tfrom_node\x18\x06 \x01(\t\x12\r\n\x05\x63laim\x18\x07 \x01(\x0c\x12\x17\n\x0f\x63laim_signature\x18\x08 \x01(\x0c\x12\x19\n\x11\x63laim_certificate\x18\t \x01(\x0c\x12/\n\x0b\x66ingerprint\x18\n \x01(\x0b\x32\x1a.elasticmoe.v1.Fingerprint\"\x8d\x01\n\x0b\x46ingerprint\x12\r\n\x05nodes\x18\x01 \x01(\r\x12\x16\n\x0eranks_per_node\x18\x02 \x01(\r\x12\x16\n\x0eslots_per_rank\x18\x03 \x01(\r\x12\x0e\n\x06layers\x18\x04 \x01(\r\x12\x0f\n\x07\x65xperts\x18\x05 \x01(\r\x12\r\n\x05top_k\x18\x06 \x01(\r\x12\x0f\n\x07genesis\x18\x07 \x01(\x0c\"\xa1\x02\n\nLoadWindow\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x12\n\nwindow_seq\x18\x03 \x01(\x04\x12\x0e\n\x06layers\x18\x04 \x01(\r\x12\x0f\n\x07\x65xperts\x18\x05 \x01(\r\x12\x0e\n\x06\x63ounts\x18\x06 \x01(\x0c\x12\r\n\x05steps\x18\x07 \x01(\r\x12\x12\n\nfirst_step\x18\x08 \x01(\x04\x12\x11\n\tsignature\x18\t \x01(\x0c\x12\x13\n\x0b\x63\x65rtificate\x18\n \x01(\x0c\x12\x0f\n\x07learner\x18\x0b \x01(\x08\x12\x0f\n\x07samples\x18\x0c \x01(\x0c\x12\x14\n\x0csample_every\x18\r \x01(\r\x12\x0f\n\x07step_us\x18\x0e \x01(\x0c\x12\x14\n\x0cstep_version\x18\x0f \x01(\x0c\"B\n\x06\x44igest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x12\n\nwindow_seq\x18\x03 \x01(\x04\"\x95\x01\n\x0cProbeRequest\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0e\n\x06target\x18\x03 \x01(\t\x12-\n\tpiggyback\x18\x04 \x03(\x0b\x32\x1a.elasticmoe.v1.MemberState\x12&\n\x07\x64igests\x18\x05 \x03(\x0b\x32\x15.elasticmoe.v1.Digest\"\x8d\x01\n\x08ProbeAck\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\n\n\x02ok\x18\x03 \x01(\x08\x12-\n\tpiggyback\x18\x04 \x03(\x0b\x32\x1a.elasticmoe.v1.MemberState\x12&\n\x07\x64igests\x18\x05 \x03(\x0b\x32\x15.elasticmoe.v1.Digest\"\xa1\x01\n\x14IndirectProbeRequest\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0e\n\x06target\x18\x03 \x01(\t\x12\x16\n\x0etarget_address\x18\x04 \x01(\t\x12-\n\tpiggyback\x18\x05 \x03(\x0b\x32\x1a.elasticmoe.v1.MemberState\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\"\xc9\x01\n\x0fPushPullRequest\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12+\n\x07members\x18\x02 \x03(\x0b\x32\x1a.elasticmoe.v1.MemberState\x12&\n\x07\x64igests\x18\x03 \x03(\x0b\x32\x15.elasticmoe.v1.Digest\x12*\n\x07windows\x18\x04 \x03(\x0b\x32\x19.elasticmoe.v1.LoadWindow\x12\x0c\n\x04join\x18\x05 \x01(\x08\x12\x14\n\x0cmembers_hash\x18\x06 \x01(\x06\"\xb9\x01\n\rPushPullReply\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12+\n\x07members\x18\x02 \x03(\x0b\x32\x1a.elasticmoe.v1.MemberState\x12*\n\x07windows\x18\x03 \x03(\x0b\x32\x19.elasticmoe.v1.LoadWindow\x12&\n\x07\x64igests\x18\x04 \x03(\x0b\x32\x15.elasticmoe.v1.Digest\x12\x14\n\x0cmembers_hash\x18\x05 \x01(\x06\"z\n\x10\x42roadcastRequest\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12+\n\x07members\x18\x02 \x03(\x0b\x32\x1a.elasticmoe.v1.MemberState\x12&\n\x07\x64igests\x18\x03 \x03(\x0b\x32\x15.elasticmoe.v1.Digest\"x\n\x0e\x42roadcastReply\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12+\n\x07members\x18\x02 \x03(\x0b\x32\x1a.elasticmoe.v1.MemberState\x12&\n\x07\x64igests\x18\x03 \x03(\x0b\x32\x15.elasticmoe.v1.Digest\"E\n\x0bPullRequest\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12#\n\x04want\x18\x02 \x03(\x0b\x32\x15.elasticmoe.v1.Digest\"J\n\tPullReply\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12*\n\x07windows\x18\x02 \x03(\x0b\x32\x19.elasticmoe.v1.LoadWindow\"y\n\x0bPushRequest\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12*\n\x07windows\x18\x02 \x03(\x0b\x32\x19.elasticmoe.v1.LoadWindow\x12+\n\x07members\x18\x03 \x03(\x0b\x32\x1a.elasticmoe.v1.MemberState\"\x1c\n\x07PushAck\x12\x11\n\tfrom_node\x18\x01 \x01(\t*Y\n\x0cMemberStatus\x12\x1d\n\x19MEMBER_STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05\x41LIVE\x10\x01\x12\x0b\n\x07SUSPECT\x10\x02\x12\x08\n\x04\x44\x45\x41\x44\x10\x03\x12\x08\n\x04LEFT\x10\x04\x32\xa7\x03\n\x06Gossip\x12=\n\x05Probe\x12\x1b.elasticmoe.v1.ProbeRequest\x1a\x17.elasticmoe.v1.ProbeAck\x12M\n\rIndirectProbe\x12#.elasticmoe.v1.IndirectProbeRequest\x1a\x17.elasticmoe.v1.ProbeAck\x12H\n\x08PushPull\x12\x1e.elasticmoe.v1.PushPullRequest\x1a\x1c.elasticmoe.v1.PushPullReply\x12K\n\tBroadcast\x12\x1f.elasticmoe.v1.BroadcastRequest\x1a\x1d.elasticmoe.v1.BroadcastReply\x12<\n\x04Pull\x12\x1a.elasticmoe.v1.PullRequest\x1a\x18.elasticmoe.v1.PullReply\x12:\n\x04Push\x12\x1a.elasticmoe.v1.PushRequest\x1a\x16.elasticmoe.v1.PushAckb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1a\x65lasticmoe/v1/gossip.proto\x12\relasticmoe.v1\"\x87\x02\n\x0bMemberState\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x13\n\x0bincarnation\x18\x03 \x01(\x04\x12+\n\x06status\x18\x04 \x01(\x0e\x32\x1b.elasticmoe.v1.MemberStatus\x12\r\n\x05ranks\x18\x05 \x03(\x05\x12\x11\n\tfrom_node\x18\x06 \x01(\t\x12\r\n\x05\x63laim\x18\x07 \x01(\x0c\x12\x17\n\x0f\x63laim_signature\x18\x08 \x01(\x0c\x12\x19\n\x11\x63laim_certificate\x18\t \x01(\x0c\x12/\n\x0b\x66ingerprint\x18\n \x01(\x0b\x32\x1a.elasticmoe.v1.Fingerprint\"\x8d\x01\n\x0b\x46ingerprint\x12\r\n\x05nodes\x18\x01 \x01(\r\x12\x16\n\x0eranks_per_node\x18\x02 \x01(\r\x12\x16\n\x0eslots_per_rank\x18\x03 \x01(\r\x12\x0e\n\x06layers\x18\x04 \x01(\r\x12\x0f\n\x07\x65xperts\x18\x05 \x01(\r\x12\r\n\x05top_k\x18\x06 \x01(\r\x12\x0f\n\x07genesis\x18\x07 \x01(\x0c\"\xb4\x02\n\nLoadWindow\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x12\n\nwindow_seq\x18\x03 \x01(\x04\x12\x0e\n\x06layers\x18\x04 \x01(\r\x12\x0f\n\x07\x65xperts\x18\x05 \x01(\r\x12\x0e\n\x06\x63ounts\x18\x06 \x01(\x0c\x12\r\n\x05steps\x18\x07 \x01(\r\x12\x12\n\nfirst_step\x18\x08 \x01(\x04\x12\x11\n\tsignature\x18\t \x01(\x0c\x12\x13\n\x0b\x63\x65rtificate\x18\n \x01(\x0c\x12\x0f\n\x07learner\x18\x0b \x01(\x08\x12\x0f\n\x07samples\x18\x0c \x01(\x0c\x12\x14\n\x0csample_every\x18\r \x01(\r\x12\x0f\n\x07step_us\x18\x0e \x01(\x0c\x12\x14\n\x0cstep_version\x18\x0f \x01(\x0c\x12\x11\n\tstride_us\x18\x10 \x01(\x0c\"B\n\x06\x44igest\x12\x0f\n\x07node_id\x18\x01 \x01(\t\x12\x13\n\x0bincarnation\x18\x02 \x01(\x04\x12\x12\n\nwindow_seq\x18\x03 \x01(\x04\"\x95\x01\n\x0cProbeRequest\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0e\n\x06target\x18\x03 \x01(\t\x12-\n\tpiggyback\x18\x04 \x03(\x0b\x32\x1a.elasticmoe.v1.MemberState\x12&\n\x07\x64igests\x18\x05 \x03(\x0b\x32\x15.elasticmoe.v1.Digest\"\x8d\x01\n\x08ProbeAck\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\n\n\x02ok\x18\x03 \x01(\x08\x12-\n\tpiggyback\x18\x04 \x03(\x0b\x32\x1a.elasticmoe.v1.MemberState\x12&\n\x07\x64igests\x18\x05 \x03(\x0b\x32\x15.elasticmoe.v1.Digest\"\xa1\x01\n\x14IndirectProbeRequest\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12\x0b\n\x03seq\x18\x02 \x01(\x04\x12\x0e\n\x06target\x18\x03 \x01(\t\x12\x16\n\x0etarget_address\x18\x04 \x01(\t\x12-\n\tpiggyback\x18\x05 \x03(\x0b\x32\x1a.elasticmoe.v1.MemberState\x12\x12\n\ntimeout_ms\x18\x06 \x01(\r\"\xc9\x01\n\x0fPushPullRequest\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12+\n\x07members\x18\x02 \x03(\x0b\x32\x1a.elasticmoe.v1.MemberState\x12&\n\x07\x64igests\x18\x03 \x03(\x0b\x32\x15.elasticmoe.v1.Digest\x12*\n\x07windows\x18\x04 \x03(\x0b\x32\x19.elasticmoe.v1.LoadWindow\x12\x0c\n\x04join\x18\x05 \x01(\x08\x12\x14\n\x0cmembers_hash\x18\x06 \x01(\x06\"\xb9\x01\n\rPushPullReply\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12+\n\x07members\x18\x02 \x03(\x0b\x32\x1a.elasticmoe.v1.MemberState\x12*\n\x07windows\x18\x03 \x03(\x0b\x32\x19.elasticmoe.v1.LoadWindow\x12&\n\x07\x64igests\x18\x04 \x03(\x0b\x32\x15.elasticmoe.v1.Digest\x12\x14\n\x0cmembers_hash\x18\x05 \x01(\x06\"z\n\x10\x42roadcastRequest\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12+\n\x07members\x18\x02 \x03(\x0b\x32\x1a.elasticmoe.v1.MemberState\x12&\n\x07\x64igests\x18\x03 \x03(\x0b\x32\x15.elasticmoe.v1.Digest\"x\n\x0e\x42roadcastReply\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12+\n\x07members\x18\x02 \x03(\x0b\x32\x1a.elasticmoe.v1.MemberState\x12&\n\x07\x64igests\x18\x03 \x03(\x0b\x32\x15.elasticmoe.v1.Digest\"E\n\x0bPullRequest\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12#\n\x04want\x18\x02 \x03(\x0b\x32\x15.elasticmoe.v1.Digest\"J\n\tPullReply\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12*\n\x07windows\x18\x02 \x03(\x0b\x32\x19.elasticmoe.v1.LoadWindow\"y\n\x0bPushRequest\x12\x11\n\tfrom_node\x18\x01 \x01(\t\x12*\n\x07windows\x18\x02 \x03(\x0b\x32\x19.elasticmoe.v1.LoadWindow\x12+\n\x07members\x18\x03 \x03(\x0b\x32\x1a.elasticmoe.v1.MemberState\"\x1c\n\x07PushAck\x12\x11\n\tfrom_node\x18\x01 \x01(\t*Y\n\x0cMemberStatus\x12\x1d\n\x19MEMBER_STATUS_UNSPECIFIED\x10\x00\x12\t\n\x05\x41LIVE\x10\x01\x12\x0b\n\x07SUSPECT\x10\x02\x12\x08\n\x04\x44\x45\x41\x44\x10\x03\x12\x08\n\x04LEFT\x10\x04\x32\xa7\x03\n\x06Gossip\x12=\n\x05Probe\x12\x1b.elasticmoe.v1.ProbeRequest\x1a\x17.elasticmoe.v1.ProbeAck\x12M\n\rIndirectProbe\x12#.elasticmoe.v1.IndirectProbeRequest\x1a\x17.elasticmoe.v1.ProbeAck\x12H\n\x08PushPull\x12\x1e.elasticmoe.v1.PushPullRequest\x1a\x1c.elasticmoe.v1.PushPullReply\x12K\n\tBroadcast\x12\x1f.elasticmoe.v1.BroadcastRequest\x1a\x1d.elasticmoe.v1.BroadcastReply\x12<\n\x04Pull\x12\x1a.elasticmoe.v1.PullRequest\x1a\x18.elasticmoe.v1.PullReply\x12:\n\x04Push\x12\x1a.elasticmoe.v1.PushRequest\x1a\x16.elasticmoe.v1.PushAckb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'elasticmoe.v1.gossip_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_MEMBERSTATUS']._serialized_start=2213
-  _globals['_MEMBERSTATUS']._serialized_end=2302
+  _globals['_MEMBERSTATUS']._serialized_start=2232
+  _globals['_MEMBERSTATUS']._serialized_end=2321
   _globals['_MEMBERSTATE']._serialized_start=46
   _globals['_MEMBERSTATE']._serialized_end=309
   _globals['_FINGERPRINT']._serialized_start=312
   _globals['_FINGERPRINT']._serialized_end=453
   _globals['_LOADWINDOW']._serialized_start=456
-  _globals['_LOADWINDOW']._serialized_end=745
-  _globals['_DIGEST']._serialized_start=747
-  _globals['_DIGEST']._serialized_end=813
-  _globals['_PROBEREQUEST']._serialized_start=816
-  _globals['_PROBEREQUEST']._serialized_end=965
-  _globals['_PROBEACK']._serialized_start=968
-  _globals['_PROBEACK']._serialized_end=1109
-  _globals['_INDIRECTPROBEREQUEST']._serialized_start=1112
-  _globals['_INDIRECTPROBEREQUEST']._serialized_end=1273
-  _globals['_PUSHPULLREQUEST']._serialized_start=1276
-  _globals['_PUSHPULLREQUEST']._serialized_end=1477
-  _globals['_PUSHPULLREPLY']._serialized_start=1480
-  _globals['_PUSHPULLREPLY']._serialized_end=1665
-  _globals['_BROADCASTREQUEST']._serialized_start=1667
-  _globals['_BROADCASTREQUEST']._serialized_end=1789
-  _globals['_BROADCASTREPLY']._serialized_start=1791
-  _globals['_BROADCASTREPLY']._serialized_end=1911
-  _globals['_PULLREQUEST']._serialized_start=1913
-  _globals['_PULLREQUEST']._serialized_end=1982
-  _globals['_PULLREPLY']._serialized_start=1984
-  _globals['_PULLREPLY']._serialized_end=2058
-  _globals['_PUSHREQUEST']._serialized_start=2060
-  _globals['_PUSHREQUEST']._serialized_end=2181
-  _globals['_PUSHACK']._serialized_start=2183
-  _globals['_PUSHACK']._serialized_end=2211
-  _globals['_GOSSIP']._serialized_start=2305
-  _globals['_GOSSIP']._serialized_end=2728
+  _globals['_LOADWINDOW']._serialized_end=764
+  _globals['_DIGEST']._serialized_start=766
+  _globals['_DIGEST']._serialized_end=832
+  _globals['_PROBEREQUEST']._serialized_start=835
+  _globals['_PROBEREQUEST']._serialized_end=984
+  _globals['_PROBEACK']._serialized_start=987
+  _globals['_PROBEACK']._serialized_end=1128
+  _globals['_INDIRECTPROBEREQUEST']._serialized_start=1131
+  _globals['_INDIRECTPROBEREQUEST']._serialized_end=1292
+  _globals['_PUSHPULLREQUEST']._serialized_start=1295
+  _globals['_PUSHPULLREQUEST']._serialized_end=1496
+  _globals['_PUSHPULLREPLY']._serialized_start=1499
+  _globals['_PUSHPULLREPLY']._serialized_end=1684
+  _globals['_BROADCASTREQUEST']._serialized_start=1686
+  _globals['_BROADCASTREQUEST']._serialized_end=1808
+  _globals['_BROADCASTREPLY']._serialized_start=1810
+  _globals['_BROADCASTREPLY']._serialized_end=1930
+  _globals['_PULLREQUEST']._serialized_start=1932
+  _globals['_PULLREQUEST']._serialized_end=2001
+  _globals['_PULLREPLY']._serialized_start=2003
+  _globals['_PULLREPLY']._serialized_end=2077
+  _globals['_PUSHREQUEST']._serialized_start=2079
+  _globals['_PUSHREQUEST']._serialized_end=2200
+  _globals['_PUSHACK']._serialized_start=2202
+  _globals['_PUSHACK']._serialized_end=2230
+  _globals['_GOSSIP']._serialized_start=2324
+  _globals['_GOSSIP']._serialized_end=2747
 # @@protoc_insertion_point(module_scope)

@@ -63,7 +63,7 @@ class Fingerprint(_message.Message):
     def __init__(self, nodes: _Optional[int] = ..., ranks_per_node: _Optional[int] = ..., slots_per_rank: _Optional[int] = ..., layers: _Optional[int] = ..., experts: _Optional[int] = ..., top_k: _Optional[int] = ..., genesis: _Optional[bytes] = ...) -> None: ...
 
 class LoadWindow(_message.Message):
-    __slots__ = ("node_id", "incarnation", "window_seq", "layers", "experts", "counts", "steps", "first_step", "signature", "certificate", "learner", "samples", "sample_every", "step_us", "step_version")
+    __slots__ = ("node_id", "incarnation", "window_seq", "layers", "experts", "counts", "steps", "first_step", "signature", "certificate", "learner", "samples", "sample_every", "step_us", "step_version", "stride_us")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     WINDOW_SEQ_FIELD_NUMBER: _ClassVar[int]
@@ -79,6 +79,7 @@ class LoadWindow(_message.Message):
     SAMPLE_EVERY_FIELD_NUMBER: _ClassVar[int]
     STEP_US_FIELD_NUMBER: _ClassVar[int]
     STEP_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STRIDE_US_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     incarnation: int
     window_seq: int
@@ -94,7 +95,8 @@ class LoadWindow(_message.Message):
     sample_every: int
     step_us: bytes
     step_version: bytes
-    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., window_seq: _Optional[int] = ..., layers: _Optional[int] = ..., experts: _Optional[int] = ..., counts: _Optional[bytes] = ..., steps: _Optional[int] = ..., first_step: _Optional[int] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ..., learner: _Optional[bool] = ..., samples: _Optional[bytes] = ..., sample_every: _Optional[int] = ..., step_us: _Optional[bytes] = ..., step_version: _Optional[bytes] = ...) -> None: ...
+    stride_us: bytes
+    def __init__(self, node_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., window_seq: _Optional[int] = ..., layers: _Optional[int] = ..., experts: _Optional[int] = ..., counts: _Optional[bytes] = ..., steps: _Optional[int] = ..., first_step: _Optional[int] = ..., signature: _Optional[bytes] = ..., certificate: _Optional[bytes] = ..., learner: _Optional[bool] = ..., samples: _Optional[bytes] = ..., sample_every: _Optional[int] = ..., step_us: _Optional[bytes] = ..., step_version: _Optional[bytes] = ..., stride_us: _Optional[bytes] = ...) -> None: ...
 
 class Digest(_message.Message):
     __slots__ = ("node_id", "incarnation", "window_seq")

@@ -9,10 +9,12 @@ import pytest
 
 from controlplane.steptime import (
     MIN_POINTS,
+    StepTimeEstimator,
     StepFit,
     StepTimeSource,
     agrees,
     fit_step_time,
+    fit_window_means,
     resolve,
     step_points,
 )
@@ -242,3 +244,69 @@ def test_after_a_drift_the_controller_weighs_a_plan_at_the_drifted_load() -> Non
     assert abs(st.load_ms - b * float(drifted.mean())) <= 0.10 * b * float(drifted.mean()), (st, b * drifted.mean())
     assert b * float(drifted.mean()) > 1.5 * b * float(held.mean())  # (the fitted steps' mean is not that load)
     assert ctl.params.worth().load_ms == st.load_ms and "judged windows' busiest load" in st.why
+
+
+# ---- window means of the strides' times (LoadReport.stride_us) ----------------------------------------------
+
+def _windows(seed: int, slow: float, fast: float, windows: int = 40, per: int = 5, every: int = 20,
+             a: float = 3.0, b: float = 0.002, jitter: float = 0.10) -> tuple[StepTimeEstimator, float]:
+    """An estimator fed `windows` windows of `per` sampled steps, each standing for `every` steps: the busiest
+    load is a window level (spread `slow`, relative) times a step-to-step factor (spread `fast`, every step its
+    own), a constant batch, each step's time jittered. A sampled step reports its own time and its stride's
+    mean, as dataplane_shim.plugin does. Returns the estimator and the true load part at the mean load."""
+    rng = np.random.default_rng(seed)
+    head = _table(1)
+    est = StepTimeEstimator()
+    all_m = []
+    for w in range(windows):
+        level = 4000.0 * (1.0 + slow * rng.standard_normal())
+        m = level * np.clip(1.0 + fast * rng.standard_normal((per, every)), 0.6, 1.4)  # every step of each stride
+        t = (a + b * m) * (1.0 + jitter * rng.standard_normal(m.shape))
+        all_m.append(m[:, 0])
+        rows = np.zeros((per, head.layers, head.experts), np.int64)
+        rows[:, 0, 0] = np.rint(m[:, 0])  # one layer, expert 0 alone on rank 0: the busiest load
+        rows[:, 0, 1:] = np.rint((8000.0 - m[:, 0]) / 3)[:, None]  # a constant batch, the rest spread thin
+        est.observe(w, head, rows, np.rint(t[:, 0] * 1e3).astype(np.uint32), span=per * every,
+                    stride_us=np.rint(t.mean(axis=1) * 1e3).astype(np.uint32))
+    return est, b * float(np.concatenate(all_m).mean())
+
+
+def _table(version: int) -> RoutingTable:
+    return RoutingTable(Topology(1, 4, 1), 4, np.array([[0, 1, 2, 3]]), version=version, parent=version - 1)
+
+
+def test_window_means_of_the_strides_fit_a_load_that_moves_slower_than_a_window_closer_than_the_steps() -> None:
+    """A load that drifts from window to window (the mix, the batch composition, the tables): each window's mean
+    time over all its steps has a fraction of one step's jitter, and its mean load is sampled well enough by its
+    few sampled steps, so the window means fit the load part closer than the sampled steps one by one."""
+    by_means, by_steps = [], []
+    for seed in range(12):
+        est, truth = _windows(seed, slow=0.15, fast=0.01)
+        fit = est.fit()
+        assert isinstance(fit, StepFit) and fit.means == 40, fit
+        by_means.append(abs(fit.load_ms - truth) / truth)
+        cat = [np.concatenate([w[i] for w in est._windows]) for i in (1, 2, 3)]
+        steps = fit_step_time(*cat)
+        assert isinstance(steps, StepFit)
+        by_steps.append(abs(steps.load_ms - truth) / truth)
+    assert float(np.median(by_means)) <= 0.5 * float(np.median(by_steps)), (np.round(by_means, 3),
+                                                                             np.round(by_steps, 3))
+    assert float(np.median(by_means)) <= 0.03, np.round(by_means, 3)
+    said = resolve(None, fit, 12.0).why
+    assert "as 40 window means of their strides' times" in said, said
+
+
+def test_a_load_that_moves_from_step_to_step_is_fitted_step_by_step() -> None:
+    """Where the load varies from step to step and hardly from window to window, a stride's mean time is not set
+    by its sampled step's load: window means would flatten the slope (the windows' mean load is mostly the
+    sampling of their few steps). The estimator says so and fits the steps one by one."""
+    errors = []
+    for seed in range(12):
+        est, truth = _windows(seed, slow=0.0, fast=0.3)
+        fit = est.fit()
+        assert isinstance(fit, StepFit) and fit.means == 0, fit
+        errors.append(abs(fit.load_ms - truth) / truth)
+        means = fit_window_means([w[4] for w in est._windows if w[4] is not None], [w[2] for w in est._windows],
+                                 [w[3] for w in est._windows])
+        assert isinstance(means, str) and "beyond the sampling of their steps" in means, means
+    assert float(np.median(errors)) <= 0.10, np.round(errors, 3)

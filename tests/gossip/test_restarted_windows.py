@@ -26,7 +26,7 @@ class _Gossip:
 
     def publish_window(self, window_seq: int, first_step: int, steps: int, counts: np.ndarray, learner: bool = False,
                        samples: object = None, sample_every: int = 0, step_us: object = None,
-                       step_version: object = None) -> None:
+                       step_version: object = None, stride_us: object = None) -> None:
         self.published.append((window_seq, counts.tolist()))
 
     def live_nodes(self) -> list[str]:

@@ -20,7 +20,7 @@ from dataplane_shim.errors import BadInput
 from dataplane_shim.genesis import genesis_table
 from dataplane_shim.link import check_load_report, make_load_report
 from dataplane_shim.plugin import PluginCore
-from elasticmoe.loadcodec import RowsError, pack_rows, sample_steps, unpack_rows
+from elasticmoe.loadcodec import RowsError, pack_rows, sample_steps, stride_means, unpack_rows
 from elasticmoe.v1 import gossip_pb2 as gpb
 
 L, E = 2, 3
@@ -31,6 +31,19 @@ def test_the_sampled_steps_are_the_global_multiples() -> None:
     assert list(sample_steps(95, 32, 10)) == [100, 110, 120]  # a report crossing a window boundary
     assert list(sample_steps(101, 9, 10)) == []
     assert list(sample_steps(0, 100, 0)) == []  # sampling off
+
+
+def test_a_sampled_step_stands_for_its_stride_and_reports_its_mean_time() -> None:
+    """Steps 7..18 of a report, every 5th sampled (10 and 15): 10 stands for 10..14, 15 for 15..18 (the report
+    ends); the steps before the first sampled one belong to the last report's; an unmeasured step (0) is left
+    out of its stride's mean, and a sampled step that was not measured has none."""
+    t = np.arange(7, 19, dtype=np.float64) * 10.0  # step s took 10 s us
+    assert stride_means(t, 7, 5) == [120.0, 165.0]  # mean(100..140), mean(150..180)
+    t[4] = 0.0  # step 11
+    assert stride_means(t, 7, 5) == [pytest.approx((100 + 120 + 130 + 140) / 4), 165.0]
+    t[3] = 0.0  # step 10, sampled
+    assert stride_means(t, 7, 5) == [None, 165.0]
+    assert stride_means(t, 7, 0) == []
 
 
 def test_rows_round_trip_and_a_bomb_or_a_short_payload_is_refused() -> None:

@@ -49,15 +49,17 @@ class _Gossip:
     def __init__(self) -> None:
         self.published: list[tuple[int, np.ndarray | None]] = []
         self.versions: list[np.ndarray | None] = []
+        self.strides: list[np.ndarray | None] = []
 
     def suspect_ranks(self, ranks: object) -> list[str]:
         return []
 
     def publish_window(self, window_seq: int, first_step: int, steps: int, counts: object, learner: bool = False,
                        samples: object = None, sample_every: int = 0, step_us: np.ndarray | None = None,
-                       step_version: np.ndarray | None = None) -> None:
+                       step_version: np.ndarray | None = None, stride_us: np.ndarray | None = None) -> None:
         self.published.append((window_seq, step_us))
         self.versions.append(step_version)
+        self.strides.append(stride_us)
 
     def live_nodes(self) -> list[str]:
         return ["n1"]
@@ -178,3 +180,57 @@ def test_a_report_without_a_sampled_step_keeps_the_windows_times() -> None:
     [w] = lw.add("a", 5, 5, ONE, np.stack([ONE]), np.array([900], np.uint32), version=2)
     assert w.step_us is not None and w.step_us.tolist() == [700, 900]
     assert w.step_version is not None and w.step_version.tolist() == [1, 2]
+
+
+# ---- the mean time of the steps each sampled step stands for (LoadWindow.stride_us) ---------------------------
+
+def test_windows_keep_the_longest_stride_mean_over_the_shims_and_the_nodes_unless_one_measured_none() -> None:
+    lw = LocalWindows(L, E, window=10, sample_every=5)
+    one = np.stack([ONE])
+    t = np.array([900], np.uint32)
+    lw.add("a", 0, 5, ONE, one, t, stride_us=np.array([700], np.uint32))
+    lw.add("b", 0, 5, ONE, one, t, stride_us=np.array([800], np.uint32))
+    lw.add("a", 5, 5, ONE, one, t, stride_us=np.array([950], np.uint32))
+    [w] = lw.add("b", 5, 5, ONE, one, t, stride_us=np.array([850], np.uint32))
+    assert w.stride_us is not None and w.stride_us.tolist() == [800, 950]
+    lw.add("a", 10, 10, ONE, np.stack([ONE, ONE]), np.array([900, 900], np.uint32),
+           stride_us=np.array([900, 900], np.uint32))
+    [w] = lw.add("b", 10, 10, ONE, np.stack([ONE, ONE]), np.array([900, 900], np.uint32))  # b sent no strides
+    assert w.stride_us is None and w.step_us is not None
+    cw = ClusterWindows()
+    r = np.ones((2, L, E), np.uint32)
+    us = np.array([1000, 2000], np.uint32)
+    cw.add("n1", 0, ONE, r, us, None, np.array([1100, 1900], np.uint32))
+    cw.add("n2", 0, ONE, r, us, None, np.array([1000, 2100], np.uint32))
+    assert [k for k, *_ in cw.ready(["n1", "n2"])] == [0]
+    assert cw.stride_us[0].tolist() == [1100, 2100]
+    cw.add("n1", 1, ONE, r, us, None, np.array([1100, 1900], np.uint32))
+    cw.add("n2", 1, ONE, r, us)
+    assert [k for k, *_ in cw.ready(["n1", "n2"])] == [1] and 1 not in cw.stride_us and 1 in cw.step_us
+
+
+def test_the_load_path_carries_the_reports_stride_means_and_the_signature_covers_them() -> None:
+    topo = Topology(1, 2, 4)
+    g = _Gossip()
+    path = LoadPath("n1", topo, L, E, 10, g, lambda seq, *_: None, lambda r, v: None, lambda: "",
+                    ReportGuard([0, 1], 2, 2, DEFAULT_MAX_BATCH_TOKENS, lambda: 1), sample_every=5)
+    for first, rank, s in ((0, 0, 1100), (0, 1, 1000), (5, 0, 1200), (5, 1, 1250)):
+        path.on_report(make_load_report(f"r{rank}", rank, first, 5, 1, ONE, samples=np.stack([ONE]), sample_every=5,
+                                        step_us=[1000], stride_us=[s]))
+    [strides] = g.strides
+    assert strides is not None and strides.tolist() == [1100, 1250]
+    assert path.cluster.stride_us[0].tolist() == [1100, 1250]
+    kw = dict(samples=np.stack([ONE] * 4), sample_every=25, step_us=np.array([1, 2, 3, 4], np.uint32))
+    w = make_window("n1", 1, 2, 200, 100, ONE, **kw, stride_us=np.array([2, 2, 3, 3], np.uint32))  # type: ignore[arg-type]
+    got = node_window(w)
+    assert got.stride_us is not None and got.stride_us.tolist() == [2, 2, 3, 3]
+    forged = type(w)()
+    forged.CopyFrom(w)
+    forged.stride_us = np.array([2, 2, 3, 30], "<u4").tobytes()
+    assert window_payload(forged) != window_payload(w)  # a relay cannot change them
+    for bad, what in (([2, 2, 3], "expected one little-endian uint32 per sampled step"),
+                      ([2, 0, 3, 3], r"stride_us\[1\] = 0"),
+                      ([2, 2, 3, MAX_STEP_US + 1], rf"stride_us\[3\] = {MAX_STEP_US + 1}")):
+        w.stride_us = np.array(bad, "<u4").tobytes()
+        with pytest.raises(InvalidArgument, match=what):
+            check_windows([w], (L, E))

@@ -163,3 +163,7 @@ def test_a_sampled_steps_wall_time_is_more_than_nothing_and_at_most_ten_minutes(
     r = make_load_report("s", 2, 0, 4, 1, ones(4), samples=rows, sample_every=2, step_us=[700, us])
     got, why = judged(r)
     assert got is code and (code is None or f"step_us[1] = {us}" in why), why
+    r = make_load_report("s", 2, 0, 4, 1, ones(4), samples=rows, sample_every=2, step_us=[700, 700],
+                         stride_us=[700, us])  # a stride's mean, the same bounds
+    got, why = judged(r)
+    assert got is code and (code is None or f"stride_us[1] = {us}" in why), why

@@ -188,23 +188,39 @@ def test_a_core_may_number_its_steps_from_a_later_step() -> None:
         core(0, FakeLink(), first_step=-1)
 
 
-def test_a_report_carries_the_wall_time_of_its_sampled_steps_and_none_when_one_is_missing() -> None:
+def test_a_sampled_step_reports_its_own_time_and_its_strides_mean_and_none_when_its_own_is_missing() -> None:
+    """A sampled step stands for itself and the steps after it up to the next sampled one (within the report): it
+    reports its own wall time (LoadReport.step_us) and their mean (stride_us), which has a fraction of one step's
+    noise (elasticmoe.loadcodec.stride_means)."""
     link = FakeLink()
     c = core(0, link, report_every=6, sample_every=2)
     rng = np.random.default_rng(1)
     for k in range(12):  # steps 0..11: the sampled 0, 2, 4 and 6, 8, 10; step 8's time never comes
         row = rng.integers(0, 50, (L, E))
         if k != 8:
-            c.step_took(0, 1000.0 + k)
+            c.step_took(0, 1000.0 + 2 * k)
         c.add_load(row, 1, row[None] if c.is_sampled(0) else None)
         c.maybe_report()
     first, second = link.sent
-    assert np.frombuffer(first.step_us, "<u4").tolist() == [1000, 1002, 1004]
+    assert np.frombuffer(first.step_us, "<u4").tolist() == [1000, 1004, 1008]
+    assert np.frombuffer(first.stride_us, "<u4").tolist() == [1001, 1005, 1009]  # (1000 + 1002) / 2, ...
     assert check_load_report(first) == ""
-    assert second.step_us == b"" and len(second.samples) > 0  # samples without one step's time: no times at all
-    c.step_took(0, 5.0)  # a step that is not sampled (step 12 is, 13 is not): its time is not kept
+    assert second.step_us == second.stride_us == b"" and len(second.samples) > 0  # one sampled step untimed: none
+    c.step_took(0, 5.0)  # steps 12 (sampled) and 13 (not): 12 stands for both
     c.step_took(1, 7.0)
     row = np.ones((L, E), np.int64)
     c.add_load(np.stack([row, row]).sum(0), 2, row[None])
     c.flush()
     assert np.frombuffer(link.sent[-1].step_us, "<u4").tolist() == [5]
+    assert np.frombuffer(link.sent[-1].stride_us, "<u4").tolist() == [6]
+    c.step_took(0, 9.0)  # step 14 (sampled) timed, 15 (not) untimed: the mean of those measured
+    c.add_load(np.stack([row, row]).sum(0), 2, row[None])
+    c.flush()
+    assert np.frombuffer(link.sent[-1].stride_us, "<u4").tolist() == [9]
+    c.step_took(0, 20.0)  # a stride cut by the report's end: step 16 alone, flushed before an install
+    c.add_load(row, 1, row[None])
+    c.flush()
+    assert np.frombuffer(link.sent[-1].stride_us, "<u4").tolist() == [20]
+    bad = link.sent[-1]
+    bad.stride_us = b"\x01\x00\x00\x00" * 2
+    assert "stride_us has 8 bytes" in check_load_report(bad)
