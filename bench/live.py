@@ -173,7 +173,7 @@ class ReplayEngine:
         rem = c - per.sum(axis=0)
         li, ei = np.nonzero(rem)
         per[self._first[li, ei], li, ei] += rem[li, ei]
-        took = None  # every step is timed: a sampled step reports its stride's mean (dataplane_shim.plugin)
+        took = None  # every step is timed: a sampled step reports its own and its stride's mean (dataplane_shim.plugin)
         if self.step_ms is not None:  # every rank's step takes the EP step's time
             took = float(self.step_ms(self.table, c[None])[0]) * 1e3
         for core in self.cores:

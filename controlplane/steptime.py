@@ -12,6 +12,12 @@ typical value, b x mean(m): a plan that lowers the mean step imbalance by the re
 a step (controlplane.worth). A decision reads the fit at the load it judges, b x the busiest load of its
 windows (`resolve`).
 
+Each sampled step also carries the mean time of the steps it stands for (LoadReport.stride_us: itself and those
+up to the next sampled one). Where the windows' mean load varies beyond the sampling of their few steps (drifts,
+installs: a slow part), the same line is fitted to the windows' means (`fit_window_means`), which have a
+fraction of one step's noise; where the load moves mostly from step to step, a stride's mean is not set by its
+sampled step's load, and the steps are fitted one by one (`fit_step_time`).
+
 The fit is a robust M-estimate (iteratively reweighted least squares, Huber then Tukey's bisquare weights, a
 fixed number of rounds, scale from the median absolute residual): one step stalled by a copy or a garbage collection does not move it, and the same
 points always give the same figure, so every voter that holds the same gossiped windows derives the same

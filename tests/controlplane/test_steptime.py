@@ -9,8 +9,8 @@ import pytest
 
 from controlplane.steptime import (
     MIN_POINTS,
-    StepTimeEstimator,
     StepFit,
+    StepTimeEstimator,
     StepTimeSource,
     agrees,
     fit_step_time,
