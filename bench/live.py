@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,9 @@ class Install:
 class LiveRun:
     installs: list[Install]
     replay_s: float  # wall seconds the replay of every step took (its schedule: steps x step_s)
+    # per installed version, what `emoe explain VERSION` says of the step time and copy cost its proposer decided
+    # with (ExplainReply.step_time, .copy_cost; empty where no agent holds its record)
+    explained: dict[int, dict[str, str]] = field(default_factory=dict)
 
 
 def behind(steps: int, step_s: float, replay_s: float) -> float:
@@ -251,9 +254,34 @@ def run_live(counts: Counts, top_k: int, base: RoutingTable, window: int, params
             engine = ReplayEngine(sockets, topo, counts, base, genesis, sample_every, agree_every,
                                   int(decision["window"]), step_ms=step_ms)
             try:
-                return LiveRun(engine.run(step_s, progress), engine.replay_s)
+                installs = engine.run(step_s, progress)
+                return LiveRun(installs, engine.replay_s, explained(cluster, [i.table.version for i in installs]))
             finally:
                 engine.close()
+
+
+def explained(cluster: LocalCluster, versions: list[int]) -> dict[int, dict[str, str]]:
+    """What the agents' admin Explain says of each of `versions`: the step time and copy cost its proposer
+    decided with, from the first agent that holds its record (the proposer; a version with none is left out)."""
+    import grpc
+
+    from elasticmoe.v1 import admin_pb2 as apb
+    from elasticmoe.v1 import admin_pb2_grpc
+
+    out: dict[int, dict[str, str]] = {}
+    for address in cluster.addresses:
+        with grpc.insecure_channel(address) as ch:
+            stub = admin_pb2_grpc.AdminStub(ch)
+            for v in versions:
+                if v in out:
+                    continue
+                try:
+                    r = stub.Explain(apb.ExplainRequest(version=v), timeout=5.0)
+                except grpc.RpcError:  # not this agent's record (or it is gone): the next one
+                    continue
+                if r.step_time:
+                    out[v] = {"step_time": r.step_time, "copy_cost": r.copy_cost, "trigger": r.trigger}
+    return out
 
 
 @dataclass

@@ -268,7 +268,9 @@ def run_bench(trace: Trace, cfg: BenchConfig, out: Path | None = None, progress:
             live = {"installs": [{"step": i.step, "version": i.table.version} for i in installs],
                     "step_s": cfg.live_step_s, "wall_s": round(time.perf_counter() - t_live, 1),
                     "replay_s": round(lr.replay_s, 1), "behind": round(behind(T, cfg.live_step_s, lr.replay_s), 3),
-                    "agents": topo.nodes, "plugin_cores": topo.ranks}
+                    "agents": topo.nodes, "plugin_cores": topo.ranks,
+                    # what `emoe explain` says each installed version was decided with (step time, copy cost)
+                    "explained": {str(v): said for v, said in sorted(lr.explained.items())}}
         for name in names:
             if name == "elastic" and live is not None:
                 pol: Policy = LivePlayback(installs, cfg.window)

@@ -39,6 +39,13 @@ def test_a_live_run_commits_installs_and_reports_like_the_in_process_bench(tmp_p
     assert all(s % 4 == 1 for s in steps)  # served from the step after an agreement step (every 4)
     assert el["commits"] == len(versions) and el["bytes_moved"] > 0
     assert el["mean_step_imbalance"] < res["policies"]["static"]["mean_step_imbalance"]
+    # what `emoe explain` says each rebalance was decided with, for every version the engines installed: a step
+    # time from the steps the plugin cores timed (their fit, or where they are too even to fit, their median
+    # step), not one handed in nor the configured default
+    said = live["explained"]
+    assert sorted(int(v) for v in said) == versions, said
+    assert all(("fitted from" in s["step_time"] or "the engines' median measured step" in s["step_time"])
+               and "configured default" not in s["step_time"] for s in said.values()), said
 
 
 def test_a_replay_that_falls_behind_its_schedule_says_so() -> None:
