@@ -72,25 +72,27 @@ def check_windows(windows: Iterable[pb.LoadWindow], shape: tuple[int, int] | Non
                 raise InvalidArgument(f"window of {w.node_id!r}: step_us[{i}] = {int(t[i])}: expected a sampled step's "
                                       f"wall time of 1 .. {MAX_STEP_US} microseconds")
         if w.step_version:
-            n = len(w.step_us) // 4
-            if len(w.step_version) != 4 * n or not n:
-                raise InvalidArgument(f"window of {w.node_id!r}: step_version of {len(w.step_version)} bytes: expected "
-                                      f"one little-endian uint32 per sampled step its step_us holds ({n} x 4)")
-            v = np.frombuffer(w.step_version, dtype="<u4")
+            v = _beside_step_us(w, "step_version", w.step_version)
             if int(v.min()) < 1:
                 i = int(np.flatnonzero(v < 1)[0])
                 raise InvalidArgument(f"window of {w.node_id!r}: step_version[{i}] = 0: expected the table version "
                                       "the step ran on, >= 1")
         if w.stride_us:
-            n = len(w.step_us) // 4
-            if len(w.stride_us) != 4 * n or not n:
-                raise InvalidArgument(f"window of {w.node_id!r}: stride_us of {len(w.stride_us)} bytes: expected one "
-                                      f"little-endian uint32 per sampled step its step_us holds ({n} x 4)")
-            t = np.frombuffer(w.stride_us, dtype="<u4")
+            t = _beside_step_us(w, "stride_us", w.stride_us)
             if not (int(t.min()) >= 1 and int(t.max()) <= MAX_STEP_US):
                 i = int(np.flatnonzero((t < 1) | (t > MAX_STEP_US))[0])
                 raise InvalidArgument(f"window of {w.node_id!r}: stride_us[{i}] = {int(t[i])}: expected a mean wall "
                                       f"time of 1 .. {MAX_STEP_US} microseconds")
+
+
+def _beside_step_us(w: pb.LoadWindow, name: str, raw: bytes) -> npt.NDArray[np.uint32]:
+    """A per-sampled-step field that comes with step_us (step_version, stride_us), decoded: one uint32 for each
+    of step_us's, else InvalidArgument naming it."""
+    n = len(w.step_us) // 4
+    if len(raw) != 4 * n or not n:
+        raise InvalidArgument(f"window of {w.node_id!r}: {name} of {len(raw)} bytes: expected one little-endian "
+                              f"uint32 per sampled step its step_us holds ({n} x 4)")
+    return np.frombuffer(raw, dtype="<u4")
 
 
 def make_window(node_id: str, incarnation: int, window_seq: int, first_step: int, steps: int,

@@ -176,6 +176,32 @@ def test_a_stuck_plan_says_what_a_re_pack_would_reach_and_what_each_copy_is_char
             "horizon); a lower decision.polish_lam lets such copies through") in pl.note, pl.note
 
 
+
+def _one_layer(boot: list[int], load: list[int]) -> tuple[Any, ...]:
+    """One layer of 8 experts on 4 ranks of 3 slots, EPLB's placement for `boot`, then `load`: (head, the replay
+    blocks, the cost model, the knobs, no cooldown, the greedy plan, the objective over an even split of a table)."""
+    import numpy as np
+
+    from controlplane import retarget
+    from controlplane.baselines.eplb import eplb_table
+    from controlplane.planner import plan
+    from controlplane.planners import PlanKnobs
+    from controlplane.table import initial_table
+    from controlplane.topology import Topology
+
+    head = eplb_table(initial_table(Topology(1, 4, 3), 1, 8), np.array([boot]))
+    X = np.array([load], dtype=np.int64)[None]
+    cm = DecisionParams().cost_model(4)
+    k = PlanKnobs(64, 0.02, 0.0448, 1.3, True, 1.03, 3.0)
+    cool = np.zeros((1, 8), dtype=bool)
+    floor = float(np.ceil(X.sum(axis=2) / 4).sum())
+
+    def ratio(t: object) -> float:
+        return float(retarget.layer_objective(t, X).sum()) / floor  # type: ignore[arg-type]
+
+    return head, X, cm, k, cool, plan(head, X, 1, cm, k.max_ops, k.tau, None, cool, k.op_gain), ratio
+
+
 def test_a_large_gap_tries_the_exchange_search_even_where_the_full_repack_does_not_beat_the_greedy() -> None:
     """One layer, 4 ranks of 3 slots, EPLB's placement for an old load, then a new one: the greedy moves leave it
     1.071 x an even split, a full re-pack of the new load 1.125 (worse than the greedy); an exchange search from
@@ -185,29 +211,14 @@ def test_a_large_gap_tries_the_exchange_search_even_where_the_full_repack_does_n
     import numpy as np
 
     from controlplane import retarget
-    from controlplane.baselines.eplb import eplb_table
     from controlplane.ops import apply_ops
-    from controlplane.planner import plan
-    from controlplane.planners import PlanKnobs, widen
-    from controlplane.table import initial_table
-    from controlplane.topology import Topology
+    from controlplane.planners import widen
 
-    head = eplb_table(initial_table(Topology(1, 4, 3), 1, 8), np.array([[59, 55, 84, 76, 61, 66, 30, 71]]))
-    load = np.array([[21, 41, 378, 53, 53, 892, 2, 479]], dtype=np.int64)
-    X = load[None]
-    cm = DecisionParams().cost_model(4)
-    k = PlanKnobs(64, 0.02, 0.0448, 1.3, True, 1.03, 3.0)
-    cool = np.zeros((1, 8), dtype=bool)
-    floor = float(np.ceil(X.sum(axis=2) / 4).sum())
-
-    def ratio(t: object) -> float:
-        return float(retarget.layer_objective(t, X).sum()) / floor  # type: ignore[arg-type]
-
-    pl = plan(head, X, 1, cm, k.max_ops, k.tau, None, cool, k.op_gain)
+    head, X, cm, k, cool, pl, ratio = _one_layer([59, 55, 84, 76, 61, 66, 30, 71], [21, 41, 378, 53, 53, 892, 2, 479])
     greedy_r = ratio(apply_ops(head, pl.ops))
     repack_r = ratio(head.successor(retarget.repack(head, X.sum(axis=0).astype(np.float64))[0]))
     assert ratio(head) > k.fast_theta and greedy_r - 1.0 > k.tau and repack_r >= greedy_r, (greedy_r, repack_r)
-    wide = widen(head, X, pl, k, cool, cm, load.astype(np.float64))
+    wide = widen(head, X, pl, k, cool, cm, X[0].astype(np.float64))
     assert ratio(apply_ops(head, wide.ops)) < greedy_r - k.tau, (ratio(apply_ops(head, wide.ops)), greedy_r)
     assert len(wide.ops) <= len(pl.ops)
 
@@ -219,28 +230,12 @@ def test_a_polish_weighs_a_greedy_plan_that_gains_more_than_tau_instead_of_takin
     a greedy plan took part of the way and the polish came a window later)."""
     import numpy as np
 
-    from controlplane import retarget
-    from controlplane.baselines.eplb import eplb_table
     from controlplane.ops import apply_ops
-    from controlplane.planner import plan
-    from controlplane.planners import PlanKnobs, widen
-    from controlplane.table import initial_table
-    from controlplane.topology import Topology
+    from controlplane.planners import widen
 
-    head = eplb_table(initial_table(Topology(1, 4, 3), 1, 8), np.array([[57, 32, 62, 30, 9, 66, 50, 99]]))
-    load = np.array([[30, 89, 103, 12, 18, 117, 83, 57]], dtype=np.int64)
-    X = load[None]
-    cm = DecisionParams().cost_model(4)
-    k = PlanKnobs(64, 0.02, 0.0448, 1.3, True, 1.03, 3.0)
-    cool = np.zeros((1, 8), dtype=bool)
-    floor = float(np.ceil(X.sum(axis=2) / 4).sum())
-
-    def ratio(t: object) -> float:
-        return float(retarget.layer_objective(t, X).sum()) / floor  # type: ignore[arg-type]
-
-    pl = plan(head, X, 1, cm, k.max_ops, k.tau, None, cool, k.op_gain)
+    head, X, cm, k, cool, pl, ratio = _one_layer([57, 32, 62, 30, 9, 66, 50, 99], [30, 89, 103, 12, 18, 117, 83, 57])
     assert k.polish_theta <= ratio(head) < k.fast_theta and pl.estimated_gain > k.tau, (ratio(head), pl.estimated_gain)
-    polished = widen(head, X, pl, k, cool, cm, load.astype(np.float64))
+    polished = widen(head, X, pl, k, cool, cm, X[0].astype(np.float64))
     greedy_r, polished_r = ratio(apply_ops(head, pl.ops)), ratio(apply_ops(head, polished.ops))
     assert polished_r < greedy_r - k.tau, (polished_r, greedy_r)
     assert len(polished.ops) <= len(pl.ops) + 1

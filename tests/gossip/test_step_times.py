@@ -5,6 +5,8 @@ longest over the nodes), so that every voter fits its step time from the same fi
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -65,12 +67,17 @@ class _Gossip:
         return ["n1"]
 
 
+def _path(g: _Gossip, head: int = 1, close: Any = lambda seq, *_: None) -> LoadPath:
+    """Node n1's load path (2 ranks, windows of 10 steps, every 5th sampled) publishing to `g`; `head`: its
+    committed version (the guard refuses reports above it)."""
+    return LoadPath("n1", Topology(1, 2, 4), L, E, 10, g, close, lambda r, v: None, lambda: "",
+                    ReportGuard([0, 1], 2, 2, DEFAULT_MAX_BATCH_TOKENS, lambda: head), sample_every=5)
+
+
 def test_the_load_path_carries_the_reports_step_times_into_its_window_and_the_cluster_window() -> None:
-    topo = Topology(1, 2, 4)
     g = _Gossip()
     closed: list[int] = []
-    path = LoadPath("n1", topo, L, E, 10, g, lambda seq, *_: closed.append(seq), lambda r, v: None, lambda: "",
-                    ReportGuard([0, 1], 2, 2, DEFAULT_MAX_BATCH_TOKENS, lambda: 1), sample_every=5)
+    path = _path(g, close=lambda seq, *_: closed.append(seq))
     for first, rank, t in ((0, 0, 1200), (0, 1, 1000), (5, 0, 1100), (5, 1, 1300)):
         path.on_report(make_load_report(f"r{rank}", rank, first, 5, 1, ONE, samples=np.stack([ONE]), sample_every=5,
                                         step_us=[t]))
@@ -139,10 +146,8 @@ def test_cluster_windows_keep_the_oldest_version_over_the_nodes_unless_one_said_
 
 
 def test_the_load_path_carries_the_reports_versions_into_its_window_and_the_cluster_window() -> None:
-    topo = Topology(1, 2, 4)
     g = _Gossip()
-    path = LoadPath("n1", topo, L, E, 10, g, lambda seq, *_: None, lambda r, v: None, lambda: "",
-                    ReportGuard([0, 1], 2, 2, DEFAULT_MAX_BATCH_TOKENS, lambda: 2), sample_every=5)
+    path = _path(g, head=2)
     for first, rank, v in ((0, 0, 1), (0, 1, 1), (5, 0, 2), (5, 1, 2)):
         path.on_report(make_load_report(f"r{rank}", rank, first, 5, v, ONE, samples=np.stack([ONE]), sample_every=5,
                                         step_us=[1000]))
@@ -151,24 +156,31 @@ def test_the_load_path_carries_the_reports_versions_into_its_window_and_the_clus
     assert path.cluster.step_version[0].tolist() == [1, 2]
 
 
-def test_the_window_signature_covers_its_step_versions_and_gossip_bounds_them() -> None:
-    kw = dict(samples=np.stack([ONE] * 4), sample_every=25, step_us=np.array([1, 2, 3, 4], np.uint32))
-    w = make_window("n1", 1, 2, 200, 100, ONE, **kw, step_version=np.array([5, 5, 6, 6], np.uint32))  # type: ignore[arg-type]
-    got = node_window(w)
-    assert got.step_version is not None and got.step_version.tolist() == [5, 5, 6, 6]
-    forged = type(w)()
-    forged.CopyFrom(w)
-    forged.step_version = np.array([5, 5, 5, 6], "<u4").tobytes()
-    assert window_payload(forged) != window_payload(w)  # a relay cannot move the install
-    bare = make_window("n1", 1, 2, 200, 100, ONE, **kw)  # type: ignore[arg-type]
-    assert bare.step_version == b"" and node_window(bare).step_version is None
-    for bad, what in (([5, 5, 6], "expected one little-endian uint32 per sampled step"),
-                      ([5, 0, 6, 6], r"step_version\[1\] = 0")):
-        w.step_version = np.array(bad, "<u4").tobytes()
+def _signed_and_bounded(field: str, good: list[int], forged: list[int], bad: list[tuple[list[int], str]]) -> None:
+    """A window's per-sampled-step `field` beside its step_us (4 sampled steps): decoded as sent, covered by the
+    window's signature (a relay that changes it changes what the node signed), and refused by gossip as `bad`
+    says (each value and the message it must name)."""
+    kw: dict[str, Any] = dict(samples=np.stack([ONE] * 4), sample_every=25, step_us=np.array([1, 2, 3, 4], np.uint32))
+    w = make_window("n1", 1, 2, 200, 100, ONE, **kw, **{field: np.array(good, np.uint32)})
+    assert getattr(node_window(w), field).tolist() == good
+    f = type(w)()
+    f.CopyFrom(w)
+    setattr(f, field, np.array(forged, "<u4").tobytes())
+    assert window_payload(f) != window_payload(w)
+    bare = make_window("n1", 1, 2, 200, 100, ONE, **kw)
+    assert getattr(bare, field) == b"" and getattr(node_window(bare), field) is None
+    for values, what in bad:
+        setattr(w, field, np.array(values, "<u4").tobytes())
         with pytest.raises(InvalidArgument, match=what):
             check_windows([w], (L, E))
-    with pytest.raises(ValueError, match="step_version"):
-        make_window("n1", 1, 2, 200, 100, ONE, **kw, step_version=np.array([5, 5, 6], np.uint32))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=field):
+        make_window("n1", 1, 2, 200, 100, ONE, **kw, **{field: np.array(good[:3], np.uint32)})
+
+
+def test_the_window_signature_covers_its_step_versions_and_gossip_bounds_them() -> None:
+    _signed_and_bounded("step_version", [5, 5, 6, 6], [5, 5, 5, 6],  # (a relay cannot move the install)
+                        [([5, 5, 6], "expected one little-endian uint32 per sampled step"),
+                         ([5, 0, 6, 6], r"step_version\[1\] = 0")])
 
 
 def test_a_report_without_a_sampled_step_keeps_the_windows_times() -> None:
@@ -210,27 +222,15 @@ def test_windows_keep_the_longest_stride_mean_over_the_shims_and_the_nodes_unles
 
 
 def test_the_load_path_carries_the_reports_stride_means_and_the_signature_covers_them() -> None:
-    topo = Topology(1, 2, 4)
     g = _Gossip()
-    path = LoadPath("n1", topo, L, E, 10, g, lambda seq, *_: None, lambda r, v: None, lambda: "",
-                    ReportGuard([0, 1], 2, 2, DEFAULT_MAX_BATCH_TOKENS, lambda: 1), sample_every=5)
+    path = _path(g)
     for first, rank, s in ((0, 0, 1100), (0, 1, 1000), (5, 0, 1200), (5, 1, 1250)):
         path.on_report(make_load_report(f"r{rank}", rank, first, 5, 1, ONE, samples=np.stack([ONE]), sample_every=5,
                                         step_us=[1000], stride_us=[s]))
     [strides] = g.strides
     assert strides is not None and strides.tolist() == [1100, 1250]
     assert path.cluster.stride_us[0].tolist() == [1100, 1250]
-    kw = dict(samples=np.stack([ONE] * 4), sample_every=25, step_us=np.array([1, 2, 3, 4], np.uint32))
-    w = make_window("n1", 1, 2, 200, 100, ONE, **kw, stride_us=np.array([2, 2, 3, 3], np.uint32))  # type: ignore[arg-type]
-    got = node_window(w)
-    assert got.stride_us is not None and got.stride_us.tolist() == [2, 2, 3, 3]
-    forged = type(w)()
-    forged.CopyFrom(w)
-    forged.stride_us = np.array([2, 2, 3, 30], "<u4").tobytes()
-    assert window_payload(forged) != window_payload(w)  # a relay cannot change them
-    for bad, what in (([2, 2, 3], "expected one little-endian uint32 per sampled step"),
-                      ([2, 0, 3, 3], r"stride_us\[1\] = 0"),
-                      ([2, 2, 3, MAX_STEP_US + 1], rf"stride_us\[3\] = {MAX_STEP_US + 1}")):
-        w.stride_us = np.array(bad, "<u4").tobytes()
-        with pytest.raises(InvalidArgument, match=what):
-            check_windows([w], (L, E))
+    _signed_and_bounded("stride_us", [2, 2, 3, 3], [2, 2, 3, 30],
+                        [([2, 2, 3], "expected one little-endian uint32 per sampled step"),
+                         ([2, 0, 3, 3], r"stride_us\[1\] = 0"),
+                         ([2, 2, 3, MAX_STEP_US + 1], rf"stride_us\[3\] = {MAX_STEP_US + 1}")])
