@@ -91,6 +91,7 @@ class StepFit:
     busiest: float = 0.0  # mean(m) over the fitted steps
     scale_ms: float = 0.0  # the residuals' robust scale (1.4826 x their median absolute deviation): one step's noise
     means: int = 0  # the windows whose means it fitted (their strides' times: `fit_window_means`); 0: step by step
+    not_means: str = ""  # step by step although the strides were timed: why not their window means
 
     def at(self, busiest: float) -> float:
         """The load part of a step whose busiest ranks carry `busiest` tokens (summed over layers): b x busiest."""
@@ -266,7 +267,9 @@ def resolve(override_ms: float | None, fit: StepFit | str | None, default_ms: fl
 
 
 def _as_means(fit: StepFit) -> str:
-    return f" as {fit.means} window means of their strides' times" if fit.means else ""
+    if fit.means:
+        return f" as {fit.means} window means of their strides' times"
+    return f" one by one ({fit.not_means})" if fit.not_means else ""
 
 
 def agrees(proposed_ms: float, own: StepTime, rel_tol: float = 0.25) -> bool:
@@ -366,13 +369,16 @@ class StepTimeEstimator:
             return None
         cat = [np.concatenate([w[i] for w in self._windows]) for i in (1, 2, 3)]
         timed = [w for w in self._windows if w[4] is not None]
+        why = ""
         if len(timed) >= MIN_WINDOWS:
             means = fit_window_means([w[4] for w in timed if w[4] is not None], [w[2] for w in timed],
                                      [w[3] for w in timed])
             if isinstance(means, StepFit):
                 r = cat[0] - means.predict(cat[1], cat[2])
                 return replace(means, scale_ms=1.4826 * float(np.median(np.abs(r - np.median(r)))))
-        return fit_step_time(cat[0], cat[1], cat[2])
+            why = means
+        steps = fit_step_time(cat[0], cat[1], cat[2])
+        return replace(steps, not_means=why) if isinstance(steps, StepFit) and why else steps
 
     def current(self, configured_ms: float, override: bool, busiest: float | None = None) -> StepTime:
         """The step time to decide with: `configured_ms` when the operator set it (`override`), else the fit

@@ -52,7 +52,7 @@ def test_the_deciding_node_fits_the_step_time_the_engines_measured_and_explain_s
     from agent.cli import render
 
     out = io.StringIO()
-    monkeypatch.setattr(render, "_console", lambda: Console(file=out, width=200))
+    monkeypatch.setattr(render, "_console", lambda: Console(file=out, width=400))
     render.explain(pol.pipeline.latest_explain)
     assert f"step time: {said}" in out.getvalue()
 
@@ -173,7 +173,7 @@ def test_explain_says_what_copies_were_charged_and_where_that_came_from(monkeypa
     from elasticmoe.v1 import admin_pb2 as apb
 
     out = io.StringIO()
-    monkeypatch.setattr(render, "_console", lambda: Console(file=out, width=200))
+    monkeypatch.setattr(render, "_console", lambda: Console(file=out, width=400))
     said = "x1 (the model; 2 change(s) measured: ... (not used: decision.copy_cost_measured is off))"
     render.explain(apb.ExplainReply(version=3, outcome="proposed", step_time="3.6 ms, fitted", copy_cost=said))
     render.explain(apb.ExplainReply(version=4, outcome="proposed", step_time="3.6 ms, fitted"))

@@ -309,4 +309,7 @@ def test_a_load_that_moves_from_step_to_step_is_fitted_step_by_step() -> None:
         means = fit_window_means([w[4] for w in est._windows if w[4] is not None], [w[2] for w in est._windows],
                                  [w[3] for w in est._windows])
         assert isinstance(means, str) and "beyond the sampling of their steps" in means, means
+        assert fit.not_means == means  # `emoe explain` says why the steps were fitted one by one
     assert float(np.median(errors)) <= 0.10, np.round(errors, 3)
+    said = resolve(None, fit, 12.0).why
+    assert said.startswith("fitted from 200 measured steps one by one (the windows' mean busiest load varies"), said
