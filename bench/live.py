@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import grpc
 import numpy as np
 import numpy.typing as npt
 
@@ -35,6 +36,8 @@ from bench.policies import Change, Counts
 from chaos.localcluster import LocalCluster
 from controlplane.table import RoutingTable, initial_table
 from controlplane.topology import Topology
+from elasticmoe.v1 import admin_pb2 as apb
+from elasticmoe.v1 import admin_pb2_grpc
 
 # the agents' decision settings the bench's --elastic-param may carry (agent.config.DecisionConfig)
 DECISION_KEYS = ("window", "theta", "budget_windows", "tau", "rollback_windows", "max_ops", "replay_windows",
@@ -263,11 +266,6 @@ def run_live(counts: Counts, top_k: int, base: RoutingTable, window: int, params
 def explained(cluster: LocalCluster, versions: list[int]) -> dict[int, dict[str, str]]:
     """What the agents' admin Explain says of each of `versions`: the step time and copy cost its proposer
     decided with, from the first agent that holds its record (the proposer; a version with none is left out)."""
-    import grpc
-
-    from elasticmoe.v1 import admin_pb2 as apb
-    from elasticmoe.v1 import admin_pb2_grpc
-
     out: dict[int, dict[str, str]] = {}
     for address in cluster.addresses:
         with grpc.insecure_channel(address) as ch:

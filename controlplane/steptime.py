@@ -214,22 +214,22 @@ def fit_window_means(t_ms: list[F64], busiest: list[F64], tokens: list[F64]) -> 
         return (f"the windows' mean batch varies {lam_n:.2f} of its spread beyond the sampling of their steps: a fit "
                 f"of window means needs {RELIABLE:g}")
     k = np.array([len(x) for x in t_ms], dtype=np.float64)
-    t = np.array([float(x.mean()) for x in t_ms])
-    m = np.array([float(x.mean()) for x in busiest])
-    n = np.array([float(x.mean()) for x in tokens])
-    m_bar = float((k * m).sum() / k.sum())
+    t, m, n = (np.array([float(x.mean()) for x in v]) for v in (t_ms, busiest, tokens))
+    m_bar, n_bar = float((k * m).sum() / k.sum()), float((k * n).sum() / k.sum())
     cols = [np.ones_like(m), m / m_bar]
     if with_batch:
-        cols.append(n / float((k * n).sum() / k.sum()))
+        cols.append(n / n_bar)
     w = np.sqrt(k)
-    beta, se, scale = _robust(np.stack(cols, axis=1) * w[:, None], t * w)
+    # (the robust scale here is the window means'; one step's, StepFit.scale_ms, is the caller's to set from the
+    # steps: StepTimeEstimator.fit)
+    beta, se, _ = _robust(np.stack(cols, axis=1) * w[:, None], t * w)
     load_ms = float(beta[1])
     if not load_ms > 0 or not se[1] <= MAX_REL_SE * load_ms:
         return (f"the windows' mean busiest load varies too little over {len(t)} windows to tell its part of the "
                 f"step from the rest: {load_ms:.3g} +- {float(se[1]):.2g} ms, a fit needs its standard error within "
                 f"{MAX_REL_SE:g} of it")
-    c = float(beta[2]) / float((k * n).sum() / k.sum()) if with_batch else 0.0
-    return StepFit(float(beta[0]), load_ms / m_bar, c, load_ms, int(k.sum()), m_bar, scale, means=len(t))
+    c = float(beta[2]) / n_bar if with_batch else 0.0
+    return StepFit(float(beta[0]), load_ms / m_bar, c, load_ms, int(k.sum()), m_bar, means=len(t))
 
 
 def step_points(table: RoutingTable, rows: npt.NDArray[np.integer]) -> tuple[F64, F64]:
@@ -372,7 +372,7 @@ class StepTimeEstimator:
         why = ""
         if len(timed) >= MIN_WINDOWS:
             means = fit_window_means([w[4] for w in timed if w[4] is not None], [w[2] for w in timed],
-                                     [w[3] for w in timed])
+                                     [w[3] for w in timed])  # (the filter again: for the type checker)
             if isinstance(means, StepFit):
                 r = cat[0] - means.predict(cat[1], cat[2])
                 return replace(means, scale_ms=1.4826 * float(np.median(np.abs(r - np.median(r)))))

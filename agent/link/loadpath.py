@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -135,21 +135,10 @@ class LocalWindows:
             for s, r in rows.items():
                 have = part.rows.get(s)
                 part.rows[s] = r.astype(np.uint64) if have is None else have + r
-        if took is None or rows is None:
-            part.times = None
-        elif part.times is not None:
-            for s, t in took.items():
-                part.times[s] = max(part.times.get(s, 0), t)
-        if strides is None or took is None or rows is None:
-            part.strides = None
-        elif part.strides is not None:
-            for s, t in strides.items():
-                part.strides[s] = max(part.strides.get(s, 0), t)
-        if took is None or rows is None or version < 1:
-            part.ran = None
-        elif part.ran is not None:
-            for s in took:
-                part.ran[s] = min(part.ran.get(s, version), version)
+        timed = took is not None and rows is not None
+        part.times = _merge(part.times, took if timed else None, max)
+        part.strides = _merge(part.strides, strides if timed else None, max)
+        part.ran = _merge(part.ran, {s: version for s in took or {}} if timed and version >= 1 else None, min)
         closed = []
         for k in sorted(self._open):
             p = self._open[k]
@@ -169,13 +158,9 @@ class LocalWindows:
         if p.sampled and self.every > 0 and all(s in p.rows for s in want):
             samples = (np.minimum(np.stack([p.rows[s] for s in want]), top).astype(np.uint32) if len(want)
                        else np.zeros((0, self.L, self.E), np.uint32))
-        times = ran = strides = None
-        if samples is not None and p.times is not None and all(s in p.times for s in want):
-            times = np.array([p.times[s] for s in want], dtype=np.uint32)
-            if p.ran is not None and all(s in p.ran for s in want):
-                ran = np.array([min(p.ran[s], 0xFFFFFFFF) for s in want], dtype=np.uint32)
-            if p.strides is not None and all(s in p.strides for s in want):
-                strides = np.array([p.strides[s] for s in want], dtype=np.uint32)
+        times = _per_step(p.times, want) if samples is not None else None
+        ran = _per_step(p.ran, want) if times is not None else None
+        strides = _per_step(p.strides, want) if times is not None else None
         short = tuple(sorted(s for s, n in p.steps.items() if n < self.W))
         return ClosedWindow(k, k * self.W, np.minimum(p.counts, top).astype(np.uint32), samples, times, short, ran,
                             strides)
@@ -211,21 +196,11 @@ class ClusterWindows:
             step_us: U32 | None = None, step_version: U32 | None = None, stride_us: U32 | None = None) -> None:
         if window_seq <= self.last_closed:
             return
-        times = self._times.setdefault(node, {})
-        ran = self._ran.setdefault(node, {})
-        strides = self._strides.setdefault(node, {})
-        if step_us is not None and samples is not None and step_us.shape == samples.shape[:1]:
-            times[window_seq] = step_us
-        else:
-            times.pop(window_seq, None)
-        if window_seq in times and step_version is not None and step_version.shape == times[window_seq].shape:
-            ran[window_seq] = step_version
-        else:
-            ran.pop(window_seq, None)
-        if window_seq in times and stride_us is not None and stride_us.shape == times[window_seq].shape:
-            strides[window_seq] = stride_us
-        else:
-            strides.pop(window_seq, None)
+        times, ran, strides = (d.setdefault(node, {}) for d in (self._times, self._ran, self._strides))
+        _hold(times, window_seq, step_us, None if samples is None else samples.shape[:1])
+        shape = times[window_seq].shape if window_seq in times else None  # (the others only beside the times)
+        _hold(ran, window_seq, step_version, shape)
+        _hold(strides, window_seq, stride_us, shape)
         for d in (times, ran, strides):
             for k in [k for k in d if k <= self.last_closed]:
                 del d[k]
@@ -283,26 +258,54 @@ class ClusterWindows:
                 summed = sum(r.astype(np.uint64) for r in rows if r is not None)
                 samples = np.minimum(summed, np.iinfo(np.uint32).max).astype(np.uint32)
             out.append((k, total, samples, missing))
-            took = [self._times.get(n, {}).get(k) for n in live_nodes if k in by.get(n, {})]
-            if samples is not None and took and all(t is not None and t.shape == samples.shape[:1] for t in took):
-                self.step_us[k] = np.max(np.stack([t for t in took if t is not None]), axis=0).astype(np.uint32)
-                for old in sorted(self.step_us)[:-self.keep]:
-                    del self.step_us[old]
-                ran = [self._ran.get(n, {}).get(k) for n in live_nodes if k in by.get(n, {})]
-                if all(v is not None and v.shape == samples.shape[:1] for v in ran):
-                    self.step_version[k] = np.min(np.stack([v for v in ran if v is not None]), axis=0).astype(np.uint32)
-                for old in sorted(self.step_version)[:-self.keep]:
-                    del self.step_version[old]
-                means = [self._strides.get(n, {}).get(k) for n in live_nodes if k in by.get(n, {})]
-                if all(v is not None and v.shape == samples.shape[:1] for v in means):
-                    self.stride_us[k] = np.max(np.stack([v for v in means if v is not None]), axis=0).astype(np.uint32)
-                for old in sorted(self.stride_us)[:-self.keep]:
-                    del self.stride_us[old]
+            holders = [n for n in live_nodes if k in by.get(n, {})]
+            if samples is not None and self._over(self._times, holders, k, samples.shape[:1], np.max, self.step_us):
+                self._over(self._ran, holders, k, samples.shape[:1], np.min, self.step_version)
+                self._over(self._strides, holders, k, samples.shape[:1], np.max, self.stride_us)
             self.last_closed = k
         for w in held:
             for k in [k for k in w if k <= self.last_closed]:
                 self._forget(w, k)
         return out
+
+
+    def _over(self, per_node: dict[str, dict[int, U32]], nodes: list[str], k: int, shape: tuple[int, ...],
+              op: Callable[..., npt.NDArray[Any]], into: dict[int, U32]) -> bool:
+        """Window k's per-sampled-step figures over `nodes` (the longest times: np.max; the oldest versions:
+        np.min) into `into`, the newest `keep` held; only where every one of them sent them. True if it did."""
+        got = [per_node.get(n, {}).get(k) for n in nodes]
+        if not got or not all(v is not None and v.shape == shape for v in got):
+            return False
+        into[k] = op(np.stack([v for v in got if v is not None]), axis=0).astype(np.uint32)
+        for old in sorted(into)[:-self.keep]:
+            del into[old]
+        return True
+
+
+def _merge(into: dict[int, int] | None, new: dict[int, int] | None, op: Callable[..., int]) -> dict[int, int] | None:
+    """A report's per-sampled-step figures folded into a window's by `op` (the longest time over the shims: max;
+    the oldest version: min); None once any report came without them."""
+    if into is None or new is None:
+        return None
+    for s, v in new.items():
+        into[s] = op(into[s], v) if s in into else v
+    return into
+
+
+def _per_step(d: dict[int, int] | None, want: Iterable[int]) -> U32 | None:
+    """A closed window's per-sampled-step figures in step order; None unless every sampled step has one."""
+    steps = list(want)
+    if d is None or not all(s in d for s in steps):
+        return None
+    return np.array([min(d[s], 0xFFFFFFFF) for s in steps], dtype=np.uint32)
+
+
+def _hold(d: dict[int, U32], seq: int, v: U32 | None, shape: tuple[int, ...] | None) -> None:
+    """Hold a node's per-sampled-step figures for window `seq` where they have `shape`, else drop what was held."""
+    if v is not None and shape is not None and v.shape == shape:
+        d[seq] = v
+    else:
+        d.pop(seq, None)
 
 
 # a closed cluster window's consumer: (seq, total, sampled steps, the nodes missing from it: live ones that lag, and
