@@ -264,9 +264,7 @@ class NodeState:
                              self.pipeline.close_window,
                              self._engine_ran, self._abstains, guard, sample_every=self.params.sample_every,
                              engine_failed=self.installs.failed, absent=self._absent, unreachable=self._unreachable)
-        self.pipeline.step_times = self.load.cluster.step_us.get  # the engines' measured step times, per window
-        self.pipeline.step_versions = self.load.cluster.step_version.get  # and the versions those steps ran on
-        self.pipeline.stride_times = self.load.cluster.stride_us.get  # and the mean time of the steps each stands for
+        self.pipeline.timing = self.load.cluster.timing  # the engines' measured step times, per window
         self.reactions = MembershipReactions(
             self.node_id, ranks, self.clock, backend, self.pipeline, self.gossip, self.installs, rejoin,
             self._may_restore, hold_s=cfg.gossip.dead_reclaim_ms / 1000)

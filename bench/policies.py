@@ -247,9 +247,7 @@ class Elastic:
         self.pipeline.hooks.explained.append(self._explained)
         self.feed = LoadFeed(base.topology, base.layers, base.experts, self.window, params.sample_every,
                              self.pipeline.close_window, step_ms=self.step_ms)
-        self.pipeline.step_times = self.feed.paths[self.feed.decider].cluster.step_us.get
-        self.pipeline.step_versions = self.feed.paths[self.feed.decider].cluster.step_version.get
-        self.pipeline.stride_times = self.feed.paths[self.feed.decider].cluster.stride_us.get
+        self.pipeline.timing = self.feed.paths[self.feed.decider].cluster.timing
         self._step = 0
         return []
 

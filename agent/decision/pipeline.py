@@ -98,6 +98,8 @@ def _no_wall_clock() -> int:
 
 
 PlanRunner = Callable[[PlanRequest, Callable[[Attempt], None]], None]
+# a closed window's sampled steps' wall times [S], the versions they ran on [S] and their strides' mean times [S]
+Timing = tuple[npt.NDArray[np.uint32] | None, npt.NDArray[np.uint32] | None, npt.NDArray[np.uint32] | None]
 
 
 def plan_here(request: PlanRequest, done: Callable[[Attempt], None]) -> None:
@@ -170,13 +172,10 @@ class DecisionPipeline:
         self.voters, self.live_voters, self.handover_windows = list(voters), live_voters, handover_windows
         self.clock, self.telemetry, self.each_window, self.wall_ms = clock, telemetry, each_window, wall_ms
         self.run_plan = run_plan
-        # a closed window's measured step times [S] (LoadPath's ClusterWindows.step_us), which the controller fits
-        # its step time from (controlplane.steptime); the agent wires it to its load path
-        self.step_times: Callable[[int], npt.NDArray[np.uint32] | None] = lambda seq: None
-        # and the table version each of those steps ran on (ClusterWindows.step_version)
-        self.step_versions: Callable[[int], npt.NDArray[np.uint32] | None] = lambda seq: None
-        # and the mean time of the steps each stands for (ClusterWindows.stride_us)
-        self.stride_times: Callable[[int], npt.NDArray[np.uint32] | None] = lambda seq: None
+        # a closed window's measured steps (LoadPath's ClusterWindows.timing: their wall times [S], the versions
+        # they ran on, their strides' mean times), which the controller fits its step time from
+        # (controlplane.steptime); the agent wires it to its load path
+        self.timing: Callable[[int], Timing] = lambda seq: (None, None, None)
         self.hooks = hooks if hooks is not None else Hooks()
         # plans from the backend's (recovered) head; its rebalances go through run_plan
         self.controller = Controller(params, backend.head, profile, defer_plans=True)
@@ -232,9 +231,7 @@ class DecisionPipeline:
         imb = replay_stats(self.backend.head, rows).mean_imbalance()
         self.imbalance = (self.imbalance + [imb])[-600:]
         self.telemetry.record_imbalance(imb)
-        took = self.step_times(seq) if samples is not None and samples.shape[0] > 0 else None
-        ran = self.step_versions(seq) if took is not None else None
-        strides = self.stride_times(seq) if took is not None else None
+        took, ran, strides = self.timing(seq) if samples is not None and samples.shape[0] > 0 else (None, None, None)
         self.step(WindowClosed(seq, seq * self.params.window, rows, *self.turn(seq), span=self.params.window,
                                step_us=took, step_version=ran, stride_us=strides))
 

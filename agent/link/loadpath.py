@@ -212,6 +212,11 @@ class ClusterWindows:
         for k in sorted(w)[:-self.keep]:
             self._forget(w, k)
 
+    def timing(self, seq: int) -> tuple[U32 | None, U32 | None, U32 | None]:
+        """Closed window `seq`'s sampled steps' wall times, versions run on and strides' mean times (None: not held)."""
+        took = self.step_us.get(seq)
+        return (None, None, None) if took is None else (took, self.step_version.get(seq), self.stride_us.get(seq))
+
     def _forget(self, w: dict[int, tuple[U32, U32 | None]], k: int) -> None:
         del w[k]
         c = self._count[k] - 1
@@ -271,8 +276,7 @@ class ClusterWindows:
 
     def _over(self, per_node: dict[str, dict[int, U32]], nodes: list[str], k: int, shape: tuple[int, ...],
               op: Callable[..., npt.NDArray[Any]], into: dict[int, U32]) -> bool:
-        """Window k's per-sampled-step figures over `nodes` (the longest times: np.max; the oldest versions:
-        np.min) into `into`, the newest `keep` held; only where every one of them sent them. True if it did."""
+        """Window k's per-sampled-step figures reduced over `nodes` by `op` into `into` (where every one sent them)."""
         got = [per_node.get(n, {}).get(k) for n in nodes]
         if not got or not all(v is not None and v.shape == shape for v in got):
             return False
@@ -283,8 +287,7 @@ class ClusterWindows:
 
 
 def _merge(into: dict[int, int] | None, new: dict[int, int] | None, op: Callable[..., int]) -> dict[int, int] | None:
-    """A report's per-sampled-step figures folded into a window's by `op` (the longest time over the shims: max;
-    the oldest version: min); None once any report came without them."""
+    """A report's per-sampled-step figures folded into a window's by `op`; None once a report came without them."""
     if into is None or new is None:
         return None
     for s, v in new.items():
