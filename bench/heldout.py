@@ -1,4 +1,4 @@
-"""Run the bench's five acceptance cases and twelve runs they are not tuned on, each in both constructions, then
+"""Run the bench's five acceptance cases and fourteen runs they are not tuned on, each in both constructions, then
 judge them all in one table.
 
     python -m bench.heldout --out DIR [--jobs 2] [--only NAME ...] [--construction steady|cold-start|both]
@@ -15,7 +15,7 @@ Constructions (issue 49): every run is played in steady state (ESFT lanes at sta
 data at a constant batch) and from a cold start (`emoe bench --cold-start`: ESFT lanes in lockstep from token
 0; counts-only data, which has no token order, in bench.traces' burst waves, the batch filling and draining as
 requests arrive and finish together). results.json's `construction` says which. A run takes 1 s to 2 min; all
-thirty-four took 7 minutes with --jobs 2 on 2 cores. Exit status: the verdict's (0 when every run passes).
+thirty-eight took 8 minutes with --jobs 2 on 2 cores. Exit status: the verdict's (0 when every run passes).
 """
 
 from __future__ import annotations
@@ -65,6 +65,15 @@ HELD_OUT: dict[str, str] = {
                                        "--initial eplb:zipf:128/1/0.25/6/7 --slots-per-rank 10",
     "r12-top4of32-2x4": "--trace zipf:32/4/0.12/8/3 --trace zipf:32/4/0.12/8/103 --initial eplb:zipf:32/4/0.12/8/3 "
                         "--ranks-per-node 4 --slots-per-rank 5",
+    # added in session 29, two of nine shapes a probe tried that the runs above do not have (its other seven
+    # passed): a top-1-of-128 model whose hottest expert takes 40% of a layer, and Mixtral with three domains and
+    # 3 slots a rank. Not quite held out: r13 in steady state changed the large-gap planner's copy charge (it
+    # stayed at 1.29 for its second segment against hindsight's 1.13); r14 in steady state failed on its excess
+    # over hindsight and is kept as found
+    "r13-top1of128-hot40-2x8-10slots": "--trace zipf:128/1/0.40/6/9 --trace zipf:128/1/0.40/6/109 "
+                                       "--initial eplb:zipf:128/1/0.40/6/9 --slots-per-rank 10",
+    "r14-mixtral-3seg-1x8-3slots": "--trace olmoe:mistral/c4 --trace olmoe:mistral/book --trace olmoe:mistral/wikipedia "
+                                   "--initial eplb:olmoe:mistral/c4 --nodes 1 --ranks-per-node 8 --slots-per-rank 3",
 }
 
 

@@ -91,13 +91,18 @@ def greedy(head: RoutingTable, inp: PlanInput, cost: CostModel, k: PlanKnobs) ->
     if not p2.ops:
         return pl
     final = head.successor((p2.table if p2.table is not None else apply_ops(mid, p2.ops)).phy2log)
+    # the second pass costed its copies from the planned table; the change is from the head (other sources, other
+    # links): over the budget as a whole, the first pass stands
+    total = change_cost(cost, head, final, inp.tokens_per_step)
+    if total > cost.budget_s:
+        return pl
     o0 = retarget.layer_objective(head, inp.X).astype(np.float64)
     of = retarget.layer_objective(final, inp.X).astype(np.float64)
     base = float(o0.sum())
     layers = sorted(set(pl.op_layers) | set(p2.op_layers))
     note = f"{pl.note or 'greedy'}; then, still {om.sum() / floor:.3f} x an even split, {p2.note or 'greedy'}"
     return Plan(pl.ops + p2.ops, pl.op_layers + p2.op_layers, float(o0.sum() - of.sum()) / base,
-                change_cost(cost, head, final, inp.tokens_per_step), pl.refused + p2.refused,
+                total, pl.refused + p2.refused,
                 tuple((lay, float(o0[lay] - of[lay]) / base) for lay in layers), note, final)
 
 
@@ -150,7 +155,11 @@ def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs
     """The large-gap planner (controlplane.retarget): when the head is more than fast_theta above an even
     split and the greedy plan's result is more than tau above it, a layer may take a full re-pack of the replay
     blocks or an exchange search (from the head, or from the head with EPLB's replica counts) instead of its
-    greedy moves: whichever gains the most on X net of `min_op_gain` x its layer objective per copied slot.
+    greedy moves: whichever gains the most on X net of `min_op_gain` x its layer objective per copied slot, that
+    objective capped at fast_theta x the layer's even split (where the large-gap search starts). Charged at the
+    head's own objective, a copy looked dearer the further the head was off: a hottest expert taking 40% of a
+    layer (6.7 x an even split) kept an exchange that stopped at 1.27 over the re-pack that reached 1.00, and
+    the polish could not close the rest (held-out top-1 of 128, steady: 1.29 for the segment, hindsight 1.13).
     All three are searched whatever the re-pack gives: on 3 slots a rank the exchange search reaches an even
     split where the re-pack does not beat the greedy moves (held-out OLMoE at 4x8: the drift's rest came two
     windows later). Layers switch in order of that net gain per second of copy cost while the plan stays within
@@ -175,7 +184,12 @@ def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs
     w = np.asarray(X, dtype=np.float64).sum(axis=0)
     cands = [head.successor(retarget.repack(head, w)[0])]
     objs = [retarget.layer_objective(cands[0], X)]
-    lam = p.op_gain * lam_x * o0
+    # what a copied slot is charged a fraction of: the layer's objective, in the large-gap search no more than at
+    # its threshold (fast_theta x the layer's even split), so that a copy does not look dearer the further the
+    # head is off; the greedy moves are weighed on the same basis
+    per_floor = np.ceil(np.asarray(X, dtype=np.float64).sum(axis=2) / len(head.active_ranks)).sum(axis=0)
+    base_o = o0 if polish else np.minimum(o0, per_floor * p.fast_theta)
+    lam = p.op_gain * lam_x * base_o
     known: dict[int, dict[int, list[Operation]]] = {}  # candidate -> its operations per layer, when it has them
     for start in ((head.phy2log, {}), retarget.recount(head, w)):
         phy, by_layer = retarget.exchange(head, start, w, lam)
@@ -186,7 +200,7 @@ def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs
     # the greedy moves passed the planner's own charge (op_gain a slot): a polish's surcharge is for the copies
     # it would add, so a greedy layer is weighed at op_gain (else a polish would drop the greedy moves of every
     # layer whose copies do not repay the surcharge, before the cost-benefit test could back off)
-    greedy_v = (o0 - og) - p.op_gain * o0 * retarget.moved_slots(head, greedy_t)
+    greedy_v = (o0 - og) - p.op_gain * base_o * retarget.moved_slots(head, greedy_t)
     best_v, best_c, best_cost = greedy_v.copy(), np.full(L, -1), greedy_cost.copy()
     for i, (t, obj) in enumerate(zip(cands, objs, strict=True)):
         v = (o0 - obj) - lam * retarget.moved_slots(head, t)

@@ -21,7 +21,7 @@ def test_an_unknown_run_is_refused_by_name(tmp_path: Path, capsys: pytest.Captur
 def test_every_run_names_its_trace_and_boot() -> None:
     for name, flags in heldout.HELD_OUT.items():
         assert "--trace" in flags or "--seed" in flags, name  # a run the cases are not: other data or seed
-    assert len(set(heldout.CASES) | set(heldout.HELD_OUT)) == 17
+    assert len(set(heldout.CASES) | set(heldout.HELD_OUT)) == 19
 
 
 def test_every_case_and_held_out_run_is_played_in_both_constructions() -> None:
@@ -30,7 +30,7 @@ def test_every_case_and_held_out_run_is_played_in_both_constructions() -> None:
     assert {(r.name, r.construction) for r in runs} == {(n, c) for n in names for c in ("steady", "cold-start")}
     for r in runs:
         assert ("--cold-start" in r.flags.split()) == (r.construction == "cold-start"), r
-    assert len({r.label for r in runs}) == len(runs) == 34  # each written to its own OUT/construction/name
+    assert len({r.label for r in runs}) == len(runs) == 38  # each written to its own OUT/construction/name
 
 
 @pytest.mark.skipif(not OLMOE_DIR.is_dir(), reason=f"needs the OLMoE traces in {OLMOE_DIR}")
