@@ -25,7 +25,8 @@ value. The batch term is left out when the batch does not vary. Too few points, 
 whose standard error is past MAX_REL_SE of it (a load that varies too little, or only in step with the batch,
 where b and c cannot be told apart) give no fit: the
 configured figure applies, capped at the engines' median measured step (a step's load part is at most all of
-it), and `StepTime.why` says so. A figure the operator sets (decision.load_ms) wins.
+it) and, where the load varied too little, at the fit's upper bound (its slope + BOUND_SE standard errors: what
+the measurements rule out), and `StepTime.why` says so. A figure the operator sets (decision.load_ms) wins.
 
 No IO, no clock.
 """
@@ -63,6 +64,11 @@ MAX_REL_SE = 0.4
 # average) the two do not line up: the fit would flatten (errors in variables) and the steps one by one are fitted
 MIN_WINDOWS = 8
 RELIABLE = 0.9
+# Where the fit is too loose to use, its slope plus this many standard errors bounds the load part from above (the
+# same 2.5 as MAX_REL_SE's): what the measurements rule out. A small model's load part that the batch's sampling
+# noise hides (top-2 of 32 on 4 ranks, 128 tokens a step: 0.012 +- 0.026 ms against the engine's 0.029) was
+# judged on the whole measured step, 0.46 ms, 16 times the engine's figure; the bound says 0.08
+BOUND_SE = 2.5
 HUBER_K = 1.345  # the usual Huber constant: 95% efficiency at Gaussian noise
 TUKEY_C = 4.685  # the usual bisquare constant: 95% efficiency at Gaussian noise
 ROUNDS = 20  # IRLS rounds (fixed: the same points give the same figure on every voter)
@@ -75,6 +81,8 @@ class StepTimeSource(StrEnum):
     STEP_CAPPED = "capped at the measured step"  # too flat to fit, and the configured figure is more than the
     #                                              engines' whole measured step: that step (the load part of a
     #                                              step is at most all of it)
+    BOUNDED = "bounded by the fit"  # too loose to fit, but the fit's upper bound (BOUND_SE standard errors above
+    #                                 its slope) is under the configured figure and the measured step: that bound
     WARMING_UP = "warming up"  # the engines measure their steps, too few so far to fit: the configured figure
     #                            stands in, and the controller holds rebalances until the fit (controller.py)
 
@@ -102,6 +110,19 @@ class StepFit:
         out: F64 = (self.a_ms + self.b_ms * np.asarray(busiest, dtype=np.float64)
                     + self.c_ms * np.asarray(tokens, dtype=np.float64))
         return out
+
+
+@dataclass(frozen=True)
+class Loose:
+    """No fit, the load varying too little to tell its part of the step from the rest: why, and the most the data
+    allow the load part to be (slope + BOUND_SE standard errors, at the fitted steps' mean busiest load)."""
+
+    why: str
+    upper_ms: float
+    busiest: float
+
+    def __str__(self) -> str:
+        return self.why
 
 
 @dataclass(frozen=True)
@@ -150,9 +171,10 @@ def _spread(v: F64) -> float:
     return float(hi - lo) / mean if mean > 0 else 0.0
 
 
-def fit_step_time(t_ms: npt.ArrayLike, busiest: npt.ArrayLike, tokens: npt.ArrayLike) -> StepFit | str:
+def fit_step_time(t_ms: npt.ArrayLike, busiest: npt.ArrayLike, tokens: npt.ArrayLike) -> StepFit | Loose | str:
     """Fit from sampled steps: t_ms [S] their wall times, busiest [S] the sum over layers of the busiest rank's
-    load, tokens [S] the tokens of each step. Returns the fit, or why there is none."""
+    load, tokens [S] the tokens of each step. Returns the fit, or why there is none (`Loose` where the load
+    varies too little: with the bound the data put on its part)."""
     t = np.asarray(t_ms, dtype=np.float64).reshape(-1)[-MAX_POINTS:]
     m = np.asarray(busiest, dtype=np.float64).reshape(-1)[-MAX_POINTS:]
     n = np.asarray(tokens, dtype=np.float64).reshape(-1)[-MAX_POINTS:]
@@ -171,9 +193,11 @@ def fit_step_time(t_ms: npt.ArrayLike, busiest: npt.ArrayLike, tokens: npt.Array
     beta, se, scale = _robust(np.stack(cols, axis=1), t)
     load_ms = float(beta[1])  # (m scaled by its mean: its coefficient is b x mean(m))
     if not load_ms > 0 or not se[1] <= MAX_REL_SE * load_ms:
-        return (f"the busiest rank's load varies too little over {t.size} steps (spread {_spread(m):.3f} of its mean) "
-                f"to tell its part of the step from the rest: {load_ms:.3g} +- {float(se[1]):.2g} ms, a fit needs its "
-                f"standard error within {MAX_REL_SE:g} of it")
+        why = (f"the busiest rank's load varies too little over {t.size} steps (spread {_spread(m):.3f} of its mean) "
+               f"to tell its part of the step from the rest: {load_ms:.3g} +- {float(se[1]):.2g} ms, a fit needs its "
+               f"standard error within {MAX_REL_SE:g} of it")
+        upper = max(load_ms, 0.0) + BOUND_SE * float(se[1])
+        return Loose(why, upper, float(m.mean())) if np.isfinite(upper) and upper > 0 else why
     b = load_ms / float(m.mean())
     c = float(beta[2]) / float(n.mean()) if with_batch else 0.0
     return StepFit(float(beta[0]), b, c, load_ms, int(t.size), float(m.mean()), scale)
@@ -239,11 +263,12 @@ def step_points(table: RoutingTable, rows: npt.NDArray[np.integer]) -> tuple[F64
     return st.layer_max.sum(axis=1).astype(np.float64), st.totals.sum(axis=1).astype(np.float64)
 
 
-def resolve(override_ms: float | None, fit: StepFit | str | None, default_ms: float,
+def resolve(override_ms: float | None, fit: StepFit | Loose | str | None, default_ms: float,
             step_ms: float | None = None, busiest: float | None = None) -> StepTime:
     """The step time to decide with: the operator's override, else the fit, else the configured default, but
     never more than `step_ms`, the engines' median measured step (the part of a step that scales with its
-    load is at most the whole step: a small model's 0.1 ms step is not judged on DeepSeek-V3's 12 ms).
+    load is at most the whole step: a small model's 0.1 ms step is not judged on DeepSeek-V3's 12 ms), nor more
+    than a loose fit's upper bound (`Loose`: what the measurements rule out), read at the judged load.
 
     A fit is read at `busiest`, the busiest ranks' load (summed over layers, mean over steps) of the windows a
     decision judges, where given: a plan's relative gain g is a fraction of that load, so it saves g x b x
@@ -258,7 +283,16 @@ def resolve(override_ms: float | None, fit: StepFit | str | None, default_ms: fl
                             f"load ({busiest / fit.busiest:.3g} x the fitted steps': {fit.load_ms:.4g} ms there)", fit)
         return StepTime(fit.load_ms, StepTimeSource.FITTED, f"fitted from {fit.points} measured steps{_as_means(fit)}",
                         fit)
-    why = fit if isinstance(fit, str) else "no measured step times"
+    why = str(fit) if fit is not None else "no measured step times"
+    if isinstance(fit, Loose):
+        upper = fit.upper_ms * (busiest / fit.busiest if busiest is not None and busiest > 0 and fit.busiest > 0
+                                else 1.0)
+        if upper < min(default_ms, step_ms if step_ms is not None and step_ms > 0 else default_ms):
+            return StepTime(upper, StepTimeSource.BOUNDED,
+                            f"at most {upper:.4g} ms: the fit's slope + {BOUND_SE:g} standard errors, at the judged "
+                            f"windows' busiest load, under the engines' median measured step"
+                            + (f" ({step_ms:.4g} ms)" if step_ms else "") + f" and the configured {default_ms:g} ms: "
+                            f"{why}")
     if step_ms is not None and 0 < step_ms < default_ms:
         return StepTime(step_ms, StepTimeSource.STEP_CAPPED,
                         f"the engines' median measured step, {step_ms:.4g} ms, under the configured {default_ms:g} "
@@ -361,7 +395,7 @@ class StepTimeEstimator:
     def points(self) -> int:
         return sum(len(w[1]) for w in self._windows)
 
-    def fit(self) -> StepFit | str | None:
+    def fit(self) -> StepFit | Loose | str | None:
         """The fit of the windows held, why there is none, or None when no window was measured: of their means
         where the engines timed the strides and the windows vary more than their sampling (`fit_window_means`),
         else of their sampled steps one by one (`fit_step_time`). Its `scale_ms` is one step's noise about it."""
@@ -385,7 +419,7 @@ class StepTimeEstimator:
         (read at `busiest`, the judged windows' busiest load: `resolve`), else `configured_ms` as the default;
         WARMING_UP while the windows held are measured but fewer than MIN_POINTS steps."""
         fit = None if override else self.fit()
-        if isinstance(fit, str) and 0 < self.points < MIN_POINTS:
+        if isinstance(fit, (str, Loose)) and 0 < self.points < MIN_POINTS:
             return StepTime(configured_ms, StepTimeSource.WARMING_UP, f"the configured default until the fit: {fit}")
         return resolve(configured_ms if override else None, fit, configured_ms, self.median_step_ms(), busiest)
 

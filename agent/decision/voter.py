@@ -54,7 +54,7 @@ class Voter:
             return True, plan.verified_gain, "validity only"
         if plan_kind(plan) == "rebalance" and plan.load_ms > 0 and self.own_step_time is not None:
             own = self.own_step_time()
-            if own.source is StepTimeSource.FITTED and not agrees(plan.load_ms, own, STEP_TIME_TOLERANCE):
+            if own.source in (StepTimeSource.FITTED, StepTimeSource.BOUNDED) and not agrees(plan.load_ms, own, STEP_TIME_TOLERANCE):
                 return False, 0.0, (f"{STEP_TIME_DISAGREES}: step time {plan.load_ms:.4g} ms: this node fits {own.load_ms:.4g} ms ({own.why}), "
                                     f"more than {STEP_TIME_TOLERANCE:g} apart")
         replay = self.span(plan.replay_from_step, plan.replay_to_step)

@@ -9,6 +9,7 @@ import pytest
 
 from controlplane.steptime import (
     MIN_POINTS,
+    Loose,
     StepFit,
     StepTimeEstimator,
     StepTimeSource,
@@ -64,9 +65,10 @@ def test_too_few_or_too_flat_steps_give_the_configured_figure_and_say_why() -> N
     rng = np.random.default_rng(0)  # a load that varies by 1% under a 10% jitter: no fit can tell its part
     m = 1000.0 * (1 + 0.01 * rng.standard_normal(100))
     noisy = fit_step_time((2 + 0.004 * m) * (1 + 0.1 * rng.standard_normal(100)), m, np.full(100, 800.0))
-    assert isinstance(noisy, str) and "varies too little" in noisy
+    assert isinstance(noisy, Loose) and "varies too little" in noisy.why and noisy.upper_ms > 4.0, noisy
+    assert resolve(None, noisy, 12.0).source is StepTimeSource.DEFAULT  # its bound is over 12 ms: no tighter
     falling = fit_step_time(np.linspace(10, 5, 100), np.linspace(1000, 2000, 100), np.full(100, 800.0))
-    assert isinstance(falling, str) and "varies too little" in falling
+    assert isinstance(falling, str) and "varies too little" in falling  # (a negative slope, no spread: no bound)
 
 
 def test_a_loose_fit_is_used_while_its_standard_error_is_within_max_rel_se() -> None:
@@ -81,7 +83,31 @@ def test_a_loose_fit_is_used_while_its_standard_error_is_within_max_rel_se() -> 
             if fits:
                 assert isinstance(got, StepFit) and abs(got.load_ms - 4.0) <= 0.35 * 4.0, (v, seed, got)
             else:
-                assert isinstance(got, str) and "within 0.4 of it" in got, (v, seed, got)
+                assert isinstance(got, Loose) and "within 0.4 of it" in got.why, (v, seed, got)
+
+
+def test_a_load_part_hidden_in_the_noise_is_bounded_by_the_fit_not_taken_as_the_whole_step() -> None:
+    """A small model's step: 0.4 ms that does not scale with the load and 0.03 ms that does, under a 10% jitter,
+    the busiest load varying 5% over 250 steps: no fit can tell 0.03 ms from the jitter. The figure decided with is
+    the fit's upper bound (slope + BOUND_SE standard errors), at least the truth on every seed and well under the
+    whole measured step, which stood in before (held-out top-2 of 32 on 4 ranks, 128 tokens a step: 0.46 ms
+    decided with against the engine's 0.029)."""
+    bounds = []
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        m = 1000.0 * (1 + 0.05 * rng.standard_normal(250))
+        t = (0.4 + 0.03 * m / 1000.0) * (1 + 0.1 * rng.standard_normal(250))
+        loose = fit_step_time(t, m, np.full(250, 128.0))
+        if isinstance(loose, StepFit):  # (one seed in twenty draws a slope 2.5 standard errors from 0: it fits)
+            continue
+        assert isinstance(loose, Loose), (seed, loose)
+        st = resolve(None, loose, 12.0, float(np.median(t)), float(m.mean()))
+        assert st.source is StepTimeSource.BOUNDED and "standard errors" in st.why, (seed, st)
+        assert 0.03 <= st.load_ms < 0.75 * float(np.median(t)), (seed, st.load_ms)
+        bounds.append(st.load_ms / float(np.median(t)))
+        # read at the judged load: twice the fitted steps' busiest load, twice the bound
+        assert resolve(None, loose, 12.0, 10.0, 2 * float(m.mean())).load_ms == pytest.approx(2 * st.load_ms)
+    assert len(bounds) >= 18 and float(np.median(bounds)) < 0.5  # (0.18 ms of a 0.43 ms step, median over seeds)
 
 
 def test_the_operators_figure_wins_and_a_fit_says_its_points() -> None:
