@@ -289,8 +289,8 @@ def resolve(override_ms: float | None, fit: StepFit | Loose | str | None, defaul
                                 else 1.0)
         if upper < min(default_ms, step_ms if step_ms is not None and step_ms > 0 else default_ms):
             return StepTime(upper, StepTimeSource.BOUNDED,
-                            f"at most {upper:.4g} ms: the fit's slope + {BOUND_SE:g} standard errors, at the judged "
-                            f"windows' busiest load, under the engines' median measured step"
+                            f"the fit's upper bound (its slope + {BOUND_SE:g} standard errors) at the judged windows' "
+                            f"busiest load, under the engines' median measured step"
                             + (f" ({step_ms:.4g} ms)" if step_ms else "") + f" and the configured {default_ms:g} ms: "
                             f"{why}")
     if step_ms is not None and 0 < step_ms < default_ms:
