@@ -81,7 +81,7 @@ def greedy(head: RoutingTable, inp: PlanInput, cost: CostModel, k: PlanKnobs) ->
     # decision, instead of a window and an observation later
     mid = pl.table if pl.table is not None else apply_ops(head, pl.ops)
     om = retarget.layer_objective(mid, inp.X).astype(np.float64)
-    floor = _even_split(head, inp.X)
+    floor = float(_even_split(head, inp.X).sum())
     left = cost.budget_s - pl.cost
     if om.sum() < k.fast_theta * floor or left <= 0:
         return pl
@@ -145,9 +145,10 @@ def _one_copy_each(head: RoutingTable) -> npt.NDArray[np.int64]:
     return phy
 
 
-def _even_split(head: RoutingTable, X: npt.NDArray[np.integer]) -> float:
-    """The objective of an even split of every block over the active ranks: what no packing beats."""
-    return float(np.ceil(np.asarray(X, dtype=np.float64).sum(axis=2) / len(head.active_ranks)).sum())
+def _even_split(head: RoutingTable, X: npt.NDArray[np.integer]) -> npt.NDArray[np.float64]:
+    """[L]: each layer's objective at an even split of every block over the active ranks: what no packing beats."""
+    out: npt.NDArray[np.float64] = np.ceil(np.asarray(X, dtype=np.float64).sum(axis=2) / len(head.active_ranks)).sum(axis=0)
+    return out
 
 
 def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs,
@@ -171,7 +172,8 @@ def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs
     o0 = retarget.layer_objective(head, X).astype(np.float64)
     # a large gap: the head's objective is above fast_theta x the even split of every block over the active
     # ranks (what no packing beats), and the greedy plan's result more than tau above that split
-    floor = _even_split(head, X)
+    per_floor = _even_split(head, X)
+    floor = float(per_floor.sum())
     polish = o0.sum() < p.fast_theta * floor
     if polish and not (p.polish_theta and o0.sum() >= p.polish_theta * floor):
         return pl
@@ -187,7 +189,6 @@ def widen(head: RoutingTable, X: npt.NDArray[np.integer], pl: Plan, p: PlanKnobs
     # what a copied slot is charged a fraction of: the layer's objective, in the large-gap search no more than at
     # its threshold (fast_theta x the layer's even split), so that a copy does not look dearer the further the
     # head is off; the greedy moves are weighed on the same basis
-    per_floor = np.ceil(np.asarray(X, dtype=np.float64).sum(axis=2) / len(head.active_ranks)).sum(axis=0)
     base_o = o0 if polish else np.minimum(o0, per_floor * p.fast_theta)
     lam = p.op_gain * lam_x * base_o
     known: dict[int, dict[int, list[Operation]]] = {}  # candidate -> its operations per layer, when it has them
