@@ -273,7 +273,6 @@ class ClusterWindows:
                 self._forget(w, k)
         return out
 
-
     def _over(self, per_node: dict[str, dict[int, U32]], nodes: list[str], k: int, shape: tuple[int, ...],
               op: Callable[..., npt.NDArray[Any]], into: dict[int, U32]) -> bool:
         """Window k's per-sampled-step figures reduced over `nodes` by `op` into `into` (where every one sent them)."""
