@@ -20,6 +20,7 @@ from agent.consensus.core import Outcome
 from agent.consensus.paxos import turn
 from agent.decision.hooks import Hooks
 from agent.decision.voter import Voter
+from agent.link.loadpath import Timing
 from agent.wire import make_plan, op_to_pb, plan_kind
 from controlplane.controller import (
     Controller,
@@ -98,8 +99,6 @@ def _no_wall_clock() -> int:
 
 
 PlanRunner = Callable[[PlanRequest, Callable[[Attempt], None]], None]
-# a closed window's sampled steps' wall times [S], the versions they ran on [S] and their strides' mean times [S]
-Timing = tuple[npt.NDArray[np.uint32] | None, npt.NDArray[np.uint32] | None, npt.NDArray[np.uint32] | None]
 
 
 def plan_here(request: PlanRequest, done: Callable[[Attempt], None]) -> None:

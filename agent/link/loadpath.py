@@ -19,6 +19,8 @@ from elasticmoe.v1 import dataplane_pb2 as dpb
 log = logging.getLogger(__name__)
 
 U32 = npt.NDArray[np.uint32]
+# a closed window's sampled steps' wall times [S], the versions they ran on [S] and their strides' mean times [S]
+Timing = tuple[U32 | None, U32 | None, U32 | None]
 
 
 class LoadReportError(ValueError):
@@ -212,7 +214,7 @@ class ClusterWindows:
         for k in sorted(w)[:-self.keep]:
             self._forget(w, k)
 
-    def timing(self, seq: int) -> tuple[U32 | None, U32 | None, U32 | None]:
+    def timing(self, seq: int) -> Timing:
         """Closed window `seq`'s sampled steps' wall times, versions run on and strides' mean times (None: not held)."""
         took = self.step_us.get(seq)
         return (None, None, None) if took is None else (took, self.step_version.get(seq), self.stride_us.get(seq))
