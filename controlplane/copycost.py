@@ -2,22 +2,31 @@
 
 Between a commit and its install the engines serve the old table while the new one's weights are copied, over
 the links the all-to-all also uses (and, on a real engine, the memory bandwidth the experts read). The plugins
-report each sampled step's wall time and the table version it ran on (LoadWindow.step_version; a plugin reports
-the steps before an install apart from those after it). A step that ran on an older version than the head,
-once the head was committed, is one the copies overlapped (or one still waiting for every rank to hold the
-table: the change's cost too). Its excess over the step-time fit's prediction under the table that served it
-(controlplane.steptime: a + b x m + c x n) is what the change cost it; summed over the change's pending sampled
-steps, each standing for the steps of its window it samples, it is the change's realised cost in serving
-milliseconds. A sum, not a mean times a count: a step counted pending that no copy overlapped (the window the
-commit fell in) adds noise, not bias.
+report each sampled step's wall time, the mean time of its stride (itself and the steps up to the next sampled
+one: LoadWindow.stride_us) and the table version it ran on (LoadWindow.step_version; a plugin reports the steps
+before an install apart from those after it, so a stride never spans one). A step that ran on an older version
+than the head, once the head was committed, is one the copies overlapped (or one still waiting for every rank to
+hold the table: the change's cost too). Its excess over what the same table's steps took before the commit is
+what the change cost it; summed over the change's pending strides, each standing for the steps it holds, it is
+the change's realised cost in serving milliseconds. A sum, not a mean times a count: a step counted pending that
+no copy overlapped (the window the commit fell in) adds noise, not bias.
+
+What the same table's steps took is read off the step-time fit (controlplane.steptime: a + b x m + c x n) at
+each stride's load, plus the fit's own error there: the mean residual of the strides the engines ran on that
+table in the windows just before the commit (the control, `committed(..., control=...)`). The fit is a line
+through an engine that is not one (docs/benchmarks.md: its slope is 10-20% off at a drifted load), and its error
+times the 5-40 steps between a commit and its install was several times the copies' own cost; the control takes
+it out, since the pending steps run the same table on the same load. Strides, not the sampled steps alone: a
+copy overlaps a step or two, which a sampled step catches one time in `sample_every`, while every step is in
+some stride's mean. Where the engines do not time strides the sampled steps stand in.
 
 The cost-benefit test charged the change cost_s / ranks (controlplane.worth: copies into different ranks run side
 by side). `slowdown` is realised over charged, pooled over the last KEEP measured changes (the sum of one over
-the sum of the other: one change's few sampled steps are noisy), the factor the next changes' charge is scaled
-by. It is used once MIN_CHANGES changes were measured and its standard error (the fit's per-step noise over the
-pending steps) is within MAX_REL_SE of it, clipped to [LO, HI]; until then the charge stands as modelled (factor
-1) and `why` says which. Every voter holds the same gossiped windows and the same committed tables, so it
-derives the same figure. No IO, no clock.
+the sum of the other: one change's few strides are noisy), the factor the next changes' charge is scaled by. Its
+standard error is the control strides' spread carried through the sum. It is used once MIN_CHANGES changes were
+measured and its standard error is within MAX_REL_SE of it, clipped to [LO, HI]; until then the charge stands as
+modelled (factor 1) and `why` says which. Every voter holds the same gossiped windows and the same committed
+tables, so it derives the same figure. No IO, no clock.
 """
 
 from __future__ import annotations
@@ -28,7 +37,7 @@ from enum import StrEnum
 import numpy as np
 import numpy.typing as npt
 
-from controlplane.steptime import StepFit
+from controlplane.steptime import Points, StepFit
 
 F64 = npt.NDArray[np.float64]
 
@@ -65,28 +74,55 @@ MODELLED = CopySlowdown(1.0, CopyCostSource.MODELLED, "modelled: no change measu
 class _Change:
     version: int
     charged_ms: float
-    t: list[F64] = field(default_factory=list)  # pending sampled steps' wall times (ms)
-    m: list[F64] = field(default_factory=list)  # their busiest load under the table that served them
-    n: list[F64] = field(default_factory=list)  # their batch
-    w: list[F64] = field(default_factory=list)  # the steps each stands for
+    control: list[Points]  # the old table's steps in the windows just before the commit
+    pending: list[tuple[Points, float]] = field(default_factory=list)  # the steps it overlapped, each standing for
 
     @property
     def points(self) -> int:
-        return sum(len(x) for x in self.t)
+        return sum(len(p.t) for p, _ in self.pending)
+
+
+def _pick(parts: list[Points], strides: bool) -> tuple[F64, F64, F64]:
+    """The points' times (their strides' means where `strides`), loads and batches, concatenated."""
+    t = np.concatenate([p.stride if strides and p.stride is not None else p.t for p in parts])
+    return t, np.concatenate([p.m for p in parts]), np.concatenate([p.n for p in parts])
+
+
+MIN_CONTROL = 5  # control strides a change's baseline needs; with fewer, the fit alone is the baseline
+
+
+def realised(c: _Change, fit: StepFit) -> tuple[float, float]:
+    """What `c`'s copies cost the steps they overlapped (serving ms) and that figure's variance: each pending
+    stride's excess over the fit, less the fit's mean error on the same table just before the commit (the
+    control), times the steps it stands for. The variance is the control's spread carried through both sums;
+    without a control, the fit's noise about one step (its `scale_ms`) with no bias removed."""
+    parts = [p for p, _ in c.pending]
+    strides = all(p.stride is not None for p in parts + c.control)
+    t, m, n = _pick(parts, strides)
+    w = np.concatenate([np.full(len(p.t), sf) for p, sf in c.pending])
+    excess = t - fit.predict(m, n)
+    control = sum(len(p.t) for p in c.control)
+    if control < MIN_CONTROL:
+        return float((w * excess).sum()), float((w * w).sum()) * fit.scale_ms ** 2
+    ct, cm, cn = _pick(c.control, strides)
+    r = ct - fit.predict(cm, cn)
+    bias, var = float(r.mean()), float(r.var(ddof=1))
+    return float((w * (excess - bias)).sum()), var * (float((w * w).sum()) + float(w.sum()) ** 2 / control)
 
 
 class CopyCostEstimator:
-    """The changes committed (their charge) and the sampled steps their copies overlapped."""
+    """The changes committed (their charge and control) and the sampled steps their copies overlapped."""
 
     def __init__(self, keep: int = KEEP) -> None:
         self.keep = keep
         self._changes: dict[int, _Change] = {}
 
-    def committed(self, version: int, charged_ms: float) -> None:
-        """A change to `version` was committed; the cost-benefit test charged its copies `charged_ms` of serving."""
+    def committed(self, version: int, charged_ms: float, control: list[Points] | None = None) -> None:
+        """A change to `version` was committed; the cost-benefit test charged its copies `charged_ms` of serving.
+        `control`: the steps the old table served in the windows just before the commit (StepTimeEstimator.recent)."""
         if not charged_ms >= 0.0:
             raise ValueError(f"charged_ms={charged_ms!r}: expected >= 0")
-        self._changes[version] = _Change(version, float(charged_ms))
+        self._changes[version] = _Change(version, float(charged_ms), list(control or []))
         for old in sorted(self._changes)[:-4 * self.keep]:
             del self._changes[old]
 
@@ -94,17 +130,18 @@ class CopyCostEstimator:
         return version in self._changes
 
     def pending(self, version: int, t_ms: npt.ArrayLike, busiest: npt.ArrayLike, tokens: npt.ArrayLike,
-                stands_for: float) -> None:
+                stands_for: float, stride_ms: npt.ArrayLike | None = None) -> None:
         """Sampled steps that ran on an older table while `version` was committed: wall times (ms), busiest load
-        and batch under the table that served them, each standing for `stands_for` steps."""
+        and batch under the table that served them, each standing for `stands_for` steps, and their strides'
+        mean times (ms; None: not timed)."""
         c = self._changes.get(version)
         if c is None:
             return
         t = np.asarray(t_ms, dtype=np.float64).reshape(-1)
-        c.t.append(t)
-        c.m.append(np.asarray(busiest, dtype=np.float64).reshape(-1))
-        c.n.append(np.asarray(tokens, dtype=np.float64).reshape(-1))
-        c.w.append(np.full(t.shape, float(stands_for)))
+        st = None if stride_ms is None else np.asarray(stride_ms, dtype=np.float64).reshape(-1)
+        c.pending.append((Points(t, np.asarray(busiest, dtype=np.float64).reshape(-1),
+                                 np.asarray(tokens, dtype=np.float64).reshape(-1),
+                                 st if st is not None and st.shape == t.shape else None), float(stands_for)))
 
     def estimate(self, fit: StepFit | None) -> CopySlowdown:
         """The factor from the changes measured so far, read against `fit` (None: no step-time fit, nothing to
@@ -116,22 +153,19 @@ class CopyCostEstimator:
                     if c.charged_ms > 0 and c.points][-self.keep:]
         if not measured:
             return MODELLED
-        realised = charged = var = 0.0
-        for c in measured:
-            t, m, n, w = (np.concatenate(x) for x in (c.t, c.m, c.n, c.w))
-            realised += float((w * (t - fit.predict(m, n))).sum())
-            var += float((w * w).sum()) * fit.scale_ms ** 2
-            charged += c.charged_ms
-        ratio = realised / charged
+        got = [realised(c, fit) for c in measured]
+        cost, var = sum(g[0] for g in got), sum(g[1] for g in got)
+        charged = sum(c.charged_ms for c in measured)
+        ratio = cost / charged
         se = float(np.sqrt(var)) / charged
-        said = (f"{len(measured)} change(s) measured: their copies cost the steps they overlapped {realised:.4g} ms "
+        said = (f"{len(measured)} change(s) measured: their copies cost the steps they overlapped {cost:.4g} ms "
                 f"of serving against {charged:.4g} ms charged, x{ratio:.3g} +- {se:.2g}")
         if len(measured) < MIN_CHANGES or not ratio > 0 or se > MAX_REL_SE * ratio:
             rule = (f"fewer than {MIN_CHANGES}" if len(measured) < MIN_CHANGES else
                     f"its standard error past {MAX_REL_SE:g} of it" if ratio > 0 else "not positive")
-            return CopySlowdown(1.0, CopyCostSource.MODELLED, f"modelled: {said} ({rule})", realised, charged,
+            return CopySlowdown(1.0, CopyCostSource.MODELLED, f"modelled: {said} ({rule})", cost, charged,
                                 len(measured), ratio)
         factor = min(max(ratio, LO), HI)
         bound = f", bounded to {factor:.3g}" if factor != ratio else ""
-        return CopySlowdown(factor, CopyCostSource.MEASURED, f"measured: {said}{bound}", realised, charged,
+        return CopySlowdown(factor, CopyCostSource.MEASURED, f"measured: {said}{bound}", cost, charged,
                             len(measured), ratio)

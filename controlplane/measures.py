@@ -20,6 +20,8 @@ from controlplane.steptime import StepTime, StepTimeEstimator, StepTimeSource
 from controlplane.table import RoutingTable
 from controlplane.verify import verify_windows
 
+CONTROL_WINDOWS = 4  # the judged windows whose steps are a change's control (controlplane.copycost)
+
 
 class Measures:
     def __init__(self, params: DecisionParams) -> None:
@@ -43,7 +45,10 @@ class Measures:
             return
         ranks = max(len(prev.active_ranks), 1)
         cost = change_cost(params.cost_model(ranks), prev, t, buf.tokens_per_step())
-        self.copycost.committed(t.version, cost / ranks * 1e3)
+        # the control: what the old table's steps took on the windows the decision judged (they share the newest
+        # one's mix, so the load the pending steps run), the newest CONTROL_WINDOWS of them
+        control = self.steptime.held(self.judged_windows[-CONTROL_WINDOWS:])
+        self.copycost.committed(t.version, cost / ranks * 1e3, control)
 
     def window(self, ev: WindowClosed, head: RoutingTable, buf: ReplayBuffer, params: DecisionParams) -> DecisionParams:
         """Fold a window's measured steps in (each under the table that served it) and return `params` with the

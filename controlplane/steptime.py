@@ -33,6 +33,7 @@ No IO, no clock.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Protocol
@@ -314,13 +315,24 @@ def agrees(proposed_ms: float, own: StepTime, rel_tol: float = 0.25) -> bool:
     return abs(proposed_ms - own.load_ms) <= rel_tol * max(own.load_ms, 1e-9)
 
 
+@dataclass(frozen=True)
+class Points:
+    """Sampled steps: wall times (ms), the busiest load and batch under the table that served them, and the mean
+    times of their strides (ms; None where the engines did not time them)."""
+
+    t: F64
+    m: F64
+    n: F64
+    stride: F64 | None = None
+
+
 class PendingSteps(Protocol):
     """Where the steps a change's copies overlapped go (controlplane.copycost.CopyCostEstimator)."""
 
     def knows(self, version: int) -> bool: ...
 
     def pending(self, version: int, t_ms: npt.ArrayLike, busiest: npt.ArrayLike, tokens: npt.ArrayLike,
-                stands_for: float) -> None: ...
+                stands_for: float, stride_ms: npt.ArrayLike | None = None) -> None: ...
 
 
 TABLES_KEPT = 8  # the newest tables the estimator can place a reported step under (by version)
@@ -378,13 +390,19 @@ class StepTimeEstimator:
             busiest, tokens = step_points(served, np.asarray(rows)[sel])
             if v < table.version:  # run on an older table once the head was committed: the head's copies overlapped it
                 if self.copies is not None and self.copies.knows(table.version):
-                    self.copies.pending(table.version, t[sel], busiest, tokens, stands_for)
+                    self.copies.pending(table.version, t[sel], busiest, tokens, stands_for,
+                                        None if st is None else st[sel])
                 continue  # (not a point of the fit: the copies slowed it)
             parts.append((t[sel], busiest, tokens, None if st is None else st[sel]))
         if parts:
             cat = tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
             strides = None if st is None else np.concatenate([p[3] for p in parts if p[3] is not None])
             self._windows = (self._windows + [(seq, cat[0], cat[1], cat[2], strides)])[-self.keep:]
+
+    def held(self, seqs: Iterable[int]) -> list[Points]:
+        """The fit points of the windows held among `seqs` (the steps the head of the time served there)."""
+        want = set(seqs)
+        return [Points(w[1], w[2], w[3], w[4]) for w in self._windows if w[0] in want]
 
     def latest_fit(self) -> StepFit | None:
         """The fit of the windows held, None where there is none."""

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from controlplane.copycost import HI, MIN_CHANGES, CopyCostEstimator, CopyCostSource
-from controlplane.steptime import StepFit, StepTimeEstimator, step_points
+from controlplane.steptime import Points, StepFit, StepTimeEstimator, step_points
 from controlplane.table import initial_table
 from controlplane.topology import Topology
 
@@ -82,6 +82,64 @@ def test_the_factor_is_bounded_and_a_change_not_committed_here_is_not_measured()
         est.committed(5, -1.0)
 
 
+def _control(rng: np.random.Generator, off_ms: float, points: int, noise: float = 0.05,
+             strides: bool = False) -> Points:
+    """`points` steps the old table served before the commit, `off_ms` over the fit (its error at that load)."""
+    m = rng.uniform(900, 1100, points)
+    t = FIT.predict(m, np.zeros(points)) + off_ms + noise * rng.standard_normal(points)
+    return Points(t, m, np.zeros(points), t.copy() if strides else None)
+
+
+def test_the_fits_error_at_the_load_the_old_table_served_is_taken_out_by_the_control() -> None:
+    """The fit under-reads the drifted load the old table serves by 0.3 ms a step (a line through an engine that
+    is not one), the copies slow 8 sampled steps (each standing for 10) by 0.25 ms on each of two changes charged
+    10 ms: 20 ms realised each. Against the fit alone that reads 44 ms (x4.4); against the same table's steps
+    just before the commit it reads x2."""
+    rng = np.random.default_rng(5)
+    with_control, fit_only = CopyCostEstimator(), CopyCostEstimator()
+    for v in (2, 3):
+        control = _control(rng, 0.3, 40)
+        with_control.committed(v, 10.0, [control])
+        fit_only.committed(v, 10.0)
+        m = rng.uniform(900, 1100, 8)
+        t = FIT.predict(m, np.zeros(8)) + 0.3 + 0.25 + 0.05 * rng.standard_normal(8)
+        for est in (with_control, fit_only):
+            est.pending(v, t, m, np.zeros(8), 10.0)
+    got, naive = with_control.estimate(FIT), fit_only.estimate(FIT)
+    assert got.source is CopyCostSource.MEASURED and got.factor == pytest.approx(2.0, rel=0.15), got
+    assert naive.ratio == pytest.approx(4.4, rel=0.1), naive  # (without the control: the fit's error x 80 steps)
+
+
+def test_a_copy_that_slowed_the_steps_between_the_sampled_ones_is_measured_from_their_strides() -> None:
+    """The copies slow steps no sampled step is: the sampled steps run as before the commit, their strides'
+    means are 0.25 ms over (20 ms over 80 steps, twice the charge). Measured from the strides, where the engines
+    timed them; a change whose control was not timed falls back to the sampled steps (nothing over)."""
+    rng = np.random.default_rng(6)
+    est, untimed = CopyCostEstimator(), CopyCostEstimator()
+    for v in (2, 3):
+        est.committed(v, 10.0, [_control(rng, 0.0, 40, strides=True)])
+        untimed.committed(v, 10.0, [_control(rng, 0.0, 40)])
+        m = rng.uniform(900, 1100, 8)
+        t = FIT.predict(m, np.zeros(8)) + 0.05 * rng.standard_normal(8)
+        for e in (est, untimed):
+            e.pending(v, t, m, np.zeros(8), 10.0, stride_ms=t + 0.25)
+    got = est.estimate(FIT)
+    assert got.source is CopyCostSource.MEASURED and got.factor == pytest.approx(2.0, rel=0.15), got
+    assert untimed.estimate(FIT).source is CopyCostSource.MODELLED  # (the sampled steps: x0 +- noise)
+
+
+def test_the_control_spread_sets_the_standard_error() -> None:
+    """Control steps that scatter 2 ms about the fit leave the copies' 0.25 ms a step within their noise: the
+    charge stands as modelled and says why."""
+    rng = np.random.default_rng(7)
+    est = CopyCostEstimator()
+    for v in (2, 3):
+        est.committed(v, 10.0, [_control(rng, 0.0, 40, noise=2.0)])
+        _pending(est, v, rng, 0.25, 8, 10.0, noise=0.05)
+    got = est.estimate(FIT)
+    assert got.source is CopyCostSource.MODELLED and "standard error" in got.why, got
+
+
 def test_the_estimator_places_each_step_under_the_table_that_served_it() -> None:
     """A window whose first sampled steps ran on v1 while v2 was committed: those go to the copy measurement,
     under v1 (what served them); the rest are fit points under v2; a version never held is dropped."""
@@ -101,7 +159,8 @@ def test_the_estimator_places_each_step_under_the_table_that_served_it() -> None
     assert seq == 7 and t.tolist() == [2.0] and busiest.tolist() == want_v2.tolist()  # v9: unknown, dropped
     change = copies._changes[v2.version]
     want_v1, _ = step_points(v1, rows[:2])
-    assert np.concatenate(change.m).tolist() == want_v1.tolist() and np.concatenate(change.w).tolist() == [10.0, 10.0]
+    [(points, stands_for)] = change.pending
+    assert points.m.tolist() == want_v1.tolist() and stands_for == 10.0
     assert want_v1[0] != want_v2[0]  # (the two tables give the steps different loads)
 
 
