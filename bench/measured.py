@@ -64,9 +64,9 @@ def copy_entry(pol: Elastic, run: Any, ranks: int) -> dict[str, Any]:
     over the ranks, which copy side by side) beside what they cost the reference engine (the steps they
     overlapped as served, minus the same steps with no copy in flight: link bandwidth shared with the all-to-all,
     and every layer waits for its slowest rank), the median and pooled ratios of the two, and the agents' own
-    measure of that ratio at the end of the run (controlplane.copycost: `copy_slowdown_measured`, from the steps
-    the copies overlapped as the engines reported them; `copy_slowdown_estimated` is the factor they charge
-    with, 1 until the measure passes its rule)."""
+    measure of that ratio at the end of the run (controlplane.copycost: `copy_slowdown_measured`, and the least
+    the strides allow `copy_slowdown_measured_low`, from the steps the copies overlapped as the engines reported
+    them; `copy_slowdown_estimated` is the factor they charge with, 1 until the measure passes its rule)."""
     charged = [float(d["cost_s"]) / max(ranks, 1) * 1e3 for d in pol.decisions]
     engine = [(steps, extra) for _, steps, extra in run.copies]
     for d, c, (steps, extra) in zip(pol.decisions, charged, engine, strict=False):  # a commit's copy, then the next
@@ -80,7 +80,8 @@ def copy_entry(pol: Elastic, run: Any, ranks: int) -> dict[str, Any]:
             "copy_engine_over_charged": round(float(np.median(ratios)), 2) if ratios else None,
             "copy_engine_over_charged_pooled": None if pooled is None else round(pooled, 2),
             "copy_slowdown_estimated": round(cs.factor, 3), "copy_slowdown_measured":
-                None if cs.ratio is None else round(cs.ratio, 3), "copy_slowdown_source": str(cs.source),
+                None if cs.ratio is None else round(cs.ratio, 3), "copy_slowdown_measured_low":
+                None if cs.ratio_low is None else round(cs.ratio_low, 3), "copy_slowdown_source": str(cs.source),
             "copy_slowdown_why": cs.why}
 
 

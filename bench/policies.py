@@ -286,6 +286,7 @@ class Elastic:
         return {"load_ms_estimated": round(float(st.load_ms), 4), "load_ms_source": str(st.source),
                 "load_ms_why": st.why, "fit_steps": [lo, hi], "copy_slowdown_estimated": round(cs.factor, 3),
                 "copy_slowdown_measured": None if cs.ratio is None else round(cs.ratio, 3),
+                "copy_slowdown_measured_low": None if cs.ratio_low is None else round(cs.ratio_low, 3),
                 "copy_slowdown_source": str(cs.source), "copy_slowdown_why": cs.why}
 
     def _commits(self, step: int) -> list[Change]:

@@ -21,8 +21,11 @@ copy overlaps a step or two, which a sampled step catches one time in `sample_ev
 some stride's mean. Where the engines do not time strides the sampled steps stand in.
 
 The cost-benefit test charged the change cost_s / ranks (controlplane.worth: copies into different ranks run side
-by side). `slowdown` is realised over charged, pooled over the last KEEP measured changes (the sum of one over
-the sum of the other: one change's few strides are noisy), the factor the next changes' charge is scaled by. Its
+by side). The slowdown is realised over charged, pooled over the last KEEP measured changes (the sum of one over
+the sum of the other: one change's few strides are noisy), as the least and the most the strides allow (the
+install's stride, which holds the copies' last steps, may be cut short: `realised`). The factor the next
+changes' charge is scaled by is what that rules out: the least where even that is over 1 (the copies cost more
+than charged), the most where even that is under 1, else 1 (the model is within what was measured). Its
 standard error is the control strides' spread carried through the sum. It is used once MIN_CHANGES changes were
 measured and its standard error is within MAX_REL_SE of it, clipped to [LO, HI]; until then the charge stands as
 modelled (factor 1) and `why` says which. Every voter holds the same gossiped windows and the same committed
@@ -43,8 +46,7 @@ F64 = npt.NDArray[np.float64]
 
 KEEP = 8  # the newest measured changes the factor pools
 MIN_CHANGES = 2  # measured changes before the factor is used
-# the pooled factor's standard error must be within this fraction of it: ten sampled steps of a 10% jitter
-# leave about +-30% of a step's time on a change's realised cost, more than a decode change's copies cost
+# the pooled factor's standard error must be within this fraction of it (a factor two standard errors from 0)
 MAX_REL_SE = 0.5
 LO, HI = 0.5, 4.0  # the factor's bounds: a measurement is trusted to move the charge this far, no further
 
@@ -65,6 +67,7 @@ class CopySlowdown:
     charged_ms: float = 0.0
     changes: int = 0
     ratio: float | None = None  # realised / charged, before the rule that uses it (None: nothing measured)
+    ratio_low: float | None = None  # the least the strides allow (the install's stride counted as one step)
 
 
 MODELLED = CopySlowdown(1.0, CopyCostSource.MODELLED, "modelled: no change measured yet")
@@ -91,11 +94,16 @@ def _pick(parts: list[Points], strides: bool) -> tuple[F64, F64, F64]:
 MIN_CONTROL = 5  # control strides a change's baseline needs; with fewer, the fit alone is the baseline
 
 
-def realised(c: _Change, fit: StepFit) -> tuple[float, float]:
-    """What `c`'s copies cost the steps they overlapped (serving ms) and that figure's variance: each pending
-    stride's excess over the fit, less the fit's mean error on the same table just before the commit (the
-    control), times the steps it stands for. The variance is the control's spread carried through both sums;
-    without a control, the fit's noise about one step (its `scale_ms`) with no bias removed."""
+def realised(c: _Change, fit: StepFit) -> tuple[float, float, float]:
+    """What `c`'s copies cost the steps they overlapped (serving ms), as the least and the most the strides allow,
+    and that figure's variance: each pending stride's excess over the fit, less the fit's mean error on the same
+    table just before the commit (the control), times the steps it stands for. The newest pending stride is the
+    one the install may have cut short (a plugin reports the steps before an install apart from those after
+    it): it holds the copies' last steps and stands for 1 to its window's share of steps, which the window does
+    not say, so it is counted at both ends. Where the steps are not timed in strides each sampled step stands
+    for its share (one in `sample_every` catches a copy: unbiased, noisier) and the two ends are the same. The
+    variance is the control's spread carried through both sums; without a control, the fit's noise about one
+    step (its `scale_ms`) with no bias removed."""
     parts = [p for p, _ in c.pending]
     strides = all(p.stride is not None for p in parts + c.control)
     t, m, n = _pick(parts, strides)
@@ -103,11 +111,17 @@ def realised(c: _Change, fit: StepFit) -> tuple[float, float]:
     excess = t - fit.predict(m, n)
     control = sum(len(p.t) for p in c.control)
     if control < MIN_CONTROL:
-        return float((w * excess).sum()), float((w * w).sum()) * fit.scale_ms ** 2
-    ct, cm, cn = _pick(c.control, strides)
-    r = ct - fit.predict(cm, cn)
-    bias, var = float(r.mean()), float(r.var(ddof=1))
-    return float((w * (excess - bias)).sum()), var * (float((w * w).sum()) + float(w.sum()) ** 2 / control)
+        bias, var = 0.0, float((w * w).sum()) * fit.scale_ms ** 2
+    else:
+        ct, cm, cn = _pick(c.control, strides)
+        r = ct - fit.predict(cm, cn)
+        bias = float(r.mean())
+        var = float(r.var(ddof=1)) * (float((w * w).sum()) + float(w.sum()) ** 2 / control)
+    full = float((w * (excess - bias)).sum())
+    if not strides:
+        return full, full, var
+    short = full - (w[-1] - 1.0) * float(excess[-1] - bias)  # the newest stride counted as one step
+    return min(full, short), max(full, short), var
 
 
 class CopyCostEstimator:
@@ -154,18 +168,23 @@ class CopyCostEstimator:
         if not measured:
             return MODELLED
         got = [realised(c, fit) for c in measured]
-        cost, var = sum(g[0] for g in got), sum(g[1] for g in got)
+        low, high, var = (sum(g[i] for g in got) for i in range(3))
         charged = sum(c.charged_ms for c in measured)
-        ratio = cost / charged
+        lo, hi = float(low) / charged, float(high) / charged
         se = float(np.sqrt(var)) / charged
-        said = (f"{len(measured)} change(s) measured: their copies cost the steps they overlapped {cost:.4g} ms "
-                f"of serving against {charged:.4g} ms charged, x{ratio:.3g} +- {se:.2g}")
-        if len(measured) < MIN_CHANGES or not ratio > 0 or se > MAX_REL_SE * ratio:
+        span = f"x{hi:.3g}" if lo == hi else f"x{lo:.3g} to x{hi:.3g}"
+        said = (f"{len(measured)} change(s) measured: their copies cost the steps they overlapped "
+                f"{low:.4g}{'' if lo == hi else f' to {high:.4g}'} ms of serving against {charged:.4g} ms charged, "
+                f"{span} +- {se:.2g}")
+        # what the measurement rules out: copies dearer than charged by at least `lo`, or cheaper by at least `hi`
+        ratio = lo if lo > 1.0 else hi if 0.0 < hi < 1.0 else None
+        if len(measured) < MIN_CHANGES or ratio is None or se > MAX_REL_SE * ratio:
             rule = (f"fewer than {MIN_CHANGES}" if len(measured) < MIN_CHANGES else
-                    f"its standard error past {MAX_REL_SE:g} of it" if ratio > 0 else "not positive")
-            return CopySlowdown(1.0, CopyCostSource.MODELLED, f"modelled: {said} ({rule})", cost, charged,
-                                len(measured), ratio)
+                    "not positive" if not hi > 0.0 else "x1 within it" if ratio is None else
+                    f"its standard error past {MAX_REL_SE:g} of it")
+            return CopySlowdown(1.0, CopyCostSource.MODELLED, f"modelled: {said} ({rule})", high, charged,
+                                len(measured), hi, lo)
         factor = min(max(ratio, LO), HI)
         bound = f", bounded to {factor:.3g}" if factor != ratio else ""
-        return CopySlowdown(factor, CopyCostSource.MEASURED, f"measured: {said}{bound}", cost, charged,
-                            len(measured), ratio)
+        return CopySlowdown(factor, CopyCostSource.MEASURED, f"measured: {said}{bound}", high, charged,
+                            len(measured), hi, lo)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from controlplane.copycost import HI, MIN_CHANGES, CopyCostEstimator, CopyCostSource
+from controlplane.copycost import HI, LO, MIN_CHANGES, CopyCostEstimator, CopyCostSource
 from controlplane.steptime import Points, StepFit, StepTimeEstimator, step_points
 from controlplane.table import initial_table
 from controlplane.topology import Topology
@@ -126,6 +126,35 @@ def test_a_copy_that_slowed_the_steps_between_the_sampled_ones_is_measured_from_
     got = est.estimate(FIT)
     assert got.source is CopyCostSource.MEASURED and got.factor == pytest.approx(2.0, rel=0.15), got
     assert untimed.estimate(FIT).source is CopyCostSource.MODELLED  # (the sampled steps: x0 +- noise)
+
+
+def test_the_installs_stride_is_counted_at_both_ends_and_the_factor_is_what_that_rules_out() -> None:
+    """The copies slow only the install's stride, which the install may have cut short: it stands for 1 to 10
+    steps. A stride 2 ms over against 10 ms charged reads x0.2 to x2: the model is within that, and the charge
+    stands. 15 ms over reads x1.5 to x15: at least x1.5 is what it rules in; 0.4 ms over reads x0.04 to x0.4:
+    at most x0.4, bounded to LO."""
+    rng = np.random.default_rng(8)
+
+    def change(est: CopyCostEstimator, v: int, over_ms: float) -> None:
+        est.committed(v, 10.0, [_control(rng, 0.0, 40, noise=0.01, strides=True)])
+        m = rng.uniform(900, 1100, 4)
+        t = FIT.predict(m, np.zeros(4))
+        stride = t.copy()
+        stride[-1] += over_ms  # the newest stride's mean: all the copies' excess
+        est.pending(v, t, m, np.zeros(4), 10.0, stride_ms=stride)
+
+    within, over, under = CopyCostEstimator(), CopyCostEstimator(), CopyCostEstimator()
+    for v in (2, 3):
+        change(within, v, 2.0)
+        change(over, v, 15.0)
+        change(under, v, 0.4)
+    got = within.estimate(FIT)
+    assert got.source is CopyCostSource.MODELLED and "x1 within it" in got.why, got
+    assert got.ratio_low == pytest.approx(0.2, abs=0.01) and got.ratio == pytest.approx(2.0, rel=0.05), got
+    dear = over.estimate(FIT)
+    assert dear.source is CopyCostSource.MEASURED and dear.factor == pytest.approx(1.5, rel=0.05), dear
+    cheap = under.estimate(FIT)
+    assert cheap.source is CopyCostSource.MEASURED and cheap.factor == LO and "bounded" in cheap.why, cheap
 
 
 def test_the_control_spread_sets_the_standard_error() -> None:
