@@ -116,8 +116,9 @@ class DecisionParams:
     # where load_ms came from, for explain (controlplane.steptime.StepTime.why; "": configured)
     load_ms_source: str = ""
     # what copies cost the steps they overlap over the cost model's charge (cost / ranks), measured from the
-    # installs (controlplane.copycost): 1, and used only with copy_cost_measured, off because on the bench the
-    # fit's error over the commit-to-install steps swamps it (docs/benchmarks.md)
+    # installs (controlplane.copycost): 1, and used only with copy_cost_measured, off because on the bench from a
+    # cold start the lockstep waves put the control and the pending steps on different phases, and the measure
+    # read the wrong sign in half the runs (docs/benchmarks.md)
     copy_slowdown: float = 1.0
     copy_cost_measured: bool = False
     copy_slowdown_source: str = ""  # where copy_slowdown came from, for explain ("": the model as it stands)
