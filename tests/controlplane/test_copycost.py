@@ -196,14 +196,14 @@ def test_the_estimator_places_each_step_under_the_table_that_served_it() -> None
 def test_the_controller_measures_its_installs_and_charges_the_next_change_with_the_measure() -> None:
     """Windows of measured steps on the head (a fit), then two changes, each committed while the engines still
     ran the old table for 4 of the next window's 10 sampled steps, slowed by twice what the change was charged:
-    with decision.copy_cost_measured the cost-benefit test now charges copies x2 and says where that came from;
-    without it (the default) the measure is said and the model charged."""
+    with decision.copy_cost_measured (the default) the cost-benefit test now charges copies x2 and says where
+    that came from; without it the measure is said and the model charged."""
     from controlplane.controller import Controller, DecisionParams, TableCommitted, WindowClosed
 
     head = initial_table(Topology(2, 2, 3), 4, 8)
-    ctl = Controller(DecisionParams(window=100, theta=1e6, fast_theta=1e6, load_ms=12.0, copy_cost_measured=True),
+    ctl = Controller(DecisionParams(window=100, theta=1e6, fast_theta=1e6, load_ms=12.0), head)  # the default
+    off = Controller(DecisionParams(window=100, theta=1e6, fast_theta=1e6, load_ms=12.0, copy_cost_measured=False),
                      head)
-    off = Controller(DecisionParams(window=100, theta=1e6, fast_theta=1e6, load_ms=12.0), head)  # the default
     rng = np.random.default_rng(4)
     a, b = 2.0, 0.01
     rows = np.full((10, head.layers, head.experts), 40, np.uint32)
@@ -244,6 +244,6 @@ def test_the_controller_measures_its_installs_and_charges_the_next_change_with_t
     w = ctl.params.worth()
     assert w.copy_x == cs.factor and w.charge_s(1.0, 4) == pytest.approx(cs.factor / 4)
     assert "measured: 2 change(s)" in w.explain(0.1, 1.0, 4)
-    # off (the default): measured and said, the model charged
+    # off: measured and said, the model charged
     assert off.measures.copy_slowdown.factor == cs.factor and off.params.worth().copy_x == 1.0
     assert "not used: decision.copy_cost_measured is off" in off.params.worth().explain(0.1, 1.0, 4)
