@@ -17,8 +17,10 @@ table in the windows just before the commit (the control, `committed(..., contro
 through an engine that is not one (docs/benchmarks.md: its slope is 10-20% off at a drifted load), and its error
 times the 5-40 steps between a commit and its install was several times the copies' own cost; the control takes
 it out, since the pending steps run the same table on the same load. Strides, not the sampled steps alone: a
-copy overlaps a step or two, which a sampled step catches one time in `sample_every`, while every step is in
-some stride's mean. Where the engines do not time strides the sampled steps stand in.
+copy overlaps a step or two, which a sampled step catches one time in `sample_every`, while a stride's mean
+holds every step up to the next sampled one. Not quite every step: those of a report before its first sampled
+step are in no stride (a plugin reports every 25 steps and samples every 10th), and copies that end there go
+unmeasured. Where the engines do not time strides the sampled steps stand in.
 
 The cost-benefit test charged the change cost_s / ranks (controlplane.worth: copies into different ranks run side
 by side). The slowdown is realised over charged, pooled over the last KEEP measured changes (the sum of one over
@@ -30,8 +32,10 @@ that is where it errs (bench.heldout: from a cold start the lockstep waves put t
 on different phases, and every miss read low, several below 0; docs/benchmarks.md). Its standard error is the
 control strides' spread carried through the sum. It is used once MIN_CHANGES changes were measured and its
 standard error is within MAX_REL_SE of it, bounded to HI; until then the charge stands as modelled (factor 1)
-and `why` says which. Every voter holds the same gossiped windows and the same committed
-tables, so it derives the same figure. No IO, no clock.
+and `why` says which. Every node holds the same gossiped windows and the same committed tables; it reads a
+change's control when it learns of the commit, so two nodes that learn of it a window apart read controls a
+window apart. Only a proposer's cost-benefit test uses the factor (a voter does not judge copies), so that
+moves which node proposes what, never a vote. No IO, no clock.
 """
 
 from __future__ import annotations
@@ -135,7 +139,7 @@ class CopyCostEstimator:
 
     def committed(self, version: int, charged_ms: float, control: list[Points] | None = None) -> None:
         """A change to `version` was committed; the cost-benefit test charged its copies `charged_ms` of serving.
-        `control`: the steps the old table served in the windows just before the commit (StepTimeEstimator.recent)."""
+        `control`: the steps the old table served in the windows just before the commit (StepTimeEstimator.held)."""
         if not charged_ms >= 0.0:
             raise ValueError(f"charged_ms={charged_ms!r}: expected >= 0")
         self._changes[version] = _Change(version, float(charged_ms), list(control or []))
@@ -181,10 +185,8 @@ class CopyCostEstimator:
         # what the measurement rules out: copies dearer than charged by at least `lo` (never cheaper: see above)
         ratio = lo if lo > 1.0 else None
         if len(measured) < MIN_CHANGES or ratio is None or se > MAX_REL_SE * ratio:
-            rule = (f"fewer than {MIN_CHANGES}" if len(measured) < MIN_CHANGES else
-                    "not positive" if not hi > 0.0 else "its low end not over x1"
-                    if ratio is None else
-                    f"its standard error past {MAX_REL_SE:g} of it")
+            rule = (f"fewer than {MIN_CHANGES}" if len(measured) < MIN_CHANGES else "not positive" if not hi > 0.0
+                    else "its low end not over x1" if ratio is None else f"its standard error past {MAX_REL_SE:g} of it")
             return CopySlowdown(1.0, CopyCostSource.MODELLED, f"modelled: {said} ({rule})", high, charged,
                                 len(measured), hi, lo)
         factor = min(ratio, HI)
