@@ -347,8 +347,7 @@ class StepTimeEstimator:
     def __init__(self, keep: int = 50, copies: PendingSteps | None = None) -> None:
         self.keep = keep
         self.copies = copies
-        # (window seq, t_ms [S], busiest [S], tokens [S], the strides' mean times [S] or None where not measured)
-        self._windows: list[tuple[int, F64, F64, F64, F64 | None]] = []
+        self._windows: list[tuple[int, Points]] = []  # (window seq, its fit points)
         self._version: int | None = None  # the table the last window was observed under
         self._tables: dict[int, RoutingTable] = {}  # the newest tables by version
 
@@ -377,11 +376,11 @@ class StepTimeEstimator:
             if changed:  # the first window under a new table ran partly under the old one (engines install it later)
                 return
             busiest, tokens = step_points(table, rows)
-            self._windows = (self._windows + [(seq, t, busiest, tokens, st)])[-self.keep:]
+            self._windows = (self._windows + [(seq, Points(t, busiest, tokens, st))])[-self.keep:]
             return
         ran = np.asarray(step_version, dtype=np.int64)
         stands_for = span / len(t) if span > 0 else 1.0
-        parts: list[tuple[F64, F64, F64, F64 | None]] = []
+        parts: list[Points] = []
         for v in np.unique(ran).tolist():
             served = self._tables.get(int(v))
             if served is None:  # a version this node does not hold: the step cannot be placed
@@ -393,16 +392,17 @@ class StepTimeEstimator:
                     self.copies.pending(table.version, t[sel], busiest, tokens, stands_for,
                                         None if st is None else st[sel])
                 continue  # (not a point of the fit: the copies slowed it)
-            parts.append((t[sel], busiest, tokens, None if st is None else st[sel]))
+            parts.append(Points(t[sel], busiest, tokens, None if st is None else st[sel]))
         if parts:
-            cat = tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
-            strides = None if st is None else np.concatenate([p[3] for p in parts if p[3] is not None])
-            self._windows = (self._windows + [(seq, cat[0], cat[1], cat[2], strides)])[-self.keep:]
+            strides = None if st is None else np.concatenate([p.stride for p in parts if p.stride is not None])
+            held = Points(np.concatenate([p.t for p in parts]), np.concatenate([p.m for p in parts]),
+                          np.concatenate([p.n for p in parts]), strides)
+            self._windows = (self._windows + [(seq, held)])[-self.keep:]
 
     def held(self, seqs: Iterable[int]) -> list[Points]:
         """The fit points of the windows held among `seqs` (the steps the head of the time served there)."""
         want = set(seqs)
-        return [Points(w[1], w[2], w[3], w[4]) for w in self._windows if w[0] in want]
+        return [p for seq, p in self._windows if seq in want]
 
     def latest_fit(self) -> StepFit | None:
         """The fit of the windows held, None where there is none."""
@@ -411,7 +411,7 @@ class StepTimeEstimator:
 
     @property
     def points(self) -> int:
-        return sum(len(w[1]) for w in self._windows)
+        return sum(len(p.t) for _, p in self._windows)
 
     def fit(self) -> StepFit | Loose | str | None:
         """The fit of the windows held, why there is none, or None when no window was measured: of their means
@@ -419,12 +419,14 @@ class StepTimeEstimator:
         else of their sampled steps one by one (`fit_step_time`). Its `scale_ms` is one step's noise about it."""
         if not self._windows:
             return None
-        cat = [np.concatenate([w[i] for w in self._windows]) for i in (1, 2, 3)]
-        timed = [w for w in self._windows if w[4] is not None]
+        held = [p for _, p in self._windows]
+        cat = [np.concatenate([p.t for p in held]), np.concatenate([p.m for p in held]),
+               np.concatenate([p.n for p in held])]
+        timed = [p for p in held if p.stride is not None]
         why = ""
         if len(timed) >= MIN_WINDOWS:
-            means = fit_window_means([w[4] for w in timed if w[4] is not None], [w[2] for w in timed],
-                                     [w[3] for w in timed])  # (the filter again: for the type checker)
+            means = fit_window_means([p.stride for p in timed if p.stride is not None], [p.m for p in timed],
+                                     [p.n for p in timed])  # (the filter again: for the type checker)
             if isinstance(means, StepFit):
                 r = cat[0] - means.predict(cat[1], cat[2])
                 return replace(means, scale_ms=1.4826 * float(np.median(np.abs(r - np.median(r)))))
@@ -445,6 +447,6 @@ class StepTimeEstimator:
         """The median measured step time of the windows held (ms), None when none was measured."""
         if not self._windows:
             return None
-        t = np.concatenate([w[1] for w in self._windows])
+        t = np.concatenate([p.t for _, p in self._windows])
         t = t[np.isfinite(t) & (t > 0)]
         return float(np.median(t)) if t.size else None

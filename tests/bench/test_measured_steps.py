@@ -44,7 +44,7 @@ def test_the_deciding_node_fits_the_step_time_the_engines_measured_and_explain_s
         pol.on_window(k * W, (k + 1) * W, counts)
     st = pol.pipeline.controller.measures.step_time
     held = pol.pipeline.controller.measures.steptime._windows  # the windows the fit held, under the tables that served them
-    truth = b * float(np.concatenate([w[2] for w in held]).mean())
+    truth = b * float(np.concatenate([p.m for _, p in held]).mean())
     assert st.source is StepTimeSource.FITTED and abs(st.load_ms - truth) <= 0.10 * truth, (st, truth)
     said = pol.pipeline.latest_explain.step_time
     assert said.startswith(f"{st.load_ms:.4g} ms, fitted from ") and "measured steps" in said, said

@@ -183,7 +183,8 @@ def test_the_estimator_places_each_step_under_the_table_that_served_it() -> None
     copies.committed(v2.version, 5.0)
     rows = np.array([[[40, 10, 10]]] * 4)
     est.observe(7, v2, rows, np.array([3000, 3000, 2000, 2000]), np.array([1, 1, 2, 9]), span=40)
-    [(seq, t, busiest, _, _)] = est._windows
+    [(seq, held)] = est._windows
+    t, busiest = held.t, held.m
     want_v2, _ = step_points(v2, rows[2:3])
     assert seq == 7 and t.tolist() == [2.0] and busiest.tolist() == want_v2.tolist()  # v9: unknown, dropped
     change = copies._changes[v2.version]

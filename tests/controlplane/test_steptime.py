@@ -311,7 +311,7 @@ def test_window_means_of_the_strides_fit_a_load_that_moves_slower_than_a_window_
         fit = est.fit()
         assert isinstance(fit, StepFit) and fit.means == 40, fit
         by_means.append(abs(fit.load_ms - truth) / truth)
-        cat = [np.concatenate([w[i] for w in est._windows]) for i in (1, 2, 3)]
+        cat = [np.concatenate([getattr(p, f) for _, p in est._windows]) for f in ("t", "m", "n")]
         steps = fit_step_time(*cat)
         assert isinstance(steps, StepFit)
         by_steps.append(abs(steps.load_ms - truth) / truth)
@@ -332,8 +332,8 @@ def test_a_load_that_moves_from_step_to_step_is_fitted_step_by_step() -> None:
         fit = est.fit()
         assert isinstance(fit, StepFit) and fit.means == 0, fit
         errors.append(abs(fit.load_ms - truth) / truth)
-        means = fit_window_means([w[4] for w in est._windows if w[4] is not None], [w[2] for w in est._windows],
-                                 [w[3] for w in est._windows])
+        means = fit_window_means([p.stride for _, p in est._windows if p.stride is not None],
+                                 [p.m for _, p in est._windows], [p.n for _, p in est._windows])
         assert isinstance(means, str) and "beyond the sampling of their steps" in means, means
         assert fit.not_means == means  # `emoe explain` says why the steps were fitted one by one
     assert float(np.median(errors)) <= 0.10, np.round(errors, 3)
